@@ -1,0 +1,1 @@
+"""The framework: schemas, Parquet I/O, configs, errors, LLM backend seam, CLI."""

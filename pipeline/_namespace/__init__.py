@@ -1,0 +1,3 @@
+"""mentor: collapsed GRPO problems -> answer-free hints -> next-epoch prompts."""
+
+__version__ = "0.1.0"

@@ -1,0 +1,69 @@
+"""The `mentor` click group.
+
+Commands live in small modules (``mentor.pipeline.cmd_*``) and are imported
+only when invoked, so ``mentor --help`` stays fast and a user who only mines
+logs never imports an inference engine.
+"""
+
+from __future__ import annotations
+
+import importlib
+import logging
+import sys
+
+import click
+
+from mentor.pipeline.errors import MentorError
+
+# name -> (module, attribute, one-line help). Keep the help in step with the command.
+COMMANDS: dict[str, tuple[str, str, str]] = {
+    "ingest": ("mentor.pipeline.cmd_data", "ingest", "Convert rollout logs (canonical, verl, openrlhf, gsm8k-example, jsonl) into canonical rollout shards."),
+    "mine": ("mentor.pipeline.cmd_data", "mine", "Find collapsed problems (every rollout wrong) with a few failed responses."),
+}
+
+
+class LazyGroup(click.Group):
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return sorted(COMMANDS)
+
+    def get_command(self, ctx: click.Context, name: str) -> click.Command | None:
+        if name not in COMMANDS:
+            return None
+        module, attr, _ = COMMANDS[name]
+        return getattr(importlib.import_module(module), attr)
+
+    def invoke(self, ctx: click.Context):
+        try:
+            return super().invoke(ctx)
+        except MentorError as exc:
+            err = click.ClickException(str(exc))
+            err.exit_code = exc.exit_code
+            raise err from exc
+
+    def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        # One line per command without importing any of them.
+        rows = [(name, COMMANDS[name][2]) for name in self.list_commands(ctx)]
+        with formatter.section("Commands"):
+            formatter.write_dl(rows)
+
+
+@click.group(cls=LazyGroup, context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(package_name="mentor")
+@click.option("-v", "--verbose", count=True, help="More logging (-v info, -vv debug).")
+def cli(verbose: int) -> None:
+    """mentor: turn collapsed GRPO problems into answer-free hints between training rounds.
+
+    The loop: mine the round's rollouts for collapsed problems -> hint them with
+    four LLM agents (vLLM) -> build the next epoch's prompt shards -> train.
+    """
+    level = logging.WARNING - 10 * min(verbose, 2)
+    logging.basicConfig(level=level, format="%(levelname)s %(name)s: %(message)s", stream=sys.stderr)
+
+
+def main() -> None:
+    """Console entry point. Domain errors are one-line `Error: ...` with exit 1 (data) or 2 (usage/config)."""
+    cli()
+
+
+if __name__ == "__main__":
+    main()

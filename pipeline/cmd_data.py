@@ -1,0 +1,90 @@
+"""`mentor ingest` and `mentor mine`: thin click commands over stages.ingest / stages.mine."""
+
+from __future__ import annotations
+
+import json
+from contextlib import nullcontext
+
+import click
+
+from mentor.pipeline.errors import ConfigError
+
+
+def parse_map(pairs: tuple[str, ...]) -> dict[str, str]:
+    """`--map canonical=source` pairs -> dict; a malformed pair is a usage error."""
+    out = {}
+    for pair in pairs:
+        if "=" not in pair:
+            raise click.BadParameter(f"{pair!r} is not canonical=column (e.g. correct=is_right)", param_hint="--map")
+        k, v = pair.split("=", 1)
+        out[k.strip()] = v.strip()
+    return out
+
+
+def cluster_options(f):
+    f = click.option("--scheduler", metavar="ADDRESS", help="Run on an existing dask.distributed scheduler.")(f)
+    f = click.option("--workers", type=int, help="Run on a dask LocalCluster with N worker processes.")(f)
+    return f
+
+
+def cluster_map(workers: int | None, scheduler: str | None):
+    """(context manager, map_fn factory) for the chosen execution: local, LocalCluster or scheduler."""
+    if workers is None and scheduler is None:
+        return nullcontext(None)
+    from mentor.pipeline.cluster import dask_client
+
+    return dask_client(workers=workers, scheduler=scheduler)
+
+
+@click.command()
+@click.argument("sources", nargs=-1, required=True)
+@click.option("--format", "fmt", default="auto", show_default=True,
+              type=click.Choice(["auto", "canonical", "verl", "openrlhf", "gsm8k-example", "jsonl"]),
+              help="Input format; auto sniffs it from the columns and says which it chose.")
+@click.option("--out", "out_dir", required=True, type=click.Path(file_okay=False), help="Output directory for canonical rollout shards.")
+@click.option("--round", "round_", type=int, help="Round number to stamp on the rollouts (default: from the log, else 0).")
+@click.option("--domain", default="math", show_default=True, type=click.Choice(["math", "code"]), help="Domain when the log does not say.")
+@click.option("--map", "maps", multiple=True, metavar="CANONICAL=COLUMN", help="Column mapping for --format jsonl (repeatable).")
+@click.option("--problems", type=click.Path(exists=True), help="A problems dataset to fill the original problem text by problem_id.")
+@click.option("--max-response-bytes", type=int, default=1 << 20, show_default=True, help="Longer responses are clipped (head and tail kept) and counted.")
+def ingest(sources, fmt, out_dir, round_, domain, maps, problems, max_response_bytes):
+    """Convert rollout logs into canonical rollout Parquet shards."""
+    from mentor.stages.ingest import ingest as run_ingest
+
+    stats = run_ingest(list(sources), out_dir, fmt=fmt, round_=round_, domain=domain,
+                       mapping=parse_map(maps), problems=problems, max_response_bytes=max_response_bytes)
+    if fmt == "auto":
+        click.echo(f"format: {stats.format} (auto-detected)", err=True)
+    click.echo(json.dumps(stats.as_dict(), sort_keys=True))
+
+
+@click.command()
+@click.argument("rollouts", nargs=-1, required=True)
+@click.option("--out", "out_dir", required=True, type=click.Path(file_okay=False), help="Writes DIR/collapsed.parquet and DIR/stats.json.")
+@click.option("--correct-col", default="correct", show_default=True, help="Raw correctness column (never a shaped reward).")
+@click.option("--threshold", type=float, default=0.0, show_default=True, help="A rollout fails when correctness <= threshold.")
+@click.option("--min-rollouts", type=int, default=2, show_default=True, help="Problems with fewer valid rollouts are not judged.")
+@click.option("--k-failed", type=int, default=2, show_default=True, help="Failed responses kept per collapsed problem (deduplicated).")
+@click.option("--failed-budget", "failed_budget_chars", type=int, default=2000, show_default=True, help="Characters kept per failed response (mostly its end).")
+@click.option("--history", multiple=True, metavar="PATH", help="Earlier rounds' collapsed.parquet / hints.parquet (fills streak, previous_hints).")
+@cluster_options
+def mine(rollouts, out_dir, correct_col, threshold, min_rollouts, k_failed, failed_budget_chars, history, workers, scheduler):
+    """Find collapsed problems (every rollout wrong) with a few failed responses."""
+    from pydantic import ValidationError
+
+    from mentor.stages.mine import MineConfig, mine_to_dir, serial_map
+
+    try:
+        cfg = MineConfig(correct_col=correct_col, threshold=threshold, min_rollouts=min_rollouts,
+                         k_failed=k_failed, failed_budget_chars=failed_budget_chars)
+    except ValidationError as exc:
+        raise ConfigError("; ".join(f"--{'-'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors())) from exc
+    with cluster_map(workers, scheduler) as client:
+        if client is None:
+            map_fn = serial_map
+        else:
+            from mentor.pipeline.cluster import dask_map
+
+            map_fn = dask_map(client)
+        stats = mine_to_dir(list(rollouts), out_dir, cfg, history=list(history), map_fn=map_fn)
+    click.echo(json.dumps(stats.as_dict(), sort_keys=True))

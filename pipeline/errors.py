@@ -1,0 +1,30 @@
+"""Error taxonomy.
+
+`ConfigError` is a usage/configuration problem (the CLI exits 2); `DataError` is
+bad input data (exit 1). Both carry a message that names what, where, what was
+found, and the fix. Only the CLI edge turns them into click errors.
+"""
+
+from __future__ import annotations
+
+
+class MentorError(Exception):
+    """Base class of every error mentor raises on purpose."""
+
+    exit_code = 1
+
+
+class ConfigError(MentorError):
+    """Wrong options, config file, or a missing input path: exit code 2."""
+
+    exit_code = 2
+
+
+class DataError(MentorError):
+    """Input data that cannot be used as it is: exit code 1."""
+
+    exit_code = 1
+
+
+class SchemaError(DataError):
+    """A dataset does not match the canonical schema."""

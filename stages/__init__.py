@@ -1,0 +1,1 @@
+"""One module per stage: ingest, mine, hint, build, inspect, rollout."""

@@ -1,0 +1,357 @@
+"""Mine: find collapsed problems (every rollout's raw correctness is 0).
+
+Mining is a two-phase map/reduce over the rollout shards so that it streams
+(no shard is ever held whole as Python objects) and so that the single-process
+path and the dask.distributed path run exactly the same functions:
+
+1. ``count_shard``: per shard, one row per problem: rollouts, valid rollouts,
+   max/min correctness over valid rows, quarantine counts, and the
+   (round, sample_idx) keys (to count duplicates across shards).
+   ``reduce_counts`` merges them and decides collapsed / all-correct / mixed.
+2. ``failed_shard``: per shard, for the collapsed problems only, the failed
+   responses, truncated to the budget and reduced to the first ``k_failed``
+   distinct ones in (sample_idx, text) order. ``reduce_failed`` merges them
+   the same way. Because the order is defined by content, not by file order,
+   the result does not depend on how rows are split into shards.
+
+The collapse test uses raw correctness (``correct``), never a shaped reward.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import Counter
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import polars as pl
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from mentor.pipeline.errors import ConfigError, DataError
+from mentor.pipeline.io import check_dataset_files, read_parquet_schema, resolve_inputs
+
+log = logging.getLogger(__name__)
+
+
+class MineConfig(BaseModel):
+    """Settings of `mentor mine` (also the `mine:` section of a workflow)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    correct_col: str = Field("correct", description="Column holding raw correctness in [0, 1]. Never a shaped reward.")
+    threshold: float = Field(0.0, ge=0.0, lt=1.0, description="A rollout counts as failed when correctness <= threshold.")
+    min_rollouts: int = Field(2, ge=1, description="Problems with fewer valid rollouts are not judged.")
+    k_failed: int = Field(2, ge=0, description="Failed responses kept per collapsed problem (deduplicated).")
+    failed_budget_chars: int = Field(
+        2000, ge=64, description="Each kept failed response is cut to this many characters, keeping mostly its end."
+    )
+
+    @field_validator("correct_col")
+    @classmethod
+    def _not_reward(cls, v: str) -> str:
+        if v == "reward":
+            raise ValueError("'reward' may be shaped; mine on raw correctness (e.g. 'correct' or 'acc')")
+        return v
+
+
+@dataclass
+class MineStats:
+    rollouts: int = 0
+    problems: int = 0
+    collapsed: int = 0
+    all_correct: int = 0
+    mixed: int = 0
+    too_few_rollouts: int = 0
+    quarantined: Counter = field(default_factory=Counter)
+    shards: int = 0
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "rollouts": self.rollouts,
+            "problems": self.problems,
+            "collapsed": self.collapsed,
+            "all_correct": self.all_correct,
+            "mixed": self.mixed,
+            "too_few_rollouts": self.too_few_rollouts,
+            "collapse_rate": round(self.collapsed / self.problems, 6) if self.problems else 0.0,
+            "quarantined": {k: self.quarantined.get(k, 0) for k in QUARANTINE_REASONS},
+            "quarantined_total": sum(self.quarantined.values()),
+            "shards": self.shards,
+        }
+
+
+QUARANTINE_REASONS = ("correct_missing", "correct_out_of_range", "duplicate_key")
+_KEY = pl.col("round").cast(pl.Int64) * (1 << 32) + pl.col("sample_idx").cast(pl.Int64)
+
+
+# --------------------------------------------------------------------------- phase 1
+
+
+def _scan(path: str, correct_col: str) -> pl.LazyFrame:
+    lf = pl.scan_parquet(path)
+    if correct_col != "correct":
+        lf = lf.drop("correct", strict=False).rename({correct_col: "correct"})
+    return lf
+
+
+def count_shard(path: str, cfg: MineConfig) -> pl.DataFrame:
+    """Per-problem counts of one shard (only problem_id, round, sample_idx, correct are read)."""
+    c = pl.col("correct").cast(pl.Float64)
+    missing = c.is_null() | c.is_nan()
+    out_of_range = ~missing & ((c < 0) | (c > 1))
+    valid = ~missing & ~out_of_range
+    return (
+        _scan(path, cfg.correct_col)
+        .select("problem_id", "round", "sample_idx", "correct")
+        .group_by("problem_id")
+        .agg(
+            n=pl.len(),
+            n_valid=valid.sum(),
+            n_missing=missing.sum(),
+            n_range=out_of_range.sum(),
+            max_c=c.filter(valid).max(),
+            min_c=c.filter(valid).min(),
+            round=pl.col("round").max(),
+            keys=_KEY.filter(valid),
+        )
+        .collect(engine="streaming")
+    )
+
+
+def reduce_counts(parts: Sequence[pl.DataFrame], cfg: MineConfig, stats: MineStats) -> pl.DataFrame:
+    """Merge per-shard counts; returns one row per problem with its `kind`."""
+    allp = pl.concat(parts, how="vertical")
+    merged = allp.group_by("problem_id").agg(
+        pl.col("n").sum(),
+        pl.col("n_valid").sum(),
+        pl.col("n_missing").sum(),
+        pl.col("n_range").sum(),
+        pl.col("max_c").max(),
+        pl.col("min_c").min(),
+        pl.col("round").max(),
+        pl.col("keys").explode().alias("keys"),
+    )
+    merged = merged.with_columns(
+        n_unique=pl.col("keys").list.n_unique().cast(pl.Int64),
+    ).with_columns(n_dup=pl.col("n_valid") - pl.col("n_unique"))
+    kind = (
+        pl.when(pl.col("n_unique") < cfg.min_rollouts)
+        .then(pl.lit("too_few"))
+        .when(pl.col("max_c") <= cfg.threshold)
+        .then(pl.lit("collapsed"))
+        .when(pl.col("min_c") >= 1.0)
+        .then(pl.lit("all_correct"))
+        .otherwise(pl.lit("mixed"))
+    )
+    merged = merged.with_columns(kind=kind).drop("keys")
+    totals = merged.select(
+        pl.col("n_missing").sum(), pl.col("n_range").sum(), pl.col("n_dup").sum(), pl.col("n_unique").sum()
+    ).row(0)
+    stats.quarantined["correct_missing"] += int(totals[0] or 0)
+    stats.quarantined["correct_out_of_range"] += int(totals[1] or 0)
+    stats.quarantined["duplicate_key"] += int(totals[2] or 0)
+    stats.rollouts = int(totals[3] or 0)
+    counts = dict(merged.group_by("kind").len().iter_rows())
+    stats.problems = merged.height
+    stats.collapsed = counts.get("collapsed", 0)
+    stats.all_correct = counts.get("all_correct", 0)
+    stats.mixed = counts.get("mixed", 0)
+    stats.too_few_rollouts = counts.get("too_few", 0)
+    return merged
+
+
+# --------------------------------------------------------------------------- phase 2
+
+
+def truncate_keep_end(text: str, budget: int) -> str:
+    """Cut `text` to about `budget` chars: a short head for the approach, mostly the tail for the answer."""
+    if len(text) <= budget:
+        return text
+    head = budget // 5
+    tail = budget - head
+    return text[:head].rstrip() + " [...] " + text[-tail:].lstrip()
+
+
+def _truncate_expr(budget: int) -> pl.Expr:
+    r = pl.col("response")
+    head, tail = budget // 5, budget - budget // 5
+    return (
+        pl.when(r.str.len_chars() <= budget)
+        .then(r)
+        .otherwise(pl.concat_str([r.str.slice(0, head).str.strip_chars_end(), pl.lit(" [...] "), r.str.slice(-tail).str.strip_chars_start()]))
+    )
+
+
+def failed_shard(path: str, collapsed_ids: pl.Series, cfg: MineConfig) -> pl.DataFrame:
+    """Failed responses of collapsed problems in one shard, first k distinct per problem."""
+    lf = _scan(path, cfg.correct_col)
+    names = set(lf.collect_schema().names())
+    problem = pl.col("problem") if "problem" in names else pl.lit(None, dtype=pl.String)
+    rows = (
+        lf.filter(pl.col("problem_id").is_in(collapsed_ids.implode()) & (pl.col("correct").cast(pl.Float64) <= cfg.threshold))
+        .select(
+            "problem_id",
+            "round",
+            "sample_idx",
+            "domain",
+            "label",
+            problem.fill_null(pl.col("prompt")).alias("problem"),
+            _truncate_expr(cfg.failed_budget_chars).alias("response"),
+        )
+        .with_columns(dedup=pl.col("response").str.replace_all(r"\s+", " ").str.strip_chars())
+        .filter(pl.col("dedup").str.len_chars() > 0)
+        .collect(engine="streaming")
+    )
+    return _first_k_distinct(rows, cfg.k_failed)
+
+
+def _first_k_distinct(rows: pl.DataFrame, k: int) -> pl.DataFrame:
+    return (
+        rows.sort("problem_id", "round", "sample_idx", "dedup", descending=[False, True, False, False])
+        .unique(subset=["problem_id", "dedup"], keep="first", maintain_order=True)
+        .group_by("problem_id", maintain_order=True)
+        .head(k)
+    )
+
+
+def reduce_failed(parts: Sequence[pl.DataFrame], cfg: MineConfig) -> pl.DataFrame:
+    rows = _first_k_distinct(pl.concat(parts, how="vertical"), cfg.k_failed)
+    return rows.group_by("problem_id").agg(
+        pl.col("response").alias("failed"),
+        pl.col("problem").first(),
+        pl.col("domain").first(),
+        pl.col("label").drop_nulls().first(),
+    )
+
+
+# --------------------------------------------------------------------------- history
+
+
+def history_frames(paths: Sequence[str]) -> tuple[pl.DataFrame | None, pl.DataFrame | None]:
+    """Split `--history` inputs into earlier collapsed sets and earlier hints (by their columns)."""
+    collapsed, hints = [], []
+    for p in resolve_inputs(paths):
+        names = set(read_parquet_schema(p).names)
+        if {"hint", "hint_id", "status"} <= names:
+            hints.append(pl.read_parquet(p, columns=["problem_id", "round", "hint"]))
+        elif {"n_rollouts", "failed", "streak"} <= names:
+            collapsed.append(pl.read_parquet(p, columns=["problem_id", "round", "streak"]))
+        else:
+            raise DataError(f"{p}: --history takes earlier collapsed.parquet or hints.parquet files; found columns {sorted(names)[:10]}")
+    c = pl.concat(collapsed).with_columns(pl.col("round").cast(pl.Int32), pl.col("streak").cast(pl.Int32)) if collapsed else None
+    h = pl.concat(hints).with_columns(pl.col("round").cast(pl.Int32)) if hints else None
+    return c, h
+
+
+def apply_history(df: pl.DataFrame, history: Sequence[str]) -> pl.DataFrame:
+    """Fill `streak` (consecutive rounds collapsed, this one included) and `previous_hints`."""
+    df = df.with_columns(streak=pl.lit(1, pl.Int32), previous_hints=pl.lit([], dtype=pl.List(pl.String)))
+    if not history:
+        return df
+    prev_c, prev_h = history_frames(history)
+    if prev_c is not None:
+        # The streak continues only from the round right before this one.
+        prev = prev_c.select("problem_id", (pl.col("round") + 1).alias("round"), pl.col("streak").alias("_prev"))
+        df = (
+            df.join(prev, on=["problem_id", "round"], how="left")
+            .with_columns(streak=(pl.col("_prev").fill_null(0) + 1).cast(pl.Int32))
+            .drop("_prev")
+        )
+    if prev_h is not None:
+        hints = (
+            df.select("problem_id", pl.col("round").alias("_now"))
+            .join(prev_h, on="problem_id")
+            .filter(pl.col("round") < pl.col("_now"))
+            .sort("problem_id", "round")
+            .group_by("problem_id", maintain_order=True)
+            .agg(pl.col("hint").alias("_hints"))
+        )
+        df = (
+            df.join(hints, on="problem_id", how="left")
+            .with_columns(previous_hints=pl.col("_hints").fill_null(pl.lit([], dtype=pl.List(pl.String))))
+            .drop("_hints")
+        )
+    return df
+
+
+# --------------------------------------------------------------------------- driver
+
+MapFn = Callable[[Callable, list], list]
+
+
+def serial_map(fn: Callable, items: list, *args) -> list:
+    return [fn(item, *args) for item in items]
+
+
+def mine(
+    sources: Sequence[str],
+    cfg: MineConfig,
+    history: Sequence[str] = (),
+    map_fn: Callable[..., list] = serial_map,
+) -> tuple[pl.DataFrame, MineStats]:
+    """Return the collapsed set (schema: collapsed) and the mining stats.
+
+    `map_fn(fn, items, *args)` runs `fn(item, *args)` for every shard; the
+    default runs them here, `mentor.pipeline.cluster.dask_map` on a cluster.
+    """
+    paths = resolve_inputs(sources)
+    fix = None if cfg.correct_col == "correct" else None
+    check_dataset_files(paths, "rollouts", fix)
+    if cfg.correct_col != "correct":
+        for p in paths:
+            if cfg.correct_col not in read_parquet_schema(p).names:
+                raise ConfigError(f"{p}: column {cfg.correct_col!r} (--correct-col) missing; found {read_parquet_schema(p).names}")
+    stats = MineStats(shards=len(paths))
+    files = [str(p) for p in paths]
+    merged = reduce_counts(map_fn(count_shard, files, cfg), cfg, stats)
+    collapsed = merged.filter(pl.col("kind") == "collapsed").select("problem_id", "round", pl.col("n_unique").alias("n_rollouts"))
+    ids = collapsed.get_column("problem_id")
+    if cfg.k_failed > 0 and ids.len():
+        failed = reduce_failed(map_fn(failed_shard, files, ids, cfg), cfg)
+    else:
+        failed = _texts_only(files, ids)
+    df = collapsed.join(failed, on="problem_id", how="left").with_columns(
+        pl.col("failed").fill_null(pl.lit([], dtype=pl.List(pl.String))),
+        pl.col("round").cast(pl.Int32),
+        pl.col("n_rollouts").cast(pl.Int32),
+    )
+    df = apply_history(df, history).sort("problem_id")
+    log.info("mined %d collapsed of %d problems", stats.collapsed, stats.problems)
+    return df, stats
+
+
+def _texts_only(files: list[str], ids: pl.Series) -> pl.DataFrame:
+    """Problem text/domain/label of collapsed problems when no failed responses are kept."""
+    lf = pl.scan_parquet(files)
+    names = set(lf.collect_schema().names())
+    problem = pl.col("problem") if "problem" in names else pl.lit(None, dtype=pl.String)
+    return (
+        lf.filter(pl.col("problem_id").is_in(ids.implode()))
+        .group_by("problem_id")
+        .agg(
+            problem.fill_null(pl.col("prompt")).first().alias("problem"),
+            pl.col("domain").first(),
+            pl.col("label").drop_nulls().first(),
+            pl.lit([], dtype=pl.List(pl.String)).first().alias("failed"),
+        )
+        .collect()
+    )
+
+
+def mine_to_dir(
+    sources: Sequence[str],
+    out_dir: str | Path,
+    cfg: MineConfig,
+    history: Sequence[str] = (),
+    map_fn: Callable[..., list] = serial_map,
+) -> MineStats:
+    """Run `mine` and write ``collapsed.parquet`` and ``stats.json`` atomically."""
+    from mentor.pipeline.io import write_json_atomic, write_parquet_atomic
+
+    df, stats = mine(sources, cfg, history, map_fn)
+    out_dir = Path(out_dir)
+    write_parquet_atomic(df, out_dir / "collapsed.parquet", dataset="collapsed")
+    write_json_atomic(stats.as_dict() | {"config": cfg.model_dump()}, out_dir / "stats.json")
+    return stats

@@ -1,0 +1,1 @@
+"""Trainer integration: verifiers, OpenRLHF/verl reward functions, launcher."""

@@ -1,0 +1,1 @@
+"""Round-by-round workflow definitions (YAML) and their runner."""
