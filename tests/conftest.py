@@ -1,0 +1,42 @@
+"""Shared fixtures: real data locations and small canonical datasets."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+# ../shared/data beside the checkout (CI lays it there); MENTOR_SHARED_DATA overrides.
+SHARED_DATA = Path(os.environ.get("MENTOR_SHARED_DATA", REPO.parent / "shared" / "data"))
+GSM8K_EXAMPLE = SHARED_DATA / "gsm8k" / "example_model_solutions.jsonl"
+
+
+@pytest.fixture(scope="session")
+def shared_data() -> Path:
+    if not SHARED_DATA.exists():
+        pytest.skip(f"real data not found at {SHARED_DATA} (set MENTOR_SHARED_DATA)")
+    return SHARED_DATA
+
+
+@pytest.fixture(scope="session")
+def gsm8k_example(shared_data) -> Path:
+    return GSM8K_EXAMPLE
+
+
+@pytest.fixture(scope="session")
+def bundled_rollouts() -> Path:
+    from mentor.data import bundled
+
+    return bundled("gsm8k_rollouts.parquet")
+
+
+@pytest.fixture(scope="session")
+def gsm8k_collapsed(tmp_path_factory, bundled_rollouts) -> Path:
+    """collapsed.parquet mined from the bundled real GSM8K rollouts (432 rows)."""
+    from mentor.stages.mine import MineConfig, mine_to_dir
+
+    out = tmp_path_factory.mktemp("collapsed")
+    mine_to_dir([str(bundled_rollouts)], out, MineConfig())
+    return out / "collapsed.parquet"
