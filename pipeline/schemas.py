@@ -182,6 +182,29 @@ def code_label(tests: str, entry_point: str | None, kind: str = "humaneval") -> 
     return json.dumps({"tests": tests, "entry_point": entry_point, "kind": kind}, sort_keys=True)
 
 
+def prompt_label(domain: str, reference: str | None, problem_id: str, hint_id: str | None, round_: int) -> str:
+    """The PROMPTS `label`: a JSON string the reward functions parse with `parse_prompt_label`.
+
+    math: ``{"domain": "math", "answer": ..., "problem_id", "hint_id", "round"}``
+    code: ``{"domain": "code", "tests", "entry_point", "kind", "problem_id", "hint_id", "round"}``
+    (`reference` is the domain-form label: the answer text, or `code_label` JSON).
+    """
+    obj: dict = {"domain": domain, "problem_id": problem_id, "hint_id": hint_id, "round": int(round_)}
+    if domain == "code":
+        obj.update(json.loads(reference) if reference else {"tests": None, "entry_point": None, "kind": "humaneval"})
+    else:
+        obj["answer"] = reference
+    return json.dumps(obj, sort_keys=True, ensure_ascii=False)
+
+
+def parse_prompt_label(label: str) -> dict:
+    """Inverse of `prompt_label`; raises ValueError on anything else."""
+    obj = json.loads(label)
+    if not isinstance(obj, dict) or "problem_id" not in obj or "domain" not in obj:
+        raise ValueError("not a mentor prompt label (needs a JSON object with domain and problem_id)")
+    return obj
+
+
 def schema_metadata(dataset: str) -> dict[bytes, bytes]:
     return {b"mentor.schema_version": SCHEMA_VERSION.encode(), b"mentor.dataset": dataset.encode()}
 
