@@ -196,9 +196,10 @@ def read_gsm8k_example(path: Path, round_: int, domain: str, stats: IngestStats)
     return _table(rows)
 
 
-def read_verl(path: Path, round_: int, domain: str, stats: IngestStats) -> pa.Table:
+def read_verl(path: Path, round_: int, domain: str, stats: IngestStats, seen: Counter | None = None) -> pa.Table:
+    """verl dump rows; `seen` numbers samples per problem across all files of one ingest."""
     rows = []
-    seen: Counter = Counter()
+    seen = Counter() if seen is None else seen
     m = re.match(r"^(\d+)", path.stem)
     file_step = int(m.group(1)) if m else None
     for lineno, rec, problem in iter_jsonl(path):
@@ -212,7 +213,7 @@ def read_verl(path: Path, round_: int, domain: str, stats: IngestStats) -> pa.Ta
         correct = rec["acc"] if "acc" in rec else rec.get("score")
         pid = text_id(prompt)
         step = rec.get("step", file_step)
-        key = (pid, step)
+        key = pid  # sample_idx is unique per problem within the round, across steps and files
         rows.append(
             {
                 "problem_id": pid,
@@ -466,6 +467,7 @@ def ingest(
     shards: list[Path] = []
     ids: set[str] = set()
     seen_keys: set[tuple[str, int, int]] = set()
+    verl_counter: Counter = Counter()
     for i, path in enumerate(paths):
         kind = chosen[path]
         stats.files += 1
@@ -476,7 +478,7 @@ def ingest(
         elif kind == "gsm8k-example":
             table = read_gsm8k_example(path, default_round, domain, stats)
         elif kind == "verl":
-            table = read_verl(path, default_round, domain, stats)
+            table = read_verl(path, default_round, domain, stats, verl_counter)
         elif kind == "openrlhf":
             table = read_openrlhf(path, round_, domain, stats)
         else:
@@ -496,6 +498,10 @@ def ingest(
     if not shards:
         raise DataError(f"no usable rollouts in {', '.join(map(str, paths))} (quarantined: {dict(stats.quarantined)})")
     stats.problems = len(ids)
+    # Shards left by an earlier run over more inputs would be read as part of this dataset.
+    for stale in sorted(set(out_dir.glob("part-*.parquet")) - set(shards)):
+        log.warning("removing stale shard %s from an earlier run", stale)
+        stale.unlink()
     out = stats.as_dict() | {"schema_version": SCHEMA_VERSION, "shards": [s.name for s in shards], "inputs": [str(p) for p in paths]}
     write_json_atomic(out, out_dir / "stats.json")
     return stats

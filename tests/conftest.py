@@ -7,6 +7,10 @@ from pathlib import Path
 
 import pytest
 
+# Nothing is fetched from a model or dataset hub, ever.
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
+
 REPO = Path(__file__).resolve().parents[1]
 # ../shared/data beside the checkout (CI lays it there); MENTOR_SHARED_DATA overrides.
 SHARED_DATA = Path(os.environ.get("MENTOR_SHARED_DATA", REPO.parent / "shared" / "data"))

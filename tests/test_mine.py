@@ -1,0 +1,175 @@
+"""`mentor mine` on the real GSM8K rollouts: counts, failed samples, history, dask, bad input."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import polars as pl
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+from click.testing import CliRunner
+
+from mentor.pipeline.cli import cli
+from mentor.pipeline.schemas import COLLAPSED
+from mentor.stages.mine import MineConfig, mine, truncate_keep_end
+
+
+def run(*args: str):
+    return CliRunner().invoke(cli, list(args))
+
+
+@pytest.fixture(scope="module")
+def split_shards(tmp_path_factory, bundled_rollouts) -> Path:
+    """The real rollouts cut into 3 shards at row boundaries that split problems across shards."""
+    d = tmp_path_factory.mktemp("shards")
+    t = pq.read_table(bundled_rollouts)
+    cuts = [0, 1757, 3514, t.num_rows]  # not multiples of 4: groups straddle shards
+    for i in range(3):
+        pq.write_table(t.slice(cuts[i], cuts[i + 1] - cuts[i]), d / f"part-{i:05d}.parquet")
+    return d
+
+
+def test_real_counts_and_outputs(bundled_rollouts, tmp_path):
+    res = run("mine", str(bundled_rollouts), "--out", str(tmp_path))
+    assert res.exit_code == 0, res.output
+    stats = json.loads((tmp_path / "stats.json").read_text())
+    assert (stats["rollouts"], stats["problems"], stats["collapsed"], stats["all_correct"], stats["mixed"]) == (5276, 1319, 432, 156, 731)
+    assert stats["quarantined"] == {"correct_missing": 0, "correct_out_of_range": 0, "duplicate_key": 0}
+    t = pq.read_table(tmp_path / "collapsed.parquet")
+    assert t.schema.remove_metadata().equals(COLLAPSED)
+    df = pl.from_arrow(t)
+    assert df.height == 432
+    assert df["n_rollouts"].unique().to_list() == [4]
+    assert df["streak"].unique().to_list() == [1]
+    assert df["previous_hints"].list.len().max() == 0
+    # up to k_failed=2, deduplicated, from the problem's own failed responses
+    assert df["failed"].list.len().max() == 2
+    rollouts = pl.read_parquet(bundled_rollouts)
+    row = df.row(0, named=True)
+    own = rollouts.filter(pl.col("problem_id") == row["problem_id"])
+    assert (own["correct"] == 0).all()
+    assert set(row["failed"]) <= set(own["response"].to_list())
+    assert len(set(row["failed"])) == len(row["failed"])
+    assert row["label"] and row["problem"]
+
+
+def test_collapsed_set_matches_bare_groupby(bundled_rollouts, tmp_path):
+    df, _ = mine([str(bundled_rollouts)], MineConfig())
+    bare = (
+        pl.read_parquet(bundled_rollouts).group_by("problem_id").agg(pl.col("correct").max())
+        .filter(pl.col("correct") == 0)["problem_id"].sort()
+    )
+    assert df["problem_id"].to_list() == bare.to_list()
+
+
+def test_truncation_keeps_the_end():
+    text = "I start by reading the problem. " + "step " * 1000 + "so the final answer is A: 4242"
+    cut = truncate_keep_end(text, 200)
+    assert len(cut) <= 210 and cut.endswith("A: 4242") and cut.startswith("I start")
+
+
+def test_budget_applied_in_mine(bundled_rollouts):
+    df, _ = mine([str(bundled_rollouts)], MineConfig(failed_budget_chars=100, k_failed=4))
+    lens = df["failed"].explode().str.len_chars()
+    assert lens.max() <= 100 + len(" [...] ")
+    assert df["failed"].list.len().max() <= 4
+
+
+def test_rerun_identical_bytes(bundled_rollouts, tmp_path):
+    for d in ("a", "b"):
+        assert run("mine", str(bundled_rollouts), "--out", str(tmp_path / d)).exit_code == 0
+    assert (tmp_path / "a/collapsed.parquet").read_bytes() == (tmp_path / "b/collapsed.parquet").read_bytes()
+    assert not [p for p in (tmp_path / "a").iterdir() if p.name.startswith(".")]
+
+
+def test_shard_split_gives_same_rows(bundled_rollouts, split_shards):
+    whole, _ = mine([str(bundled_rollouts)], MineConfig())
+    parts, stats = mine([str(split_shards)], MineConfig())
+    assert stats.shards == 3
+    assert whole.equals(parts)
+
+
+def test_dask_localcluster_same_rows(bundled_rollouts, split_shards, tmp_path):
+    res = run("mine", str(split_shards), "--out", str(tmp_path / "dask"), "--workers", "2")
+    assert res.exit_code == 0, res.output
+    res = run("mine", str(split_shards), "--out", str(tmp_path / "local"))
+    assert res.exit_code == 0, res.output
+    a = pl.read_parquet(tmp_path / "dask/collapsed.parquet")
+    b = pl.read_parquet(tmp_path / "local/collapsed.parquet")
+    assert a.height == 432 and a.equals(b)
+
+
+def test_history_fills_streak_and_previous_hints(bundled_rollouts, tmp_path):
+    """Round 1 mined with round 0's collapsed set and hints as history."""
+    r0, _ = mine([str(bundled_rollouts)], MineConfig())
+    (tmp_path / "r0").mkdir()
+    from mentor.pipeline.io import write_parquet_atomic
+
+    write_parquet_atomic(r0, tmp_path / "r0/collapsed.parquet", dataset="collapsed")
+    ids = r0["problem_id"].to_list()
+    hints = pl.DataFrame({"problem_id": ids[:10], "round": [0] * 10, "hint_id": ["h"] * 10, "hint": [f"hint {i}" for i in range(10)],
+                          "status": ["accepted"] * 10})
+    hints.write_parquet(tmp_path / "r0/hints.parquet")
+    t = pq.read_table(bundled_rollouts)
+    t = t.set_column(t.schema.get_field_index("round"), "round", pa.array([1] * t.num_rows, pa.int32()))
+    pq.write_table(t, tmp_path / "r1.parquet")
+    res = run("mine", str(tmp_path / "r1.parquet"), "--out", str(tmp_path / "r1"),
+              "--history", str(tmp_path / "r0/collapsed.parquet"), "--history", str(tmp_path / "r0/hints.parquet"))
+    assert res.exit_code == 0, res.output
+    df = pl.read_parquet(tmp_path / "r1/collapsed.parquet")
+    assert df["streak"].unique().to_list() == [2]
+    assert df["round"].unique().to_list() == [1]
+    got = df.filter(pl.col("problem_id") == ids[3])["previous_hints"].to_list()[0]
+    assert got == ["hint 3"]
+    assert df.filter(pl.col("previous_hints").list.len() > 0).height == 10
+
+
+def test_threshold_and_min_rollouts(bundled_rollouts):
+    _, s = mine([str(bundled_rollouts)], MineConfig(min_rollouts=5))
+    assert s.collapsed == 0 and s.too_few_rollouts == 1319
+
+
+def test_reward_is_never_the_correctness_column(bundled_rollouts, tmp_path):
+    res = run("mine", str(bundled_rollouts), "--out", str(tmp_path), "--correct-col", "reward")
+    assert res.exit_code == 2 and "shaped" in res.output
+
+
+def test_mine_quarantines_bad_rows_in_canonical_data(bundled_rollouts, tmp_path):
+    t = pl.read_parquet(bundled_rollouts)
+    bad = t.head(4).with_columns(pl.Series("correct", [None, float("nan"), 2.0, 0.0]), pl.lit("zz").alias("problem_id"))
+    dup = t.head(1)
+    pl.concat([t, bad, dup]).write_parquet(tmp_path / "r.parquet")
+    _, s = mine([str(tmp_path / "r.parquet")], MineConfig(min_rollouts=1))
+    assert dict(s.quarantined) == {"correct_missing": 2, "correct_out_of_range": 1, "duplicate_key": 1}
+    assert s.problems == 1320 and s.collapsed == 433  # zz: its one valid rollout is wrong
+
+
+def test_mixed_schemas_error(bundled_rollouts, tmp_path):
+    t = pq.read_table(bundled_rollouts)
+    pq.write_table(t, tmp_path / "part-0.parquet")
+    pq.write_table(t.drop(["step"]), tmp_path / "part-1.parquet")
+    res = run("mine", str(tmp_path), "--out", str(tmp_path / "o"))
+    assert res.exit_code == 1
+    assert "part-1.parquet: shards have mixed schemas" in res.output and "step" in res.output
+    assert not (tmp_path / "o" / "collapsed.parquet").exists()
+
+
+def test_missing_column_and_wrong_type(bundled_rollouts, tmp_path):
+    t = pq.read_table(bundled_rollouts)
+    pq.write_table(t.drop(["correct"]), tmp_path / "nocorrect.parquet")
+    res = run("mine", str(tmp_path / "nocorrect.parquet"), "--out", str(tmp_path / "o"))
+    assert res.exit_code == 1 and "nocorrect.parquet" in res.output and "column 'correct' missing" in res.output
+    t2 = t.set_column(t.schema.get_field_index("problem_id"), "problem_id", pa.array(range(t.num_rows)))
+    pq.write_table(t2, tmp_path / "intid.parquet")
+    res = run("mine", str(tmp_path / "intid.parquet"), "--out", str(tmp_path / "o"))
+    assert res.exit_code == 1 and "column 'problem_id' has type int64, expected string" in res.output
+
+
+def test_missing_and_empty_inputs(tmp_path):
+    res = run("mine", str(tmp_path / "nope"), "--out", str(tmp_path / "o"))
+    assert res.exit_code == 2 and "no such file" in res.output
+    (tmp_path / "e.parquet").write_bytes(b"")
+    res = run("mine", str(tmp_path / "e.parquet"), "--out", str(tmp_path / "o"))
+    assert res.exit_code == 1 and "e.parquet: the file is empty" in res.output

@@ -1,0 +1,49 @@
+"""Packaging: one `mentor` namespace, no generic top-level packages, a complete --help."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+from click.testing import CliRunner
+
+from mentor.pipeline.cli import COMMANDS, cli
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def test_help_lists_every_command_with_one_line():
+    res = CliRunner().invoke(cli, ["--help"])
+    assert res.exit_code == 0
+    for name, (_, _, help_line) in COMMANDS.items():
+        assert name in res.output
+        assert help_line and "\n" not in help_line
+    for name in COMMANDS:  # every registered command imports and has --help
+        sub = CliRunner().invoke(cli, [name, "--help"])
+        assert sub.exit_code == 0, (name, sub.output)
+
+
+def test_wheel_maps_folders_into_the_mentor_namespace(tmp_path):
+    subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", str(tmp_path), str(REPO)],
+        check=True,
+    )
+    wheel = next(tmp_path.glob("mentor-*.whl"))
+    names = zipfile.ZipFile(wheel).namelist()
+    tops = {n.split("/")[0] for n in names}
+    assert tops <= {"mentor", f"{wheel.name.split('-')[0]}-{wheel.name.split('-')[1]}.dist-info"}, tops
+    for pkg in ("pipeline", "stages", "training", "workflows", "data"):
+        assert f"mentor/{pkg}/__init__.py" in names
+    assert "mentor/data/gsm8k_rollouts.parquet" in names
+    assert not any(n.startswith("mentor/tests") for n in names)
+
+
+def test_generic_names_not_importable_outside_the_repo(tmp_path):
+    code = (
+        "import importlib.util as u, mentor.pipeline, mentor.stages;"
+        "print([n for n in ('pipeline','stages','training','workflows') if u.find_spec(n)])"
+    )
+    out = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"
