@@ -114,7 +114,8 @@ def count_shard(path: str, cfg: MineConfig) -> pl.DataFrame:
             max_c=c.filter(valid).max(),
             min_c=c.filter(valid).min(),
             round=pl.col("round").max(),
-            keys=_KEY.filter(valid),
+            # Distinct (round, sample_idx) among valid rows: the rest are duplicates.
+            n_unique=_KEY.filter(valid).n_unique(),
         )
         .collect(engine="streaming")
     )
@@ -131,11 +132,9 @@ def reduce_counts(parts: Sequence[pl.DataFrame], cfg: MineConfig, stats: MineSta
         pl.col("max_c").max(),
         pl.col("min_c").min(),
         pl.col("round").max(),
-        pl.col("keys").explode().alias("keys"),
+        pl.col("n_unique").sum(),
     )
-    merged = merged.with_columns(
-        n_unique=pl.col("keys").list.n_unique().cast(pl.Int64),
-    ).with_columns(n_dup=pl.col("n_valid") - pl.col("n_unique"))
+    merged = merged.with_columns(n_dup=pl.col("n_valid") - pl.col("n_unique"))
     kind = (
         pl.when(pl.col("n_unique") < cfg.min_rollouts)
         .then(pl.lit("too_few"))
@@ -145,7 +144,7 @@ def reduce_counts(parts: Sequence[pl.DataFrame], cfg: MineConfig, stats: MineSta
         .then(pl.lit("all_correct"))
         .otherwise(pl.lit("mixed"))
     )
-    merged = merged.with_columns(kind=kind).drop("keys")
+    merged = merged.with_columns(kind=kind)
     totals = merged.select(
         pl.col("n_missing").sum(), pl.col("n_range").sum(), pl.col("n_dup").sum(), pl.col("n_unique").sum()
     ).row(0)
@@ -174,23 +173,19 @@ def truncate_keep_end(text: str, budget: int) -> str:
     return text[:head].rstrip() + " [...] " + text[-tail:].lstrip()
 
 
-def _truncate_expr(budget: int) -> pl.Expr:
-    r = pl.col("response")
-    head, tail = budget // 5, budget - budget // 5
-    return (
-        pl.when(r.str.len_chars() <= budget)
-        .then(r)
-        .otherwise(pl.concat_str([r.str.slice(0, head).str.strip_chars_end(), pl.lit(" [...] "), r.str.slice(-tail).str.strip_chars_start()]))
-    )
+def failed_shard(path: str, collapsed_ids: pl.DataFrame, cfg: MineConfig) -> pl.DataFrame:
+    """Failed responses of collapsed problems in one shard: the first k distinct per problem.
 
-
-def failed_shard(path: str, collapsed_ids: pl.Series, cfg: MineConfig) -> pl.DataFrame:
-    """Failed responses of collapsed problems in one shard, first k distinct per problem."""
+    Only the rows of collapsed problems that failed are materialised; selection
+    runs on small key columns, and text is cut to the budget only for the
+    (at most k per problem) rows that are kept.
+    """
     lf = _scan(path, cfg.correct_col)
     names = set(lf.collect_schema().names())
     problem = pl.col("problem") if "problem" in names else pl.lit(None, dtype=pl.String)
     rows = (
-        lf.filter(pl.col("problem_id").is_in(collapsed_ids.implode()) & (pl.col("correct").cast(pl.Float64) <= cfg.threshold))
+        lf.filter(pl.col("correct").cast(pl.Float64) <= cfg.threshold)
+        .join(collapsed_ids.lazy(), on="problem_id", how="semi")
         .select(
             "problem_id",
             "round",
@@ -198,19 +193,23 @@ def failed_shard(path: str, collapsed_ids: pl.Series, cfg: MineConfig) -> pl.Dat
             "domain",
             "label",
             problem.fill_null(pl.col("prompt")).alias("problem"),
-            _truncate_expr(cfg.failed_budget_chars).alias("response"),
+            "response",
+            h=pl.col("response").str.strip_chars().hash(seed=0),
         )
-        .with_columns(dedup=pl.col("response").str.replace_all(r"\s+", " ").str.strip_chars())
-        .filter(pl.col("dedup").str.len_chars() > 0)
+        .filter(pl.col("response").str.strip_chars().str.len_bytes() > 0)
         .collect(engine="streaming")
     )
-    return _first_k_distinct(rows, cfg.k_failed)
+    picked = _first_k_distinct(rows.select("problem_id", "round", "sample_idx", "h").with_row_index("_i"), cfg.k_failed)
+    out = rows[picked["_i"]]
+    cut = [truncate_keep_end(t, cfg.failed_budget_chars) for t in out.get_column("response")]
+    return out.with_columns(pl.Series("response", cut, dtype=pl.String))
 
 
 def _first_k_distinct(rows: pl.DataFrame, k: int) -> pl.DataFrame:
+    """Per problem, the first k distinct responses (by hash `h`), newest round first, then sample_idx."""
     return (
-        rows.sort("problem_id", "round", "sample_idx", "dedup", descending=[False, True, False, False])
-        .unique(subset=["problem_id", "dedup"], keep="first", maintain_order=True)
+        rows.sort("problem_id", "round", "sample_idx", "h", descending=[False, True, False, False])
+        .unique(subset=["problem_id", "h"], keep="first", maintain_order=True)
         .group_by("problem_id", maintain_order=True)
         .head(k)
     )
@@ -307,8 +306,8 @@ def mine(
     files = [str(p) for p in paths]
     merged = reduce_counts(map_fn(count_shard, files, cfg), cfg, stats)
     collapsed = merged.filter(pl.col("kind") == "collapsed").select("problem_id", "round", pl.col("n_unique").alias("n_rollouts"))
-    ids = collapsed.get_column("problem_id")
-    if cfg.k_failed > 0 and ids.len():
+    ids = collapsed.select("problem_id")
+    if cfg.k_failed > 0 and ids.height:
         failed = reduce_failed(map_fn(failed_shard, files, ids, cfg), cfg)
     else:
         failed = _texts_only(files, ids)
@@ -322,13 +321,13 @@ def mine(
     return df, stats
 
 
-def _texts_only(files: list[str], ids: pl.Series) -> pl.DataFrame:
+def _texts_only(files: list[str], ids: pl.DataFrame) -> pl.DataFrame:
     """Problem text/domain/label of collapsed problems when no failed responses are kept."""
     lf = pl.scan_parquet(files)
     names = set(lf.collect_schema().names())
     problem = pl.col("problem") if "problem" in names else pl.lit(None, dtype=pl.String)
     return (
-        lf.filter(pl.col("problem_id").is_in(ids.implode()))
+        lf.join(ids.lazy(), on="problem_id", how="semi")
         .group_by("problem_id")
         .agg(
             problem.fill_null(pl.col("prompt")).first().alias("problem"),

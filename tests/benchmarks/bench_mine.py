@@ -1,0 +1,126 @@
+"""Benchmark `mentor mine` against a bare polars group-by on a synthetic rollout log.
+
+    python tests/benchmarks/bench_mine.py [--rows 20000000] [--shards 20] [--dir /tmp/mentor-bench-mine]
+
+Generates (once, reused) `rows` canonical rollouts in Parquet shards, k=4 rollouts
+per problem, ~1/3 collapsed, ~250-byte responses; then, each in its own process
+(so peak RSS is its own), runs
+- `mentor mine DIR --out ...` (the CLI, as a user runs it), and
+- a bare polars lazy group-by computing the same collapsed id set;
+and prints one JSON line: rows/s of each, their ratio, mine's peak RSS.
+Targets: ratio >= 0.9, peak RSS <= 1 GiB.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+BARE = r"""
+import sys, polars as pl
+files = sys.argv[1:]
+ids = (pl.scan_parquet(files).group_by("problem_id").agg(pl.col("correct").max(), pl.len())
+       .filter((pl.col("correct") <= 0) & (pl.col("len") >= 2)).select("problem_id").collect(engine="streaming"))
+print(ids.height)
+"""
+
+
+def generate(out: Path, rows: int, shards: int, k: int = 4) -> list[Path]:
+    import numpy as np
+    import polars as pl
+
+    from mentor.pipeline.io import write_parquet_atomic
+
+    out.mkdir(parents=True, exist_ok=True)
+    paths = [out / f"part-{i:05d}.parquet" for i in range(shards)]
+    if all(p.exists() for p in paths) and (out / "rows").exists() and (out / "rows").read_text() == str(rows):
+        return paths
+    per = rows // shards
+    rng = np.random.default_rng(0)
+    words = np.array("the of add subtract multiply total each per so then we get answer left cost".split())
+    for s, path in enumerate(paths):
+        start = s * per
+        idx = np.arange(start, start + per)
+        prob = idx // k
+        # difficulty per problem: ~1/3 collapsed, ~1/8 all-correct, the rest mixed
+        u = (prob * 2654435761 % 1000) / 1000.0
+        p_correct = np.where(u < 0.33, 0.0, np.where(u > 0.875, 1.0, 0.5))
+        correct = (rng.random(per) < p_correct).astype(np.float64)
+        resp_words = rng.choice(words, size=(per, 40))
+        responses = [" ".join(w) + f" A: {n}" for w, n in zip(resp_words, rng.integers(0, 10_000, per))]
+        df = pl.DataFrame(
+            {
+                "problem_id": [f"p-{x:016x}" for x in prob],
+                "round": np.zeros(per, dtype=np.int32),
+                "sample_idx": (idx % k).astype(np.int32),
+                "problem": [f"Problem {x}: how many apples?" for x in prob],
+                "prompt": [f"Problem {x}: how many apples?" for x in prob],
+                "response": responses,
+                "correct": correct,
+                "reward": correct,
+                "domain": ["math"] * per,
+                "label": [str(x % 997) for x in prob],
+                "source": ["bench"] * per,
+            }
+        )
+        write_parquet_atomic(df, path, dataset="rollouts", row_group_size=256_000)
+        print(f"generated {path} ({per} rows)", file=sys.stderr)
+    (out / "rows").write_text(str(rows))
+    return paths
+
+
+def timed(cmd: list[str]) -> tuple[float, int, str]:
+    """Wall seconds, peak RSS (bytes) of the child and its own children, stdout."""
+    t0 = time.perf_counter()
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    out, err = proc.communicate()
+    wall = time.perf_counter() - t0
+    if proc.returncode != 0:
+        raise SystemExit(f"{cmd[:3]} failed: {err[-2000:]}")
+    import resource
+
+    rss = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss * 1024  # max over children so far
+    return wall, rss, out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--rows", type=int, default=20_000_000)
+    ap.add_argument("--shards", type=int, default=20)
+    ap.add_argument("--dir", default="/tmp/mentor-bench-mine")
+    args = ap.parse_args()
+    base = Path(args.dir)
+    paths = generate(base / "rollouts", args.rows, args.shards)
+    files = [str(p) for p in paths]
+    mentor = [sys.executable, "-m", "mentor.pipeline.cli", "mine", str(base / "rollouts"), "--out", str(base / "collapsed")]
+    # Run mine first so RUSAGE_CHILDREN's max is mine's own peak.
+    mine_s, mine_rss, _ = timed(mentor)
+    bare_s, _, bare_out = timed([sys.executable, "-c", BARE, *files])
+    stats = json.loads((base / "collapsed" / "stats.json").read_text())
+    assert stats["collapsed"] == int(bare_out.strip()), (stats["collapsed"], bare_out)
+    print(
+        json.dumps(
+            {
+                "bench": "mine",
+                "rows": args.rows,
+                "shards": args.shards,
+                "collapsed": stats["collapsed"],
+                "mine_rows_per_s": round(args.rows / mine_s),
+                "bare_groupby_rows_per_s": round(args.rows / bare_s),
+                "ratio": round(bare_s / mine_s, 3),
+                "mine_peak_rss_mib": round(mine_rss / 2**20, 1),
+                "mine_s": round(mine_s, 2),
+                "bare_s": round(bare_s, 2),
+                "cpus": os.cpu_count(),
+            }
+        )
+    )
+
+
+if __name__ == "__main__":
+    main()
