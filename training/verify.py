@@ -1,0 +1,388 @@
+"""Verifiers shared by every reward path: math (math-verify) and code (the sandbox).
+
+``verify(domain, response, reference_label) -> float`` in [0, 1] is the one
+entry point. It never raises for anything a model writes; a verifier that cannot
+decide (timeout, unparsable reference) scores 0.
+
+Math
+----
+The final answer is taken from the response (`extract_math_answer`: the last
+``\\boxed{...}``; else "the answer is X"; else "A: X" / "#### X"; else the last
+number) and compared with the reference by math-verify, which handles LaTeX,
+fractions vs decimals, sets, intervals, units and so on.
+
+Why a process pool. math-verify bounds its own work with ``signal.alarm``,
+which only works in the main thread, and OpenRLHF calls reward functions from
+worker threads. Turning its timeout off would let one pathological expression
+(``10^{10^{10}}``) hang a trainer thread forever, and a Python thread cannot be
+killed. So parsing and comparison run in a few long-lived worker processes
+(``python -m mentor.training.verify --worker``), where each worker is
+single-threaded and math-verify's signal timeouts work as designed; the caller
+waits with a hard deadline and SIGKILLs and replaces a worker that overruns it.
+Workers are started lazily, shared by all threads of a process, restarted after
+a fork, and exit when their parent's pipe closes. Cost: one small JSON message
+each way per check (well under a millisecond) and ~1 s per worker start.
+
+Code
+----
+`verify_code` runs the response's code against the label's tests in
+`mentor.training.sandbox` (see its docstring for what it guarantees):
+``kind="humaneval"``: ``code + tests + check(entry_point)``; ``kind="stdio"``:
+``tests`` is a JSON list of ``{"input": str, "output": str}`` cases, each run
+with the input on stdin and the output compared line by line (trailing
+whitespace ignored). A response scores 1.0 only if every test passes.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import queue
+import re
+import select
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass
+
+from mentor.training.sandbox import SandboxLimits, run_python
+
+log = logging.getLogger(__name__)
+
+# --------------------------------------------------------------------------- answer extraction
+
+_BOXED = re.compile(r"\\(?:boxed|fbox)\s*\{")
+_ANSWER_IS = re.compile(r"answer\s+is\s*:?\s*(.+)", re.IGNORECASE)
+_MARKER = re.compile(r"(?:^|\n)\s*(?:####|A:)\s*(.+)")
+_NUMBER = re.compile(r"-?\d[\d,]*(?:\.\d+)?(?:\s*/\s*\d+)?|-?\.\d+")
+_SPECIAL_TOKENS = re.compile(r"(?:<\|[^|<>]{1,40}\|>|</s>|<eos>|<end_of_turn>|\[/?INST\])+\s*$")
+
+
+def last_boxed(text: str) -> str | None:
+    """Content of the last ``\\boxed{...}`` (balanced braces), or None."""
+    starts = [m.end() for m in _BOXED.finditer(text)]
+    for start in reversed(starts):
+        depth = 1
+        for i in range(start, len(text)):
+            ch = text[i]
+            if ch == "{":
+                depth += 1
+            elif ch == "}":
+                depth -= 1
+                if depth == 0:
+                    return text[start:i].strip()
+    return None
+
+
+def _clean_tail(ans: str) -> str:
+    ans = ans.strip().splitlines()[0] if ans.strip() else ""
+    ans = ans.strip().strip("$").strip()
+    ans = re.sub(r"^\\\(|\\\)$|^\\\[|\\\]$", "", ans).strip()
+    return ans.rstrip(".。").strip().strip("$").strip()
+
+
+def extract_math_answer(response: str) -> str | None:
+    """The response's final answer as text (see module docstring for the order), or None."""
+    text = _SPECIAL_TOKENS.sub("", response or "")
+    boxed = last_boxed(text)
+    if boxed:
+        return boxed
+    matches = list(_ANSWER_IS.finditer(text))
+    if matches:
+        ans = _clean_tail(matches[-1].group(1))
+        if ans:
+            return ans
+    matches = list(_MARKER.finditer(text))
+    if matches:
+        ans = _clean_tail(matches[-1].group(1))
+        if ans:
+            return ans
+    numbers = _NUMBER.findall(text)
+    if numbers:
+        return numbers[-1].strip()
+    return None
+
+
+def _norm(s: str) -> str:
+    return re.sub(r"\s+", "", s).replace("\\!", "").replace("dfrac", "frac").replace("tfrac", "frac")
+
+
+# --------------------------------------------------------------------------- math-verify workers
+
+
+def _worker_main() -> None:  # pragma: no cover - runs in the worker process
+    """Serve ``{"gold", "pred", "timeout"}`` lines with ``{"ok": bool|None, "error": str|None}``."""
+    import logging as _logging
+
+    _logging.disable(_logging.WARNING)
+    from math_verify import parse, verify
+
+    out = sys.stdout
+    for line in sys.stdin:
+        try:
+            req = json.loads(line)
+            t = max(1, int(req.get("timeout", 5)))
+            # Main thread of a single-threaded process: math-verify's alarm-based timeouts work here.
+            gold = parse("\\boxed{" + req["gold"] + "}", parsing_timeout=t)
+            pred = parse("\\boxed{" + req["pred"] + "}", parsing_timeout=t)
+            if not pred:
+                pred = parse(req["pred"], parsing_timeout=t)
+            ok = bool(gold) and bool(pred) and bool(verify(gold, pred, timeout_seconds=t))
+            resp = {"ok": ok, "error": None if gold else "reference not parsable"}
+        except Exception as exc:  # anything math-verify or sympy throws: undecided
+            resp = {"ok": None, "error": f"{type(exc).__name__}: {exc}"[:300]}
+        out.write(json.dumps(resp) + "\n")
+        out.flush()
+
+
+class _Worker:
+    def __init__(self) -> None:
+        env = dict(os.environ)
+        env["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p)
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "mentor.training.verify", "--worker"],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+            env=env,
+            close_fds=True,
+        )
+        self.buf = b""
+
+    def ask(self, req: dict, deadline: float) -> dict | None:
+        """Send one request; None when the deadline passes (the worker is then unusable)."""
+        assert self.proc.stdin is not None and self.proc.stdout is not None
+        self.proc.stdin.write((json.dumps(req) + "\n").encode())
+        self.proc.stdin.flush()
+        fd = self.proc.stdout.fileno()
+        while b"\n" not in self.buf:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return None
+            ready, _, _ = select.select([fd], [], [], left)
+            if not ready:
+                return None
+            chunk = os.read(fd, 65536)
+            if not chunk:
+                return None  # the worker died
+            self.buf += chunk
+        line, _, self.buf = self.buf.partition(b"\n")
+        return json.loads(line)
+
+    def kill(self) -> None:
+        try:
+            self.proc.kill()
+            self.proc.wait(timeout=5)
+        except Exception:
+            pass
+
+
+class MathVerifierPool:
+    """A few math-verify worker processes shared by every thread of this process."""
+
+    def __init__(self, size: int = 2, timeout: float = 10.0) -> None:
+        self.size = size
+        self.timeout = timeout
+        self.pid = os.getpid()
+        self._idle: queue.Queue[_Worker | None] = queue.Queue()
+        for _ in range(size):
+            self._idle.put(None)  # a slot; the worker is started on first use
+        self._all: list[_Worker] = []
+        self._lock = threading.Lock()
+        self.timeouts = 0
+
+    def check(self, gold: str, pred: str) -> bool | None:
+        """math-verify equivalence; None when undecided (timeout or error)."""
+        worker = self._idle.get()
+        try:
+            if worker is None or worker.proc.poll() is not None:
+                worker = _Worker()
+                with self._lock:
+                    self._all.append(worker)
+            # The worker's own alarms fire first; the hard deadline is the backstop.
+            inner = max(1, int(self.timeout / 3))
+            resp = worker.ask({"gold": gold, "pred": pred, "timeout": inner}, time.monotonic() + self.timeout)
+            if resp is None:
+                self.timeouts += 1
+                log.warning("math-verify worker overran %.0fs on %r vs %r; killed it", self.timeout, pred[:80], gold[:80])
+                worker.kill()
+                worker = None
+                return None
+            if resp.get("error"):
+                log.debug("math-verify: %s", resp["error"])
+            return resp.get("ok")
+        except Exception as exc:  # a broken pipe etc.: undecided, fresh worker next time
+            log.warning("math-verify worker failed: %s", exc)
+            if worker is not None:
+                worker.kill()
+            worker = None
+            return None
+        finally:
+            self._idle.put(worker)
+
+    def close(self) -> None:
+        with self._lock:
+            for w in self._all:
+                w.kill()
+            self._all.clear()
+
+
+_POOL: MathVerifierPool | None = None
+_POOL_LOCK = threading.Lock()
+
+
+def math_pool() -> MathVerifierPool:
+    """The process-wide pool (a new one after fork; size/timeout from MENTOR_MATH_WORKERS / MENTOR_MATH_TIMEOUT)."""
+    global _POOL
+    with _POOL_LOCK:
+        if _POOL is None or _POOL.pid != os.getpid():
+            _POOL = MathVerifierPool(
+                size=int(os.environ.get("MENTOR_MATH_WORKERS", "2")),
+                timeout=float(os.environ.get("MENTOR_MATH_TIMEOUT", "10")),
+            )
+        return _POOL
+
+
+def verify_math(response: str, reference: str) -> float:
+    """1.0 when the response's final answer equals `reference` (math-verify), else 0.0."""
+    if not reference or not isinstance(response, str):
+        return 0.0
+    answer = extract_math_answer(response)
+    if answer is None:
+        return 0.0
+    if _norm(answer) == _norm(reference):
+        return 1.0  # identical text: no need to parse
+    return 1.0 if math_pool().check(reference, answer) else 0.0
+
+
+# --------------------------------------------------------------------------- code
+
+_FENCE = re.compile(r"```[ \t]*([A-Za-z0-9_+-]*)[^\n]*\n(.*?)```", re.DOTALL)
+# Imports HumanEval prompts (and most graders) provide; a response that writes
+# only the function still runs.
+CODE_PRELUDE = (
+    "from typing import *\n"
+    "import math, re, string, itertools, functools, collections, heapq, bisect, statistics\n"
+)
+
+
+def extract_code(response: str) -> str:
+    """The code in a response: the last python (or untagged) fenced block, else the whole text."""
+    text = _SPECIAL_TOKENS.sub("", response or "")
+    blocks = _FENCE.findall(text)
+    if not blocks and "```" in text:
+        # An unterminated fence (truncated response): take what follows it.
+        tail = text.rsplit("```", 1)[1]
+        blocks = [(tail.split("\n", 1)[0].strip(), tail.split("\n", 1)[1] if "\n" in tail else "")]
+    if blocks:
+        py = [code for lang, code in blocks if lang.lower() in ("python", "py", "python3", "")]
+        return (py or [blocks[-1][1]])[-1]
+    return text
+
+
+@dataclass
+class CodeOutcome:
+    passed: int
+    total: int
+    detail: str  # first failure (or "ok"), short
+
+    @property
+    def score(self) -> float:
+        return 1.0 if self.total and self.passed == self.total else 0.0
+
+
+def _compare_output(got: str, want: str) -> bool:
+    norm = lambda s: [ln.rstrip() for ln in s.strip().splitlines()]  # noqa: E731
+    return norm(got) == norm(want)
+
+
+def run_code_tests(response: str, label: dict, limits: SandboxLimits | None = None) -> CodeOutcome:
+    """Run the response's code against a code label ``{"tests", "entry_point", "kind"}``."""
+    code = extract_code(response)
+    kind = label.get("kind") or "humaneval"
+    tests = label.get("tests")
+    if not tests:
+        return CodeOutcome(0, 0, "label has no tests")
+    if kind == "humaneval":
+        entry = label.get("entry_point")
+        if not entry:
+            return CodeOutcome(0, 0, "label has no entry_point")
+        program = f"{CODE_PRELUDE}\n{code}\n\n{tests}\n\ncheck({entry})\n"
+        res = run_python(program, limits=limits)
+        if res.ok:
+            return CodeOutcome(1, 1, "ok")
+        why = "timeout" if res.timed_out else (res.stderr.strip().splitlines() or [f"exit {res.returncode}"])[-1]
+        return CodeOutcome(0, 1, why[:300])
+    if kind == "stdio":
+        cases = json.loads(tests) if isinstance(tests, str) else tests
+        if not isinstance(cases, list) or not cases:
+            return CodeOutcome(0, 0, "stdio tests must be a non-empty JSON list of {input, output}")
+        program = f"{CODE_PRELUDE}\n{code}\n"
+        for i, case in enumerate(cases):
+            res = run_python(program, stdin=str(case.get("input", "")), limits=limits)
+            if not res.ok:
+                why = "timeout" if res.timed_out else (res.stderr.strip().splitlines() or [f"exit {res.returncode}"])[-1]
+                return CodeOutcome(i, len(cases), f"case {i}: {why}"[:300])
+            if not _compare_output(res.stdout, str(case.get("output", ""))):
+                return CodeOutcome(i, len(cases), f"case {i}: wrong output")
+        return CodeOutcome(len(cases), len(cases), "ok")
+    return CodeOutcome(0, 0, f"unknown test kind {kind!r}")
+
+
+def verify_code(response: str, label: dict | str, limits: SandboxLimits | None = None) -> float:
+    """1.0 when the response's code passes every test of `label` (a dict or the code_label JSON)."""
+    if isinstance(label, str):
+        label = json.loads(label)
+    return run_code_tests(response, label, limits).score
+
+
+# --------------------------------------------------------------------------- dispatcher
+
+
+def reference_of(label: dict) -> str | dict | None:
+    """The domain-form reference inside a parsed prompt label (math answer or code tests dict)."""
+    if label.get("domain") == "code":
+        return {k: label.get(k) for k in ("tests", "entry_point", "kind")}
+    return label.get("answer")
+
+
+def verify(domain: str, response: str, reference_label: str | dict | None) -> float:
+    """Correctness in [0, 1] of `response` against the reference; 0.0 on anything undecidable.
+
+    `reference_label` is the domain-form label: the math answer text, or for code
+    the `code_label` JSON / dict. A full prompt label dict (with ``domain``) is
+    accepted too.
+    """
+    try:
+        if isinstance(reference_label, dict) and "domain" in reference_label:
+            reference_label = reference_of(reference_label)
+        if domain == "math":
+            return verify_math(response, str(reference_label) if reference_label is not None else "")
+        if domain == "code":
+            if reference_label is None:
+                return 0.0
+            return verify_code(response, reference_label)
+        log.warning("verify: unknown domain %r (expected math or code); scored 0", domain)
+        return 0.0
+    except Exception:
+        log.exception("verify(%s) failed; scored 0", domain)
+        return 0.0
+
+
+__all__ = [
+    "CodeOutcome",
+    "MathVerifierPool",
+    "extract_code",
+    "extract_math_answer",
+    "last_boxed",
+    "math_pool",
+    "run_code_tests",
+    "verify",
+    "verify_code",
+    "verify_math",
+]
+
+if __name__ == "__main__" and sys.argv[1:] == ["--worker"]:
+    _worker_main()
