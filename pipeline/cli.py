@@ -19,6 +19,11 @@ from mentor.pipeline.errors import MentorError
 COMMANDS: dict[str, tuple[str, str, str]] = {
     "ingest": ("mentor.pipeline.cmd_data", "ingest", "Convert rollout logs (canonical, verl, openrlhf, gsm8k-example, jsonl) into canonical rollout shards."),
     "mine": ("mentor.pipeline.cmd_data", "mine", "Find collapsed problems (every rollout wrong) with a few failed responses."),
+    "build": ("mentor.pipeline.cmd_build", "build", "Build next-epoch prompt shards (base problems + hints) for OpenRLHF and verl."),
+    "run": ("mentor.pipeline.cmd_run", "run", "Run a round-by-round workflow (train -> ingest -> mine -> hint -> build); resumable."),
+    "status": ("mentor.pipeline.cmd_run", "status", "Show a run directory's state per round and stage: done/running/failed/pending, counts, errors."),
+    "demo": ("mentor.pipeline.cmd_run", "demo", "One round on the bundled real GSM8K rollouts with the embedded CPU model (mentor run gsm8k-demo)."),
+    "inspect": ("mentor.pipeline.cmd_build", "inspect", "Summarise rollouts, collapsed, hints, prompts, rescue outputs or a run directory."),
 }
 
 

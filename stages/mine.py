@@ -349,8 +349,11 @@ def mine_to_dir(
     """Run `mine` and write ``collapsed.parquet`` and ``stats.json`` atomically."""
     from mentor.pipeline.io import write_json_atomic, write_parquet_atomic
 
+    from mentor.pipeline.faults import fault_point
+
     df, stats = mine(sources, cfg, history, map_fn)
     out_dir = Path(out_dir)
     write_parquet_atomic(df, out_dir / "collapsed.parquet", dataset="collapsed")
+    fault_point("mine.after_collapsed")
     write_json_atomic(stats.as_dict() | {"config": cfg.model_dump()}, out_dir / "stats.json")
     return stats

@@ -1,0 +1,109 @@
+"""`mentor run`, `mentor status`, `mentor demo`: thin click commands over workflows.runner."""
+
+from __future__ import annotations
+
+import json
+import logging
+from contextlib import nullcontext
+from pathlib import Path
+
+import click
+
+from mentor.pipeline.cmd_data import cluster_options
+
+STAGE_CHOICE = click.Choice(["train", "ingest", "mine", "hint", "build"])
+
+
+def _run(workflow: str, run_dir: str | None, rounds: int | None, from_stage: str | None, only: str | None,
+         force: bool, workers: int | None, scheduler: str | None, sample: int | None = None) -> Path:
+    from mentor.workflows.config import load_workflow
+    from mentor.workflows.runner import RunOptions, Runner
+
+    wf = load_workflow(workflow)
+    if sample is not None:
+        wf.hint.sample = sample
+    out = Path(run_dir) if run_dir else Path("runs") / wf.name
+    click.echo(f"workflow {wf.name}: {wf.rounds if rounds is None else rounds} round(s) -> {out}", err=True)
+    if workers is None and scheduler is None:
+        ctx = nullcontext(None)
+    else:
+        from mentor.pipeline.cluster import dask_client
+
+        ctx = dask_client(workers=workers, scheduler=scheduler)
+    with ctx as client:
+        map_fn = None
+        if client is not None:
+            from mentor.pipeline.cluster import dask_map
+
+            map_fn = dask_map(client)
+        opts = RunOptions(rounds=rounds, from_stage=from_stage, only=only, force=force, map_fn=map_fn)
+        runner = Runner(wf, out, opts)
+        ran = runner.run()
+    click.echo(f"ran {len(ran)} stage(s), skipped {len(runner.skipped)} already done", err=True)
+    return out
+
+
+def _summary(run_dir: Path) -> None:
+    from mentor.stages.inspect import summarize_run
+
+    click.echo(json.dumps(summarize_run(run_dir), indent=2, sort_keys=True, default=str))
+
+
+@click.command()
+@click.argument("workflow")
+@click.option("--run-dir", type=click.Path(file_okay=False), help="Run directory (default runs/<name>).")
+@click.option("--rounds", type=int, help="Number of rounds to run (default: the workflow's).")
+@click.option("--from-stage", type=STAGE_CHOICE, help="Re-run this stage and every later one.")
+@click.option("--only", type=STAGE_CHOICE, help="Run only this stage (its inputs must be done).")
+@click.option("--force", is_flag=True, help="Re-run every stage even if done.")
+@click.option("--sample", type=int, help="Hint only the first N collapsed problems (overrides hint.sample).")
+@cluster_options
+def run(workflow, run_dir, rounds, from_stage, only, force, sample, workers, scheduler):
+    """Run a round-by-round workflow (train -> ingest -> mine -> hint -> build); resumable."""
+    out = _run(workflow, run_dir, rounds, from_stage, only, force, workers, scheduler, sample)
+    _print_status(out, "table")
+
+
+@click.command()
+@click.option("--run-dir", type=click.Path(file_okay=False), default="runs/gsm8k-demo", show_default=True, help="Run directory.")
+@click.option("--sample", type=int, help="Collapsed problems to hint (default: the workflow's, 8).")
+@click.option("--force", is_flag=True, help="Re-run every stage even if done.")
+def demo(run_dir, sample, force):
+    """One round on the bundled real GSM8K rollouts with the embedded CPU model (= mentor run gsm8k-demo)."""
+    logging.getLogger("mentor").setLevel(logging.INFO)
+    out = _run("gsm8k-demo", run_dir, None, None, None, force, None, None, sample)
+    _print_status(out, "table")
+    from mentor.stages.inspect import summarize_run, render_table
+
+    click.echo(render_table(summarize_run(out)))
+
+
+def _print_status(run_dir: Path, fmt: str) -> None:
+    from mentor.workflows.runner import run_status
+
+    rows = run_status(run_dir)
+    if fmt == "json":
+        click.echo(json.dumps(rows, indent=2, default=str))
+        return
+    cols = ["round", "stage", "state", "rows", "problems", "collapse_rate", "accepted", "repaired", "fallback", "hinted", "error"]
+    cols = [c for c in cols if any(r.get(c) is not None for r in rows)]
+    widths = {c: max(len(c), *(len(_fmt(r.get(c))) for r in rows)) for c in cols} if rows else {}
+    click.echo("  ".join(c.ljust(widths[c]) for c in cols))
+    for r in rows:
+        click.echo("  ".join(_fmt(r.get(c)).ljust(widths[c]) for c in cols))
+
+
+def _fmt(v) -> str:
+    if v is None:
+        return "-"
+    if isinstance(v, float):
+        return f"{v:.4f}"
+    return str(v)
+
+
+@click.command()
+@click.argument("run_dir", type=click.Path(exists=True, file_okay=False))
+@click.option("--format", "fmt", type=click.Choice(["table", "json"]), default="table", show_default=True)
+def status(run_dir, fmt):
+    """Per round and stage: done / running / interrupted / failed / pending, counts, last error."""
+    _print_status(Path(run_dir), fmt)

@@ -1,0 +1,23 @@
+"""Fault injection for resume tests: ``MENTOR_FAULT=<point>`` kills the process there with SIGKILL.
+
+Points are named ``<stage>.<where>`` (e.g. ``mine.after_collapsed``,
+``hint.after_shard``, ``build.after_shard``, ``<stage>.before_marker``). With
+``MENTOR_FAULT_SKIP=N`` the first N passes through the point are let go. The
+hook costs one environment lookup; nothing happens unless the variable is set.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+
+_passes: dict[str, int] = {}
+
+
+def fault_point(name: str) -> None:
+    if os.environ.get("MENTOR_FAULT") != name:
+        return
+    seen = _passes.get(name, 0)
+    _passes[name] = seen + 1
+    if seen >= int(os.environ.get("MENTOR_FAULT_SKIP", "0")):
+        os.kill(os.getpid(), signal.SIGKILL)

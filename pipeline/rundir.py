@@ -1,0 +1,145 @@
+"""Run directories: layout, done markers keyed by inputs + config, stage state.
+
+    runs/<name>/
+      workflow.yaml                 the resolved workflow, as run
+      base-prompts/                 unhinted prompts for round 0 (when no initial logs)
+      round-000/
+        train/ rollouts/ collapsed/ hints/ prompts/     each with stats.json
+        <stage>/_done/<key>.done    written last, after every output is in place
+        <stage>/_running.json       while the stage runs (pid, start time)
+        <stage>/_failed.json        the last error, until the stage succeeds
+
+A stage's key hashes its config and the keys of the stages it reads from (or
+the content of external input files), so a changed config re-runs that stage
+and, through the chain of keys, everything after it, never what came before.
+Markers are written after the outputs; a run killed at any moment leaves at
+most temporary files (``.*.tmp``, cleaned on the next start) and no marker.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from mentor.pipeline.io import config_hash, read_json, sha256_file, write_json_atomic
+
+STAGES = ("train", "ingest", "mine", "hint", "build")
+
+
+def round_name(r: int) -> str:
+    return f"round-{r:03d}"
+
+
+def inputs_key(paths: list[Path]) -> str:
+    """Content key of external input files (sha256 of each, in order)."""
+    h = hashlib.sha256()
+    for p in paths:
+        h.update(str(p.name).encode())
+        h.update(sha256_file(p).encode())
+    return h.hexdigest()[:16]
+
+
+def stage_key(stage: str, config: Any, upstream: list[str]) -> str:
+    blob = json.dumps({"stage": stage, "config": config_hash(config), "upstream": upstream}, sort_keys=True)
+    return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+@dataclass(frozen=True)
+class StageDir:
+    path: Path
+    stage: str
+
+    @property
+    def done_dir(self) -> Path:
+        return self.path / "_done"
+
+    def done_key(self) -> str | None:
+        markers = sorted(self.done_dir.glob("*.done")) if self.done_dir.exists() else []
+        return markers[-1].stem if markers else None
+
+    def is_done(self, key: str) -> bool:
+        return (self.done_dir / f"{key}.done").exists()
+
+    def begin(self, key: str) -> None:
+        """Invalidate old markers, clean temporaries of a killed run, record that we run."""
+        self.path.mkdir(parents=True, exist_ok=True)
+        if self.done_dir.exists():
+            for m in self.done_dir.glob("*.done"):
+                m.unlink()
+        for tmp in self.path.rglob(".*.tmp"):
+            tmp.unlink(missing_ok=True)
+        (self.path / "_failed.json").unlink(missing_ok=True)
+        write_json_atomic({"pid": os.getpid(), "key": key, "started": time.time()}, self.path / "_running.json")
+
+    def finish(self, key: str, info: dict[str, Any]) -> None:
+        """Mark done: the marker is the last thing written."""
+        write_json_atomic(info | {"key": key, "finished": time.time()}, self.done_dir / f"{key}.done")
+        (self.path / "_running.json").unlink(missing_ok=True)
+
+    def fail(self, error: str) -> None:
+        write_json_atomic({"error": error, "time": time.time()}, self.path / "_failed.json")
+        (self.path / "_running.json").unlink(missing_ok=True)
+
+    def state(self) -> str:
+        """done | running | interrupted | failed | pending."""
+        running = self.path / "_running.json"
+        if running.exists():
+            try:
+                pid = int(read_json(running)["pid"])
+            except (ValueError, KeyError, OSError):
+                return "interrupted"
+            return "running" if _alive(pid) else "interrupted"
+        if (self.path / "_failed.json").exists():
+            return "failed"
+        if self.done_key():
+            return "done"
+        return "pending"
+
+    def last_error(self) -> str | None:
+        f = self.path / "_failed.json"
+        return read_json(f).get("error") if f.exists() else None
+
+    def stats(self) -> dict[str, Any]:
+        f = self.path / "stats.json"
+        try:
+            return read_json(f) if f.exists() else {}
+        except (OSError, ValueError):
+            return {}
+
+
+@dataclass(frozen=True)
+class RunDir:
+    path: Path
+
+    def round_dir(self, r: int) -> Path:
+        return self.path / round_name(r)
+
+    def stage(self, r: int, stage: str) -> StageDir:
+        return StageDir(self.round_dir(r) / stage, stage)
+
+    def base_prompts(self) -> StageDir:
+        return StageDir(self.path / "base-prompts", "build")
+
+    def rounds(self) -> list[int]:
+        out = []
+        for d in sorted(self.path.glob("round-*")):
+            try:
+                out.append(int(d.name.split("-", 1)[1]))
+            except ValueError:
+                continue
+        return out

@@ -1,0 +1,191 @@
+"""Workflow files: the schedule of rounds and every stage's settings, validated on load.
+
+A workflow YAML names the run, the domain, the base problem set, how each
+round's rollouts come to be (the trainer), and the settings of mine, hint and
+build. Unknown keys are rejected; errors name the key and the file.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from mentor.pipeline.errors import ConfigError
+from mentor.stages.mine import MineConfig
+
+PACKAGED = Path(__file__).resolve().parent
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class BackendSettings(_Strict):
+    """An LLM backend: vLLM (CUDA or CPU build) or, in tests only, the deterministic fake."""
+
+    backend: Literal["vllm", "fake"] = Field("vllm", description="vllm, or fake (tests only).")
+    model: str | None = Field(None, description="HF model folder or id in the local cache; none = the embedded SmolLM2-135M-Instruct.")
+    options: dict[str, Any] = Field(
+        default_factory=dict,
+        description="Engine options: tensor_parallel_size, gpu_memory_utilization, max_model_len, enforce_eager, dtype; "
+        "for fake: script (module:function).",
+    )
+
+
+class InitialRollouts(_Strict):
+    """Existing rollout logs used as round 0's rollouts instead of running the trainer in round 0."""
+
+    source: list[str] = Field(description="Files, directories or globs; 'bundled:gsm8k' is the bundled real GSM8K rollouts.")
+    format: str = Field("auto", description="An ingest --format.")
+    map: dict[str, str] = Field(default_factory=dict, description="Column mapping for format jsonl.")
+
+
+class OfflineTrainer(_Strict):
+    """No training: sample the policy on the round's prompts with `mentor rollout` (vLLM)."""
+
+    kind: Literal["offline"]
+    policy: BackendSettings = Field(default_factory=BackendSettings, description="The policy that answers the prompts.")
+    k: int = Field(4, ge=1, description="Rollouts per prompt.")
+    max_tokens: int = Field(512, ge=1, description="Max new tokens per rollout.")
+    temperature: float = Field(1.0, ge=0.0, description="Sampling temperature.")
+    top_p: float = Field(1.0, gt=0.0, le=1.0, description="Nucleus sampling.")
+    seed: int = Field(0, description="Base seed (each rollout gets its own derived seed).")
+    limit: int | None = Field(None, ge=1, description="Only the first N prompts (demos, tests).")
+
+
+class OpenRLHFTrainer(_Strict):
+    """One OpenRLHF GRPO round per mentor round (`mentor train`)."""
+
+    kind: Literal["openrlhf"]
+    config: dict[str, Any] = Field(default_factory=dict, description="The `mentor train` round config (see training/launcher.py).")
+
+
+class VerlTrainer(_Strict):
+    """A verl run per round, launched by a user command."""
+
+    kind: Literal["verl"]
+    command: list[str] | str = Field(
+        description="Command; placeholders {prompts} {rollout_dir} {round} {run_dir} {model} {prev_model}. "
+        "mentor sets MENTOR_ROLLOUT_DIR so its verl reward function logs every rollout there."
+    )
+    model_out: str | None = Field(None, description="Where the command leaves the round's final model (placeholders allowed).")
+
+
+class ExternalTrainer(_Strict):
+    """A trainer mentor does not launch: wait for the round's rollout logs to appear."""
+
+    kind: Literal["external"]
+    rollouts: str = Field(description="Glob of the round's logs; placeholders {round} {run_dir}.")
+    format: str = Field("openrlhf", description="ingest --format of those logs.")
+    sentinel: str | None = Field(None, description="A file whose appearance says the logs are complete (placeholders allowed).")
+    settle_s: float = Field(10.0, ge=0, description="Without a sentinel: the logs are complete once unchanged this long.")
+    timeout_s: float = Field(86400.0, gt=0, description="Give up waiting after this long.")
+    poll_s: float = Field(5.0, gt=0, description="Polling interval.")
+
+
+Trainer = Annotated[OfflineTrainer | OpenRLHFTrainer | VerlTrainer | ExternalTrainer, Field(discriminator="kind")]
+
+
+class HintSettings(_Strict):
+    """The hint stage: backend + the agents' settings (stages/hint.py HintConfig)."""
+
+    backend: BackendSettings = Field(default_factory=BackendSettings, description="The hint model.")
+    sample: int | None = Field(None, ge=1, description="Hint only the first N collapsed problems (by problem_id); none = all.")
+    shard_size: int | None = Field(None, ge=1, description="Problems per shard (resume unit, and dask task).")
+    config: dict[str, Any] = Field(default_factory=dict, description="HintConfig fields (max_retry, max_refine, per-domain overrides, ...).")
+
+
+class Workflow(_Strict):
+    """A round-by-round mentor run."""
+
+    name: str = Field(description="Run name: the run directory is runs/<name> unless --run-dir is given.")
+    domain: Literal["math", "code"] = Field("math", description="Domain of the problems.")
+    base: str = Field(description="Base problem set (bundled name, file, or hf:NAME[:CONFIG]:SPLIT).")
+    base_map: dict[str, str] = Field(default_factory=dict, description="Base-set column mapping canonical=column.")
+    rounds: int = Field(1, ge=1, description="Number of rounds.")
+    initial_rollouts: InitialRollouts | None = Field(None, description="Logs that stand in for round 0's training.")
+    trainer: Trainer = Field(description="How each round's rollouts are produced.")
+    mine: MineConfig = Field(default_factory=MineConfig, description="mine settings.")
+    hint: HintSettings = Field(default_factory=HintSettings, description="hint settings.")
+    build: dict[str, Any] = Field(default_factory=dict, description="BuildConfig fields other than base/hints/round.")
+
+    @model_validator(mode="after")
+    def _check(self) -> "Workflow":
+        for key in ("base", "hints", "round", "domain", "mapping"):
+            if key in self.build:
+                raise ValueError(f"build.{key} is set by the workflow itself; remove it")
+        return self
+
+
+def load_workflow(path: str | Path) -> Workflow:
+    """Load and validate a workflow file; errors name the file and the key."""
+    path = resolve_workflow_path(path)
+    try:
+        data = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{path}: not valid YAML ({exc})") from exc
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: a workflow is a YAML mapping of keys (name, base, trainer, ...)")
+    return validate_workflow(data, str(path))
+
+
+def validate_workflow(data: dict[str, Any], where: str = "workflow") -> Workflow:
+    try:
+        wf = Workflow.model_validate(data)
+    except ValidationError as exc:
+        lines = []
+        for e in exc.errors():
+            key = ".".join(str(p) for p in e["loc"])
+            msg = "unknown key" if e["type"] == "extra_forbidden" else e["msg"]
+            lines.append(f"{key}: {msg}")
+        raise ConfigError(f"{where}: " + "; ".join(lines)) from exc
+    try:
+        check_sections(wf)
+    except ConfigError as exc:
+        raise ConfigError(f"{where}: {exc}") from exc
+    return wf
+
+
+def check_sections(wf: Workflow) -> None:
+    """Validate the sections owned by other stages with their own models."""
+    from mentor.stages.build import BuildConfig
+
+    try:
+        BuildConfig.model_validate(wf.build | {"base": wf.base})
+    except ValidationError as exc:
+        raise _prefixed(exc, "build") from exc
+    from mentor.stages.hint import HintConfig
+
+    try:
+        HintConfig.model_validate(wf.hint.config)
+    except ValidationError as exc:
+        raise _prefixed(exc, "hint.config") from exc
+    if wf.trainer.kind == "openrlhf":
+        from mentor.training.launcher import TrainConfig
+
+        try:
+            TrainConfig.model_validate(wf.trainer.config)
+        except ValidationError as exc:
+            raise _prefixed(exc, "trainer.config") from exc
+
+
+def _prefixed(exc: ValidationError, prefix: str) -> ConfigError:
+    lines = []
+    for e in exc.errors():
+        key = ".".join([prefix, *(str(p) for p in e["loc"])])
+        lines.append(f"{key}: {'unknown key' if e['type'] == 'extra_forbidden' else e['msg']}")
+    return ConfigError("; ".join(lines))
+
+
+def resolve_workflow_path(path: str | Path) -> Path:
+    """A path, or the name of a packaged workflow (``gsm8k-demo``)."""
+    p = Path(path)
+    if p.exists():
+        return p
+    packaged = PACKAGED / (p.name if p.suffix else f"{p.name}.yaml")
+    if packaged.exists():
+        return packaged
+    raise ConfigError(f"{path}: no such workflow file (packaged ones: {', '.join(sorted(f.stem for f in PACKAGED.glob('*.yaml')))})")

@@ -1,0 +1,383 @@
+"""The round-by-round runner behind `mentor run`, `mentor demo` and `mentor status`.
+
+Each round runs, in order:
+
+    train (OpenRLHF / verl / offline rollout / wait for an external trainer)
+      -> ingest -> mine (with earlier rounds as history) -> hint -> build
+
+in the run-directory layout of `mentor.pipeline.rundir`. A stage runs only if
+its done marker for the current key is missing; the key hashes the stage's
+config and the fingerprints of what it reads, so a re-run skips finished
+work, a changed config re-runs that stage and what follows, and a run killed
+at any moment resumes to the same result.
+"""
+
+from __future__ import annotations
+
+import glob as globlib
+import hashlib
+import logging
+import os
+import shlex
+import subprocess
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from mentor.pipeline.errors import ConfigError, DataError, MentorError
+from mentor.pipeline.faults import fault_point
+from mentor.pipeline.io import atomic_path, read_json, sha256_file, write_parquet_atomic
+from mentor.pipeline.rundir import STAGES, RunDir, StageDir, inputs_key, stage_key
+from mentor.workflows.config import Workflow
+
+log = logging.getLogger(__name__)
+
+ROUND_STAGES = STAGES  # train, ingest, mine, hint, build
+
+
+@dataclass
+class RunOptions:
+    rounds: int | None = None  # override the workflow's number of rounds
+    from_stage: str | None = None  # re-run this stage and the later ones (every selected round)
+    only: str | None = None  # run just this stage (its inputs must be done)
+    force: bool = False
+    map_fn: Callable[..., list] | None = None  # dask map for mine/hint shards; None = in-process
+    progress: bool = True
+
+    def __post_init__(self) -> None:
+        for name in ("from_stage", "only"):
+            v = getattr(self, name)
+            if v is not None and v not in ROUND_STAGES:
+                raise ConfigError(f"--{name.replace('_', '-')} {v!r}: choose one of {', '.join(ROUND_STAGES)}")
+
+
+def fingerprint(path: Path) -> str:
+    """Content fingerprint of a stage's data outputs (Parquet and JSONL files, not bookkeeping)."""
+    h = hashlib.sha256()
+    if path.exists():
+        for f in sorted(path.rglob("*")):
+            rel = f.relative_to(path)
+            if not f.is_file() or any(part.startswith(("_", ".")) for part in rel.parts):
+                continue
+            if f.suffix in (".parquet", ".jsonl"):
+                h.update(str(rel).encode())
+                h.update(sha256_file(f).encode())
+    return h.hexdigest()[:16]
+
+
+@dataclass
+class Runner:
+    wf: Workflow
+    run_dir: Path
+    opts: RunOptions = field(default_factory=RunOptions)
+
+    def __post_init__(self) -> None:
+        self.rd = RunDir(Path(self.run_dir))
+        self._forced: set[tuple[int, str]] = set()
+        self.ran: list[tuple[int, str]] = []
+        self.skipped: list[tuple[int, str]] = []
+
+    # ------------------------------------------------------------------ driver
+
+    def run(self) -> list[tuple[int, str]]:
+        self.rd.path.mkdir(parents=True, exist_ok=True)
+        self._save_workflow()
+        base_token = self._base_problems()
+        n = self.opts.rounds or self.wf.rounds
+        prompts_dir: Path | None = None
+        prompts_token = ""
+        for r in range(n):
+            log.info("round %d", r)
+            if r == 0 and self.wf.initial_rollouts is not None:
+                # Existing logs stand in for round 0's training: recorded, nothing launched.
+                sources = self._initial_sources()
+                train_token = self._step(r, "train", {"initial_rollouts": self.wf.initial_rollouts.model_dump()},
+                                         [self._initial_token()], lambda sd: {"kind": "initial_rollouts", "files": sources})
+                logs_dir = None
+            else:
+                if prompts_dir is None:
+                    prompts_dir, prompts_token = self._base_prompts(base_token)
+                train_token = self._step(r, "train", self._train_config(), [prompts_token], lambda sd, r=r, p=prompts_dir: self._train(r, p, sd))
+                logs_dir = self.rd.stage(r, "train").path / "logs"
+            ingest_token = self._step(r, "ingest", self._ingest_config(r), [train_token, base_token],
+                                      lambda sd, r=r, logs=logs_dir: self._ingest(r, logs, sd))
+            history, history_tokens = self._history(r)
+            mine_token = self._step(r, "mine", self.wf.mine, [ingest_token, *history_tokens],
+                                    lambda sd, h=history: self._mine(r, h, sd))
+            hint_token = self._step(r, "hint", self.wf.hint, [mine_token], lambda sd, r=r: self._hint(r, sd))
+            build_token = self._step(r, "build", self.wf.build, [hint_token, base_token], lambda sd, r=r: self._build(r, sd))
+            prompts_dir, prompts_token = self.rd.stage(r, "build").path, build_token
+        return self.ran
+
+    def _step(self, r: int, stage: str, config: Any, upstream: list[str], fn: Callable[[StageDir], dict]) -> str:
+        """Run one stage unless done; returns its token (key + output fingerprint) for what follows."""
+        sd = self.rd.stage(r, stage)
+        key = stage_key(stage, config, upstream)
+        forced = self.opts.force or (
+            self.opts.from_stage is not None and ROUND_STAGES.index(stage) >= ROUND_STAGES.index(self.opts.from_stage)
+        )
+        if self.opts.only is not None and stage != self.opts.only:
+            if not sd.is_done(key):
+                raise ConfigError(f"--only {self.opts.only}: round {r}'s {stage} stage is not done for the current config; run it first")
+            return self._token(sd, key)
+        if sd.is_done(key) and not (forced and (r, stage) not in self._forced):
+            log.info("round %d %s: done (%s), skipped", r, stage, key)
+            self.skipped.append((r, stage))
+            return self._token(sd, key)
+        self._forced.add((r, stage))
+        sd.begin(key)
+        try:
+            info = fn(sd) or {}
+        except BaseException as exc:
+            msg = str(exc) if isinstance(exc, MentorError) else f"{type(exc).__name__}: {exc}"
+            sd.fail(msg)
+            raise
+        fault_point(f"{stage}.before_marker")
+        sd.finish(key, info | {"fingerprint": fingerprint(sd.path)})
+        self.ran.append((r, stage))
+        return self._token(sd, key)
+
+    @staticmethod
+    def _token(sd: StageDir, key: str) -> str:
+        marker = sd.done_dir / f"{key}.done"
+        return f"{key}:{read_json(marker).get('fingerprint', '')}"
+
+    def _save_workflow(self) -> None:
+        with atomic_path(self.rd.path / "workflow.yaml") as tmp:
+            tmp.write_text(yaml.safe_dump(self.wf.model_dump(mode="json"), sort_keys=False))
+
+    # ------------------------------------------------------------------ inputs
+
+    def _base_problems(self) -> str:
+        """The base set as a PROBLEMS Parquet in the run dir (read once; ingest and build use it)."""
+        from mentor.stages.build import load_base
+
+        path = self.rd.path / "base" / "problems.parquet"
+        marker = self.rd.path / "base" / "_source.json"
+        want = {"base": self.wf.base, "map": self.wf.base_map, "domain": self.wf.domain}
+        if not (path.exists() and marker.exists() and read_json(marker) == want):
+            base = load_base(self.wf.base, self.wf.base_map, self.wf.domain)
+            write_parquet_atomic(base.frame, path, dataset="problems")
+            from mentor.pipeline.io import write_json_atomic
+
+            write_json_atomic(want, marker)
+        return inputs_key([path])
+
+    @property
+    def problems_path(self) -> Path:
+        return self.rd.path / "base" / "problems.parquet"
+
+    def _initial_sources(self) -> list[str]:
+        from mentor.data import bundled
+
+        out = []
+        for s in self.wf.initial_rollouts.source:
+            out.append(str(bundled(f"{s.split(':', 1)[1]}_rollouts.parquet")) if s.startswith("bundled:") else s)
+        return out
+
+    def _initial_token(self) -> str:
+        from mentor.pipeline.io import resolve_inputs
+
+        files = resolve_inputs(self._initial_sources(), suffixes=(".parquet", ".jsonl", ".json", ".jsonl.gz"))
+        return "initial:" + inputs_key(files)
+
+    def _base_prompts(self, base_token: str) -> tuple[Path, str]:
+        """Unhinted prompts of the base set: what round 0's trainer trains on without initial logs."""
+        from mentor.stages.build import BuildConfig, build
+
+        sd = self.rd.base_prompts()
+        cfg = BuildConfig.model_validate(self.wf.build | {"base": str(self.problems_path), "hints": [], "round": 0})
+        key = stage_key("base-prompts", cfg.model_dump(exclude={"base"}), [base_token])
+        if not sd.is_done(key):
+            sd.begin(key)
+            stats = build(cfg, sd.path)
+            sd.finish(key, {"rows": stats.rows, "fingerprint": fingerprint(sd.path)})
+        return sd.path, self._token(sd, key)
+
+    def _history(self, r: int) -> tuple[list[str], list[str]]:
+        """Earlier rounds' collapsed and hints outputs, with their tokens."""
+        paths, tokens = [], []
+        for j in range(r):
+            for stage, name in (("mine", "collapsed.parquet"), ("hint", "hints.parquet")):
+                sd = self.rd.stage(j, stage)
+                f = sd.path / name
+                key = sd.done_key()
+                if f.exists() and key:
+                    paths.append(str(f))
+                    tokens.append(self._token(sd, key))
+        return paths, tokens
+
+    # ------------------------------------------------------------------ stages
+
+    def _train_config(self) -> dict:
+        return self.wf.trainer.model_dump(mode="json")
+
+    def _train(self, r: int, prompts: Path, sd: StageDir) -> dict:
+        t = self.wf.trainer
+        logs = sd.path / "logs"
+        logs.mkdir(parents=True, exist_ok=True)
+        if t.kind == "offline":
+            from mentor.stages.rollout import RolloutConfig, rollout_to_dir
+            from mentor.pipeline.llm import BackendSpec
+
+            spec = BackendSpec(t.policy.backend, t.policy.model, dict(t.policy.options))
+            cfg = RolloutConfig(k=t.k, max_tokens=t.max_tokens, temperature=t.temperature, top_p=t.top_p,
+                                seed=t.seed + 1000 * r, limit=t.limit, round=r)
+            stats = rollout_to_dir([str(prompts)], logs, cfg, spec)
+            return {"kind": "offline", "rollouts": stats.get("rollouts") if isinstance(stats, dict) else None}
+        if t.kind == "openrlhf":
+            from mentor.training.launcher import TrainConfig, run_round
+
+            cfg = TrainConfig.model_validate(t.config)
+            outcome = run_round(cfg, round_=r, prompts=prompts, round_dir=sd.path, rollout_dir=logs,
+                                prev_model=self._prev_model(r))
+            return {"kind": "openrlhf", **outcome}
+        if t.kind == "verl":
+            return self._run_verl(r, prompts, sd, logs)
+        return self._wait_external(r, sd)
+
+    def _prev_model(self, r: int) -> str | None:
+        for j in range(r - 1, -1, -1):
+            f = self.rd.stage(j, "train").path / "outcome.json"
+            if f.exists():
+                model = read_json(f).get("final_model")
+                if model:
+                    return model
+        return None
+
+    def _placeholders(self, r: int, prompts: Path, logs: Path) -> dict[str, str]:
+        return {"prompts": str(prompts), "rollout_dir": str(logs), "round": str(r), "run_dir": str(self.rd.path),
+                "prev_model": self._prev_model(r) or "", "model": self._prev_model(r) or ""}
+
+    def _run_verl(self, r: int, prompts: Path, sd: StageDir, logs: Path) -> dict:
+        t = self.wf.trainer
+        ph = self._placeholders(r, prompts, logs)
+        cmd = [c.format(**ph) for c in (t.command if isinstance(t.command, list) else shlex.split(t.command))]
+        env = os.environ | {"MENTOR_ROLLOUT_DIR": str(logs), "MENTOR_ROUND": str(r)}
+        log_file = sd.path / "train.log"
+        with open(log_file, "wb") as fh:
+            rc = subprocess.run(cmd, env=env, stdout=fh, stderr=subprocess.STDOUT).returncode
+        outcome = {"kind": "verl", "command": cmd, "exit_code": rc, "log": str(log_file),
+                   "final_model": t.model_out.format(**ph) if t.model_out else None}
+        from mentor.pipeline.io import write_json_atomic
+
+        write_json_atomic(outcome, sd.path / "outcome.json")
+        if rc != 0:
+            tail = log_file.read_text(errors="replace")[-2000:]
+            raise DataError(f"round {r}: the verl command exited with {rc}; see {log_file}; last lines:\n{tail}")
+        return outcome
+
+    def _wait_external(self, r: int, sd: StageDir) -> dict:
+        t = self.wf.trainer
+        ph = {"round": str(r), "run_dir": str(self.rd.path)}
+        pattern = t.rollouts.format(**ph)
+        sentinel = Path(t.sentinel.format(**ph)) if t.sentinel else None
+        deadline = time.monotonic() + t.timeout_s
+        last, stable_since = None, None
+        while True:
+            files = sorted(globlib.glob(pattern, recursive=True))
+            state = [(f, os.path.getsize(f), os.path.getmtime(f)) for f in files if os.path.isfile(f)]
+            now = time.monotonic()
+            if state and (sentinel.exists() if sentinel else False):
+                break
+            if state and sentinel is None:
+                if state == last:
+                    if now - stable_since >= t.settle_s:
+                        break
+                else:
+                    last, stable_since = state, now
+            if now > deadline:
+                raise DataError(f"round {r}: no complete rollout logs matched {pattern} within {t.timeout_s:.0f}s"
+                                + (f" (waiting for {sentinel})" if sentinel else ""))
+            time.sleep(t.poll_s)
+        return {"kind": "external", "files": [f for f, _, _ in state]}
+
+    def _ingest_config(self, r: int) -> dict:
+        if r == 0 and self.wf.initial_rollouts is not None:
+            return {"format": self.wf.initial_rollouts.format, "map": self.wf.initial_rollouts.map, "round": r}
+        fmt = {"offline": "canonical", "openrlhf": "openrlhf", "verl": "openrlhf"}.get(self.wf.trainer.kind)
+        return {"format": fmt or self.wf.trainer.format, "round": r}
+
+    def _ingest(self, r: int, logs: Path | None, sd: StageDir) -> dict:
+        from mentor.stages.ingest import ingest
+
+        cfg = self._ingest_config(r)
+        if logs is None:
+            sources = self._initial_sources()
+        elif self.wf.trainer.kind == "external":
+            sources = read_json(self.rd.stage(r, "train").done_dir / f"{self.rd.stage(r, 'train').done_key()}.done")["files"]
+        else:
+            sources = [str(logs)]
+        stats = ingest(sources, sd.path, fmt=cfg["format"], round_=r, domain=self.wf.domain,
+                       mapping=cfg.get("map") or {}, problems=str(self.problems_path))
+        return {"rollouts": stats.rollouts, "problems": stats.problems}
+
+    def _mine(self, r: int, history: list[str], sd: StageDir) -> dict:
+        from mentor.stages.mine import mine_to_dir, serial_map
+
+        stats = mine_to_dir([str(self.rd.stage(r, "ingest").path)], sd.path, self.wf.mine, history=history,
+                            map_fn=self.opts.map_fn or serial_map)
+        return {"collapsed": stats.collapsed, "problems": stats.problems}
+
+    def _hint(self, r: int, sd: StageDir) -> dict:
+        from mentor.pipeline.llm import BackendSpec
+        from mentor.stages.hint import HintConfig, hint_to_dir
+
+        h = self.wf.hint
+        cfg = HintConfig.model_validate(h.config)
+        spec = BackendSpec(h.backend.backend, h.backend.model, dict(h.backend.options))
+        kwargs: dict[str, Any] = {"sample": h.sample, "progress": self.opts.progress}
+        if h.shard_size:
+            kwargs["shard_size"] = h.shard_size
+        if self.opts.map_fn is not None:
+            kwargs["map_fn"] = self.opts.map_fn
+        stats = hint_to_dir(self.rd.stage(r, "mine").path / "collapsed.parquet", sd.path, cfg, spec, **kwargs)
+        return {k: stats.get(k) for k in ("problems", "accepted", "repaired", "fallback", "engine_calls")}
+
+    def _build(self, r: int, sd: StageDir) -> dict:
+        from mentor.stages.build import BuildConfig, build
+
+        hints = self.rd.stage(r, "hint").path / "hints.parquet"
+        cfg = BuildConfig.model_validate(
+            self.wf.build | {"base": str(self.problems_path), "hints": [str(hints)] if hints.exists() else [], "round": r + 1}
+        )
+        stats = build(cfg, sd.path)
+        return {"rows": stats.rows, "hinted": stats.hinted_rows}
+
+
+# ---------------------------------------------------------------------- status
+
+
+def run_status(run_dir: str | Path) -> list[dict[str, Any]]:
+    """One row per round and stage: state, counts from stats.json, the last error."""
+    rd = RunDir(Path(run_dir))
+    if not rd.path.exists():
+        raise ConfigError(f"{run_dir}: no such run directory")
+    rows = []
+    for r in rd.rounds():
+        for stage in ROUND_STAGES:
+            sd = rd.stage(r, stage)
+            st = sd.stats()
+            row: dict[str, Any] = {"round": r, "stage": stage, "state": sd.state()}
+            if stage == "ingest":
+                row.update(rows=st.get("rollouts"), problems=st.get("problems"))
+            elif stage == "mine":
+                row.update(rows=st.get("collapsed"), problems=st.get("problems"), collapse_rate=st.get("collapse_rate"))
+            elif stage == "hint":
+                row.update(rows=st.get("problems"), accepted=st.get("accepted"), repaired=st.get("repaired"), fallback=st.get("fallback"))
+            elif stage == "build":
+                row.update(rows=st.get("rows"), hinted=st.get("hinted_rows", st.get("hinted")))
+            elif stage == "train":
+                outcome = sd.path / "outcome.json"
+                if outcome.exists():
+                    o = read_json(outcome)
+                    row.update(exit_code=o.get("exit_code"), final_model=o.get("final_model"))
+            err = sd.last_error()
+            if err:
+                row["error"] = err.splitlines()[0][:300] if err else None
+            rows.append(row)
+    return rows
