@@ -1,0 +1,395 @@
+"""`mentor train`: one OpenRLHF 0.11 GRPO round from a `round.yaml`.
+
+The command (flags as OpenRLHF 0.11.2's ``train_ppo_ray`` parser spells them)::
+
+    python -m openrlhf.cli.train_ppo_ray
+      --actor.model_name_or_path <previous round's final model | base model in round 0>
+      --data.prompt_dataset <the round's prompt shards>
+      --data.input_key prompt --data.label_key label --data.apply_chat_template
+      --reward.remote_url <mentor's reward file>
+      --algo.advantage.estimator group_norm --rollout.n_samples_per_prompt 4
+      --ckpt.path <round>/train/ckpt --ckpt.output_dir <round>/train/model
+      --train.num_episodes 1
+      --actor.num_nodes/--actor.num_gpus_per_node/--ref.*/--vllm.num_engines/... from the config
+      <extra_args from the config>
+
+It runs with ``MENTOR_ROLLOUT_DIR`` pointing at the round's rollout log dir,
+so the reward file logs every rollout there. Output and error go to
+``<round>/train/train.log``; the outcome (exit code, log file, final model) to
+``<round>/train/outcome.json``. A failing trainer raises `TrainError` with the
+log's tail.
+
+Round k starts from round k-1's ``--ckpt.output_dir`` (found in that round's
+outcome.json) and uses a fresh ``--ckpt.path``: a loaded DeepSpeed checkpoint
+would restore the dataloader position of the old prompt file.
+"""
+
+from __future__ import annotations
+
+import ast
+import argparse
+import datetime as _dt
+import importlib.util
+import logging
+import os
+import shlex
+import subprocess
+import sys
+import time
+from collections import deque
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from mentor.pipeline.errors import ConfigError, MentorError
+from mentor.pipeline.io import read_json, write_json_atomic
+from mentor.training.rollout_log import ENV_DIR
+
+log = logging.getLogger(__name__)
+
+REWARD_FILE = Path(__file__).resolve().parent / "openrlhf_reward.py"
+OUTCOME = "outcome.json"
+
+
+class TrainError(MentorError):
+    """The trainer exited with an error (exit 1); the message carries the log's tail."""
+
+
+class TrainConfig(BaseModel):
+    """One training round (`round.yaml`)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    round: int = Field(0, ge=0, description="Round number (0 = the first, trained from base_model).")
+    round_dir: str | None = Field(None, description="The round's directory (runs/<name>/round-NNN); train/ is created inside.")
+    train_dir: str | None = Field(None, description="Where the trainer's outputs go (default: <round_dir>/train).")
+    base_model: str = Field(description="HF name or path of the base policy (round 0's actor).")
+    actor_model: str | None = Field(
+        None, description="Start from this model instead of the previous round's final model (normally left unset)."
+    )
+    previous_round_dir: str | None = Field(
+        None, description="Previous round's directory (default: sibling round-<round-1:03d> of round_dir)."
+    )
+    prompts: str | None = Field(None, description="Prompt dataset for --data.prompt_dataset (default: <round_dir>/prompts).")
+    rollout_log_dir: str | None = Field(
+        None, description="Where the reward file logs rollouts (MENTOR_ROLLOUT_DIR; default: <round_dir>/rollouts/log)."
+    )
+    reward_file: str | None = Field(None, description="Reward file for --reward.remote_url (default: mentor's openrlhf_reward.py).")
+    n_samples_per_prompt: int = Field(4, ge=2, description="GRPO group size (--rollout.n_samples_per_prompt).")
+    advantage_estimator: str = Field("group_norm", description="--algo.advantage.estimator (group_norm = GRPO).")
+    num_nodes: int = Field(1, ge=1, description="Nodes for the actor and reference models.")
+    actor_gpus_per_node: int = Field(1, ge=1, description="--actor.num_gpus_per_node (OpenRLHF's default is 8).")
+    ref_gpus_per_node: int = Field(1, ge=1, description="--ref.num_gpus_per_node (OpenRLHF's default is 8).")
+    vllm_num_engines: int = Field(1, ge=1, description="--vllm.num_engines.")
+    vllm_tensor_parallel_size: int = Field(1, ge=1, description="--vllm.tensor_parallel_size.")
+    extra_args: dict[str, Any] = Field(
+        default_factory=dict,
+        description="Any other OpenRLHF flag, e.g. {'train.batch_size': 64, 'algo.kl.use_loss': true}: "
+        "true = bare flag, false/null = omitted, a list = several values.",
+    )
+    python: str = Field(default_factory=lambda: sys.executable, description="Python of the trainer's environment.")
+    env: dict[str, str] = Field(default_factory=dict, description="Extra environment variables for the trainer.")
+
+    # -- derived paths
+    @property
+    def train_path(self) -> Path:
+        # Absolute: Ray workers do not share the launcher's working directory.
+        if self.train_dir:
+            return Path(self.train_dir).resolve()
+        return self.round_path / "train"
+
+    @property
+    def round_path(self) -> Path:
+        if self.round_dir:
+            return Path(self.round_dir).resolve()
+        if self.train_dir:
+            return Path(self.train_dir).resolve().parent
+        raise ConfigError("the round config needs round_dir (runs/<name>/round-NNN) or train_dir")
+
+    @property
+    def ckpt_path(self) -> Path:
+        return self.train_path / "ckpt"
+
+    @property
+    def output_dir(self) -> Path:
+        return self.train_path / "model"
+
+    @property
+    def log_file(self) -> Path:
+        return self.train_path / "train.log"
+
+    @property
+    def prompt_dataset(self) -> str:
+        if self.prompts is None:
+            return str(self.round_path / "prompts")
+        parts = [str(Path(p).resolve()) if Path(p).exists() else p for p in self.prompts.split(",")]
+        return ",".join(parts)
+
+    @property
+    def rollout_dir(self) -> Path:
+        return (Path(self.rollout_log_dir) if self.rollout_log_dir else self.round_path / "rollouts" / "log").resolve()
+
+
+def load_config(path: str | os.PathLike) -> TrainConfig:
+    """Read `round.yaml`; errors name the file and the field."""
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(f"{path}: no such config file")
+    try:
+        data = yaml.safe_load(path.read_text()) or {}
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{path}: not valid YAML ({exc})") from exc
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: expected a mapping of settings, found {type(data).__name__}")
+    try:
+        return TrainConfig(**data)
+    except ValidationError as exc:
+        detail = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors())
+        raise ConfigError(f"{path}: {detail}") from exc
+
+
+def actor_model(cfg: TrainConfig) -> str:
+    """The model this round starts from: explicit, base (round 0), or the previous round's final model."""
+    if cfg.actor_model:
+        return cfg.actor_model
+    if cfg.round == 0:
+        return cfg.base_model
+    prev = Path(cfg.previous_round_dir) if cfg.previous_round_dir else cfg.round_path.parent / f"round-{cfg.round - 1:03d}"
+    outcome = prev / "train" / OUTCOME
+    if not outcome.is_file():
+        raise ConfigError(
+            f"round {cfg.round} starts from round {cfg.round - 1}'s final model, but {outcome} does not exist; "
+            "train that round first, set previous_round_dir, or set actor_model"
+        )
+    rec = read_json(outcome)
+    if rec.get("exit_code") != 0 or not rec.get("final_model"):
+        raise ConfigError(f"{outcome}: round {cfg.round - 1} did not finish (exit code {rec.get('exit_code')}); rerun it or set actor_model")
+    return str(rec["final_model"])
+
+
+# Flags mentor sets itself; extra_args may not repeat them (say which field to use instead).
+_OWNED = {
+    "actor.model_name_or_path": "base_model / actor_model",
+    "data.prompt_dataset": "prompts",
+    "data.input_key": "(fixed: prompt)",
+    "data.label_key": "(fixed: label)",
+    "data.apply_chat_template": "(always on)",
+    "reward.remote_url": "reward_file",
+    "algo.advantage.estimator": "advantage_estimator",
+    "rollout.n_samples_per_prompt": "n_samples_per_prompt",
+    "ckpt.path": "round_dir (fresh per round)",
+    "ckpt.output_dir": "round_dir",
+    "train.num_episodes": "(fixed: 1 per round)",
+    "actor.num_nodes": "num_nodes",
+    "actor.num_gpus_per_node": "actor_gpus_per_node",
+    "ref.num_nodes": "num_nodes",
+    "ref.num_gpus_per_node": "ref_gpus_per_node",
+    "vllm.num_engines": "vllm_num_engines",
+    "vllm.tensor_parallel_size": "vllm_tensor_parallel_size",
+}
+
+
+def _extra_argv(extra: dict[str, Any]) -> list[str]:
+    argv: list[str] = []
+    for key, value in extra.items():
+        name = key[2:] if key.startswith("--") else key
+        if name in _OWNED:
+            raise ConfigError(f"extra_args: --{name} is set by mentor; use {_OWNED[name]} instead")
+        if value is None or value is False:
+            continue
+        if value is True:
+            argv.append(f"--{name}")
+        elif isinstance(value, (list, tuple)):
+            argv += [f"--{name}", *map(str, value)]
+        else:
+            argv += [f"--{name}", str(value)]
+    return argv
+
+
+def build_command(cfg: TrainConfig) -> list[str]:
+    """The exact trainer command line for this round."""
+    reward = str(Path(cfg.reward_file).resolve()) if cfg.reward_file else str(REWARD_FILE)
+    cmd = [
+        cfg.python, "-m", "openrlhf.cli.train_ppo_ray",
+        "--actor.model_name_or_path", actor_model(cfg),
+        "--data.prompt_dataset", cfg.prompt_dataset,
+        "--data.input_key", "prompt",
+        "--data.label_key", "label",
+        "--data.apply_chat_template",
+        "--reward.remote_url", reward,
+        "--algo.advantage.estimator", cfg.advantage_estimator,
+        "--rollout.n_samples_per_prompt", str(cfg.n_samples_per_prompt),
+        "--ckpt.path", str(cfg.ckpt_path),
+        "--ckpt.output_dir", str(cfg.output_dir),
+        "--train.num_episodes", "1",
+        "--actor.num_nodes", str(cfg.num_nodes),
+        "--actor.num_gpus_per_node", str(cfg.actor_gpus_per_node),
+        "--ref.num_nodes", str(cfg.num_nodes),
+        "--ref.num_gpus_per_node", str(cfg.ref_gpus_per_node),
+        "--vllm.num_engines", str(cfg.vllm_num_engines),
+        "--vllm.tensor_parallel_size", str(cfg.vllm_tensor_parallel_size),
+    ]
+    return cmd + _extra_argv(cfg.extra_args)
+
+
+def build_env(cfg: TrainConfig) -> dict[str, str]:
+    """The variables mentor adds to the trainer's environment."""
+    env = {ENV_DIR: str(cfg.rollout_dir.resolve())}
+    env.update(cfg.env)
+    return env
+
+
+# --------------------------------------------------------------------------- OpenRLHF's own parser
+
+
+def openrlhf_parser() -> argparse.ArgumentParser:
+    """OpenRLHF's `train_ppo_ray` argument parser, built by its own code.
+
+    The module imports ray (GPU-side) at the top and builds its parser inside
+    ``if __name__ == "__main__"``, so it cannot be imported on a CPU machine;
+    instead the parser-building statements of that block are read from the
+    installed source and executed as they are.
+    """
+    spec = importlib.util.find_spec("openrlhf.cli.train_ppo_ray")
+    if spec is None or not spec.origin:
+        raise ConfigError("openrlhf is not installed; pip install --no-deps openrlhf==0.11.2")
+    tree = ast.parse(Path(spec.origin).read_text(), filename=spec.origin)
+    main = next(
+        (n for n in tree.body if isinstance(n, ast.If) and "__main__" in ast.unparse(n.test)),
+        None,
+    )
+    if main is None:
+        raise ConfigError(f"{spec.origin}: no __main__ block; is this OpenRLHF 0.11.x?")
+    body = []
+    for stmt in main.body:
+        if "parse_args" in ast.unparse(stmt):
+            break
+        body.append(stmt)
+    module = ast.Module(body=body, type_ignores=[])
+    ns: dict[str, Any] = {"argparse": argparse, "datetime": _dt.datetime, "os": os}
+    exec(compile(module, spec.origin, "exec"), ns)  # noqa: S102 - OpenRLHF's own installed code
+    return ns["parser"]
+
+
+def check_with_openrlhf(cmd: list[str]) -> None:
+    """Parse `cmd`'s flags with OpenRLHF's parser; ConfigError with its message if it rejects them."""
+    parser = openrlhf_parser()
+    errors: list[str] = []
+    parser.error = lambda message: errors.append(message) or (_ for _ in ()).throw(SystemExit(2))  # type: ignore[method-assign]
+    try:
+        parser.parse_args(cmd[3:])
+    except SystemExit:
+        raise ConfigError(f"OpenRLHF's train_ppo_ray parser rejects the command: {'; '.join(errors)}") from None
+
+
+# --------------------------------------------------------------------------- running
+
+
+def _tail(path: Path, n: int = 40) -> str:
+    try:
+        with open(path, "rb") as fh:
+            return b"".join(deque(fh, maxlen=n)).decode("utf-8", "replace")
+    except OSError:
+        return ""
+
+
+def dry_run_text(cfg: TrainConfig) -> str:
+    cmd = build_command(cfg)
+    env = build_env(cfg)
+    lines = ["# environment"] + [f"export {k}={shlex.quote(v)}" for k, v in env.items()] + ["# command", shlex.join(cmd)]
+    return "\n".join(lines)
+
+
+def with_overrides(
+    cfg: TrainConfig,
+    round_: int | None = None,
+    prompts: str | os.PathLike | None = None,
+    round_dir: str | os.PathLike | None = None,
+    train_dir: str | os.PathLike | None = None,
+    rollout_dir: str | os.PathLike | None = None,
+    prev_model: str | None = None,
+) -> TrainConfig:
+    """A copy of `cfg` with the settings a workflow runner decides per round."""
+    upd: dict[str, Any] = {}
+    if round_ is not None:
+        upd["round"] = round_
+    if prompts is not None:
+        upd["prompts"] = str(prompts)
+    if round_dir is not None:
+        upd["round_dir"] = str(round_dir)
+    if train_dir is not None:
+        upd["train_dir"] = str(train_dir)
+    if rollout_dir is not None:
+        upd["rollout_log_dir"] = str(rollout_dir)
+    if prev_model and not cfg.actor_model and (round_ if round_ is not None else cfg.round) > 0:
+        upd["actor_model"] = prev_model
+    return cfg.model_copy(update=upd)
+
+
+def run_round(cfg: TrainConfig, **overrides: Any) -> dict[str, Any]:
+    """Run the trainer for one round; record the outcome; raise TrainError on failure.
+
+    `overrides` (round_, prompts, round_dir, train_dir, rollout_dir, prev_model)
+    are applied with `with_overrides` (for the workflow runner).
+    """
+    if overrides:
+        cfg = with_overrides(cfg, **overrides)
+    cmd = build_command(cfg)
+    extra_env = build_env(cfg)
+    cfg.train_path.mkdir(parents=True, exist_ok=True)
+    cfg.rollout_dir.mkdir(parents=True, exist_ok=True)
+    write_json_atomic(cfg.model_dump(mode="json"), cfg.train_path / "config.json")
+    env = dict(os.environ) | extra_env
+    started = time.time()
+    log.info("training round %d: %s", cfg.round, shlex.join(cmd))
+    try:
+        with open(cfg.log_file, "ab") as fh:
+            fh.write(f"\n# mentor train round {cfg.round} at {_dt.datetime.now().isoformat()}\n# {shlex.join(cmd)}\n".encode())
+            fh.flush()
+            proc = subprocess.run(cmd, stdout=fh, stderr=subprocess.STDOUT, env=env, check=False)
+        code = proc.returncode
+    except OSError as exc:
+        code = 127
+        with open(cfg.log_file, "a") as fh:
+            fh.write(f"cannot start {cmd[0]}: {exc}\n")
+    final = cfg.output_dir if code == 0 and cfg.output_dir.exists() else None
+    outcome = {
+        "round": cfg.round,
+        "exit_code": code,
+        "ok": code == 0,
+        "log_file": str(cfg.log_file),
+        "final_model": str(final) if final else None,
+        "actor_model": cmd[cmd.index("--actor.model_name_or_path") + 1],
+        "rollout_log_dir": str(cfg.rollout_dir),
+        "command": cmd,
+        "env": extra_env,
+        "started": started,
+        "duration_s": round(time.time() - started, 3),
+    }
+    if code == 0 and final is None:
+        outcome["warning"] = f"the trainer exited 0 but {cfg.output_dir} does not exist"
+    write_json_atomic(outcome, cfg.train_path / OUTCOME)
+    if code != 0:
+        raise TrainError(
+            f"the trainer exited with code {code} (round {cfg.round}); full log: {cfg.log_file}\n"
+            f"--- last lines ---\n{_tail(cfg.log_file)}"
+        )
+    return outcome
+
+
+__all__ = [
+    "REWARD_FILE",
+    "TrainConfig",
+    "TrainError",
+    "actor_model",
+    "build_command",
+    "build_env",
+    "check_with_openrlhf",
+    "dry_run_text",
+    "load_config",
+    "openrlhf_parser",
+    "run_round",
+    "with_overrides",
+]

@@ -1,0 +1,73 @@
+"""OpenRLHF 0.11.2 reward file: pass this file's path as ``--reward.remote_url``.
+
+OpenRLHF loads it by path (``importlib.util.spec_from_file_location``) once per
+vLLM engine process and calls ``reward_func(queries, prompts, labels)`` with ONE
+sample per call from worker threads (``asyncio.to_thread`` in
+``openrlhf.utils.agent.SingleTurnAgentExecutor``):
+
+- ``queries[i]``: the chat-templated prompt + the response, decoded with special tokens kept;
+- ``prompts[i]``: the chat-templated prompt;
+- ``labels[i]``: the dataset's label column as is: the JSON label `mentor build` writes
+  (answer or tests + problem_id + hint_id + round).
+
+It returns ``{"rewards", "scores", "extra_logs"}`` (float tensors; ``scores`` in
+[0, 1], used by dynamic filtering) and never raises: an internal error gives
+reward 0 and is logged. Every rollout is appended to this process's shard in the
+rollout directory (``MENTOR_ROLLOUT_DIR``, or ``mentor_reward.json`` beside this
+file); `mentor ingest --format openrlhf DIR` reads them back.
+
+Reward = raw correctness (1 correct, 0 not); OpenRLHF's own shaping flags
+(``--reward.stop_properly_penalty_coef``, overlong buffer) still apply on top.
+"""
+
+from __future__ import annotations
+
+import logging
+
+log = logging.getLogger("mentor.training.openrlhf_reward")
+
+try:  # mentor is installed in the trainer's environment; importing it must not kill the engine
+    from mentor.training.reward_core import STATS, score_and_log, split_query, target_from_label
+except Exception:  # pragma: no cover - only without mentor installed
+    log.exception("mentor is not importable in this environment: every reward will be 0")
+    score_and_log = None  # type: ignore[assignment]
+
+
+def _one(query, prompt, label) -> tuple[float, bool]:
+    response, ended = split_query(query if isinstance(query, str) else str(query), prompt if isinstance(prompt, str) else "")
+    target = target_from_label(label, prompt if isinstance(prompt, str) else "")
+    reward = score_and_log(target, response, prompt or "", "openrlhf", truncated=False if ended else None, beside=__file__)
+    return reward, ended
+
+
+def reward_func(queries, prompts, labels):
+    """Score each (query, prompt, label); never raises."""
+    rewards: list[float] = []
+    ended: list[float] = []
+    errors = 0
+    n = len(queries) if isinstance(queries, (list, tuple)) else 0
+    for i in range(n):
+        try:
+            prompt = prompts[i] if i < len(prompts) else ""
+            label = labels[i] if i < len(labels) else None
+            r, e = _one(queries[i], prompt, label) if score_and_log is not None else (0.0, False)
+        except Exception:
+            log.exception("mentor reward_func failed on sample %d; reward 0", i)
+            r, e, errors = 0.0, False, errors + 1
+        rewards.append(float(r))
+        ended.append(1.0 if e else 0.0)
+    try:
+        import torch
+
+        t = lambda xs: torch.tensor(xs, dtype=torch.float32)  # noqa: E731
+        return {
+            "rewards": t(rewards),
+            "scores": t([min(1.0, max(0.0, r)) for r in rewards]),
+            "extra_logs": {"mentor_correct": t(rewards), "mentor_ended": t(ended), "mentor_errors": t([float(errors)] * n)},
+        }
+    except Exception:  # pragma: no cover - torch is always there in a trainer
+        log.exception("mentor reward_func: torch unavailable; returning plain lists")
+        return {"rewards": rewards, "scores": rewards, "extra_logs": {}}
+
+
+__all__ = ["STATS", "reward_func"]
