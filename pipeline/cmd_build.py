@@ -1,0 +1,122 @@
+"""`mentor build` and `mentor inspect`: thin click commands over stages.build / stages.inspect."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import click
+
+from mentor.pipeline.cmd_data import parse_map
+from mentor.pipeline.errors import ConfigError
+
+
+def _read_text(path: str | None, option: str) -> str | None:
+    if path is None:
+        return None
+    try:
+        return Path(path).read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"{option} {path}: cannot read it as UTF-8 text ({exc})") from exc
+
+
+def _instructions(pairs: tuple[str, ...]) -> dict[str, str] | None:
+    if not pairs:
+        return None
+    from mentor.stages.build import DEFAULT_INSTRUCTIONS
+
+    out = dict(DEFAULT_INSTRUCTIONS)
+    for pair in pairs:
+        if "=" not in pair:
+            raise click.BadParameter(f"{pair!r} is not DOMAIN=TEXT (e.g. 'math=Answer in \\boxed{{}}.', or 'math=' for none)", param_hint="--instruction")
+        k, v = pair.split("=", 1)
+        out[k.strip()] = v
+    return out
+
+
+@click.command()
+@click.option("--base", required=True, metavar="SPEC",
+              help="Base problems: gsm8k | math500 | humaneval (bundled), a Parquet/JSONL file or folder, or hf:NAME[:CONFIG]:SPLIT (locally cached).")
+@click.option("--hints", "hints", multiple=True, metavar="PATH", help="Hints dataset(s) (repeatable). None: unhinted prompts only.")
+@click.option("--out", "out_dir", required=True, type=click.Path(file_okay=False), help="Shard folder: part-NNNNN.parquet, manifest.json, stats.json, README.md.")
+@click.option("--mode", default="prefix", show_default=True, type=click.Choice(["prefix", "both"]),
+              help="prefix: hinted problems get only the hinted prompt; both: the unhinted prompt is kept beside it.")
+@click.option("--round", "round_", type=int, help="Round the prompts are for. Default: latest hint round + 1 (0 without hints).")
+@click.option("--shard-rows", type=int, help="Rows per shard (default 100000).")
+@click.option("--shard-bytes", type=int, help="Target uncompressed bytes per shard (instead of --shard-rows).")
+@click.option("--template", "template_file", type=click.Path(exists=True, dir_okay=False),
+              help="File with the hinted user message; placeholders {hint}, {problem}, optional {instruction}.")
+@click.option("--plain-template", "plain_template_file", type=click.Path(exists=True, dir_okay=False),
+              help="File with the unhinted user message; placeholders {problem}, optional {instruction}.")
+@click.option("--system", "system_prompt", help="System message placed before the user message.")
+@click.option("--system-file", type=click.Path(exists=True, dir_okay=False), help="File with the system message.")
+@click.option("--instruction", "instructions", multiple=True, metavar="DOMAIN=TEXT",
+              help="Per-domain instruction appended to the user message (repeatable; 'math=' for none).")
+@click.option("--status", "statuses", multiple=True, type=click.Choice(["accepted", "repaired", "fallback"]),
+              help="Hint statuses to use (repeatable; default all three).")
+@click.option("--seed", type=int, help="Shuffle rows with this seed (default: keep the base set's order).")
+@click.option("--map", "maps", multiple=True, metavar="CANONICAL=COLUMN",
+              help="Base-set column mapping, e.g. --map problem=question --map label=answer (repeatable).")
+@click.option("--domain", default="math", show_default=True, type=click.Choice(["math", "code"]),
+              help="Domain of base problems when the set has no domain column.")
+@click.option("--strict", is_flag=True, help="Errors instead of counted warnings (unmatched hints, unusable base rows).")
+def build(base, hints, out_dir, mode, round_, shard_rows, shard_bytes, template_file, plain_template_file,
+          system_prompt, system_file, instructions, statuses, seed, maps, domain, strict):
+    """Build next-epoch prompt shards (base problems + hints) for OpenRLHF and verl."""
+    from pydantic import ValidationError
+
+    from mentor.stages.build import BuildConfig
+    from mentor.stages.build import build as run_build
+
+    if system_prompt and system_file:
+        raise ConfigError("give --system or --system-file, not both")
+    kwargs: dict = {
+        "base": base, "hints": list(hints), "mapping": parse_map(maps), "domain": domain, "mode": mode,
+        "round": round_, "system_prompt": system_prompt or _read_text(system_file, "--system-file"),
+        "seed": seed, "shard_rows": shard_rows, "shard_bytes": shard_bytes, "strict": strict,
+    }
+    if template_file:
+        kwargs["template"] = _read_text(template_file, "--template")
+    if plain_template_file:
+        kwargs["plain_template"] = _read_text(plain_template_file, "--plain-template")
+    if statuses:
+        kwargs["hint_statuses"] = list(statuses)
+    inst = _instructions(instructions)
+    if inst is not None:
+        kwargs["instructions"] = inst
+    try:
+        cfg = BuildConfig(**kwargs)
+    except ValidationError as exc:
+        raise ConfigError("; ".join(f"{'.'.join(map(str, e['loc'])) or 'config'}: {e['msg']}" for e in exc.errors())) from exc
+    templates = [Path(p) for p in (template_file, plain_template_file, system_file) if p]
+    stats = run_build(cfg, out_dir, template_files=templates)
+    for w in stats.warnings:
+        click.echo(f"warning: {w}", err=True)
+    click.echo(json.dumps(stats.as_dict(), sort_keys=True))
+
+
+@click.command()
+@click.argument("path", type=click.Path())
+@click.option("--format", "fmt", default="table", show_default=True, type=click.Choice(["table", "json"]),
+              help="table: readable on a terminal; json: one valid JSON document.")
+@click.option("--plot", "plot_out", type=click.Path(dir_okay=False), metavar="OUT.png",
+              help="Also write a PNG of collapse rate and hint status per round (run directory or rollouts).")
+@click.option("--problem", "problem_id", metavar="ID", help="Show one problem's history across rounds instead of the summary.")
+def inspect(path, fmt, plot_out, problem_id):
+    """Summarise rollouts, collapsed, hints, prompts, rescue outputs or a whole run directory."""
+    from mentor.stages import inspect as ins
+
+    if problem_id is not None:
+        result = ins.problem_history(path, problem_id)
+        title = f"problem {problem_id} in {path}"
+    else:
+        result = ins.inspect_path(path)
+        title = f"{result['kind']}: {path}"
+    if plot_out:
+        summary = result if problem_id is None else ins.inspect_path(path)
+        ins.plot(summary, plot_out)
+        click.echo(f"plot: {plot_out}", err=True)
+    if fmt == "json":
+        click.echo(ins.to_json(result))
+    else:
+        click.echo(ins.render_table(result, title=title))

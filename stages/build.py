@@ -1,0 +1,750 @@
+"""Build: base problem set + hints -> next-epoch prompt shards (schema: prompts).
+
+Every problem of the base set gets a prompt; a problem with a hint gets the
+hint in its user message, before the problem. The shards serve OpenRLHF and
+verl without edits:
+
+- ``prompt``: chat messages ``[{role, content}, ...]`` (an optional system
+  message, then the user message: hint block + problem + the domain's
+  instruction);
+- ``label``: the JSON string of `schemas.prompt_label` (reference answer or
+  tests + ``problem_id``, ``hint_id``, ``round``): OpenRLHF hands only this
+  column to the reward function;
+- verl's ``data_source``, ``ability``, ``reward_model {style, ground_truth}``,
+  ``extra_info {problem_id, hint_id, round, index}``;
+- convenience copies ``problem_id``, ``hint_id``, ``round`` for polars.
+
+Choices (documented in the README):
+
+- Row order: the base set's order (``--mode both``: a problem's unhinted row,
+  then its hinted one). ``--seed S`` shuffles the rows with NumPy's PCG64
+  permutation seeded with S. Either way the same inputs give byte-identical
+  shards. No shuffle is the default because both trainers shuffle their
+  dataloader with their own seed.
+- Several hints for one problem (e.g. hints of rounds 0 and 1 passed
+  together): the latest round wins and the others are counted as
+  ``hints_superseded``; two *different* hints of the same problem and round
+  are an error (which one the user meant cannot be guessed).
+- ``--round``: the round the prompts are for (stamped into label and
+  extra_info). Default: the latest hint round + 1 (hints are made from round
+  r's rollouts for round r+1), or 0 without hints.
+- The shard directory also gets a ``README.md`` dataset card whose YAML
+  ``configs`` name the shards, so ``datasets.load_dataset(DIR)`` (which
+  OpenRLHF runs on a directory) reads the shards and not ``manifest.json``.
+
+Everything row-wise is a polars expression; the only per-row Python is the
+label of *code* problems (their reference is itself JSON; code sets are small)
+and ``text_id`` for base sets without a problem id column.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+from collections import Counter
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+import numpy as np
+import polars as pl
+import pyarrow as pa
+import pyarrow.parquet as pq
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from mentor.pipeline.errors import ConfigError, DataError
+from mentor.pipeline.ids import text_id
+from mentor.pipeline.io import (
+    PARQUET_COMPRESSION,
+    atomic_path,
+    read_parquet_schema,
+    resolve_inputs,
+    scan_dataset,
+    write_json_atomic,
+    write_manifest,
+)
+from mentor.pipeline.schemas import DOMAINS, HINT_STATUSES, PROMPTS, SCHEMA_VERSION, check_schema, prompt_label, schema_metadata
+
+log = logging.getLogger(__name__)
+
+BUNDLED = {"gsm8k": "gsm8k_problems.parquet", "math500": "math500_problems.parquet", "humaneval": "humaneval_problems.parquet"}
+PROBLEM_COLUMNS = ("problem_id", "domain", "problem", "label", "data_source")
+REQUIRED_PROBLEM_COLUMNS = ("problem", "label")
+DEFAULT_TEMPLATE = "Hint: {hint}\n\n{problem}"
+DEFAULT_PLAIN_TEMPLATE = "{problem}"
+DEFAULT_INSTRUCTIONS = {
+    "math": "Please reason step by step, and put your final answer within \\boxed{}.",
+    "code": "Write the complete solution in Python inside one ```python code block.",
+}
+DEFAULT_SHARD_ROWS = 100_000
+PLACEHOLDERS = ("hint", "problem", "instruction")
+_PLACEHOLDER_RE = re.compile(r"\{(hint|problem|instruction)\}")
+SHARD_RE = re.compile(r"^part-\d{5}\.parquet$")
+
+
+class BuildConfig(BaseModel):
+    """Settings of `mentor build` (also the `build:` section of a workflow)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    base: str = Field(
+        description="Base problem set: a bundled name (gsm8k, math500, humaneval), a Parquet/JSONL file or directory, "
+        "or hf:NAME[:CONFIG]:SPLIT (a Hugging Face dataset in the local cache)."
+    )
+    hints: list[str] = Field(default_factory=list, description="Hints datasets (files, directories or globs); none = unhinted prompts.")
+    mapping: dict[str, str] = Field(
+        default_factory=dict, description="Base-set column mapping canonical=column (problem, label, problem_id, domain, data_source)."
+    )
+    domain: Literal["math", "code"] = Field("math", description="Domain of base problems whose set has no domain column.")
+    mode: Literal["prefix", "both"] = Field(
+        "prefix", description="prefix: a hinted problem gets only its hinted prompt; both: its unhinted prompt is kept beside it."
+    )
+    round: int | None = Field(
+        None, ge=0, description="Round the prompts are for (label/extra_info). Default: latest hint round + 1, or 0 without hints."
+    )
+    template: str = Field(
+        DEFAULT_TEMPLATE, description="User message of a hinted problem; placeholders {hint}, {problem}, optional {instruction}."
+    )
+    plain_template: str = Field(
+        DEFAULT_PLAIN_TEMPLATE, description="User message of an unhinted problem; placeholders {problem}, optional {instruction}."
+    )
+    system_prompt: str | None = Field(None, description="Optional system message placed before the user message.")
+    instructions: dict[str, str] = Field(
+        default_factory=lambda: dict(DEFAULT_INSTRUCTIONS),
+        description="Per-domain instruction appended to the user message (after a blank line) unless the template places "
+        "{instruction} itself; an empty string disables it.",
+    )
+    hint_statuses: list[Literal["accepted", "repaired", "fallback"]] = Field(
+        default_factory=lambda: list(HINT_STATUSES), description="Hint statuses to use; others are counted and skipped."
+    )
+    seed: int | None = Field(None, description="Shuffle the rows with this seed (default: keep the base set's order).")
+    shard_rows: int | None = Field(None, ge=1, description=f"Rows per shard (default {DEFAULT_SHARD_ROWS} when --shard-bytes is not set).")
+    shard_bytes: int | None = Field(
+        None, ge=1024, description="Target uncompressed Arrow bytes per shard (files on disk are smaller: zstd)."
+    )
+    strict: bool = Field(False, description="Turn counted warnings (unmatched hints, unusable base rows) into errors.")
+
+    @model_validator(mode="after")
+    def _check(self) -> "BuildConfig":
+        if self.shard_rows is not None and self.shard_bytes is not None:
+            raise ValueError("give --shard-rows or --shard-bytes, not both")
+        for name, text, needs, forbids in (
+            ("template", self.template, ("hint", "problem"), ()),
+            ("plain_template", self.plain_template, ("problem",), ("hint",)),
+        ):
+            found = set(_PLACEHOLDER_RE.findall(text))
+            missing = [p for p in needs if p not in found]
+            if missing:
+                raise ValueError(f"{name} lacks the placeholder(s) {', '.join('{' + m + '}' for m in missing)}")
+            bad = [p for p in forbids if p in found]
+            if bad:
+                raise ValueError(f"{name} must not use {', '.join('{' + b + '}' for b in bad)}")
+        unknown = sorted(set(self.instructions) - set(DOMAINS))
+        if unknown:
+            raise ValueError(f"instructions for unknown domain(s) {unknown}; domains are {', '.join(DOMAINS)}")
+        bad_map = sorted(set(self.mapping) - set(PROBLEM_COLUMNS))
+        if bad_map:
+            raise ValueError(f"--map {bad_map[0]}=...: not a problem column; map one of {', '.join(PROBLEM_COLUMNS)}")
+        return self
+
+    def rows_per_shard(self, table_rows: int, table_bytes: int) -> int:
+        if self.shard_bytes is not None:
+            per_row = max(1, table_bytes // max(1, table_rows))
+            return max(1, self.shard_bytes // per_row)
+        return self.shard_rows or DEFAULT_SHARD_ROWS
+
+
+@dataclass
+class BuildStats:
+    rows: int = 0
+    hinted_rows: int = 0
+    unhinted_rows: int = 0
+    base_problems: int = 0
+    hinted_problems: int = 0
+    hints_rows: int = 0
+    hints_used: int = 0
+    hints_unmatched: int = 0
+    hints_superseded: int = 0
+    hints_duplicate_rows: int = 0
+    hints_skipped_status: int = 0
+    hints_empty_text: int = 0
+    base_dropped: Counter = field(default_factory=Counter)
+    shards: int = 0
+    round: int = 0
+    mode: str = "prefix"
+    seed: int | None = None
+    warnings: list[str] = field(default_factory=list)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "rows": self.rows,
+            "hinted_rows": self.hinted_rows,
+            "unhinted_rows": self.unhinted_rows,
+            "hinted_share": round(self.hinted_rows / self.rows, 6) if self.rows else 0.0,
+            "base_problems": self.base_problems,
+            "hinted_problems": self.hinted_problems,
+            "hints_rows": self.hints_rows,
+            "hints_used": self.hints_used,
+            "hints_unmatched": self.hints_unmatched,
+            "hints_superseded": self.hints_superseded,
+            "hints_duplicate_rows": self.hints_duplicate_rows,
+            "hints_skipped_status": self.hints_skipped_status,
+            "hints_empty_text": self.hints_empty_text,
+            "base_dropped": dict(sorted(self.base_dropped.items())),
+            "shards": self.shards,
+            "round": self.round,
+            "mode": self.mode,
+            "seed": self.seed,
+            "warnings": list(self.warnings),
+        }
+
+    def warn(self, message: str) -> None:
+        log.warning("%s", message)
+        self.warnings.append(message)
+
+
+@dataclass
+class BaseSet:
+    frame: pl.DataFrame  # problem_id, domain, problem, label, data_source (strings), base order
+    where: str  # what to name in messages
+    files: list[Path]  # local files read (hashed into the manifest)
+    info: dict[str, Any]  # how it was resolved (kind, name, ...)
+
+
+# --------------------------------------------------------------------------- base set
+
+
+def load_base(spec: str, mapping: dict[str, str] | None = None, domain: str = "math") -> BaseSet:
+    """Resolve `spec` (bundled name, local file/dir, or ``hf:NAME[:CONFIG]:SPLIT``) into a problem frame."""
+    mapping = dict(mapping or {})
+    if spec in BUNDLED:
+        from mentor.data import bundled
+
+        path = bundled(BUNDLED[spec])
+        frame = _from_problems_parquet([path], mapping, domain, spec)
+        return BaseSet(frame, str(path), [path], {"kind": "bundled", "name": spec})
+    if spec.startswith("hf:"):
+        return _load_hf(spec, mapping, domain)
+    if not Path(spec).exists() and "/" not in spec and not any(ch in spec for ch in "*?["):
+        raise ConfigError(
+            f"--base {spec}: no such file, and not a bundled set ({', '.join(BUNDLED)}); "
+            "pass a Parquet/JSONL path or hf:NAME[:CONFIG]:SPLIT"
+        )
+    paths = resolve_inputs([spec], suffixes=(".parquet", ".jsonl", ".json"))
+    kinds = {".parquet" if p.suffix == ".parquet" else ".jsonl" for p in paths}
+    if kinds == {".parquet"}:
+        frame = _from_problems_parquet(paths, mapping, domain, Path(spec).stem)
+    elif len(paths) == 1:
+        frame = _from_jsonl(paths[0], mapping, domain)
+    else:
+        raise ConfigError(f"--base {spec}: give one JSONL file, or Parquet files only (found {len(paths)} files of mixed kinds)")
+    return BaseSet(frame, spec if len(paths) > 1 else str(paths[0]), paths, {"kind": "local", "path": spec})
+
+
+def _from_problems_parquet(paths: list[Path], mapping: dict[str, str], domain: str, source_name: str) -> pl.DataFrame:
+    schemas = [read_parquet_schema(p) for p in paths]
+    if not mapping and all(not check_schema(s, "problems") for s in schemas):
+        # Canonical problems: validated, lazily cast to the schema's types.
+        return scan_dataset([str(p) for p in paths], "problems").collect()
+    names = set(schemas[0].names)
+    for p, s in zip(paths[1:], schemas[1:]):
+        if set(s.names) != names:
+            raise DataError(f"{p}: columns differ from {paths[0]} ({sorted(set(s.names) ^ names)}); give files of one layout")
+    frame = pl.read_parquet([str(p) for p in paths])
+    return _apply_mapping(frame, mapping, domain, source_name, str(paths[0]) if len(paths) == 1 else f"{paths[0].parent}")
+
+
+def _from_jsonl(path: Path, mapping: dict[str, str], domain: str) -> pl.DataFrame:
+    if path.stat().st_size == 0:
+        raise DataError(f"{path}: the file is empty (0 bytes); re-create it or pass another --base")
+    try:
+        frame = pl.read_ndjson(path, infer_schema_length=None)
+    except Exception as exc:  # polars raises ComputeError for bad JSON / non-UTF-8 bytes
+        raise DataError(f"{path}: not readable as JSONL ({str(exc).splitlines()[0]}); fix the file or convert it to Parquet") from exc
+    return _apply_mapping(frame, mapping, domain, path.stem, str(path))
+
+
+def _load_hf(spec: str, mapping: dict[str, str], domain: str) -> BaseSet:
+    parts = spec[3:].split(":")
+    if len(parts) == 2:
+        name, config, split = parts[0], None, parts[1]
+    elif len(parts) == 3:
+        name, config, split = parts
+    else:
+        raise ConfigError(f"--base {spec}: write hf:NAME:SPLIT or hf:NAME:CONFIG:SPLIT (e.g. hf:openai/gsm8k:main:test)")
+    if not name or not split:
+        raise ConfigError(f"--base {spec}: empty dataset name or split; write hf:NAME[:CONFIG]:SPLIT")
+    try:
+        import datasets
+    except ImportError as exc:
+        raise ConfigError("--base hf:...: the `datasets` library is not installed; pip install 'mentor[datasets]'") from exc
+    offline = os.environ.get("HF_HUB_OFFLINE", "0").lower() in ("1", "true", "yes") or os.environ.get(
+        "HF_DATASETS_OFFLINE", "0"
+    ).lower() in ("1", "true", "yes")
+    try:
+        ds = datasets.load_dataset(name, config, split=split)
+    except Exception as exc:  # datasets raises many kinds (ConnectionError, DatasetNotFoundError, ValueError...)
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        if isinstance(exc, ValueError) and "split" in str(exc).lower() and "unknown split" in str(exc).lower():
+            raise ConfigError(f"--base {spec}: {first}") from exc
+        where = "offline (HF_HUB_OFFLINE=1)" if offline else "and it could not be downloaded"
+        raise DataError(
+            f"--base {spec}: the Hugging Face dataset {name!r}"
+            f"{f' (config {config!r})' if config else ''} split {split!r} is not in the local cache, {where}: "
+            f"{type(exc).__name__}: {first}. Fix: on a machine with network run "
+            f"`python -c \"import datasets; datasets.load_dataset({name!r}, {config!r}, split={split!r})\"` "
+            "with the same HF_HOME, or export it to Parquet/JSONL and pass that file as --base"
+        ) from exc
+    frame = pl.from_arrow(ds.data.table)
+    if isinstance(frame, pl.Series):  # a one-column table comes back as a Series
+        frame = frame.to_frame()
+    frame = _apply_mapping(frame, mapping, domain, name, spec)
+    files = [Path(f["filename"]) for f in getattr(ds, "cache_files", []) if "filename" in f]
+    info = {"kind": "hf", "name": name, "config": config, "split": split, "fingerprint": getattr(ds, "_fingerprint", None)}
+    return BaseSet(frame, spec, files, info)
+
+
+def _apply_mapping(frame: pl.DataFrame, mapping: dict[str, str], domain: str, source_name: str, where: str) -> pl.DataFrame:
+    """Rename mapped columns to the problem schema; derive absent optional ones."""
+    cols = set(frame.columns)
+    bad = {k: v for k, v in mapping.items() if v not in cols}
+    if bad:
+        k, v = next(iter(bad.items()))
+        raise DataError(f"{where}: --map {k}={v}: column {v!r} not found (found: {', '.join(sorted(cols)[:12])})")
+    src = {c: mapping.get(c, c) for c in PROBLEM_COLUMNS}
+    missing = [c for c in REQUIRED_PROBLEM_COLUMNS if src[c] not in cols]
+    if missing:
+        suggest = {"problem": ("question", "prompt", "input", "problem_text"), "label": ("answer", "solution", "target", "output")}
+        fix = " ".join(
+            f"--map {c}=" + next((g for g in suggest[c] if g in cols), "<column>") for c in missing
+        )
+        raise DataError(
+            f"{where}: not a problem set: column(s) {', '.join(repr(src[c]) for c in missing)} missing "
+            f"(found: {', '.join(sorted(cols)[:12])}{', ...' if len(cols) > 12 else ''}); pass {fix} "
+            "(problem_id, domain and data_source are optional)"
+        )
+
+    def text(name: str) -> pl.Expr:
+        col = pl.col(src[name])
+        # Non-string references (ints, nested JSON) become their JSON text.
+        dtype = frame.schema[src[name]]
+        if dtype == pl.String:
+            return col.alias(name)
+        if dtype.is_nested():
+            return pl.struct(col.alias("v")).struct.json_encode().str.slice(5).str.head(-1).alias(name)
+        return col.cast(pl.String).alias(name)
+
+    exprs = [text("problem"), text("label")]
+    exprs.append(text("domain") if src["domain"] in cols else pl.lit(domain, pl.String).alias("domain"))
+    exprs.append(text("data_source") if src["data_source"] in cols else pl.lit(source_name, pl.String).alias("data_source"))
+    out = frame.select(exprs)
+    if src["problem_id"] in cols:
+        out = out.with_columns(frame.select(text("problem_id")).to_series())
+    else:
+        # Same ids as ingest gives the rollouts of these problems (hash of the normalised text).
+        out = out.with_columns(
+            pl.col("problem").map_elements(text_id, return_dtype=pl.String, skip_nulls=True).alias("problem_id")
+        )
+    return out.select(PROBLEM_COLUMNS)
+
+
+def _blank(col: str) -> pl.Expr:
+    return pl.col(col).is_null() | (pl.col(col).str.strip_chars() == "")
+
+
+def validate_base(base: BaseSet, cfg: BuildConfig, stats: BuildStats) -> pl.DataFrame:
+    """Duplicates are an error; rows without id/problem/label are dropped and counted (errors with --strict)."""
+    df = base.frame
+    if df.height == 0:
+        raise DataError(f"{base.where}: the base problem set has no rows")
+    # Cheap screen first: only rows that may be unusable (null, or starting with
+    # whitespace: possibly blank) are looked at closely, so a clean 1M-row set
+    # costs a few vectorised passes and no copy.
+    maybe_blank = pl.col("problem").str.slice(0, 1).str.contains(r"^\s?$")
+    suspect = (
+        pl.col("problem_id").is_null()
+        | (pl.col("problem_id").str.len_bytes() == 0)
+        | pl.col("problem").is_null()
+        | maybe_blank
+        | pl.col("label").is_null()
+        | ~pl.col("domain").is_in(list(DOMAINS))
+    )
+    reason = (
+        pl.when(_blank("problem_id"))
+        .then(pl.lit("problem_id_missing"))
+        .when(_blank("problem"))
+        .then(pl.lit("problem_missing"))
+        .when(pl.col("label").is_null())
+        .then(pl.lit("label_missing"))
+        .when(~pl.col("domain").is_in(list(DOMAINS)))
+        .then(pl.lit("domain_unknown"))
+        .otherwise(None)
+    )
+    suspects = df.with_row_index("_row").filter(suspect).with_columns(_reason=reason)
+    bad = suspects.filter(pl.col("_reason").is_not_null())
+    if bad.height:
+        for why, n in sorted(bad.group_by("_reason").len().iter_rows()):
+            stats.base_dropped[why] += n
+            ids = bad.filter(pl.col("_reason") == why).get_column("problem_id").head(5).to_list()
+            msg = f"{base.where}: {n} base problem(s) dropped ({why}; e.g. problem_id {ids})"
+            if why == "domain_unknown":
+                found = bad.filter(pl.col("_reason") == why).get_column("domain").unique().sort().head(5).to_list()
+                msg += f": domain {found} is not one of {', '.join(DOMAINS)}; fix the column or --map domain=<column>"
+            if cfg.strict:
+                raise DataError(msg + " (--strict)")
+            stats.warn(msg)
+        drop = bad.get_column("_row")
+        df = df.with_row_index("_row").filter(~pl.col("_row").is_in(drop.implode())).drop("_row")
+        if df.height == 0:
+            raise DataError(f"{base.where}: no usable base problems ({dict(stats.base_dropped)})")
+    if df.get_column("problem_id").n_unique() != df.height:
+        ids = df.filter(pl.col("problem_id").is_duplicated()).get_column("problem_id").unique(maintain_order=True)
+        raise DataError(
+            f"{base.where}: {ids.len()} duplicate problem_id(s) in the base set "
+            f"({', '.join(ids.head(5).to_list())}{', ...' if ids.len() > 5 else ''}); "
+            "each problem must appear once: deduplicate the file or map a unique id column with --map problem_id=<column>"
+        )
+    return df
+
+
+# --------------------------------------------------------------------------- hints
+
+
+def load_hints(sources: list[str], cfg: BuildConfig, stats: BuildStats) -> pl.DataFrame:
+    """One hint per problem: problem_id, hint_round, hint_id, hint (see module docstring for the rules)."""
+    empty = pl.DataFrame(schema={"problem_id": pl.String, "hint_round": pl.Int32, "hint_id": pl.String, "hint": pl.String})
+    if not sources:
+        stats.warn("no --hints given: every prompt is unhinted")
+        return empty
+    lf = scan_dataset(sources, "hints")
+    df = lf.select("problem_id", pl.col("round").alias("hint_round"), "hint_id", "hint", "status").collect()
+    stats.hints_rows = df.height
+    if df.height == 0:
+        stats.warn(f"hints {', '.join(sources)}: the hints set is empty: every prompt is unhinted")
+        return empty
+    keep = df.filter(pl.col("status").is_in(cfg.hint_statuses))
+    stats.hints_skipped_status = df.height - keep.height
+    if stats.hints_skipped_status:
+        stats.warn(f"{stats.hints_skipped_status} hint(s) skipped: status not in {cfg.hint_statuses}")
+    usable = keep.filter(pl.col("hint").is_not_null() & (pl.col("hint").str.strip_chars() != ""))
+    stats.hints_empty_text = keep.height - usable.height
+    if stats.hints_empty_text:
+        stats.warn(f"{stats.hints_empty_text} hint(s) skipped: empty hint text")
+    # The same hint listed twice (e.g. a file passed twice) is not a conflict.
+    distinct = usable.unique(subset=["problem_id", "hint_round", "hint_id"], keep="first", maintain_order=True)
+    stats.hints_duplicate_rows = usable.height - distinct.height
+    latest = distinct.filter(pl.col("hint_round") == pl.col("hint_round").max().over("problem_id"))
+    stats.hints_superseded = distinct.height - latest.height
+    clash = latest.filter(pl.col("problem_id").is_duplicated())
+    if clash.height:
+        ids = clash.get_column("problem_id").unique(maintain_order=True)
+        raise DataError(
+            f"hints {', '.join(sources)}: {ids.len()} problem(s) have more than one hint in the same round "
+            f"({', '.join(ids.head(5).to_list())}); pass one hints set per round (the latest round wins across rounds)"
+        )
+    if stats.hints_superseded:
+        stats.warn(f"{stats.hints_superseded} older hint(s) superseded by a later round's hint for the same problem")
+    return latest.select("problem_id", pl.col("hint_round").cast(pl.Int32), "hint_id", "hint")
+
+
+# --------------------------------------------------------------------------- prompt rendering
+
+
+def _pieces(template: str, instruction: pl.Expr) -> list[pl.Expr]:
+    """Literals and columns of a template part ({problem} excluded); braces elsewhere stay literal (LaTeX is safe)."""
+    pieces: list[pl.Expr] = []
+    pos = 0
+    for m in _PLACEHOLDER_RE.finditer(template):
+        if m.start() > pos:
+            pieces.append(pl.lit(template[pos : m.start()]))
+        name = m.group(1)
+        pieces.append(instruction if name == "instruction" else pl.col(name))
+        pos = m.end()
+    if pos < len(template):
+        pieces.append(pl.lit(template[pos:]))
+    return pieces
+
+
+def _concat(pieces: list[pl.Expr]) -> pl.Expr:
+    return pl.concat_str(pieces) if pieces else pl.lit("")
+
+
+def _with_instruction(template: str) -> str:
+    # The instruction goes after a blank line unless the template places it.
+    return template if "{instruction}" in template else template + "{__instruction_block}"
+
+
+def _render_user(cfg: BuildConfig, instruction: pl.Expr) -> pl.Expr:
+    """The user message: hinted template where hint_id is set, plain template elsewhere.
+
+    Both templates are split at {problem}; only the short parts around the
+    problem are chosen per row, and the (long) problem text is concatenated
+    once — a when/then over two full renders costs several times more.
+    """
+    block = pl.when(instruction == "").then(pl.lit("")).otherwise(pl.concat_str([pl.lit("\n\n"), instruction]))
+
+    def parts(template: str) -> tuple[list[pl.Expr], list[pl.Expr]] | None:
+        t = _with_instruction(template)
+        if t.count("{problem}") != 1:
+            return None
+        before, after = t.split("{problem}")
+        split = []
+        for part in (before, after):
+            bits = part.split("{__instruction_block}")
+            exprs: list[pl.Expr] = []
+            for i, bit in enumerate(bits):
+                if i:
+                    exprs.append(block)
+                exprs.extend(_pieces(bit, instruction))
+            split.append(exprs)
+        return split[0], split[1]
+
+    hinted = pl.col("hint_id").is_not_null()
+    h, p = parts(cfg.template), parts(cfg.plain_template)
+    if h is not None and p is not None:
+        before = pl.when(hinted).then(_concat(h[0])).otherwise(_concat(p[0]))
+        after = pl.when(hinted).then(_concat(h[1])).otherwise(_concat(p[1]))
+        return pl.concat_str([before, pl.col("problem"), after])
+
+    def full(template: str) -> pl.Expr:
+        t = _with_instruction(template)
+        bits = t.split("{__instruction_block}")
+        exprs: list[pl.Expr] = []
+        for i, bit in enumerate(bits):
+            if i:
+                exprs.append(block)
+            exprs.extend(_pieces(bit, instruction) if "{problem}" not in bit else _pieces_with_problem(bit, instruction))
+        return _concat(exprs)
+
+    return pl.when(hinted).then(full(cfg.template)).otherwise(full(cfg.plain_template))
+
+
+def _pieces_with_problem(template: str, instruction: pl.Expr) -> list[pl.Expr]:
+    out: list[pl.Expr] = []
+    for i, bit in enumerate(template.split("{problem}")):
+        if i:
+            out.append(pl.col("problem"))
+        out.extend(_pieces(bit, instruction))
+    return out
+
+
+_NEEDS_ESCAPE = r'[\x00-\x1f"\\]'
+
+
+def _json_str(df: pl.DataFrame, col: str) -> pl.Expr:
+    """JSON text of a string column (null -> null), byte-equal to json.dumps(..., ensure_ascii=False).
+
+    A column with nothing to escape (ids, most answers) is just quoted; the
+    general path (serde's encoder via struct.json_encode) runs only when some
+    value has a quote, backslash or control character.
+    """
+    if df.get_column(col).str.contains(_NEEDS_ESCAPE).any():
+        return pl.struct(pl.col(col).alias("v")).struct.json_encode().str.slice(5).str.head(-1)
+    return pl.concat_str([pl.lit('"'), pl.col(col), pl.lit('"')]).fill_null(pl.lit("null"))
+
+
+def _math_label(df: pl.DataFrame, round_: int) -> pl.Expr:
+    """schemas.prompt_label for math rows, vectorised: same keys, order and separators."""
+    return pl.concat_str(
+        [
+            pl.lit('{"answer": '),
+            _json_str(df, "label"),
+            pl.lit(', "domain": '),
+            _json_str(df, "domain"),
+            pl.lit(', "hint_id": '),
+            _json_str(df, "hint_id"),
+            pl.lit(', "problem_id": '),
+            _json_str(df, "problem_id"),
+            pl.lit(f', "round": {int(round_)}}}'),
+        ]
+    )
+
+
+def _code_labels(df: pl.DataFrame, round_: int, where: str) -> pl.Series:
+    """Per-row prompt_label for code rows: their reference is JSON to merge (code sets are small)."""
+    out = []
+    for pid, hid, ref in df.select("problem_id", "hint_id", "label").iter_rows():
+        try:
+            out.append(prompt_label("code", ref, pid, hid, round_))
+        except (ValueError, TypeError) as exc:
+            raise DataError(
+                f"{where}: problem {pid}: label is not a code label JSON ({exc}); "
+                "code labels are schemas.code_label(tests, entry_point, kind)"
+            ) from exc
+    return pl.Series("_code_label", out, dtype=pl.String)
+
+
+def build_prompts(base: pl.DataFrame, hints: pl.DataFrame, cfg: BuildConfig, round_: int, stats: BuildStats, where: str = "base") -> pl.DataFrame:
+    """The prompts frame (PROMPTS columns) in final row order."""
+    base = base.with_row_index("_order")
+    joined = base.join(hints.select("problem_id", "hint_id", "hint"), on="problem_id", how="left", maintain_order="left")
+    matched = hints.join(base.select("problem_id"), on="problem_id", how="semi").height
+    stats.hints_used = matched
+    stats.hints_unmatched = hints.height - matched
+    if stats.hints_unmatched:
+        ids = hints.join(base.select("problem_id"), on="problem_id", how="anti").get_column("problem_id").head(5).to_list()
+        msg = f"{stats.hints_unmatched} hint(s) for problem ids not in the base set {where} (e.g. {ids}); they are not used"
+        if cfg.strict:
+            raise DataError(msg + " (--strict); build against the base set the hints were made for")
+        stats.warn(msg)
+    if cfg.mode == "both":
+        plain = joined.with_columns(pl.lit(None, pl.String).alias("hint_id"), pl.lit(None, pl.String).alias("hint"), pl.lit(0, pl.UInt8).alias("_variant"))
+        hinted = joined.filter(pl.col("hint_id").is_not_null()).with_columns(pl.lit(1, pl.UInt8).alias("_variant"))
+        rows = pl.concat([plain, hinted]).sort("_order", "_variant")
+    else:
+        rows = joined
+    if cfg.seed is not None:
+        perm = np.random.Generator(np.random.PCG64(cfg.seed)).permutation(rows.height)
+        rows = rows[perm]
+
+    instruction = pl.lit("")
+    for dom, text in cfg.instructions.items():
+        instruction = pl.when(pl.col("domain") == dom).then(pl.lit(text)).otherwise(instruction)
+    user = _render_user(cfg, instruction)
+    messages = []
+    if cfg.system_prompt:
+        messages.append(pl.struct(role=pl.lit("system"), content=pl.lit(cfg.system_prompt)))
+    messages.append(pl.struct(role=pl.lit("user"), content=user))
+
+    rows = rows.with_row_index("index").with_columns(pl.col("index").cast(pl.Int64))
+    label = _math_label(rows, round_)
+    if (rows.get_column("domain") == "code").any():
+        code = rows.filter(pl.col("domain") == "code")
+        code_labels = code.select("index").with_columns(_code_labels(code, round_, where))
+        rows = rows.join(code_labels, on="index", how="left", maintain_order="left")
+        label = pl.when(pl.col("domain") == "code").then(pl.col("_code_label")).otherwise(label)
+    rnd = pl.lit(round_, pl.Int32)
+    out = rows.select(
+        pl.concat_list(messages).alias("prompt"),
+        label.alias("label"),
+        pl.col("data_source"),
+        pl.col("domain").alias("ability"),
+        pl.struct(style=pl.lit("rule"), ground_truth=pl.col("label")).alias("reward_model"),
+        pl.struct(pl.col("problem_id"), pl.col("hint_id"), rnd.alias("round"), pl.col("index")).alias("extra_info"),
+        pl.col("problem_id"),
+        pl.col("hint_id"),
+        rnd.alias("round"),
+    )
+    stats.rows = out.height
+    stats.hinted_rows = int(out.get_column("hint_id").is_not_null().sum())
+    stats.unhinted_rows = stats.rows - stats.hinted_rows
+    stats.hinted_problems = stats.hinted_rows
+    return out
+
+
+def to_arrow(df: pl.DataFrame) -> pa.Table:
+    """The frame as Arrow (large types; each shard is cast to the PROMPTS schema as it is written)."""
+    return df.to_arrow(compat_level=pl.CompatLevel.oldest())
+
+
+def to_prompts_table(df: pl.DataFrame | pa.Table) -> pa.Table:
+    """Cast to the PROMPTS Arrow schema (plain string/list types, schema metadata)."""
+    table = to_arrow(df) if isinstance(df, pl.DataFrame) else df
+    return table.cast(pa.schema(list(PROMPTS), metadata=schema_metadata("prompts")))
+
+
+# --------------------------------------------------------------------------- writing
+
+
+def dataset_card(shards: list[str], stats: BuildStats) -> str:
+    """README.md of the shard directory: its YAML `configs` make load_dataset(DIR) read only the shards."""
+    return (
+        "---\n"
+        "configs:\n"
+        "- config_name: default\n"
+        "  data_files:\n"
+        "  - split: train\n"
+        "    path: part-*.parquet\n"
+        "---\n"
+        "# mentor prompt shards\n\n"
+        f"{stats.rows} prompts ({stats.hinted_rows} hinted) for round {stats.round}, "
+        f"schema `prompts` v{SCHEMA_VERSION}, in {len(shards)} shard(s) `part-NNNNN.parquet`.\n"
+        "`manifest.json` lists each shard's rows and sha256; `stats.json` the build's counters.\n\n"
+        "- OpenRLHF: `--data.prompt_dataset <this dir> --data.input_key prompt --data.label_key label "
+        "--data.apply_chat_template`\n"
+        "- verl: `data.train_files` = the shard files\n"
+        "- polars: `pl.scan_parquet('<this dir>/part-*.parquet')`\n"
+    )
+
+
+# Writer settings. Dictionary encoding only where values repeat (hashing a
+# million unique prompts for a dictionary that is then abandoned costs ~30% of
+# the write); statistics only on short columns that polars can prune on.
+DICTIONARY_COLUMNS = [
+    "prompt.list.element.role", "data_source", "ability", "reward_model.style", "reward_model.ground_truth",
+    "extra_info.hint_id", "extra_info.round", "hint_id", "round",
+]
+STATISTICS_COLUMNS = [
+    "data_source", "ability", "extra_info.problem_id", "extra_info.hint_id", "extra_info.round", "extra_info.index",
+    "problem_id", "hint_id", "round",
+]
+
+
+def write_shard(table: pa.Table, path: Path) -> Path:
+    """One shard, cast to the PROMPTS schema, written atomically (same table -> same bytes)."""
+    with atomic_path(path) as tmp:
+        pq.write_table(
+            to_prompts_table(table),
+            tmp,
+            compression=PARQUET_COMPRESSION,
+            use_dictionary=DICTIONARY_COLUMNS,
+            write_statistics=STATISTICS_COLUMNS,
+        )
+    return path
+
+
+def write_shards(table: pa.Table, out_dir: Path, cfg: BuildConfig, workers: int | None = None) -> list[Path]:
+    """Write ``part-NNNNN.parquet`` atomically (in parallel threads: pyarrow releases the GIL),
+    then remove shards of an earlier, larger build."""
+    per = cfg.rows_per_shard(table.num_rows, table.nbytes)
+    jobs = [(table.slice(start, per), out_dir / f"part-{i:05d}.parquet") for i, start in enumerate(range(0, table.num_rows, per))]
+    workers = workers or min(len(jobs), os.cpu_count() or 1, 8)
+    if workers > 1:
+        with ThreadPoolExecutor(max_workers=workers) as pool:
+            shards = list(pool.map(lambda job: write_shard(*job), jobs))
+    else:
+        shards = [write_shard(*job) for job in jobs]
+    names = {p.name for p in shards}
+    for old in out_dir.iterdir():
+        if SHARD_RE.match(old.name) and old.name not in names:
+            old.unlink()
+    return shards
+
+
+def build(cfg: BuildConfig, out_dir: str | Path, template_files: list[Path] | None = None) -> BuildStats:
+    """Build the prompt shards into `out_dir`: part-NNNNN.parquet, manifest.json (last), stats.json, README.md."""
+    out_dir = Path(out_dir)
+    stats = BuildStats(mode=cfg.mode, seed=cfg.seed)
+    base = load_base(cfg.base, cfg.mapping, cfg.domain)
+    problems = validate_base(base, cfg, stats)
+    stats.base_problems = problems.height
+    hints = load_hints(cfg.hints, cfg, stats)
+    if cfg.round is not None:
+        round_ = cfg.round
+    elif hints.height:
+        round_ = int(hints.get_column("hint_round").max()) + 1
+    else:
+        round_ = 0
+    stats.round = round_
+    df = build_prompts(problems, hints, cfg, round_, stats, where=base.where)
+    table = to_arrow(df)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    # The manifest is the commit point: remove the old one first so that a
+    # crash mid-way never leaves a manifest describing other shards.
+    (out_dir / "manifest.json").unlink(missing_ok=True)
+    shards = write_shards(table, out_dir, cfg)
+    stats.shards = len(shards)
+    hint_files = resolve_inputs(cfg.hints) if cfg.hints else []
+    inputs = list(base.files) + hint_files + list(template_files or [])
+    write_json_atomic(stats.as_dict() | {"schema_version": SCHEMA_VERSION}, out_dir / "stats.json")
+    card = dataset_card([s.name for s in shards], stats)
+    with atomic_path(out_dir / "README.md") as tmp:
+        tmp.write_text(card)
+    write_manifest(out_dir, shards, "prompts", inputs=inputs, config=cfg, extra={"base": base.info, "round": round_, "stats": "stats.json"})
+    log.info("built %d prompts (%d hinted) in %d shard(s) at %s", stats.rows, stats.hinted_rows, stats.shards, out_dir)
+    return stats
+
+
+__all__ = ["BUNDLED", "BuildConfig", "BuildStats", "build", "build_prompts", "load_base", "load_hints", "validate_base"]

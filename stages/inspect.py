@@ -1,0 +1,712 @@
+"""Inspect: what a researcher wants to see at a glance, computed with polars.
+
+`inspect_path(PATH)` tells what PATH is from its layout and columns and
+returns a JSON-able summary:
+
+- rollouts:  problems, rollouts per problem, collapse rate, all-correct rate,
+             mean correctness by round (and hinted vs unhinted when hints were used)
+- collapsed: problems, streaks, previous hints, failed responses kept
+- hints:     status counts, violations by name, retries/refines used, hint
+             length distribution, most common keywords, three sample hints
+- prompts:   rows, hinted share, shard sizes, manifest check
+- rescue:    rescue rate hinted vs unhinted (outputs of `mentor rescue`)
+- run:       a run directory ``runs/<name>/round-NNN/{rollouts,collapsed,hints,prompts,train,rescue}/``:
+             one row per round with the above
+
+`problem_history(PATH, ID)` follows one problem across rounds; `plot(summary, OUT)`
+draws collapse rate and hint statuses per round; `render_table(summary)` is the
+terminal form.
+
+Definitions. A problem (in one round) is *collapsed* when every rollout's raw
+correctness is 0 (max ``correct`` <= 0), *all-correct* when every rollout's
+correctness is 1. A hinted collapsed problem of round r is *rescued* when it has
+at least one correct rollout (``correct`` > 0) in round r+1.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import re
+from pathlib import Path
+from typing import Any
+
+import polars as pl
+import pyarrow.parquet as pq
+
+from mentor.pipeline.errors import ConfigError, DataError
+from mentor.pipeline.io import atomic_path, read_json, read_parquet_schema, resolve_inputs, scan_dataset, sha256_file
+
+log = logging.getLogger(__name__)
+
+ROUND_RE = re.compile(r"^round-(\d+)$")
+STAGES = ("rollouts", "collapsed", "hints", "prompts", "train", "rescue")
+KINDS = ("run", "rollouts", "collapsed", "hints", "prompts", "problems", "rescue")
+STATUS_ORDER = ("accepted", "repaired", "fallback")
+
+
+# --------------------------------------------------------------------------- detection
+
+
+def kind_of_columns(names: set[str]) -> str | None:
+    """Which mentor dataset a set of column names is (None if none)."""
+    if {"prompt", "label", "reward_model", "extra_info"} <= names:
+        return "prompts"
+    if {"hint", "hint_id", "status"} <= names:
+        return "hints"
+    if {"n_rollouts", "failed", "streak"} <= names:
+        return "collapsed"
+    if {"sample_idx", "response", "correct"} <= names:
+        return "rollouts"
+    if {"problem", "label", "data_source", "problem_id"} <= names:
+        return "problems"
+    return None
+
+
+def round_dirs(run: Path) -> list[tuple[int, Path]]:
+    out = [(int(m.group(1)), d) for d in run.iterdir() if d.is_dir() and (m := ROUND_RE.match(d.name))]
+    return sorted(out)
+
+
+def _parquet_files(path: Path) -> list[Path]:
+    files = resolve_inputs([str(path)])
+    # A directory may hold rescue.parquet beside other outputs; datasets come from their own files.
+    return files
+
+
+def detect(path: str | Path) -> str:
+    """What `path` is: one of KINDS. `DataError`/`ConfigError` when it cannot tell."""
+    path = Path(path)
+    if not path.exists():
+        raise ConfigError(f"{path}: no such file or directory")
+    if path.is_dir():
+        if round_dirs(path) or (ROUND_RE.match(path.name) and any((path / s).is_dir() for s in STAGES)):
+            return "run"
+        if _rescue_files(path) and not any(p.name != "rescue.parquet" for p in path.glob("*.parquet")):
+            return "rescue"
+    elif path.name.startswith("rescue.") and path.suffix in (".parquet", ".json"):
+        return "rescue"
+    files = _parquet_files(path)
+    names = set(read_parquet_schema(files[0]).names)
+    kind = kind_of_columns(names)
+    if kind is None:
+        raise DataError(
+            f"{files[0]}: cannot tell which mentor dataset this is from its columns "
+            f"({', '.join(sorted(names)[:12])}); inspect reads rollouts, collapsed, hints, prompts, problems, "
+            "rescue outputs or a run directory (runs/<name>/round-NNN/...)"
+        )
+    return kind
+
+
+# --------------------------------------------------------------------------- helpers
+
+
+def _r(x: Any, nd: int = 4) -> Any:
+    """Round floats for display; NaN/inf become None so the JSON stays valid."""
+    if x is None:
+        return None
+    if isinstance(x, float):
+        if math.isnan(x) or math.isinf(x):
+            return None
+        return round(x, nd)
+    return x
+
+
+def _dist(s: pl.Series) -> dict[str, Any]:
+    s = s.drop_nulls()
+    if s.len() == 0:
+        return {"n": 0}
+    return {
+        "n": s.len(),
+        "min": _r(s.min()),
+        "p25": _r(s.quantile(0.25, "nearest")),
+        "p50": _r(s.quantile(0.5, "nearest")),
+        "mean": _r(s.mean()),
+        "p90": _r(s.quantile(0.9, "nearest")),
+        "max": _r(s.max()),
+    }
+
+
+def _scan(path: Path, dataset: str) -> pl.LazyFrame:
+    return scan_dataset([str(path)], dataset)
+
+
+# --------------------------------------------------------------------------- per dataset
+
+
+def per_problem_round(lf: pl.LazyFrame) -> pl.LazyFrame:
+    """One row per (problem_id, round): rollouts, max/min/mean correctness."""
+    return lf.group_by("problem_id", "round").agg(
+        pl.len().alias("n"),
+        pl.col("correct").max().alias("max_c"),
+        pl.col("correct").min().alias("min_c"),
+        pl.col("correct").mean().alias("mean_c"),
+    )
+
+
+def summarize_rollouts(lf: pl.LazyFrame) -> dict[str, Any]:
+    lf = lf.filter(pl.col("correct").is_not_null() & pl.col("correct").is_not_nan())
+    per = per_problem_round(lf).collect()
+    if per.height == 0:
+        return {"rollouts": 0, "problems": 0}
+    by_round = (
+        per.group_by("round")
+        .agg(
+            pl.len().alias("problems"),
+            pl.col("n").sum().alias("rollouts"),
+            ((pl.col("mean_c") * pl.col("n")).sum() / pl.col("n").sum()).alias("mean_correct"),
+            (pl.col("max_c") <= 0).sum().alias("collapsed"),
+            (pl.col("max_c") <= 0).mean().alias("collapse_rate"),
+            (pl.col("min_c") >= 1).sum().alias("all_correct"),
+            (pl.col("min_c") >= 1).mean().alias("all_correct_rate"),
+        )
+        .sort("round")
+    )
+    collapsed = int((per.get_column("max_c") <= 0).sum())
+    all_correct = int((per.get_column("min_c") >= 1).sum())
+    n = per.get_column("n")
+    out: dict[str, Any] = {
+        "problems": per.get_column("problem_id").n_unique(),
+        "problem_rounds": per.height,
+        "rounds": by_round.get_column("round").to_list(),
+        "rollouts": int(n.sum()),
+        "rollouts_per_problem": {"min": int(n.min()), "mean": _r(n.mean()), "max": int(n.max())},
+        "mean_correct": _r(float((per.get_column("mean_c") * n).sum() / n.sum())),
+        "collapsed": collapsed,
+        "collapse_rate": _r(collapsed / per.height, 6),
+        "all_correct": all_correct,
+        "all_correct_rate": _r(all_correct / per.height, 6),
+        "by_round": [{k: _r(v) for k, v in row.items()} for row in by_round.iter_rows(named=True)],
+    }
+    hinted = (
+        lf.group_by(pl.col("hint_id").is_not_null().alias("hinted"))
+        .agg(pl.len().alias("rollouts"), pl.col("correct").mean().alias("mean_correct"))
+        .collect()
+    )
+    if hinted.height > 1 or (hinted.height == 1 and hinted.get_column("hinted")[0]):
+        out["hinted_vs_unhinted"] = {
+            ("hinted" if h else "unhinted"): {"rollouts": r, "mean_correct": _r(m)} for h, r, m in hinted.sort("hinted").iter_rows()
+        }
+    return out
+
+
+def summarize_collapsed(df: pl.DataFrame) -> dict[str, Any]:
+    streak = df.group_by("streak").len().sort("streak")
+    return {
+        "problems": df.height,
+        "rounds": sorted(df.get_column("round").unique().to_list()),
+        "domains": dict(sorted(df.group_by("domain").len().iter_rows())),
+        "n_rollouts": _dist(df.get_column("n_rollouts")),
+        "failed_kept": _dist(df.get_column("failed").list.len()),
+        "streak": {str(k): v for k, v in streak.iter_rows()},
+        "with_previous_hints": int((df.get_column("previous_hints").list.len() > 0).sum()),
+    }
+
+
+def summarize_hints(df: pl.DataFrame) -> dict[str, Any]:
+    status = dict(df.group_by("status").len().iter_rows())
+    violations = (
+        df.select(pl.col("violations").explode().drop_nulls()).group_by("violations").len().sort(["len", "violations"], descending=[True, False])
+    )
+    keywords = (
+        df.select(pl.col("keywords").explode().drop_nulls().str.strip_chars().str.to_lowercase().alias("keyword"))
+        .filter(pl.col("keyword") != "")
+        .group_by("keyword")
+        .len()
+        .sort(["len", "keyword"], descending=[True, False])
+        .head(10)
+    )
+    rank = pl.col("status").replace_strict({s: i for i, s in enumerate(STATUS_ORDER)}, default=len(STATUS_ORDER), return_dtype=pl.Int32)
+    ordered = df.sort(rank, "problem_id")
+    # One sample per status first (accepted, repaired, fallback), then fill up to three.
+    firsts = ordered.unique(subset="status", keep="first", maintain_order=True)
+    rest = ordered.join(firsts.select("problem_id", "round"), on=["problem_id", "round"], how="anti")
+    samples = pl.concat([firsts, rest]).head(3)
+
+    def used(col: str) -> dict[str, Any]:
+        s = df.get_column(col)
+        return {"total": int(s.sum()), "mean": _r(s.mean()), "max": int(s.max()) if s.len() else 0, "problems_using": int((s > 0).sum())}
+
+    out: dict[str, Any] = {
+        "problems": df.get_column("problem_id").n_unique(),
+        "hints": df.height,
+        "rounds": sorted(df.get_column("round").unique().to_list()),
+        "status": {s: int(status.get(s, 0)) for s in STATUS_ORDER} | {k: v for k, v in status.items() if k not in STATUS_ORDER},
+        "violations": dict(violations.iter_rows()),
+        "retries": used("retries") if df.height else {},
+        "refines": used("refines") if df.height else {},
+        "hint_chars": _dist(df.get_column("hint").str.len_chars()),
+        "hint_words": _dist(df.get_column("hint").str.split(" ").list.len()),
+        "judge_score": _dist(df.get_column("judge_score")),
+        "top_keywords": [{"keyword": k, "count": n} for k, n in keywords.iter_rows()],
+        "samples": [
+            {"problem_id": r["problem_id"], "status": r["status"], "keywords": r["keywords"], "hint": r["hint"]}
+            for r in samples.select("problem_id", "status", "keywords", "hint").iter_rows(named=True)
+        ],
+    }
+    models = df.get_column("model").unique().sort().to_list()
+    out["models"] = models
+    return out
+
+
+def summarize_prompts(path: Path) -> dict[str, Any]:
+    files = _parquet_files(path)
+    lf = scan_dataset([str(f) for f in files], "prompts")
+    agg = lf.select(
+        pl.len().alias("rows"),
+        pl.col("hint_id").is_not_null().sum().alias("hinted"),
+        pl.col("problem_id").n_unique().alias("problems"),
+    ).collect()
+    rows, hinted, problems = agg.row(0)
+    out: dict[str, Any] = {
+        "rows": rows,
+        "hinted_rows": hinted,
+        "hinted_share": _r(hinted / rows, 6) if rows else 0.0,
+        "problems": problems,
+        "rounds": sorted(lf.select(pl.col("round").unique()).collect().get_column("round").to_list()),
+        "data_sources": dict(sorted(lf.group_by("data_source").len().collect().iter_rows())),
+        "abilities": dict(sorted(lf.group_by("ability").len().collect().iter_rows())),
+        "shards": [{"file": f.name, "rows": pq.ParquetFile(f).metadata.num_rows, "bytes": f.stat().st_size} for f in files],
+    }
+    folder = path if path.is_dir() else path.parent
+    manifest = folder / "manifest.json"
+    if manifest.exists():
+        m = read_json(manifest)
+        bad = []
+        for s in m.get("shards", []):
+            f = folder / s["path"]
+            if not f.exists() or sha256_file(f) != s.get("sha256"):
+                bad.append(s["path"])
+        out["manifest"] = {"rows": m.get("rows"), "shards": len(m.get("shards", [])), "verified": not bad, "mismatched": bad}
+    else:
+        out["manifest"] = None
+    return out
+
+
+def summarize_problems(path: Path) -> dict[str, Any]:
+    df = _scan(path, "problems").collect()
+    return {
+        "problems": df.height,
+        "distinct_ids": df.get_column("problem_id").n_unique(),
+        "domains": dict(sorted(df.group_by("domain").len().iter_rows())),
+        "data_sources": dict(sorted(df.group_by("data_source").len().iter_rows())),
+        "problem_chars": _dist(df.get_column("problem").str.len_chars()),
+    }
+
+
+# --------------------------------------------------------------------------- rescue (written by `mentor rescue`)
+
+
+def _rescue_files(path: Path) -> dict[str, Path]:
+    folder = path if path.is_dir() else path.parent
+    return {n: folder / f"rescue.{n}" for n in ("parquet", "json") if (folder / f"rescue.{n}").exists()}
+
+
+def _flatten_rates(obj: Any, prefix: str = "") -> dict[str, float]:
+    """Numbers in rescue.json whose key names a rate (rescue_rate, hinted/unhinted ...)."""
+    out: dict[str, float] = {}
+    if isinstance(obj, dict):
+        for k, v in obj.items():
+            key = f"{prefix}{k}"
+            if isinstance(v, dict):
+                out.update(_flatten_rates(v, key + "."))
+            elif isinstance(v, (int, float)) and not isinstance(v, bool) and "rate" in key.lower():
+                out[key] = float(v)
+    return out
+
+
+def _rate_from_frame(df: pl.DataFrame) -> dict[str, Any]:
+    """Rescue rate hinted vs unhinted from a per-problem table, in the layouts we can recognise."""
+    cols = set(df.columns)
+
+    def positive(col: str) -> pl.Expr:
+        dtype = df.schema[col]
+        return pl.col(col) if dtype == pl.Boolean else pl.col(col).cast(pl.Float64) > 0
+
+    for hinted, unhinted in (
+        ("rescued_hinted", "rescued_unhinted"),
+        ("hinted_rescued", "unhinted_rescued"),
+        ("hinted_correct", "unhinted_correct"),
+        ("n_correct_hinted", "n_correct_unhinted"),
+        ("correct_hinted", "correct_unhinted"),
+    ):
+        if {hinted, unhinted} <= cols:
+            rates = df.select(positive(hinted).mean().alias("h"), positive(unhinted).mean().alias("u")).row(0)
+            return {"problems": df.height, "rescue_rate_hinted": _r(rates[0], 6), "rescue_rate_unhinted": _r(rates[1], 6)}
+    arm = next((c for c in ("variant", "arm", "condition", "hinted") if c in cols), None)
+    value = next((c for c in ("rescued", "n_correct", "any_correct", "correct") if c in cols), None)
+    if arm and value:
+        key = pl.col(arm)
+        if df.schema[arm] != pl.Boolean:
+            key = pl.col(arm).cast(pl.String).str.to_lowercase().is_in(["hinted", "hint", "with_hint", "true", "1"])
+        per = (
+            df.group_by("problem_id", key.alias("_h")).agg(positive(value).any().alias("_ok"))
+            if "problem_id" in cols
+            else df.select(key.alias("_h"), positive(value).alias("_ok"))
+        )
+        rates = dict(per.group_by("_h").agg(pl.col("_ok").mean()).iter_rows())
+        return {
+            "problems": per.filter(pl.col("_h")).height,
+            "rescue_rate_hinted": _r(rates.get(True), 6),
+            "rescue_rate_unhinted": _r(rates.get(False), 6),
+        }
+    return {}
+
+
+def summarize_rescue(path: Path) -> dict[str, Any]:
+    files = _rescue_files(path)
+    out: dict[str, Any] = {"files": sorted(p.name for p in files.values())}
+    if "json" in files:
+        try:
+            rates = _flatten_rates(read_json(files["json"]))
+        except (ValueError, OSError) as exc:
+            raise DataError(f"{files['json']}: not readable JSON ({exc}); re-run mentor rescue") from exc
+        for k, v in rates.items():
+            low = k.lower()
+            if "unhinted" in low or "without" in low or "no_hint" in low:
+                out.setdefault("rescue_rate_unhinted", _r(v, 6))
+            elif "hinted" in low or "with_hint" in low:
+                out.setdefault("rescue_rate_hinted", _r(v, 6))
+        out["reported"] = {k: _r(v, 6) for k, v in rates.items()}
+    if "parquet" in files:
+        df = pl.read_parquet(files["parquet"])
+        out["rows"] = df.height
+        out["columns"] = df.columns
+        for k, v in _rate_from_frame(df).items():
+            out.setdefault(k, v)
+    if "rescue_rate_hinted" not in out:
+        out["note"] = "no hinted/unhinted rescue rate recognised in these files"
+    return out
+
+
+# --------------------------------------------------------------------------- run directories
+
+
+def _stage_dataset(stage_dir: Path, dataset: str) -> list[Path]:
+    """Parquet files of `dataset` in a stage folder (others, e.g. rescue.parquet, skipped); [] if none."""
+    if not stage_dir.is_dir():
+        return []
+    try:
+        files = resolve_inputs([str(stage_dir)])
+    except ConfigError:
+        return []
+    return [f for f in files if kind_of_columns(set(read_parquet_schema(f).names)) == dataset]
+
+
+def _run_rounds(path: Path) -> list[tuple[int, Path]]:
+    if ROUND_RE.match(path.name) and not round_dirs(path):
+        return [(int(ROUND_RE.match(path.name).group(1)), path)]
+    return round_dirs(path)
+
+
+def summarize_run(path: Path) -> dict[str, Any]:
+    rounds = _run_rounds(path)
+    rows: list[dict[str, Any]] = []
+    details: dict[str, Any] = {}
+    collapsed_hinted: dict[int, pl.Series] = {}
+    any_correct: dict[int, pl.DataFrame] = {}
+    for r, d in rounds:
+        row: dict[str, Any] = {"round": r}
+        det: dict[str, Any] = {}
+        files = _stage_dataset(d / "rollouts", "rollouts")
+        if files:
+            lf = scan_dataset([str(f) for f in files], "rollouts")
+            s = summarize_rollouts(lf)
+            det["rollouts"] = s
+            row |= {
+                "problems": s.get("problems"),
+                "rollouts": s.get("rollouts"),
+                "mean_correct": s.get("mean_correct"),
+                "collapse_rate": s.get("collapse_rate"),
+                "all_correct_rate": s.get("all_correct_rate"),
+            }
+            any_correct[r] = per_problem_round(lf).group_by("problem_id").agg((pl.col("max_c") > 0).any().alias("ok")).collect()
+        files = _stage_dataset(d / "collapsed", "collapsed")
+        collapsed_ids = None
+        if files:
+            cdf = scan_dataset([str(f) for f in files], "collapsed").collect()
+            det["collapsed"] = summarize_collapsed(cdf)
+            row["collapsed"] = cdf.height
+            collapsed_ids = cdf.get_column("problem_id")
+        files = _stage_dataset(d / "hints", "hints")
+        if files:
+            hdf = scan_dataset([str(f) for f in files], "hints").collect()
+            hs = summarize_hints(hdf)
+            det["hints"] = hs
+            row |= {"hints": hs["hints"]} | {s: hs["status"].get(s, 0) for s in STATUS_ORDER}
+            hinted_ids = hdf.get_column("problem_id").unique()
+            collapsed_hinted[r] = hinted_ids if collapsed_ids is None else hinted_ids.filter(hinted_ids.is_in(collapsed_ids.implode()))
+        files = _stage_dataset(d / "prompts", "prompts")
+        if files:
+            ps = summarize_prompts(d / "prompts")
+            det["prompts"] = ps
+            row |= {"prompts": ps["rows"], "hinted_share": ps["hinted_share"]}
+        if (d / "rescue").is_dir() and _rescue_files(d / "rescue"):
+            rs = summarize_rescue(d / "rescue")
+            det["rescue"] = rs
+            row |= {"rescue_rate_hinted": rs.get("rescue_rate_hinted"), "rescue_rate_unhinted": rs.get("rescue_rate_unhinted")}
+        rows.append(row)
+        details[str(r)] = det
+    # Rescued in the next round: collapsed + hinted in r, a correct rollout in r+1.
+    for row in rows:
+        r = row["round"]
+        if r in collapsed_hinted and (r + 1) in any_correct:
+            ids = collapsed_hinted[r]
+            nxt = any_correct[r + 1].filter(pl.col("problem_id").is_in(ids.implode()))
+            rescued = int(nxt.get_column("ok").sum())
+            row["rescued_next"] = rescued
+            row["rescued_next_rate"] = _r(rescued / nxt.height, 6) if nxt.height else None
+    columns = [
+        "round", "problems", "rollouts", "mean_correct", "collapse_rate", "all_correct_rate", "collapsed", "hints",
+        *STATUS_ORDER, "prompts", "hinted_share", "rescued_next", "rescued_next_rate", "rescue_rate_hinted", "rescue_rate_unhinted",
+    ]
+    table = [{c: row.get(c) for c in columns} for row in rows]
+    return {"rounds": table, "details": details}
+
+
+# --------------------------------------------------------------------------- one problem
+
+
+def _ids_hint(ids: list[str]) -> str:
+    return ", ".join(ids[:3]) + (", ..." if len(ids) > 3 else "")
+
+
+def problem_history(path: str | Path, problem_id: str) -> dict[str, Any]:
+    """One problem across rounds (run directory), or its rows in a single dataset."""
+    path = Path(path)
+    kind = detect(path)
+    if kind != "run":
+        return _problem_in_dataset(path, kind, problem_id)
+    history: list[dict[str, Any]] = []
+    seen = False
+    for r, d in _run_rounds(path):
+        entry: dict[str, Any] = {"round": r}
+        files = _stage_dataset(d / "rollouts", "rollouts")
+        if files:
+            ro = (
+                scan_dataset([str(f) for f in files], "rollouts")
+                .filter(pl.col("problem_id") == problem_id)
+                .sort("round", "sample_idx")
+                .collect()
+            )
+            if ro.height:
+                seen = True
+                c = ro.get_column("correct")
+                entry["rollouts"] = {
+                    "n": ro.height,
+                    "correct": [_r(x) for x in c.to_list()],
+                    "mean_correct": _r(c.mean()),
+                    "any_correct": bool((c > 0).any()),
+                    "hint_ids": sorted({h for h in ro.get_column("hint_id").to_list() if h}),
+                }
+        files = _stage_dataset(d / "collapsed", "collapsed")
+        if files:
+            co = scan_dataset([str(f) for f in files], "collapsed").filter(pl.col("problem_id") == problem_id).collect()
+            entry["collapsed"] = bool(co.height)
+            if co.height:
+                seen = True
+                entry["streak"] = co.get_column("streak")[0]
+                entry["previous_hints"] = co.get_column("previous_hints")[0].to_list()
+        files = _stage_dataset(d / "hints", "hints")
+        if files:
+            hi = scan_dataset([str(f) for f in files], "hints").filter(pl.col("problem_id") == problem_id).collect()
+            if hi.height:
+                seen = True
+                h = hi.row(hi.height - 1, named=True)
+                entry["hint"] = {k: h[k] for k in ("hint_id", "status", "keywords", "error", "hint", "retries", "refines", "violations")}
+        files = _stage_dataset(d / "prompts", "prompts")
+        if files:
+            pr = (
+                scan_dataset([str(f) for f in files], "prompts")
+                .filter(pl.col("problem_id") == problem_id)
+                .select("hint_id", "round")
+                .collect()
+            )
+            if pr.height:
+                seen = True
+                entry["prompts"] = {"rows": pr.height, "hint_ids": sorted({h for h in pr.get_column("hint_id").to_list() if h})}
+        rescue_pq = d / "rescue" / "rescue.parquet"
+        if rescue_pq.exists():
+            rdf = pl.read_parquet(rescue_pq)
+            if "problem_id" in rdf.columns:
+                sel = rdf.filter(pl.col("problem_id") == problem_id)
+                if sel.height:
+                    seen = True
+                    entry["rescue_check"] = _rate_from_frame(sel) or sel.drop("problem_id").to_dicts()
+        history.append(entry)
+    if not seen:
+        raise DataError(f"{path}: problem {problem_id!r} appears in no round's rollouts, collapsed, hints or prompts")
+    for i, entry in enumerate(history):
+        nxt = history[i + 1] if i + 1 < len(history) and history[i + 1]["round"] == entry["round"] + 1 else None
+        if entry.get("collapsed") and "hint" in entry:
+            if nxt is not None and "rollouts" in nxt:
+                entry["rescued"] = nxt["rollouts"]["any_correct"]
+            else:
+                entry["rescued"] = None  # no rollouts of the next round yet
+    return {"problem_id": problem_id, "history": history}
+
+
+def _problem_in_dataset(path: Path, kind: str, problem_id: str) -> dict[str, Any]:
+    if kind == "rescue":
+        files = _rescue_files(path)
+        if "parquet" not in files:
+            raise DataError(f"{path}: no rescue.parquet with per-problem rows")
+        df = pl.read_parquet(files["parquet"])
+    else:
+        df = scan_dataset([str(f) for f in _parquet_files(path)], kind).collect()
+    sel = df.filter(pl.col("problem_id") == problem_id)
+    if sel.height == 0:
+        ids = df.get_column("problem_id").unique().sort().head(3).to_list()
+        raise DataError(f"{path}: problem {problem_id!r} not found ({df.height} rows; ids look like {_ids_hint(ids)})")
+    if kind == "rollouts":
+        by_round = sel.sort("round", "sample_idx").group_by("round", maintain_order=True).agg(
+            pl.col("correct"), pl.col("hint_id").drop_nulls().unique().alias("hint_ids")
+        )
+        return {
+            "problem_id": problem_id,
+            "kind": kind,
+            "history": [
+                {"round": r, "correct": [_r(x) for x in c], "any_correct": any(x > 0 for x in c), "hint_ids": sorted(h)}
+                for r, c, h in by_round.iter_rows()
+            ],
+        }
+    drop = [c for c in ("trace", "failed") if c in sel.columns]
+    rows = sel.drop(drop).to_dicts()
+    return {"problem_id": problem_id, "kind": kind, "rows": rows}
+
+
+# --------------------------------------------------------------------------- entry points
+
+
+def inspect_path(path: str | Path) -> dict[str, Any]:
+    """Summary of whatever `path` is (see module docstring)."""
+    path = Path(path)
+    kind = detect(path)
+    if kind == "run":
+        body = summarize_run(path)
+    elif kind == "rollouts":
+        body = summarize_rollouts(scan_dataset([str(f) for f in _parquet_files(path)], "rollouts"))
+    elif kind == "collapsed":
+        body = summarize_collapsed(scan_dataset([str(f) for f in _parquet_files(path)], "collapsed").collect())
+    elif kind == "hints":
+        body = summarize_hints(scan_dataset([str(f) for f in _parquet_files(path)], "hints").collect())
+    elif kind == "prompts":
+        body = summarize_prompts(path)
+    elif kind == "problems":
+        body = summarize_problems(path)
+    else:
+        body = summarize_rescue(path)
+    return {"kind": kind, "path": str(path)} | body
+
+
+def plot_rows(summary: dict[str, Any]) -> list[dict[str, Any]]:
+    """Per-round rows (round, collapse_rate, accepted/repaired/fallback) from any summary that has rounds."""
+    if summary.get("kind") == "run":
+        return summary["rounds"]
+    if summary.get("kind") == "rollouts":
+        return summary.get("by_round", [])
+    raise ConfigError(f"--plot needs a run directory or rollouts (got {summary.get('kind')})")
+
+
+def plot(summary: dict[str, Any], out: str | Path) -> Path:
+    """PNG of collapse rate and hint status counts per round (matplotlib, Agg backend)."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError as exc:
+        raise ConfigError("--plot needs matplotlib: pip install 'mentor[plot]'") from exc
+    rows = plot_rows(summary)
+    if not rows:
+        raise DataError(f"{summary.get('path')}: no rounds to plot")
+    rounds = [row["round"] for row in rows]
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(10, 4))
+    for key, label in (("collapse_rate", "collapse rate"), ("all_correct_rate", "all-correct rate"), ("rescued_next_rate", "rescued next round")):
+        ys = [row.get(key) for row in rows]
+        if any(y is not None for y in ys):
+            ax1.plot(rounds, [math.nan if y is None else y for y in ys], marker="o", label=label)
+    ax1.set_xlabel("round")
+    ax1.set_ylabel("share of problems")
+    ax1.set_ylim(0, 1)
+    ax1.set_xticks(rounds)
+    ax1.legend(loc="best")
+    ax1.set_title("collapse per round")
+    bottom = [0] * len(rows)
+    colours = {"accepted": "tab:green", "repaired": "tab:orange", "fallback": "tab:red"}
+    drew = False
+    for status in STATUS_ORDER:
+        ys = [row.get(status) or 0 for row in rows]
+        if any(ys):
+            drew = True
+        ax2.bar(rounds, ys, bottom=bottom, label=status, color=colours[status])
+        bottom = [b + y for b, y in zip(bottom, ys)]
+    ax2.set_xlabel("round")
+    ax2.set_ylabel("hints")
+    ax2.set_xticks(rounds)
+    ax2.set_title("hint status per round" if drew else "hint status per round (no hints)")
+    ax2.legend(loc="best")
+    fig.tight_layout()
+    out = Path(out)
+    with atomic_path(out) as tmp:
+        fig.savefig(tmp, format="png", dpi=100)
+    plt.close(fig)
+    return out
+
+
+def to_json(obj: Any) -> str:
+    """Valid JSON (NaN/inf -> null)."""
+    return json.dumps(_clean(obj), indent=2, sort_keys=False, ensure_ascii=False, allow_nan=False, default=str)
+
+
+def _clean(obj: Any) -> Any:
+    if isinstance(obj, float):
+        return _r(obj, 6)
+    if isinstance(obj, dict):
+        return {str(k): _clean(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_clean(v) for v in obj]
+    return obj
+
+
+def _short(v: Any, width: int = 100) -> str:
+    s = v if isinstance(v, str) else json.dumps(_clean(v), ensure_ascii=False, default=str)
+    s = s.replace("\n", " ")
+    return s if len(s) <= width else s[: width - 1] + "…"
+
+
+def render_table(obj: dict[str, Any], title: str | None = None) -> str:
+    """Terminal form: scalars as aligned key/value lines, lists of records as polars tables."""
+    lines: list[str] = []
+    if title:
+        lines.append(title)
+    _render(obj, lines, indent=0)
+    return "\n".join(lines)
+
+
+def _render(obj: dict[str, Any], lines: list[str], indent: int) -> None:
+    pad = " " * indent
+    width = max((len(str(k)) for k in obj), default=0)
+    for key, value in obj.items():
+        if key == "details":
+            continue  # per-round details: in --format json
+        if isinstance(value, list) and value and all(isinstance(v, dict) for v in value):
+            lines.append(f"{pad}{key}:")
+            frame = pl.DataFrame([{k: (_short(v, 70) if isinstance(v, (str, list, dict)) else v) for k, v in row.items()} for row in value], strict=False)
+            with pl.Config(
+                tbl_rows=50, tbl_cols=30, tbl_hide_dataframe_shape=True, tbl_hide_column_data_types=True,
+                fmt_str_lengths=70, tbl_width_chars=200, tbl_formatting="ASCII_MARKDOWN",
+            ):
+                lines.extend(pad + "  " + ln for ln in str(frame).splitlines())
+        elif isinstance(value, dict) and value and any(isinstance(v, (dict, list)) for v in value.values()):
+            lines.append(f"{pad}{key}:")
+            _render(value, lines, indent + 2)
+        elif isinstance(value, dict):
+            inner = ", ".join(f"{k}={_short(v, 60)}" for k, v in value.items()) or "-"
+            lines.append(f"{pad}{key:<{width}}  {inner}")
+        else:
+            lines.append(f"{pad}{key:<{width}}  {'-' if value is None else _short(value, 120)}")
+
+
+__all__ = ["detect", "inspect_path", "plot", "problem_history", "render_table", "summarize_run", "to_json"]

@@ -1,0 +1,148 @@
+"""Benchmark `mentor build` against a raw pyarrow write of the same output table.
+
+    python tests/benchmarks/bench_build.py [--problems 1000000] [--hint-share 0.1] [--dir /tmp/mentor-bench-build]
+
+Generates (once, reused) a synthetic base problem set (schema: problems, one
+Parquet file, ~200-character math problems) and a hints set for `hint-share` of
+them (schema: hints). Then, each in its own process so neither warms the other's
+caches:
+
+- build: `mentor build --base BASE --hints HINTS --out DIR` (the CLI as a user
+  runs it: read + validate both inputs, render prompts and labels, write the
+  shards atomically, sha256 them into manifest.json); timed inside the process
+  around the stage call, so the Python/CLI start-up is not counted;
+- raw: `pyarrow.parquet.write_table` of the very table build produced (read into
+  memory before the clock starts) to one file, with the same compression (zstd).
+
+Prints one JSON line: rows, seconds and rows/s of each, and build/raw (target >= 0.8).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+BUILD = r"""
+import json, sys, time
+from mentor.stages.build import BuildConfig, build
+base, hints, out = sys.argv[1:4]
+cfg = BuildConfig(base=base, hints=[hints])
+t = time.perf_counter()
+stats = build(cfg, out)
+dt = time.perf_counter() - t
+print(json.dumps({"seconds": dt, "rows": stats.rows, "hinted": stats.hinted_rows, "shards": stats.shards}))
+"""
+
+RAW = r"""
+import json, sys, time
+import glob
+import pyarrow as pa, pyarrow.parquet as pq
+src, out = sys.argv[1:3]
+# The shards build wrote, concatenated in memory before the clock starts.
+table = pa.concat_tables([pq.read_table(f) for f in sorted(glob.glob(src + "/part-*.parquet"))])
+t = time.perf_counter()
+pq.write_table(table, out, compression="zstd", write_statistics=True)
+dt = time.perf_counter() - t
+print(json.dumps({"seconds": dt, "rows": table.num_rows}))
+"""
+
+
+def generate(folder: Path, problems: int, hint_share: float) -> tuple[Path, Path]:
+    import numpy as np
+    import polars as pl
+
+    from mentor.pipeline.io import write_parquet_atomic
+
+    folder.mkdir(parents=True, exist_ok=True)
+    base, hints = folder / "base.parquet", folder / "hints.parquet"
+    tag = folder / "params"
+    key = f"{problems}:{hint_share}"
+    if base.exists() and hints.exists() and tag.exists() and tag.read_text() == key:
+        return base, hints
+    rng = np.random.default_rng(0)
+    words = np.array("the of add subtract multiply total each per so then how many apples pears cost dollars".split())
+    w = rng.choice(words, size=(problems, 30))
+    nums = rng.integers(1, 1000, size=(problems, 3))
+    text = [f"{' '.join(r[:15])} {a} {' '.join(r[15:])} {b} and {c}?" for r, (a, b, c) in zip(w, nums)]
+    ids = [f"p-{i:016x}" for i in range(problems)]
+    df = pl.DataFrame(
+        {
+            "problem_id": ids,
+            "domain": ["math"] * problems,
+            "problem": text,
+            "label": [str(x) for x in nums.sum(axis=1)],
+            "data_source": ["synthetic/math"] * problems,
+        }
+    )
+    write_parquet_atomic(df, base, dataset="problems")
+    n_h = int(problems * hint_share)
+    pick = np.sort(rng.choice(problems, size=n_h, replace=False))
+    h = pl.DataFrame(
+        {
+            "problem_id": [ids[i] for i in pick],
+            "round": np.zeros(n_h, dtype=np.int32),
+            "hint_id": [f"h-{i:012x}" for i in pick],
+            "hint": ["Consider what stays the same when you combine the quantities, then count step by step."] * n_h,
+            "keywords": [["combine", "count"]] * n_h,
+            "status": ["accepted"] * n_h,
+            "retries": np.zeros(n_h, dtype=np.int32),
+            "refines": np.zeros(n_h, dtype=np.int32),
+            "violations": [[]] * n_h,
+            "trace": [[]] * n_h,
+            "model": ["bench"] * n_h,
+            "prompt_version": ["v1"] * n_h,
+            "config_hash": ["bench"] * n_h,
+        },
+        schema_overrides={"violations": pl.List(pl.String)},
+    )
+    write_parquet_atomic(h.to_arrow(), hints, dataset="hints")
+    tag.write_text(key)
+    return base, hints
+
+
+def run(code: str, *args: str) -> dict:
+    out = subprocess.run([sys.executable, "-c", code, *args], check=True, capture_output=True, text=True)
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--problems", type=int, default=1_000_000)
+    ap.add_argument("--hint-share", type=float, default=0.1)
+    ap.add_argument("--dir", default="/tmp/mentor-bench-build")
+    ap.add_argument("--repeat", type=int, default=3, help="Runs of each; the best time counts.")
+    args = ap.parse_args()
+    folder = Path(args.dir)
+    base, hints = generate(folder, args.problems, args.hint_share)
+    out = folder / "prompts"
+    builds = [run(BUILD, str(base), str(hints), str(out)) for _ in range(args.repeat)]
+    shards = str(out / "part-*.parquet")
+    raws = [run(RAW, str(out), str(folder / "raw.parquet")) for _ in range(args.repeat)]
+    b = min(x["seconds"] for x in builds)
+    r = min(x["seconds"] for x in raws)
+    rows = builds[0]["rows"]
+    print(
+        json.dumps(
+            {
+                "bench": "build",
+                "problems": args.problems,
+                "rows": rows,
+                "hinted": builds[0]["hinted"],
+                "shards": builds[0]["shards"],
+                "build_s": round(b, 3),
+                "build_rows_per_s": round(rows / b),
+                "raw_write_s": round(r, 3),
+                "raw_rows_per_s": round(rows / r),
+                "build_vs_raw": round((rows / b) / (rows / r), 3),
+                "target": 0.8,
+                "shards_glob": shards,
+            }
+        )
+    )
+
+
+if __name__ == "__main__":
+    main()
