@@ -1,0 +1,100 @@
+"""`mentor train`, `mentor rollout`, `mentor rescue`: thin click commands over training/ and stages/rollout."""
+
+from __future__ import annotations
+
+import json
+
+import click
+
+from mentor.pipeline.errors import ConfigError
+
+
+@click.command()
+@click.option("--config", "config_path", required=True, type=click.Path(dir_okay=False), help="The round's round.yaml (see training/launcher.py TrainConfig).")
+@click.option("--dry-run", is_flag=True, help="Print the exact trainer command and environment; run nothing.")
+@click.option("--check/--no-check", default=True, show_default=True,
+              help="Parse the command with OpenRLHF's own argument parser first (when openrlhf is installed).")
+def train(config_path, dry_run, check):
+    """Run one OpenRLHF GRPO round (python -m openrlhf.cli.train_ppo_ray) from round.yaml."""
+    from mentor.training.launcher import build_command, check_with_openrlhf, dry_run_text, load_config, run_round
+
+    cfg = load_config(config_path)
+    cmd = build_command(cfg)
+    if check:
+        try:
+            check_with_openrlhf(cmd)
+        except ConfigError as exc:
+            if "not installed" not in str(exc):
+                raise
+            click.echo(f"note: {exc}; the command was not checked", err=True)
+    if dry_run:
+        click.echo(dry_run_text(cfg))
+        return
+    outcome = run_round(cfg)
+    click.echo(json.dumps({k: outcome[k] for k in ("round", "exit_code", "final_model", "log_file", "duration_s")}, sort_keys=True))
+
+
+def _policy_options(f):
+    f = click.option("--backend", default="vllm", show_default=True, type=click.Choice(["vllm", "fake"]), help="LLM backend (fake: tests only).")(f)
+    f = click.option("--policy", "policy", default=None, metavar="MODEL", help="Policy model (HF name or folder; default: the embedded demo model).")(f)
+    f = click.option("--k", type=click.IntRange(min=1), default=4, show_default=True, help="Rollouts per prompt.")(f)
+    f = click.option("--max-tokens", type=click.IntRange(min=1), default=1024, show_default=True, help="Max new tokens per rollout.")(f)
+    f = click.option("--temperature", type=click.FloatRange(min=0.0), default=1.0, show_default=True, help="Sampling temperature.")(f)
+    f = click.option("--top-p", type=click.FloatRange(min=0.0, max=1.0, min_open=True), default=1.0, show_default=True, help="Nucleus sampling.")(f)
+    f = click.option("--seed", type=int, default=0, show_default=True, help="Base seed (each rollout gets its own).")(f)
+    f = click.option("--limit", type=click.IntRange(min=1), default=None, help="Only the first N prompts/problems.")(f)
+    f = click.option("--round", "round_", type=click.IntRange(min=0), default=None, help="Round stamped on the rollouts.")(f)
+    f = click.option("--max-model-len", type=click.IntRange(min=16), default=None, help="vLLM max_model_len (memory on small machines).")(f)
+    f = click.option("--tensor-parallel-size", type=click.IntRange(min=1), default=1, show_default=True, help="vLLM tensor parallel size (GPUs).")(f)
+    return f
+
+
+def _config(k, max_tokens, temperature, top_p, seed, limit, round_):
+    from pydantic import ValidationError
+
+    from mentor.stages.rollout import RolloutConfig
+
+    try:
+        return RolloutConfig(k=k, max_tokens=max_tokens, temperature=temperature, top_p=top_p, seed=seed, limit=limit, round=round_)
+    except ValidationError as exc:
+        raise ConfigError("; ".join(f"--{'-'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors())) from exc
+
+
+def _backend(backend, policy, max_model_len, tensor_parallel_size):
+    from mentor.pipeline.llm import make_backend
+
+    if backend == "fake":
+        return make_backend("fake", policy)
+    opts = {"tensor_parallel_size": tensor_parallel_size}
+    if max_model_len:
+        opts["max_model_len"] = max_model_len
+    return make_backend("vllm", policy, **opts)
+
+
+@click.command()
+@click.argument("prompts", nargs=-1, required=True)
+@click.option("--out", "out_dir", required=True, type=click.Path(file_okay=False), help="Writes DIR/part-00000.parquet (rollouts) and DIR/stats.json.")
+@_policy_options
+def rollout(prompts, out_dir, backend, policy, k, max_tokens, temperature, top_p, seed, limit, round_, max_model_len, tensor_parallel_size):
+    """Sample k responses per prompt (vLLM offline), verify them, write canonical rollouts."""
+    from mentor.stages.rollout import rollout_to_dir
+
+    cfg = _config(k, max_tokens, temperature, top_p, seed, limit, round_)
+    stats = rollout_to_dir(list(prompts), out_dir, cfg, _backend(backend, policy, max_model_len, tensor_parallel_size))
+    stats.pop("config", None)
+    click.echo(json.dumps(stats, sort_keys=True))
+
+
+@click.command()
+@click.option("--collapsed", "collapsed", multiple=True, required=True, help="collapsed.parquet from `mentor mine` (repeatable).")
+@click.option("--hints", "hints", multiple=True, required=True, help="hints.parquet from `mentor hint` (repeatable).")
+@click.option("--out", "out_dir", required=True, type=click.Path(file_okay=False), help="Writes DIR/rescue.parquet, DIR/rescue.json, DIR/rollouts/.")
+@_policy_options
+def rescue(collapsed, hints, out_dir, backend, policy, k, max_tokens, temperature, top_p, seed, limit, round_, max_model_len, tensor_parallel_size):
+    """Re-roll collapsed problems with and without their hint; report the rescue rate of each."""
+    from mentor.stages.rollout import rescue_to_dir
+
+    cfg = _config(k, max_tokens, temperature, top_p, seed, limit, round_)
+    summary = rescue_to_dir(list(collapsed), list(hints), out_dir, cfg, _backend(backend, policy, max_model_len, tensor_parallel_size))
+    summary.pop("config", None)
+    click.echo(json.dumps(summary, sort_keys=True))
