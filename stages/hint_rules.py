@@ -118,7 +118,7 @@ _LATEX_SPACES = re.compile(r"\\[,;:! ]|\\quad|\\qquad|~")
 _FRAC = re.compile(r"\\[dt]?frac\s*\{\s*(-?\d+(?:\.\d+)?)\s*\}\s*\{\s*(-?\d+(?:\.\d+)?)\s*\}")
 _FRAC_SHORT = re.compile(r"\\[dt]?frac\s*(\d)\s*(\d)")
 _MIXED_LATEX = re.compile(r"(?<![\d.])(\d+)\s*\\[dt]?frac\s*\{\s*(\d+)\s*\}\s*\{\s*(\d+)\s*\}")
-_MIXED = re.compile(r"(?<![\d./])(\d+)\s+(\d+)\s*/\s*(\d+)(?![\d./])")
+_MIXED = re.compile(r"(?<![\d./])(\d+)\s+(\d+)\s*/\s*(\d+)(?!\d|\.\d|/)")
 _RATIO = re.compile(r"(?<![\d./])(-?\d+(?:\.\d+)?)\s*/\s*(\d+(?:\.\d+)?)(?![\d/])")
 # a number: thousands separators, decimals, a repeating tail (4.666…, 4.666..., 4.\overline{6}, 4.(6)), percent
 _NUMBER = re.compile(
@@ -365,7 +365,7 @@ _FINAL = re.compile(
     r"|\\boxed|####|\bfinal\s+answer\b",
     re.I,
 )
-_STEP = re.compile(r"(?im)^\s*(?:step\s*\d+|\d+[.)])\s")
+_STEP = re.compile(r"(?im)\bstep\s*\d+|^\s*\d+[.)]\s")
 _EQUALS = re.compile(r"(?<![<>!=])=(?!=)")
 _CODE_FENCE = re.compile(r"```")
 

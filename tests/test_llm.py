@@ -1,0 +1,112 @@
+"""The backend seam: one result per request, in order, by id; counters; the fake; the factory."""
+
+from __future__ import annotations
+
+import pickle
+
+import pytest
+
+from mentor.pipeline.errors import ConfigError
+from mentor.pipeline.llm import (
+    BackendSpec,
+    CountingBackend,
+    FakeBackend,
+    GenRequest,
+    GenResult,
+    make_backend,
+)
+
+
+def _req(i: str, text: str = "same prompt", **kw) -> GenRequest:
+    return GenRequest(id=i, messages=[{"role": "user", "content": text}], **kw)
+
+
+def test_duplicate_prompts_keep_their_order_and_ids():
+    # Two requests with the same prompt must get their own results, in request order.
+    fake = FakeBackend(script=lambda r: f"answer for {r.id}")
+    reqs = [_req("b"), _req("a"), _req("b2"), _req("a")]
+    out = fake.generate(reqs)
+    assert [r.id for r in out] == ["b", "a", "b2", "a"]
+    assert [r.text for r in out] == ["answer for b", "answer for a", "answer for b2", "answer for a"]
+
+
+def test_counters_and_empty_call():
+    fake = FakeBackend(script=lambda r: "x" * 40)
+    assert fake.generate([]) == []
+    assert fake.calls == 0
+    fake.generate([_req("1"), _req("2")])
+    fake.generate([_req("3")])
+    assert fake.calls == 2
+    assert fake.requests == 3
+    assert fake.completion_tokens == 3 * 10
+    assert fake.prompt_tokens > 0
+    assert len(fake.log) == 2
+
+
+def test_truncation_at_max_tokens_and_scripted_results():
+    fake = FakeBackend(script=lambda r: "y" * 1000)
+    (res,) = fake.generate([_req("t", max_tokens=8)])
+    assert res.finish_reason == "length"
+    assert res.completion_tokens == 8
+    assert len(res.text) == 32
+
+    scripted = FakeBackend(script=lambda r: GenResult("ignored", "", "error", 5, 0))
+    (res,) = scripted.generate([_req("z")])
+    assert (res.id, res.text, res.finish_reason, res.prompt_tokens) == ("z", "", "error", 5)
+
+
+def test_schema_requests_default_to_json():
+    fake = FakeBackend()
+    out = fake.generate([_req("j", json_schema={"type": "object"}), _req("e", "echo me")])
+    assert out[0].text == "{}"
+    assert out[1].text == "echo me"
+
+
+class _Broken(CountingBackend):
+    name = "broken"
+
+    def __init__(self, mode: str) -> None:
+        super().__init__("m")
+        self.mode = mode
+
+    def _generate(self, requests):
+        if self.mode == "short":
+            return [GenResult(requests[0].id, "", "stop")]
+        return [GenResult(r.id + "x", "", "stop") for r in requests]
+
+
+@pytest.mark.parametrize("mode", ["short", "wrong_id"])
+def test_contract_violations_raise(mode):
+    with pytest.raises(RuntimeError):
+        _Broken(mode).generate([_req("a"), _req("b")])
+
+
+def test_make_backend_and_spec():
+    fake = make_backend("fake", script="mentor.stages.hint_agents:fake_script")
+    (res,) = fake.generate([_req("a", json_schema={"properties": {"score": {}}})])
+    assert '"score"' in res.text
+    with pytest.raises(ConfigError):
+        make_backend("openai")
+    with pytest.raises(ConfigError):
+        make_backend("fake", script="no.such.module:thing")
+    spec = BackendSpec("fake", options={"script": "mentor.stages.hint_agents:fake_script"})
+    spec2 = pickle.loads(pickle.dumps(spec))
+    assert spec2 == spec
+    assert spec2().name == "fake"
+    assert spec.describe()["kind"] == "fake"
+
+
+def test_vllm_backend_module_is_the_only_vllm_import():
+    import re
+    from pathlib import Path
+
+    pattern = re.compile(r"^\s*(?:import vllm|from vllm[ .])", re.M)
+    root = Path(__file__).resolve().parents[1]
+    offenders = []
+    for py in root.rglob("*.py"):
+        if "tests" in py.parts or ".git" in py.parts or py.name == "vllm_backend.py":
+            continue
+        text = py.read_text(encoding="utf-8", errors="replace")
+        if pattern.search(text):
+            offenders.append(str(py.relative_to(root)))
+    assert offenders == []
