@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 from pathlib import Path
 
 import click
@@ -57,11 +58,13 @@ def _instructions(pairs: tuple[str, ...]) -> dict[str, str] | None:
 @click.option("--seed", type=int, help="Shuffle rows with this seed (default: keep the base set's order).")
 @click.option("--map", "maps", multiple=True, metavar="CANONICAL=COLUMN",
               help="Base-set column mapping, e.g. --map problem=question --map label=answer (repeatable).")
+@click.option("--answer-after", metavar="MARKER",
+              help="Label = the text after the last MARKER in the base label (e.g. '####' for raw GSM8K solutions).")
 @click.option("--domain", default="math", show_default=True, type=click.Choice(["math", "code"]),
               help="Domain of base problems when the set has no domain column.")
 @click.option("--strict", is_flag=True, help="Errors instead of counted warnings (unmatched hints, unusable base rows).")
 def build(base, hints, out_dir, mode, round_, shard_rows, shard_bytes, template_file, plain_template_file,
-          system_prompt, system_file, instructions, statuses, seed, maps, domain, strict):
+          system_prompt, system_file, instructions, statuses, seed, maps, answer_after, domain, strict):
     """Build next-epoch prompt shards (base problems + hints) for OpenRLHF and verl."""
     from pydantic import ValidationError
 
@@ -71,7 +74,7 @@ def build(base, hints, out_dir, mode, round_, shard_rows, shard_bytes, template_
     if system_prompt and system_file:
         raise ConfigError("give --system or --system-file, not both")
     kwargs: dict = {
-        "base": base, "hints": list(hints), "mapping": parse_map(maps), "domain": domain, "mode": mode,
+        "base": base, "hints": list(hints), "mapping": parse_map(maps), "domain": domain, "answer_after": answer_after, "mode": mode,
         "round": round_, "system_prompt": system_prompt or _read_text(system_file, "--system-file"),
         "seed": seed, "shard_rows": shard_rows, "shard_bytes": shard_bytes, "strict": strict,
     }
@@ -89,7 +92,14 @@ def build(base, hints, out_dir, mode, round_, shard_rows, shard_bytes, template_
     except ValidationError as exc:
         raise ConfigError("; ".join(f"{'.'.join(map(str, e['loc'])) or 'config'}: {e['msg']}" for e in exc.errors())) from exc
     templates = [Path(p) for p in (template_file, plain_template_file, system_file) if p]
-    stats = run_build(cfg, out_dir, template_files=templates)
+    # The stage logs its warnings for library callers; the command prints them itself, once.
+    stage_log = logging.getLogger("mentor.stages.build")
+    level = stage_log.level
+    stage_log.setLevel(max(level, logging.ERROR))
+    try:
+        stats = run_build(cfg, out_dir, template_files=templates)
+    finally:
+        stage_log.setLevel(level)
     for w in stats.warnings:
         click.echo(f"warning: {w}", err=True)
     click.echo(json.dumps(stats.as_dict(), sort_keys=True))

@@ -233,17 +233,27 @@ def write_manifest(
     inputs: list[Path] | None = None,
     config: Any = None,
     extra: dict[str, Any] | None = None,
+    hashes: dict[str, str] | None = None,
 ) -> Path:
-    """`manifest.json`: rows and sha256 per shard, schema version, inputs and their hashes, config."""
+    """`manifest.json`: rows and sha256 per shard, schema version, inputs and their hashes, config.
+
+    `hashes` (str(path) -> sha256) lets a writer that already hashed its files
+    (e.g. in its writer threads) skip reading them again.
+    """
     out_dir = Path(out_dir)
+    known = hashes or {}
+
+    def digest(p: Path) -> str:
+        return known.get(str(p)) or sha256_file(p)
+
     manifest = {
         "dataset": dataset,
         "schema_version": SCHEMA_VERSION,
         "shards": [
-            {"path": s.name, "rows": pq.ParquetFile(s).metadata.num_rows, "bytes": s.stat().st_size, "sha256": sha256_file(s)}
+            {"path": s.name, "rows": pq.ParquetFile(s).metadata.num_rows, "bytes": s.stat().st_size, "sha256": digest(s)}
             for s in shards
         ],
-        "inputs": [{"path": str(p), "sha256": sha256_file(p)} for p in (inputs or [])],
+        "inputs": [{"path": str(p), "sha256": digest(p)} for p in (inputs or [])],
         "config": config.model_dump(mode="json") if hasattr(config, "model_dump") else config,
     }
     manifest["rows"] = sum(s["rows"] for s in manifest["shards"])

@@ -59,9 +59,11 @@ from mentor.pipeline.ids import text_id
 from mentor.pipeline.io import (
     PARQUET_COMPRESSION,
     atomic_path,
+    check_dataset_files,
     read_parquet_schema,
     resolve_inputs,
     scan_dataset,
+    sha256_file,
     write_json_atomic,
     write_manifest,
 )
@@ -98,6 +100,11 @@ class BuildConfig(BaseModel):
         default_factory=dict, description="Base-set column mapping canonical=column (problem, label, problem_id, domain, data_source)."
     )
     domain: Literal["math", "code"] = Field("math", description="Domain of base problems whose set has no domain column.")
+    answer_after: str | None = Field(
+        None,
+        description="Keep only the text after the last occurrence of this marker in the base label "
+        "(e.g. '####' for GSM8K solutions: the label becomes the final answer).",
+    )
     mode: Literal["prefix", "both"] = Field(
         "prefix", description="prefix: a hinted problem gets only its hinted prompt; both: its unhinted prompt is kept beside it."
     )
@@ -246,8 +253,12 @@ def load_base(spec: str, mapping: dict[str, str] | None = None, domain: str = "m
 def _from_problems_parquet(paths: list[Path], mapping: dict[str, str], domain: str, source_name: str) -> pl.DataFrame:
     schemas = [read_parquet_schema(p) for p in paths]
     if not mapping and all(not check_schema(s, "problems") for s in schemas):
-        # Canonical problems: validated, lazily cast to the schema's types.
-        return scan_dataset([str(p) for p in paths], "problems").collect()
+        # Canonical problems: validated (also across shards), then read eagerly;
+        # only columns of another (compatible) type are cast.
+        check_dataset_files(paths, "problems")
+        frame = pl.read_parquet([str(p) for p in paths], columns=list(PROBLEM_COLUMNS))
+        wrong = [c for c in PROBLEM_COLUMNS if frame.schema[c] != pl.String]
+        return frame.with_columns(pl.col(c).cast(pl.String) for c in wrong) if wrong else frame
     names = set(schemas[0].names)
     for p, s in zip(paths[1:], schemas[1:]):
         if set(s.names) != names:
@@ -502,10 +513,18 @@ def _render_user(cfg: BuildConfig, instruction: pl.Expr) -> pl.Expr:
         return split[0], split[1]
 
     hinted = pl.col("hint_id").is_not_null()
+
+    def pick(h_part: list[pl.Expr], p_part: list[pl.Expr], h_text: str) -> pl.Expr:
+        if "{hint}" in h_text:
+            # `hint` is null exactly on unhinted rows, so the hinted part is null there.
+            return _concat(h_part).fill_null(_concat(p_part))
+        return pl.when(hinted).then(_concat(h_part)).otherwise(_concat(p_part))
+
     h, p = parts(cfg.template), parts(cfg.plain_template)
     if h is not None and p is not None:
-        before = pl.when(hinted).then(_concat(h[0])).otherwise(_concat(p[0]))
-        after = pl.when(hinted).then(_concat(h[1])).otherwise(_concat(p[1]))
+        h_before, h_after = _with_instruction(cfg.template).split("{problem}")
+        before = pick(h[0], p[0], h_before)
+        after = pick(h[1], p[1], h_after)
         return pl.concat_str([before, pl.col("problem"), after])
 
     def full(template: str) -> pl.Expr:
@@ -599,9 +618,13 @@ def build_prompts(base: pl.DataFrame, hints: pl.DataFrame, cfg: BuildConfig, rou
         perm = np.random.Generator(np.random.PCG64(cfg.seed)).permutation(rows.height)
         rows = rows[perm]
 
-    instruction = pl.lit("")
-    for dom, text in cfg.instructions.items():
-        instruction = pl.when(pl.col("domain") == dom).then(pl.lit(text)).otherwise(instruction)
+    domains = rows.get_column("domain").unique().to_list()
+    if len(domains) == 1:  # the usual case: one literal, not a million-row column
+        instruction = pl.lit(cfg.instructions.get(domains[0], ""))
+    else:
+        instruction = pl.lit("")
+        for dom, text in cfg.instructions.items():
+            instruction = pl.when(pl.col("domain") == dom).then(pl.lit(text)).otherwise(instruction)
     user = _render_user(cfg, instruction)
     messages = []
     if cfg.system_prompt:
@@ -682,42 +705,59 @@ STATISTICS_COLUMNS = [
 ]
 
 
-def write_shard(table: pa.Table, path: Path) -> Path:
-    """One shard, cast to the PROMPTS schema, written atomically (same table -> same bytes)."""
+def write_shard(part: pl.DataFrame | pa.Table, path: Path) -> tuple[Path, str]:
+    """One shard, cast to the PROMPTS schema, written atomically (same rows -> same bytes); returns its sha256."""
     with atomic_path(path) as tmp:
         pq.write_table(
-            to_prompts_table(table),
+            to_prompts_table(part),
             tmp,
             compression=PARQUET_COMPRESSION,
             use_dictionary=DICTIONARY_COLUMNS,
             write_statistics=STATISTICS_COLUMNS,
         )
-    return path
+    # Hashed while the file is still in the page cache, in the writer's thread.
+    return path, sha256_file(path)
 
 
-def write_shards(table: pa.Table, out_dir: Path, cfg: BuildConfig, workers: int | None = None) -> list[Path]:
-    """Write ``part-NNNNN.parquet`` atomically (in parallel threads: pyarrow releases the GIL),
-    then remove shards of an earlier, larger build."""
-    per = cfg.rows_per_shard(table.num_rows, table.nbytes)
-    jobs = [(table.slice(start, per), out_dir / f"part-{i:05d}.parquet") for i, start in enumerate(range(0, table.num_rows, per))]
-    workers = workers or min(len(jobs), os.cpu_count() or 1, 8)
-    if workers > 1:
-        with ThreadPoolExecutor(max_workers=workers) as pool:
-            shards = list(pool.map(lambda job: write_shard(*job), jobs))
-    else:
-        shards = [write_shard(*job) for job in jobs]
+def write_shards(
+    df: pl.DataFrame, out_dir: Path, cfg: BuildConfig, workers: int | None = None, extra_jobs: list | None = None
+) -> tuple[list[Path], dict[str, str]]:
+    """Write ``part-NNNNN.parquet`` atomically, then remove shards of an earlier, larger build.
+
+    Shards are converted to Arrow, written and hashed in parallel threads
+    (polars and pyarrow release the GIL), so converting one shard overlaps
+    writing another. Returns the shards and their sha256 by path.
+    `extra_jobs` (callables returning (path, sha256)) run in the same pool.
+    """
+    est_bytes = int(df.estimated_size()) if cfg.shard_bytes is not None else 0
+    per = cfg.rows_per_shard(df.height, est_bytes)
+    jobs = [(df.slice(start, per), out_dir / f"part-{i:05d}.parquet") for i, start in enumerate(range(0, df.height, per))]
+    workers = workers or max(1, min(len(jobs), os.cpu_count() or 1, 8))
+    hashes: dict[str, str] = {}
+    with ThreadPoolExecutor(max_workers=workers) as pool:
+        extra = [pool.submit(job) for job in (extra_jobs or [])]
+        done = list(pool.map(lambda job: write_shard(*job), jobs))
+        for fut in extra:
+            path, digest = fut.result()
+            hashes[str(path)] = digest
+    shards = [p for p, _ in done]
+    hashes.update({str(p): h for p, h in done})
     names = {p.name for p in shards}
     for old in out_dir.iterdir():
         if SHARD_RE.match(old.name) and old.name not in names:
             old.unlink()
-    return shards
+    return shards, hashes
 
 
 def build(cfg: BuildConfig, out_dir: str | Path, template_files: list[Path] | None = None) -> BuildStats:
-    """Build the prompt shards into `out_dir`: part-NNNNN.parquet, manifest.json (last), stats.json, README.md."""
+    """Build the prompt shards into `out_dir`: part-NNNNN.parquet, stats.json, README.md, manifest.json (last)."""
     out_dir = Path(out_dir)
     stats = BuildStats(mode=cfg.mode, seed=cfg.seed)
     base = load_base(cfg.base, cfg.mapping, cfg.domain)
+    if cfg.answer_after:
+        base.frame = base.frame.with_columns(
+            pl.col("label").str.split(cfg.answer_after).list.last().str.strip_chars().alias("label")
+        )
     problems = validate_base(base, cfg, stats)
     stats.base_problems = problems.height
     hints = load_hints(cfg.hints, cfg, stats)
@@ -729,20 +769,22 @@ def build(cfg: BuildConfig, out_dir: str | Path, template_files: list[Path] | No
         round_ = 0
     stats.round = round_
     df = build_prompts(problems, hints, cfg, round_, stats, where=base.where)
-    table = to_arrow(df)
     out_dir.mkdir(parents=True, exist_ok=True)
     # The manifest is the commit point: remove the old one first so that a
     # crash mid-way never leaves a manifest describing other shards.
     (out_dir / "manifest.json").unlink(missing_ok=True)
-    shards = write_shards(table, out_dir, cfg)
-    stats.shards = len(shards)
     hint_files = resolve_inputs(cfg.hints) if cfg.hints else []
     inputs = list(base.files) + hint_files + list(template_files or [])
+    hash_inputs = [lambda p=p: (p, sha256_file(p)) for p in inputs]
+    shards, hashes = write_shards(df, out_dir, cfg, extra_jobs=hash_inputs)
+    stats.shards = len(shards)
     write_json_atomic(stats.as_dict() | {"schema_version": SCHEMA_VERSION}, out_dir / "stats.json")
-    card = dataset_card([s.name for s in shards], stats)
     with atomic_path(out_dir / "README.md") as tmp:
-        tmp.write_text(card)
-    write_manifest(out_dir, shards, "prompts", inputs=inputs, config=cfg, extra={"base": base.info, "round": round_, "stats": "stats.json"})
+        tmp.write_text(dataset_card([s.name for s in shards], stats))
+    write_manifest(
+        out_dir, shards, "prompts", inputs=inputs, config=cfg,
+        extra={"base": base.info, "round": round_, "stats": "stats.json"}, hashes=hashes,
+    )
     log.info("built %d prompts (%d hinted) in %d shard(s) at %s", stats.rows, stats.hinted_rows, stats.shards, out_dir)
     return stats
 

@@ -81,7 +81,7 @@ def detect(path: str | Path) -> str:
     if not path.exists():
         raise ConfigError(f"{path}: no such file or directory")
     if path.is_dir():
-        if round_dirs(path) or (ROUND_RE.match(path.name) and any((path / s).is_dir() for s in STAGES)):
+        if round_dirs(path) or (ROUND_RE.match(path.name) and any(d.is_dir() for d in path.iterdir())):
             return "run"
         if _rescue_files(path) and not any(p.name != "rescue.parquet" for p in path.glob("*.parquet")):
             return "rescue"
@@ -354,27 +354,41 @@ def _rate_from_frame(df: pl.DataFrame) -> dict[str, Any]:
     return {}
 
 
+RESCUE_JSON_KEYS = (
+    "problems", "collapsed", "skipped_no_hint", "k", "rescued_hinted", "rescued_unhinted", "rescue_rate_hinted",
+    "rescue_rate_unhinted", "lift", "mean_correct_hinted", "mean_correct_unhinted", "model",
+)
+
+
 def summarize_rescue(path: Path) -> dict[str, Any]:
+    """rescue.json's totals (as `mentor rescue` writes them) and rates recomputed from rescue.parquet."""
     files = _rescue_files(path)
     out: dict[str, Any] = {"files": sorted(p.name for p in files.values())}
     if "json" in files:
         try:
-            rates = _flatten_rates(read_json(files["json"]))
+            obj = read_json(files["json"])
         except (ValueError, OSError) as exc:
             raise DataError(f"{files['json']}: not readable JSON ({exc}); re-run mentor rescue") from exc
-        for k, v in rates.items():
+        if isinstance(obj, dict):
+            out |= {k: _r(obj[k], 6) for k in RESCUE_JSON_KEYS if k in obj}
+        for k, v in _flatten_rates(obj).items():  # other layouts: any "...rate..." number naming hinted/unhinted
             low = k.lower()
             if "unhinted" in low or "without" in low or "no_hint" in low:
                 out.setdefault("rescue_rate_unhinted", _r(v, 6))
             elif "hinted" in low or "with_hint" in low:
                 out.setdefault("rescue_rate_hinted", _r(v, 6))
-        out["reported"] = {k: _r(v, 6) for k, v in rates.items()}
     if "parquet" in files:
         df = pl.read_parquet(files["parquet"])
         out["rows"] = df.height
-        out["columns"] = df.columns
-        for k, v in _rate_from_frame(df).items():
+        from_rows = _rate_from_frame(df)
+        for k, v in from_rows.items():
             out.setdefault(k, v)
+        if from_rows and "json" in files:
+            # The per-problem table and the totals should agree; say so when they do not.
+            out["consistent"] = all(
+                out.get(k) is None or from_rows.get(k) is None or abs(out[k] - from_rows[k]) < 1e-6
+                for k in ("rescue_rate_hinted", "rescue_rate_unhinted")
+            )
     if "rescue_rate_hinted" not in out:
         out["note"] = "no hinted/unhinted rescue rate recognised in these files"
     return out
@@ -383,15 +397,41 @@ def summarize_rescue(path: Path) -> dict[str, Any]:
 # --------------------------------------------------------------------------- run directories
 
 
-def _stage_dataset(stage_dir: Path, dataset: str) -> list[Path]:
-    """Parquet files of `dataset` in a stage folder (others, e.g. rescue.parquet, skipped); [] if none."""
-    if not stage_dir.is_dir():
+# Where each dataset lives in a round folder: DESIGN.md names the folders by
+# dataset (rollouts/, collapsed/, ...); the workflow runner names them by stage
+# (ingest/, mine/, ...). Both are read; any other folder holding the dataset
+# is the last resort (never rescue/, whose rollouts/ are the rescue re-rolls).
+STAGE_FOLDERS = {
+    "rollouts": ("rollouts", "ingest"),
+    "collapsed": ("collapsed", "mine"),
+    "hints": ("hints", "hint"),
+    "prompts": ("prompts", "build"),
+}
+
+
+def _files_of(folder: Path, dataset: str) -> list[Path]:
+    if not folder.is_dir():
         return []
     try:
-        files = resolve_inputs([str(stage_dir)])
+        files = resolve_inputs([str(folder)])
     except ConfigError:
         return []
     return [f for f in files if kind_of_columns(set(read_parquet_schema(f).names)) == dataset]
+
+
+def _round_dataset(round_dir: Path, dataset: str) -> tuple[Path | None, list[Path]]:
+    """(folder, parquet files) of `dataset` in one round folder; (None, []) when absent."""
+    for name in STAGE_FOLDERS[dataset]:
+        files = _files_of(round_dir / name, dataset)
+        if files:
+            return round_dir / name, files
+    known = {n for names in STAGE_FOLDERS.values() for n in names} | {"rescue", "train"}
+    for child in sorted(round_dir.iterdir()):
+        if child.is_dir() and child.name not in known and not child.name.startswith(("_", ".")):
+            files = _files_of(child, dataset)
+            if files:
+                return child, files
+    return None, []
 
 
 def _run_rounds(path: Path) -> list[tuple[int, Path]]:
@@ -409,7 +449,7 @@ def summarize_run(path: Path) -> dict[str, Any]:
     for r, d in rounds:
         row: dict[str, Any] = {"round": r}
         det: dict[str, Any] = {}
-        files = _stage_dataset(d / "rollouts", "rollouts")
+        _, files = _round_dataset(d, "rollouts")
         if files:
             lf = scan_dataset([str(f) for f in files], "rollouts")
             s = summarize_rollouts(lf)
@@ -422,14 +462,14 @@ def summarize_run(path: Path) -> dict[str, Any]:
                 "all_correct_rate": s.get("all_correct_rate"),
             }
             any_correct[r] = per_problem_round(lf).group_by("problem_id").agg((pl.col("max_c") > 0).any().alias("ok")).collect()
-        files = _stage_dataset(d / "collapsed", "collapsed")
+        _, files = _round_dataset(d, "collapsed")
         collapsed_ids = None
         if files:
             cdf = scan_dataset([str(f) for f in files], "collapsed").collect()
             det["collapsed"] = summarize_collapsed(cdf)
             row["collapsed"] = cdf.height
             collapsed_ids = cdf.get_column("problem_id")
-        files = _stage_dataset(d / "hints", "hints")
+        _, files = _round_dataset(d, "hints")
         if files:
             hdf = scan_dataset([str(f) for f in files], "hints").collect()
             hs = summarize_hints(hdf)
@@ -437,9 +477,9 @@ def summarize_run(path: Path) -> dict[str, Any]:
             row |= {"hints": hs["hints"]} | {s: hs["status"].get(s, 0) for s in STATUS_ORDER}
             hinted_ids = hdf.get_column("problem_id").unique()
             collapsed_hinted[r] = hinted_ids if collapsed_ids is None else hinted_ids.filter(hinted_ids.is_in(collapsed_ids.implode()))
-        files = _stage_dataset(d / "prompts", "prompts")
+        folder, files = _round_dataset(d, "prompts")
         if files:
-            ps = summarize_prompts(d / "prompts")
+            ps = summarize_prompts(folder)
             det["prompts"] = ps
             row |= {"prompts": ps["rows"], "hinted_share": ps["hinted_share"]}
         if (d / "rescue").is_dir() and _rescue_files(d / "rescue"):
@@ -482,7 +522,7 @@ def problem_history(path: str | Path, problem_id: str) -> dict[str, Any]:
     seen = False
     for r, d in _run_rounds(path):
         entry: dict[str, Any] = {"round": r}
-        files = _stage_dataset(d / "rollouts", "rollouts")
+        _, files = _round_dataset(d, "rollouts")
         if files:
             ro = (
                 scan_dataset([str(f) for f in files], "rollouts")
@@ -500,7 +540,7 @@ def problem_history(path: str | Path, problem_id: str) -> dict[str, Any]:
                     "any_correct": bool((c > 0).any()),
                     "hint_ids": sorted({h for h in ro.get_column("hint_id").to_list() if h}),
                 }
-        files = _stage_dataset(d / "collapsed", "collapsed")
+        _, files = _round_dataset(d, "collapsed")
         if files:
             co = scan_dataset([str(f) for f in files], "collapsed").filter(pl.col("problem_id") == problem_id).collect()
             entry["collapsed"] = bool(co.height)
@@ -508,14 +548,14 @@ def problem_history(path: str | Path, problem_id: str) -> dict[str, Any]:
                 seen = True
                 entry["streak"] = co.get_column("streak")[0]
                 entry["previous_hints"] = co.get_column("previous_hints")[0].to_list()
-        files = _stage_dataset(d / "hints", "hints")
+        _, files = _round_dataset(d, "hints")
         if files:
             hi = scan_dataset([str(f) for f in files], "hints").filter(pl.col("problem_id") == problem_id).collect()
             if hi.height:
                 seen = True
                 h = hi.row(hi.height - 1, named=True)
                 entry["hint"] = {k: h[k] for k in ("hint_id", "status", "keywords", "error", "hint", "retries", "refines", "violations")}
-        files = _stage_dataset(d / "prompts", "prompts")
+        _, files = _round_dataset(d, "prompts")
         if files:
             pr = (
                 scan_dataset([str(f) for f in files], "prompts")
