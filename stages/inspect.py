@@ -573,7 +573,7 @@ def problem_history(path: str | Path, problem_id: str) -> dict[str, Any]:
                 sel = rdf.filter(pl.col("problem_id") == problem_id)
                 if sel.height:
                     seen = True
-                    entry["rescue_check"] = _rate_from_frame(sel) or sel.drop("problem_id").to_dicts()
+                    entry["rescue_check"] = sel.drop("problem_id").row(0, named=True)
         history.append(entry)
     if not seen:
         raise DataError(f"{path}: problem {problem_id!r} appears in no round's rollouts, collapsed, hints or prompts")
@@ -716,6 +716,29 @@ def _short(v: Any, width: int = 100) -> str:
     return s if len(s) <= width else s[: width - 1] + "…"
 
 
+# Table headers on a terminal (JSON keeps the full names).
+SHORT_HEADERS = {
+    "mean_correct": "mean_correct",
+    "collapse_rate": "collapse",
+    "all_correct_rate": "all_correct",
+    "hinted_share": "hinted",
+    "rescued_next": "rescued_next",
+    "rescued_next_rate": "rescued_next%",
+    "rescue_rate_hinted": "rescue_hinted",
+    "rescue_rate_unhinted": "rescue_unhinted",
+}
+
+
+def _cell(v: Any) -> str:
+    if v is None:
+        return "-"
+    if isinstance(v, float):
+        return f"{v:.4f}".rstrip("0").rstrip(".") if not math.isnan(v) else "-"
+    if isinstance(v, (str, list, dict)):
+        return _short(v, 70)
+    return str(v)
+
+
 def render_table(obj: dict[str, Any], title: str | None = None) -> str:
     """Terminal form: scalars as aligned key/value lines, lists of records as polars tables."""
     lines: list[str] = []
@@ -731,12 +754,22 @@ def _render(obj: dict[str, Any], lines: list[str], indent: int) -> None:
     for key, value in obj.items():
         if key == "details":
             continue  # per-round details: in --format json
+        if key == "history" and isinstance(value, list) and all(isinstance(v, dict) and "round" in v for v in value):
+            # One problem across rounds: a block per round reads better than a wide table.
+            for entry in value:
+                lines.append(f"{pad}round {entry['round']}:")
+                _render({k: v for k, v in entry.items() if k != "round"}, lines, indent + 2)
+            continue
         if isinstance(value, list) and value and all(isinstance(v, dict) for v in value):
             lines.append(f"{pad}{key}:")
-            frame = pl.DataFrame([{k: (_short(v, 70) if isinstance(v, (str, list, dict)) else v) for k, v in row.items()} for row in value], strict=False)
+            keys = list(dict.fromkeys(k for row in value for k in row))
+            frame = pl.DataFrame(
+                [{SHORT_HEADERS.get(k, k): _cell(row.get(k)) for k in keys} for row in value],
+                schema={SHORT_HEADERS.get(k, k): pl.String for k in keys},
+            )
             with pl.Config(
                 tbl_rows=50, tbl_cols=30, tbl_hide_dataframe_shape=True, tbl_hide_column_data_types=True,
-                fmt_str_lengths=70, tbl_width_chars=200, tbl_formatting="ASCII_MARKDOWN",
+                fmt_str_lengths=70, tbl_width_chars=1000, tbl_formatting="ASCII_MARKDOWN",
             ):
                 lines.extend(pad + "  " + ln for ln in str(frame).splitlines())
         elif isinstance(value, dict) and value and any(isinstance(v, (dict, list)) for v in value.values()):
@@ -746,7 +779,8 @@ def _render(obj: dict[str, Any], lines: list[str], indent: int) -> None:
             inner = ", ".join(f"{k}={_short(v, 60)}" for k, v in value.items()) or "-"
             lines.append(f"{pad}{key:<{width}}  {inner}")
         else:
-            lines.append(f"{pad}{key:<{width}}  {'-' if value is None else _short(value, 120)}")
+            limit = 400 if key in ("hint", "error") else 120
+            lines.append(f"{pad}{key:<{width}}  {'-' if value is None else _short(value, limit)}")
 
 
 __all__ = ["detect", "inspect_path", "plot", "problem_history", "render_table", "summarize_run", "to_json"]
