@@ -1,0 +1,216 @@
+"""`mentor rollout` and `mentor rescue`: fake-backend unit tests, and one run on the real vLLM CPU engine."""
+
+from __future__ import annotations
+
+import json
+import re
+
+import polars as pl
+import pyarrow as pa
+import pytest
+from click.testing import CliRunner
+
+from mentor.data import bundled
+from mentor.pipeline.cli import cli
+from mentor.pipeline.errors import DataError
+from mentor.pipeline.io import read_dataset, write_parquet_atomic
+from mentor.pipeline.llm import FakeBackend, GenRequest
+from mentor.pipeline.schemas import code_label, prompt_label
+from mentor.stages.rollout import RolloutConfig, rescue_to_dir, rollout_to_dir
+
+
+@pytest.fixture(scope="module")
+def gsm8k() -> pl.DataFrame:
+    return pl.read_parquet(bundled("gsm8k_problems.parquet"))
+
+
+def _answer_script(answers: dict[str, str], right: set[str]):
+    """Answers correctly for problems whose text is in `right`, wrongly otherwise."""
+
+    def script(req: GenRequest) -> str:
+        user = req.messages[-1]["content"]
+        for text, ans in answers.items():
+            if text in user:
+                return f"Let me compute. The answer is \\boxed{{{ans if text in right else ans + '1'}}}."
+        return "I am not sure."
+
+    return script
+
+
+def test_rollout_from_problems(tmp_path, gsm8k):
+    probs = gsm8k.head(4)
+    src = tmp_path / "problems.parquet"
+    write_parquet_atomic(probs, src, dataset="problems")
+    answers = dict(zip(probs["problem"], probs["label"]))
+    right = set(probs["problem"][:2])
+    backend = FakeBackend(_answer_script(answers, right))
+    stats = rollout_to_dir([str(src)], tmp_path / "out", RolloutConfig(k=3, round=5), backend)
+    assert backend.calls == 1 and len(backend.log[0]) == 12  # one engine call for all prompts
+    assert len({r.seed for r in backend.log[0]}) == 12  # each rollout its own seed
+    df = read_dataset([tmp_path / "out"], "rollouts")
+    assert df.height == 12 and set(df["source"]) == {"mentor-rollout"} and set(df["round"]) == {5}
+    assert df.group_by("problem_id").agg(pl.col("sample_idx").sort()).get_column("sample_idx").to_list() == [[0, 1, 2]] * 4
+    per = dict(df.group_by("problem_id").agg(pl.col("correct").sum()).iter_rows())
+    assert [per[p] for p in probs["problem_id"]] == [3.0, 3.0, 0.0, 0.0]
+    assert stats["collapsed"] == 2 and stats["all_correct"] == 2 and stats["rollouts"] == 12
+    # The instruction is appended as in `mentor build`; the problem text is kept without it.
+    assert "\\boxed{}" in backend.log[0][0].messages[0]["content"]
+    assert df["problem"][0] == probs["problem"][0]
+
+
+def _prompt_shards(tmp_path, gsm8k) -> tuple[list, dict]:
+    rows, answers = [], {}
+    for i, r in enumerate(gsm8k.head(3).iter_rows(named=True)):
+        answers[r["problem"]] = r["label"]
+        for hint_id in (None, "h-1"):  # like build --mode both: one problem, two prompts
+            content = (f"Hint: count carefully.\n\n{r['problem']}" if hint_id else r["problem"])
+            rows.append({
+                "prompt": [{"role": "system", "content": "You are a tutor."}, {"role": "user", "content": content}],
+                "label": prompt_label("math", r["label"], r["problem_id"], hint_id, 2),
+                "data_source": "gsm8k", "ability": "math",
+                "reward_model": {"style": "rule", "ground_truth": r["label"]},
+                "extra_info": {"problem_id": r["problem_id"], "hint_id": hint_id, "round": 2, "index": len(rows)},
+                "problem_id": r["problem_id"], "hint_id": hint_id, "round": 2,
+            })
+    shards = [tmp_path / "prompts" / "part-00000.parquet", tmp_path / "prompts" / "part-00001.parquet"]
+    write_parquet_atomic(pa.Table.from_pylist(rows[:3]), shards[0], dataset="prompts")
+    write_parquet_atomic(pa.Table.from_pylist(rows[3:]), shards[1], dataset="prompts")
+    return rows, answers
+
+
+def test_rollout_from_prompt_shards(tmp_path, gsm8k):
+    rows, answers = _prompt_shards(tmp_path, gsm8k)
+    backend = FakeBackend(_answer_script(answers, set(answers)))
+    stats = rollout_to_dir([str(tmp_path / "prompts")], tmp_path / "out", RolloutConfig(k=2), backend)
+    df = read_dataset([tmp_path / "out"], "rollouts")
+    assert df.height == 12 and stats["prompts"] == 6 and stats["problems"] == 3
+    assert set(df["round"]) == {2}  # from the label
+    assert df.filter(pl.col("hint_id") == "h-1").height == 6
+    # Two prompts of one problem: sample_idx stays unique per (problem, round).
+    assert df.select("problem_id", "round", "sample_idx").is_unique().all()
+    assert backend.log[0][0].messages[0]["role"] == "system"
+    assert df["correct"].sum() == 12
+
+
+def test_rollout_code_problems(tmp_path):
+    he = pl.read_parquet(bundled("humaneval_problems.parquet")).head(2)
+    src = tmp_path / "he.parquet"
+    write_parquet_atomic(he, src, dataset="problems")
+    first = he["problem"][0]
+
+    def script(req):
+        if first in req.messages[0]["content"]:
+            return ("```python\n" + first + "    return any(abs(a - b) < threshold for i, a in enumerate(numbers)"
+                    " for j, b in enumerate(numbers) if i != j)\n```")
+        return "```python\nimport os\nos.system('echo pwned')\n```"
+
+    rollout_to_dir([str(src)], tmp_path / "out", RolloutConfig(k=2), FakeBackend(script))
+    df = read_dataset([tmp_path / "out"], "rollouts")
+    per = dict(df.group_by("problem_id").agg(pl.col("correct").sum()).iter_rows())
+    assert per == {he["problem_id"][0]: 2.0, he["problem_id"][1]: 0.0}
+    assert json.loads(df["label"][0])["entry_point"] == "has_close_elements"
+
+
+def test_rollout_rejects_other_datasets(tmp_path, bundled_rollouts):
+    with pytest.raises(DataError, match="neither prompt shards"):
+        rollout_to_dir([str(bundled_rollouts)], tmp_path / "out", RolloutConfig(k=1), FakeBackend())
+
+
+def _hints(collapsed: pl.DataFrame, n: int) -> pa.Table:
+    rows = [
+        {"problem_id": pid, "round": 0, "hint_id": f"h-{i}", "hint": "Work out each step's quantity before combining them.",
+         "keywords": ["steps"], "status": "accepted", "retries": 0, "refines": 0, "violations": [], "trace": [],
+         "model": "fake", "prompt_version": "t", "config_hash": "c"}
+        for i, pid in enumerate(collapsed["problem_id"][:n])
+    ]
+    return pa.Table.from_pylist(rows)
+
+
+def test_rescue_hinted_vs_unhinted(tmp_path, gsm8k_collapsed):
+    collapsed = pl.read_parquet(gsm8k_collapsed)
+    small = collapsed.head(5)
+    write_parquet_atomic(small, tmp_path / "collapsed.parquet", dataset="collapsed")
+    write_parquet_atomic(_hints(small, 4), tmp_path / "hints.parquet", dataset="hints")
+    answers = dict(zip(small["problem"], small["label"]))
+    # A policy that succeeds only with the hint on the first two problems, never without it.
+    lucky = set(small["problem"][:2])
+
+    def script(req):
+        user = req.messages[-1]["content"]
+        hinted = user.startswith("Hint: ")
+        for text, ans in answers.items():
+            if text in user:
+                return f"\\boxed{{{ans}}}" if hinted and text in lucky else "\\boxed{-1}"
+        return "?"
+
+    backend = FakeBackend(script)
+    summary = rescue_to_dir([str(tmp_path / "collapsed.parquet")], [str(tmp_path / "hints.parquet")], tmp_path / "rescue",
+                            RolloutConfig(k=3), backend)
+    assert backend.calls == 1 and len(backend.log[0]) == 4 * 2 * 3
+    assert summary["problems"] == 4 and summary["skipped_no_hint"] == 1
+    assert summary["rescued_hinted"] == 2 and summary["rescued_unhinted"] == 0
+    assert summary["rescue_rate_hinted"] == 0.5 and summary["rescue_rate_unhinted"] == 0.0 and summary["lift"] == 0.5
+    rep = pl.read_parquet(tmp_path / "rescue" / "rescue.parquet")
+    assert rep.height == 4 and rep["correct_hinted"].to_list() == [3, 3, 0, 0]
+    assert rep["rescued_unhinted"].sum() == 0 and rep["hint_id"].to_list() == ["h-0", "h-1", "h-2", "h-3"]
+    # The hinted prompt: hint before the problem in the user message (as `mentor build` lays it out).
+    hinted = [r for r in backend.log[0] if r.messages[0]["content"].startswith("Hint: ")]
+    assert len(hinted) == 12 and small["problem"][0] in hinted[0].messages[0]["content"]
+    ro = read_dataset([tmp_path / "rescue" / "rollouts"], "rollouts")
+    assert ro.height == 24 and ro.select("problem_id", "round", "sample_idx").is_unique().all()
+    assert json.loads((tmp_path / "rescue" / "rescue.json").read_text())["rescued_hinted"] == 2
+
+
+def test_rescue_cli_and_errors(tmp_path, gsm8k_collapsed):
+    collapsed = pl.read_parquet(gsm8k_collapsed).head(3)
+    write_parquet_atomic(collapsed, tmp_path / "c.parquet", dataset="collapsed")
+    write_parquet_atomic(_hints(collapsed, 3), tmp_path / "h.parquet", dataset="hints")
+    runner = CliRunner()
+    res = runner.invoke(cli, ["rescue", "--collapsed", str(tmp_path / "c.parquet"), "--hints", str(tmp_path / "h.parquet"),
+                              "--backend", "fake", "--k", "2", "--out", str(tmp_path / "r")], catch_exceptions=False)
+    assert res.exit_code == 0, res.output
+    out = json.loads(res.output.strip().splitlines()[-1])
+    assert out["problems"] == 3 and out["rollouts"] == 12
+    # Hints for other problems only: a clear error, no output.
+    other = pl.read_parquet(gsm8k_collapsed).slice(10, 2)
+    write_parquet_atomic(_hints(other, 2), tmp_path / "h2.parquet", dataset="hints")
+    res = runner.invoke(cli, ["rescue", "--collapsed", str(tmp_path / "c.parquet"), "--hints", str(tmp_path / "h2.parquet"),
+                              "--backend", "fake", "--out", str(tmp_path / "r2")])
+    assert res.exit_code == 1 and "has a hint" in res.output and not (tmp_path / "r2" / "rescue.json").exists()
+    res = runner.invoke(cli, ["rollout", str(tmp_path / "c.parquet"), "--backend", "fake", "--out", str(tmp_path / "r3"), "--k", "0"])
+    assert res.exit_code == 2
+
+
+# --------------------------------------------------------------------------- real engine
+
+
+@pytest.mark.vllm
+def test_rollout_and_rescue_on_vllm_cpu(tmp_path, gsm8k, gsm8k_collapsed, monkeypatch):
+    """One engine start (the backend is cached per process): 3 GSM8K problems, then 2 collapsed ones."""
+    pytest.importorskip("vllm")
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("VLLM_CPU_KVCACHE_SPACE", "1")
+    probs = gsm8k.head(3)
+    write_parquet_atomic(probs, tmp_path / "p.parquet", dataset="problems")
+    collapsed = pl.read_parquet(gsm8k_collapsed).head(2)
+    write_parquet_atomic(collapsed, tmp_path / "c.parquet", dataset="collapsed")
+    write_parquet_atomic(_hints(collapsed, 2), tmp_path / "h.parquet", dataset="hints")
+    common = ["--k", "2", "--max-tokens", "48", "--max-model-len", "1024", "--seed", "1"]
+    runner = CliRunner()
+    res = runner.invoke(cli, ["rollout", str(tmp_path / "p.parquet"), "--out", str(tmp_path / "ro"), *common], catch_exceptions=False)
+    assert res.exit_code == 0, res.output
+    stats = json.loads(res.output.strip().splitlines()[-1])
+    assert stats["rollouts"] == 6 and stats["engine_calls"] == 1 and stats["completion_tokens"] > 0
+    df = read_dataset([tmp_path / "ro"], "rollouts")
+    assert df.height == 6 and df["response"].str.len_chars().min() > 0
+    assert set(df["correct"].unique()) <= {0.0, 1.0}
+
+    res = runner.invoke(cli, ["rescue", "--collapsed", str(tmp_path / "c.parquet"), "--hints", str(tmp_path / "h.parquet"),
+                              "--out", str(tmp_path / "rescue"), *common], catch_exceptions=False)
+    assert res.exit_code == 0, res.output
+    summary = json.loads((tmp_path / "rescue" / "rescue.json").read_text())
+    assert summary["problems"] == 2 and summary["rollouts"] == 8
+    assert 0.0 <= summary["rescue_rate_hinted"] <= 1.0 and 0.0 <= summary["rescue_rate_unhinted"] <= 1.0
+    rep = pl.read_parquet(tmp_path / "rescue" / "rescue.parquet")
+    assert rep.height == 2 and (rep["correct_hinted"] <= 2).all()
+    assert re.match(r".*SmolLM2", summary["model"] or "")
