@@ -17,8 +17,8 @@ verl without edits:
 Choices (documented in the README):
 
 - Row order: the base set's order (``--mode both``: a problem's unhinted row,
-  then its hinted one). ``--seed S`` shuffles the rows with NumPy's PCG64
-  permutation seeded with S. Either way the same inputs give byte-identical
+  then its hinted one). ``--seed S`` shuffles the rows by a splitmix64 key of
+  (row number, S): plain integer arithmetic that no library upgrade changes. Either way the same inputs give byte-identical
   shards. No shuffle is the default because both trainers shuffle their
   dataloader with their own seed.
 - Several hints for one problem (e.g. hints of rounds 0 and 1 passed
@@ -48,7 +48,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-import numpy as np
 import polars as pl
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -595,6 +594,23 @@ def _code_labels(df: pl.DataFrame, round_: int, where: str) -> pl.Series:
     return pl.Series("_code_label", out, dtype=pl.String)
 
 
+_U64 = pl.UInt64
+_M64 = 1 << 64
+
+
+def shuffle_key(seed: int) -> pl.Expr:
+    """splitmix64 of (row number, seed): a per-row sort key that gives a seeded permutation.
+
+    Plain integer arithmetic (wrapping u64), so the order is the same on every
+    platform and polars/NumPy version — unlike hash() or shuffle(), whose
+    streams may change between releases. splitmix64 is a bijection, so keys never tie.
+    """
+    z = (pl.int_range(pl.len(), dtype=_U64) + 1) * pl.lit(0x9E3779B97F4A7C15, _U64) + pl.lit(seed % _M64, _U64)
+    z = (z ^ (z // pl.lit(1 << 30, _U64))) * pl.lit(0xBF58476D1CE4E5B9, _U64)
+    z = (z ^ (z // pl.lit(1 << 27, _U64))) * pl.lit(0x94D049BB133111EB, _U64)
+    return z ^ (z // pl.lit(1 << 31, _U64))
+
+
 def build_prompts(base: pl.DataFrame, hints: pl.DataFrame, cfg: BuildConfig, round_: int, stats: BuildStats, where: str = "base") -> pl.DataFrame:
     """The prompts frame (PROMPTS columns) in final row order."""
     base = base.with_row_index("_order")
@@ -615,8 +631,7 @@ def build_prompts(base: pl.DataFrame, hints: pl.DataFrame, cfg: BuildConfig, rou
     else:
         rows = joined
     if cfg.seed is not None:
-        perm = np.random.Generator(np.random.PCG64(cfg.seed)).permutation(rows.height)
-        rows = rows[perm]
+        rows = rows.with_columns(shuffle_key(cfg.seed).alias("_key")).sort("_key").drop("_key")
 
     domains = rows.get_column("domain").unique().to_list()
     if len(domains) == 1:  # the usual case: one literal, not a million-row column
@@ -777,6 +792,9 @@ def build(cfg: BuildConfig, out_dir: str | Path, template_files: list[Path] | No
     inputs = list(base.files) + hint_files + list(template_files or [])
     hash_inputs = [lambda p=p: (p, sha256_file(p)) for p in inputs]
     shards, hashes = write_shards(df, out_dir, cfg, extra_jobs=hash_inputs)
+    from mentor.pipeline.faults import fault_point
+
+    fault_point("build.after_shards")  # resume tests: killed with shards written, no manifest yet
     stats.shards = len(shards)
     write_json_atomic(stats.as_dict() | {"schema_version": SCHEMA_VERSION}, out_dir / "stats.json")
     with atomic_path(out_dir / "README.md") as tmp:

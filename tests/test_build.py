@@ -534,3 +534,20 @@ def test_end_to_end_with_fake_hint_stage(tmp_path, gsm8k_collapsed):
     for row in joined.iter_rows(named=True):
         assert row["hint_id"] == row["hint_id_right"]
         assert row["prompt"][0]["content"].startswith(f"Hint: {row['hint']}\n\n")
+
+
+def test_seeded_order_is_plain_splitmix64():
+    """The shuffle key is reproducible from its definition alone (no library's RNG stream)."""
+    from mentor.stages.build import shuffle_key
+
+    m = 1 << 64
+
+    def splitmix(i: int, seed: int) -> int:
+        z = ((i + 1) * 0x9E3779B97F4A7C15 + seed) % m
+        z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) % m
+        z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) % m
+        return z ^ (z >> 31)
+
+    for seed in (0, 7, -3, 2**70):
+        got = pl.DataFrame({"x": range(50)}).select(shuffle_key(seed).alias("k"))["k"].to_list()
+        assert got == [splitmix(i, seed % m) for i in range(50)]
