@@ -35,7 +35,7 @@ log = logging.getLogger(__name__)
 FINISH_REASONS = ("stop", "length", "error")
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class GenRequest:
     """One chat completion to generate."""
 

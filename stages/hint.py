@@ -34,6 +34,8 @@ from __future__ import annotations
 
 import json
 import logging
+import re
+import time
 import zlib
 from collections import Counter
 from collections.abc import Callable, Sequence
@@ -162,6 +164,7 @@ class HintStats:
     refines: int = 0
     judge_calls: int = 0
     keyword_leaks: int = 0
+    keyword_invalid: int = 0
     error_leaks: int = 0
     violations: Counter = field(default_factory=Counter)
     parse_failures: Counter = field(default_factory=Counter)
@@ -187,7 +190,10 @@ class HintStats:
 
 # --------------------------------------------------------------------------- one shard
 
+_to_json = json.JSONEncoder(ensure_ascii=False).encode  # one encoder, not one per call
+_RULES_OK = _to_json({"ok": True, "violations": []})
 ATTR, GEN, JUDGE, REPAIR, DONE = range(5)
+_LETTER = re.compile(r"[^\W\d_]")
 AGENT = ("attribution", "generation", "judgment", "repair", "done")
 
 
@@ -198,12 +204,12 @@ class _Problem:
         "rejected", "seen", "score", "hint", "status", "trace",
     )  # fmt: skip
 
-    def __init__(self, i: int, row: dict, cfg: HintConfig) -> None:
+    def __init__(self, i: int, row: dict, settings: dict) -> None:
         self.i = i
         self.row = row
         self.pid = row["problem_id"]
         domain = row.get("domain") or "math"
-        self.max_retry, self.max_refine, self.threshold, limits = cfg.for_domain(domain)
+        self.max_retry, self.max_refine, self.threshold, limits = settings[domain] if domain in settings else settings["math"]
         self.ctx = RuleContext(
             domain=domain,
             answer=row.get("label"),
@@ -286,8 +292,12 @@ class _Shard:
                 st.parse_failures[agent] += 1
             else:
                 leaks = p.ctx.matcher.leaks
-                kws = [k for k in parsed["keywords"] if not leaks(k)]
-                st.keyword_leaks += len(parsed["keywords"]) - len(kws)
+                # Keywords are concepts: one without a letter ("1.1.1", "2400") is noise, one that carries
+                # the answer would reach the generation prompt and the fallback hint.
+                worded = [k for k in parsed["keywords"] if _LETTER.search(k)]
+                kws = [k for k in worded if not leaks(k)]
+                st.keyword_invalid += len(parsed["keywords"]) - len(worded)
+                st.keyword_leaks += len(worded) - len(kws)
                 p.keywords = kws
                 err = parsed["error"]
                 if err and leaks(err):
@@ -322,7 +332,8 @@ class _Shard:
         hint = parsed["hint"]
         p.candidate = hint
         violations = check_hint(hint, p.ctx)
-        p.trace.append(("rules", n, hint, json.dumps({"ok": not violations, "violations": violations}), None, 0, 0))
+        p.trace.append(("rules", n, hint, _to_json({"ok": not violations, "violations": violations}) if violations else _RULES_OK,
+                        None, 0, 0))
         if violations:
             self._reject(p, violations, None)
         elif self.cfg.llm_judge:
@@ -331,7 +342,7 @@ class _Shard:
             self._accept(p)
 
     def _trace(self, p: _Problem, agent: str, n: int, res: GenResult, parsed: dict | None) -> None:
-        p.trace.append((agent, n, res.text, None if parsed is None else json.dumps(parsed, ensure_ascii=False),
+        p.trace.append((agent, n, res.text, None if parsed is None else _to_json(parsed),
                         res.finish_reason, res.prompt_tokens, res.completion_tokens))
 
     def _reject(self, p: _Problem, violations: list[str], feedback: str | None) -> None:
@@ -402,13 +413,18 @@ def hint_shard(
     st = stats if stats is not None else HintStats()
     t = templates or agents.Templates.load(cfg.templates_dir)
     shard = _Shard(cfg, t, st)
-    problems = [_Problem(i, row, cfg) for i, row in enumerate(rows)]
+    settings = {d: cfg.for_domain(d) for d in ("math", "code")}
+    problems = [_Problem(i, row, settings) for i, row in enumerate(rows)]
     calls0, pt0, ct0, = backend.calls, backend.prompt_tokens, backend.completion_tokens
     pending = problems
     request, consume = shard.request, shard.consume
     while pending:
+        t0 = time.perf_counter()
         results = backend.generate([request(p) for p in pending])
         st.waves += 1
+        if log.isEnabledFor(logging.INFO):
+            agents_in_wave = Counter(AGENT[p.phase] for p in pending)
+            log.info("wave %d: %d requests %s in %.1f s", st.waves, len(pending), dict(agents_in_wave), time.perf_counter() - t0)
         st.requests += len(pending)
         nxt = []
         for p, res in zip(pending, results):
@@ -446,12 +462,11 @@ def _to_table(problems: list[_Problem], model: str, prompt_version: str, cfg_has
     """Columns built directly (no per-row dicts): the trace is one flat struct array with offsets."""
     n = len(problems)
     offsets = [0]
-    cols: list[list] = [[], [], [], [], [], [], []]
+    flat: list[tuple] = []
     for p in problems:
-        for entry in p.trace:
-            for c, v in zip(cols, entry):
-                c.append(v)
-        offsets.append(len(cols[0]))
+        flat.extend(p.trace)
+        offsets.append(len(flat))
+    cols = list(zip(*flat)) if flat else [()] * TRACE_ENTRY.num_fields  # transpose in C
     struct_types = [TRACE_ENTRY.field(i).type for i in range(TRACE_ENTRY.num_fields)]
     entries = pa.StructArray.from_arrays(
         [pa.array(c, type=ty) for c, ty in zip(cols, struct_types)],
@@ -528,6 +543,9 @@ def run_shard(task: ShardTask, cfg: HintConfig, backend_factory: Callable[[], Ba
     write_parquet_atomic(table, task.shard_path, dataset="hints")
     stats = st.as_dict()
     write_json_atomic({"key": task.key, "index": task.index, "rows": table.num_rows, "stats": stats}, task.done_path)
+    from mentor.pipeline.faults import fault_point
+
+    fault_point("hint.after_shard")
     return {"stats": stats, "reused": False}
 
 

@@ -52,13 +52,19 @@ TEMPLATE_VARS: dict[str, frozenset[str]] = {
 _PLACEHOLDER = re.compile(r"\{\{\s*(\w+)\s*\}\}")
 
 
+class _Blank(dict):
+    def __missing__(self, key: str) -> str:
+        return ""
+
+
 class Templates:
     """The effective prompt templates, compiled for fast rendering."""
 
     def __init__(self, texts: dict[str, str], sources: dict[str, str] | None = None) -> None:
         self.texts = texts
         self.sources = sources or {}
-        self._parts: dict[str, tuple[list[str], list[str]]] = {}
+        # Each template becomes a str.format string (literal braces escaped), rendered in C.
+        self._formats: dict[str, str] = {}
         for name, text in texts.items():
             pieces = _PLACEHOLDER.split(text)
             literals, names = pieces[0::2], pieces[1::2]
@@ -68,7 +74,11 @@ class Templates:
                 raise ConfigError(
                     f"{where}: unknown placeholder(s) {bad}; {name} may use {sorted(TEMPLATE_VARS[name]) or 'none'}"
                 )
-            self._parts[name] = (literals, names)
+            fmt = [literals[0].replace("{", "{{").replace("}", "}}")]
+            for var, lit in zip(names, literals[1:]):
+                fmt.append("{" + var + "}")
+                fmt.append(lit.replace("{", "{{").replace("}", "}}"))
+            self._formats[name] = "".join(fmt)
         blob = json.dumps(texts, sort_keys=True).encode()
         self.version = hashlib.sha256(blob).hexdigest()[:12]
 
@@ -92,14 +102,8 @@ class Templates:
         return cls(texts, sources)
 
     def render(self, name: str, **values: str) -> str:
-        literals, names = self._parts[name]
-        if not names:
-            return literals[0]
-        out = [literals[0]]
-        for var, lit in zip(names, literals[1:]):
-            out.append(values.get(var, ""))
-            out.append(lit)
-        return "".join(out)
+        """The template with its placeholders filled (absent values render as "")."""
+        return self._formats[name].format_map(_Blank(values))
 
     def lines(self, name: str) -> list[str]:
         return [ln.strip() for ln in self.texts[name].splitlines() if ln.strip()]
@@ -189,8 +193,8 @@ def format_failed(failed: list[str] | None, max_failed: int, max_chars: int) -> 
     parts = []
     for i, text in enumerate(failed[:max_failed], 1):
         text = text if len(text) <= max_chars else text[: max_chars // 5] + " [...] " + text[-(max_chars - max_chars // 5) :]
-        # The delimiters are ours: a response cannot close them early.
-        text = text.replace("</attempt", "</ attempt")
+        if "</attempt" in text:  # the delimiters are ours: a response cannot close them early
+            text = text.replace("</attempt", "</ attempt")
         parts.append(f"<attempt {i}>\n{text}\n</attempt {i}>")
     return "\n".join(parts)
 

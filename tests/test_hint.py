@@ -120,12 +120,12 @@ def test_fallback_when_nothing_passes():
 
 
 def test_keywords_that_are_the_answer_are_dropped_and_fallback_is_generic():
-    attr = '{"keywords": ["18", "$18 per day"], "error": "They forget that she makes 18 dollars."}'
+    attr = '{"keywords": ["18", "$18 per day", "1.1.1"], "error": "They forget that she makes 18 dollars."}'
     fake = scripted(attribution=attr, generation=LEAK, repair=LEAK)
     (row,), st = run([ROW], fake, max_retry=0, max_refine=0)
     assert row["keywords"] == []
     assert row["error"] is None  # the error named the answer: never shown to the generation agent
-    assert st.keyword_leaks == 2 and st.error_leaks == 1
+    assert st.keyword_leaks == 1 and st.keyword_invalid == 2 and st.error_leaks == 1
     assert row["status"] == "fallback"
     assert "18" not in row["hint"]
     assert check(row["hint"], "math", "18").ok
