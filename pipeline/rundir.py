@@ -4,10 +4,14 @@
       workflow.yaml                 the resolved workflow, as run
       base-prompts/                 unhinted prompts for round 0 (when no initial logs)
       round-000/
-        train/ rollouts/ collapsed/ hints/ prompts/     each with stats.json
-        <stage>/_done/<key>.done    written last, after every output is in place
-        <stage>/_running.json       while the stage runs (pid, start time)
-        <stage>/_failed.json        the last error, until the stage succeeds
+        train/ rollouts/ collapsed/ hints/ prompts/     written by the stages train, ingest,
+                                                        mine, hint, build; each with stats.json
+        <dir>/_done/<key>.done      written last, after every output is in place
+        <dir>/_running.json         while the stage runs (pid, start time)
+        <dir>/_failed.json          the last error, until the stage succeeds
+
+round-NNN/prompts/ holds the prompts built from round NNN's hints: what round
+NNN+1's trainer trains on.
 
 A stage's key hashes its config and the keys of the stages it reads from (or
 the content of external input files), so a changed config re-runs that stage
@@ -29,6 +33,8 @@ from typing import Any
 from mentor.pipeline.io import config_hash, read_json, sha256_file, write_json_atomic
 
 STAGES = ("train", "ingest", "mine", "hint", "build")
+# Each stage writes into the folder named after the dataset it produces (DESIGN.md).
+STAGE_DIRS = {"train": "train", "ingest": "rollouts", "mine": "collapsed", "hint": "hints", "build": "prompts"}
 
 
 def round_name(r: int) -> str:
@@ -130,7 +136,7 @@ class RunDir:
         return self.path / round_name(r)
 
     def stage(self, r: int, stage: str) -> StageDir:
-        return StageDir(self.round_dir(r) / stage, stage)
+        return StageDir(self.round_dir(r) / STAGE_DIRS[stage], stage)
 
     def base_prompts(self) -> StageDir:
         return StageDir(self.path / "base-prompts", "build")

@@ -94,7 +94,6 @@ class HintSettings(_Strict):
 
     backend: BackendSettings = Field(default_factory=BackendSettings, description="The hint model.")
     sample: int | None = Field(None, ge=1, description="Hint only the first N collapsed problems (by problem_id); none = all.")
-    shard_size: int | None = Field(None, ge=1, description="Problems per shard (resume unit, and dask task).")
     config: dict[str, Any] = Field(default_factory=dict, description="HintConfig fields (max_retry, max_refine, per-domain overrides, ...).")
 
 

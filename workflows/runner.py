@@ -43,7 +43,7 @@ ROUND_STAGES = STAGES  # train, ingest, mine, hint, build
 class RunOptions:
     rounds: int | None = None  # override the workflow's number of rounds
     from_stage: str | None = None  # re-run this stage and the later ones (every selected round)
-    only: str | None = None  # run just this stage (its inputs must be done)
+    only: str | None = None  # re-run just this stage (its inputs must be done), in every selected round
     force: bool = False
     map_fn: Callable[..., list] | None = None  # dask map for mine/hint shards; None = in-process
     progress: bool = True
@@ -117,7 +117,7 @@ class Runner:
         """Run one stage unless done; returns its token (key + output fingerprint) for what follows."""
         sd = self.rd.stage(r, stage)
         key = stage_key(stage, config, upstream)
-        forced = self.opts.force or (
+        forced = self.opts.force or self.opts.only == stage or (
             self.opts.from_stage is not None and ROUND_STAGES.index(stage) >= ROUND_STAGES.index(self.opts.from_stage)
         )
         if self.opts.only is not None and stage != self.opts.only:
@@ -233,8 +233,8 @@ class Runner:
             from mentor.training.launcher import TrainConfig, run_round
 
             cfg = TrainConfig.model_validate(t.config)
-            outcome = run_round(cfg, round_=r, prompts=prompts, round_dir=sd.path, rollout_dir=logs,
-                                prev_model=self._prev_model(r))
+            outcome = run_round(cfg, round_=r, prompts=prompts, round_dir=self.rd.round_dir(r), train_dir=sd.path,
+                                rollout_dir=logs, prev_model=self._prev_model(r))
             return {"kind": "openrlhf", **outcome}
         if t.kind == "verl":
             return self._run_verl(r, prompts, sd, logs)
@@ -331,11 +331,9 @@ class Runner:
         cfg = HintConfig.model_validate(h.config)
         spec = BackendSpec(h.backend.backend, h.backend.model, dict(h.backend.options))
         kwargs: dict[str, Any] = {"sample": h.sample, "progress": self.opts.progress}
-        if h.shard_size:
-            kwargs["shard_size"] = h.shard_size
         if self.opts.map_fn is not None:
             kwargs["map_fn"] = self.opts.map_fn
-        stats = hint_to_dir(self.rd.stage(r, "mine").path / "collapsed.parquet", sd.path, cfg, spec, **kwargs)
+        stats = hint_to_dir(self.rd.stage(r, "mine").path / "collapsed.parquet", sd.path, cfg, spec, **kwargs).as_dict()
         return {k: stats.get(k) for k in ("problems", "accepted", "repaired", "fallback", "engine_calls")}
 
     def _build(self, r: int, sd: StageDir) -> dict:
