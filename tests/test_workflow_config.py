@@ -72,3 +72,17 @@ def test_bad_trainer_kind(tmp_path):
 def test_missing_file():
     with pytest.raises(ConfigError, match="no such workflow file"):
         load_workflow("does-not-exist.yaml")
+
+
+@pytest.mark.parametrize("name", ["deepmath-openrlhf", "code-livecodebench-openrlhf"])
+def test_openrlhf_workflows_parse_with_openrlhfs_own_parser(name, tmp_path):
+    """The command each shipped OpenRLHF workflow builds for round 1 is accepted by OpenRLHF 0.11.2's parser."""
+    pytest.importorskip("openrlhf")
+    from mentor.training.launcher import TrainConfig, build_command, check_with_openrlhf, with_overrides
+
+    wf = load_workflow(name)
+    cfg = with_overrides(TrainConfig.model_validate(wf.trainer.config), round_=1, prompts=str(tmp_path / "p"),
+                         round_dir=str(tmp_path / "round-001"), prev_model=str(tmp_path / "m"))
+    cmd = build_command(cfg)
+    check_with_openrlhf(cmd)
+    assert cmd[cmd.index("--actor.model_name_or_path") + 1] == str(tmp_path / "m")
