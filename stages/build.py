@@ -462,23 +462,44 @@ def load_hints(sources: list[str], cfg: BuildConfig, stats: BuildStats) -> pl.Da
 # --------------------------------------------------------------------------- prompt rendering
 
 
-def _pieces(template: str, instruction: pl.Expr) -> list[pl.Expr]:
-    """Literals and columns of a template part ({problem} excluded); braces elsewhere stay literal (LaTeX is safe)."""
-    pieces: list[pl.Expr] = []
-    pos = 0
-    for m in _PLACEHOLDER_RE.finditer(template):
-        if m.start() > pos:
-            pieces.append(pl.lit(template[pos : m.start()]))
-        name = m.group(1)
-        pieces.append(instruction if name == "instruction" else pl.col(name))
-        pos = m.end()
-    if pos < len(template):
-        pieces.append(pl.lit(template[pos:]))
-    return pieces
+Part = str | pl.Expr  # a literal or a column expression
 
 
-def _concat(pieces: list[pl.Expr]) -> pl.Expr:
-    return pl.concat_str(pieces) if pieces else pl.lit("")
+def _parts(template: str, instruction: str | pl.Expr) -> list[Part]:
+    """A template as literals and expressions ({hint}, {problem}, {instruction}); braces
+    elsewhere stay literal (LaTeX is safe). Neighbouring literals are merged."""
+    block: Part
+    if isinstance(instruction, str):
+        block = "\n\n" + instruction if instruction else ""
+    else:
+        block = pl.when(instruction == "").then(pl.lit("")).otherwise(pl.concat_str([pl.lit("\n\n"), instruction]))
+    out: list[Part] = []
+
+    def add(x: Part) -> None:
+        if isinstance(x, str) and out and isinstance(out[-1], str):
+            out[-1] += x
+        elif not (isinstance(x, str) and x == ""):
+            out.append(x)
+
+    for i, chunk in enumerate(_with_instruction(template).split("{__instruction_block}")):
+        if i:
+            add(block)
+        pos = 0
+        for m in _PLACEHOLDER_RE.finditer(chunk):
+            add(chunk[pos : m.start()])
+            name = m.group(1)
+            add(instruction if name == "instruction" else pl.col(name))
+            pos = m.end()
+        add(chunk[pos:])
+    return out
+
+
+def _concat(parts: list[Part]) -> pl.Expr:
+    if not parts:
+        return pl.lit("")
+    if len(parts) == 1:
+        return pl.lit(parts[0]) if isinstance(parts[0], str) else parts[0]
+    return pl.concat_str([pl.lit(p) if isinstance(p, str) else p for p in parts])
 
 
 def _with_instruction(template: str) -> str:
@@ -486,66 +507,35 @@ def _with_instruction(template: str) -> str:
     return template if "{instruction}" in template else template + "{__instruction_block}"
 
 
-def _render_user(cfg: BuildConfig, instruction: pl.Expr) -> pl.Expr:
+def _split_at_problem(parts: list[Part]) -> tuple[list[Part], list[Part]] | None:
+    idx = [i for i, p in enumerate(parts) if isinstance(p, pl.Expr) and p.meta.output_name(raise_if_undetermined=False) == "problem"]
+    if len(idx) != 1:
+        return None
+    return parts[: idx[0]], parts[idx[0] + 1 :]
+
+
+def _render_user(cfg: BuildConfig, instruction: str | pl.Expr) -> pl.Expr:
     """The user message: hinted template where hint_id is set, plain template elsewhere.
 
     Both templates are split at {problem}; only the short parts around the
     problem are chosen per row, and the (long) problem text is concatenated
     once — a when/then over two full renders costs several times more.
     """
-    block = pl.when(instruction == "").then(pl.lit("")).otherwise(pl.concat_str([pl.lit("\n\n"), instruction]))
-
-    def parts(template: str) -> tuple[list[pl.Expr], list[pl.Expr]] | None:
-        t = _with_instruction(template)
-        if t.count("{problem}") != 1:
-            return None
-        before, after = t.split("{problem}")
-        split = []
-        for part in (before, after):
-            bits = part.split("{__instruction_block}")
-            exprs: list[pl.Expr] = []
-            for i, bit in enumerate(bits):
-                if i:
-                    exprs.append(block)
-                exprs.extend(_pieces(bit, instruction))
-            split.append(exprs)
-        return split[0], split[1]
-
     hinted = pl.col("hint_id").is_not_null()
+    h_parts, p_parts = _parts(cfg.template, instruction), _parts(cfg.plain_template, instruction)
+    h, p = _split_at_problem(h_parts), _split_at_problem(p_parts)
 
-    def pick(h_part: list[pl.Expr], p_part: list[pl.Expr], h_text: str) -> pl.Expr:
-        if "{hint}" in h_text:
-            # `hint` is null exactly on unhinted rows, so the hinted part is null there.
-            return _concat(h_part).fill_null(_concat(p_part))
-        return pl.when(hinted).then(_concat(h_part)).otherwise(_concat(p_part))
+    def pick(h_side: list[Part], p_side: list[Part]) -> Part:
+        if all(isinstance(x, str) for x in h_side + p_side) and "".join(h_side) == "".join(p_side):  # type: ignore[arg-type]
+            return "".join(h_side)  # type: ignore[arg-type]
+        if any(isinstance(x, pl.Expr) and x.meta.output_name(raise_if_undetermined=False) == "hint" for x in h_side):
+            # `hint` is null exactly on unhinted rows, so the hinted side is null there.
+            return _concat(h_side).fill_null(_concat(p_side))
+        return pl.when(hinted).then(_concat(h_side)).otherwise(_concat(p_side))
 
-    h, p = parts(cfg.template), parts(cfg.plain_template)
     if h is not None and p is not None:
-        h_before, h_after = _with_instruction(cfg.template).split("{problem}")
-        before = pick(h[0], p[0], h_before)
-        after = pick(h[1], p[1], h_after)
-        return pl.concat_str([before, pl.col("problem"), after])
-
-    def full(template: str) -> pl.Expr:
-        t = _with_instruction(template)
-        bits = t.split("{__instruction_block}")
-        exprs: list[pl.Expr] = []
-        for i, bit in enumerate(bits):
-            if i:
-                exprs.append(block)
-            exprs.extend(_pieces(bit, instruction) if "{problem}" not in bit else _pieces_with_problem(bit, instruction))
-        return _concat(exprs)
-
-    return pl.when(hinted).then(full(cfg.template)).otherwise(full(cfg.plain_template))
-
-
-def _pieces_with_problem(template: str, instruction: pl.Expr) -> list[pl.Expr]:
-    out: list[pl.Expr] = []
-    for i, bit in enumerate(template.split("{problem}")):
-        if i:
-            out.append(pl.col("problem"))
-        out.extend(_pieces(bit, instruction))
-    return out
+        return _concat([pick(h[0], p[0]), pl.col("problem"), pick(h[1], p[1])])
+    return pl.when(hinted).then(_concat(h_parts)).otherwise(_concat(p_parts))
 
 
 _NEEDS_ESCAPE = r'[\x00-\x1f"\\]'
@@ -565,13 +555,12 @@ def _json_str(df: pl.DataFrame, col: str) -> pl.Expr:
 
 def _math_label(df: pl.DataFrame, round_: int) -> pl.Expr:
     """schemas.prompt_label for math rows, vectorised: same keys, order and separators."""
+    # Used for math rows only (code rows get their own label), so "domain" is a literal.
     return pl.concat_str(
         [
             pl.lit('{"answer": '),
             _json_str(df, "label"),
-            pl.lit(', "domain": '),
-            _json_str(df, "domain"),
-            pl.lit(', "hint_id": '),
+            pl.lit(', "domain": "math", "hint_id": '),
             _json_str(df, "hint_id"),
             pl.lit(', "problem_id": '),
             _json_str(df, "problem_id"),
@@ -634,8 +623,9 @@ def build_prompts(base: pl.DataFrame, hints: pl.DataFrame, cfg: BuildConfig, rou
         rows = rows.with_columns(shuffle_key(cfg.seed).alias("_key")).sort("_key").drop("_key")
 
     domains = rows.get_column("domain").unique().to_list()
-    if len(domains) == 1:  # the usual case: one literal, not a million-row column
-        instruction = pl.lit(cfg.instructions.get(domains[0], ""))
+    instruction: str | pl.Expr
+    if len(domains) == 1:  # the usual case: literals, not million-row columns
+        instruction = cfg.instructions.get(domains[0], "")
     else:
         instruction = pl.lit("")
         for dom, text in cfg.instructions.items():
@@ -739,14 +729,15 @@ def write_shards(
 ) -> tuple[list[Path], dict[str, str]]:
     """Write ``part-NNNNN.parquet`` atomically, then remove shards of an earlier, larger build.
 
-    Shards are converted to Arrow, written and hashed in parallel threads
-    (polars and pyarrow release the GIL), so converting one shard overlaps
-    writing another. Returns the shards and their sha256 by path.
-    `extra_jobs` (callables returning (path, sha256)) run in the same pool.
+    The frame is converted to Arrow once (converting polars slices one by one
+    costs several times more: each slice drags the whole string-view buffers);
+    the shards (zero-copy slices) are then cast, written and hashed in parallel
+    threads — pyarrow releases the GIL. Returns the shards and their sha256 by
+    path. `extra_jobs` (callables returning (path, sha256)) run in the same pool.
     """
-    est_bytes = int(df.estimated_size()) if cfg.shard_bytes is not None else 0
-    per = cfg.rows_per_shard(df.height, est_bytes)
-    jobs = [(df.slice(start, per), out_dir / f"part-{i:05d}.parquet") for i, start in enumerate(range(0, df.height, per))]
+    table = to_arrow(df)
+    per = cfg.rows_per_shard(table.num_rows, table.nbytes)
+    jobs = [(table.slice(start, per), out_dir / f"part-{i:05d}.parquet") for i, start in enumerate(range(0, table.num_rows, per))]
     workers = workers or max(1, min(len(jobs), os.cpu_count() or 1, 8))
     hashes: dict[str, str] = {}
     with ThreadPoolExecutor(max_workers=workers) as pool:

@@ -551,3 +551,21 @@ def test_seeded_order_is_plain_splitmix64():
     for seed in (0, 7, -3, 2**70):
         got = pl.DataFrame({"x": range(50)}).select(shuffle_key(seed).alias("k"))["k"].to_list()
         assert got == [splitmix(i, seed % m) for i in range(50)]
+
+
+def test_mixed_domains_get_their_own_instruction_and_label(tmp_path):
+    from mentor.data import bundled
+
+    mixed = pl.concat([pl.read_parquet(bundled("gsm8k_problems.parquet")).head(5),
+                       pl.read_parquet(bundled("humaneval_problems.parquet")).head(5)])
+    mixed.write_parquet(tmp_path / "mixed.parquet")
+    pid = mixed["problem_id"][7]
+    hints = make_hints([{"problem_id": pid, "hint": "Sort first.", "hint_id": "hc"}], tmp_path / "h.parquet")
+    build(BuildConfig(base=str(tmp_path / "mixed.parquet"), hints=[str(hints)], round=2), tmp_path / "o")
+    df = read_prompts(tmp_path / "o")
+    for row, ref in zip(df.iter_rows(named=True), mixed.iter_rows(named=True)):
+        dom = ref["domain"]
+        user = row["prompt"][0]["content"]
+        assert user.endswith("\n\n" + DEFAULT_INSTRUCTIONS[dom]) and row["ability"] == dom
+        assert row["label"] == prompt_label(dom, ref["label"], ref["problem_id"], row["hint_id"], 2)
+        assert user.startswith("Hint: Sort first.\n\n") == (ref["problem_id"] == pid)
