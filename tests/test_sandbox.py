@@ -150,3 +150,61 @@ def test_workdir_is_empty_and_removed():
     cwd, listing = res.stdout.splitlines()
     assert listing == "['main.py']"
     assert not os.path.exists(cwd)
+
+
+def _layers() -> list[str]:
+    return run_python("pass", limits=FAST).layers
+
+
+def test_read_only_filesystem_alone_protects_files(tmp_path):
+    """With the audit layer off, the read-only mount namespace still keeps the canary (where available)."""
+    if "fsro" not in _layers():
+        pytest.skip(f"no private mount namespace here (layers: {_layers()})")
+    canary = tmp_path / "canary.txt"
+    canary.write_text("alive")
+    code = (
+        "import os\n"
+        f"for f in (lambda: open({str(canary)!r}, 'w').write('pwned'), lambda: os.remove({str(canary)!r})):\n"
+        "    try:\n"
+        "        f()\n"
+        "        print('DID')\n"
+        "    except OSError as e:\n"
+        "        print('refused', e.errno)\n"
+    )
+    res = run_python(code, limits=SandboxLimits(wall_seconds=6, audit=False))
+    assert "DID" not in res.stdout and res.stdout.count("refused") == 2, res.stdout + res.stderr
+    assert canary.read_text() == "alive"
+
+
+def test_private_proc_alone_hides_secrets(monkeypatch):
+    """With the audit layer off, the namespace's own /proc shows no other process."""
+    if "procns" not in _layers():
+        pytest.skip(f"no private /proc here (layers: {_layers()})")
+    monkeypatch.setenv("MENTOR_TEST_SECRET", "hunter2-secret")
+    code = "import os\nprint([p for p in os.listdir('/proc') if p.isdigit()])\n"
+    res = run_python(code, limits=SandboxLimits(wall_seconds=6, audit=False))
+    assert res.ok and res.stdout.strip() == "['1']"
+
+
+def test_hostile_programs_without_namespaces(tmp_path, monkeypatch):
+    """Where namespaces are unavailable, the remaining layers (env, rlimits, audit, uid/nocaps) still contain them."""
+    limits = SandboxLimits(wall_seconds=6, cpu_seconds=3, memory_bytes=512 << 20, namespaces=False)
+    monkeypatch.setenv("MENTOR_TEST_SECRET", "hunter2-secret")
+    canary = tmp_path / "canary.txt"
+    canary.write_text("alive")
+    before = _own_processes()
+    programs = {
+        "fork": "import os\nwhile True:\n    os.fork()\n",
+        "net": "import socket\nsocket.create_connection(('1.1.1.1', 80), timeout=2)\nprint('CONNECTED')\n",
+        "file": f"import os\nos.remove({str(canary)!r})\nprint('DID')\n",
+        "env": "import os\nprint([open(f'/proc/{p}/environ','rb').read() for p in os.listdir('/proc') if p.isdigit() and p != str(os.getpid())])\n",
+        "memory": "a = []\nwhile True:\n    a.append(bytearray(10**7))\n",
+    }
+    for name, code in programs.items():
+        res = run_python(code, limits=limits)
+        assert not {"netns", "pidns", "fsro"} & set(res.layers)
+        assert not res.ok, name
+        assert "CONNECTED" not in res.stdout and "DID" not in res.stdout and "hunter2" not in res.stdout + res.stderr, name
+    time.sleep(0.5)
+    assert canary.read_text() == "alive"
+    assert _own_processes() <= before + 2

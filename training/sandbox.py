@@ -26,17 +26,27 @@ lists the ones that were actually in force for that run):
               exits or is killed the kernel kills every process it started, even
               ones that left the process group with setsid(). Its parent-death
               signal is SIGKILL, so killing the sandbox's launcher kills it too.
-``uid``       when started as root, the code runs as ``nobody`` (65534) with no
-              supplementary groups: it cannot write or delete files it does not
-              own, cannot read other processes' /proc/<pid>/environ, and
-              RLIMIT_NPROC (which root ignores) becomes effective.
+``fsro``      a private mount namespace in which every mount is remounted
+              read-only except the work dir: writing or deleting anything outside
+              it fails with EROFS, whatever the file permissions say.
+``procns``    a /proc of the new PID namespace: other processes (and their
+              /proc/<pid>/environ) are not visible at all.
+``uid``       when started as root and `nobody` can read the interpreter, the code
+              runs as ``nobody`` (65534) with no supplementary groups: it cannot
+              write or delete files it does not own, and RLIMIT_NPROC (which the
+              kernel does not apply to uid 0) becomes effective.
+``nocaps``    when it has to stay uid 0 (an interpreter under /root, as with
+              pyenv): every capability is dropped (effective, permitted and the
+              bounding set) and no_new_privs is set, so it cannot remount, bypass
+              file permissions, leave its namespaces or regain privileges.
 ``audit``     an audit hook (PEP 578) installed before the code runs, which cannot
               be removed from Python: it refuses socket creation/connection/DNS,
               launching programs (exec, spawn, system, posix_spawn, subprocess),
-              loading native code through ctypes, writing, renaming or deleting
-              paths outside the work dir, and reading another process's /proc
-              entries. This is the network and file layer where namespaces and
-              uid dropping are unavailable (non-root, no user namespaces).
+              loading native code through ctypes, forking (unless ``allow_fork``),
+              signalling processes, writing, renaming or deleting paths outside
+              the work dir, and reading another process's /proc entries. It is
+              the only network and file layer where namespaces are unavailable
+              (non-root, no user namespaces).
 ``timeout``   a wall-clock deadline after which the whole process group (and,
               with ``pidns``, the namespace) is SIGKILLed; output beyond
               `max_output` bytes is cut off.
@@ -44,21 +54,28 @@ lists the ones that were actually in force for that run):
 Guarantees (with the defaults, on Linux): the code cannot run longer than the
 wall-clock timeout or use more CPU seconds than the CPU limit, cannot allocate
 more than the address-space limit, cannot leave processes behind (``pidns``,
-else the process group kill), cannot fork without bound (RLIMIT_NPROC, plus the
-PID namespace), cannot reach the network (``netns`` and/or ``audit``), cannot
-see the caller's environment variables, and cannot write or delete files
-outside its work dir (``uid`` and/or ``audit``).
+else the process group kill), cannot fork (``audit``; with ``allow_fork``,
+RLIMIT_NPROC under ``uid`` or a non-root caller, plus the PID namespace), cannot
+reach the network (``netns`` and ``audit``), cannot see the caller's environment
+variables (``env``, plus ``procns``/``uid``/``audit`` for /proc), and cannot
+write or delete files outside its work dir (``fsro``, ``uid`` and ``audit``).
+Where namespaces are available (root, or unprivileged user namespaces) each of
+these holds with at least two independent layers, except forking as uid 0
+without the ``uid`` layer: the kernel exempts uid 0 from RLIMIT_NPROC, so there
+the audit layer alone refuses fork, with the PID namespace and the wall-clock
+kill as the backstop.
 
-Not guaranteed: this is not a security boundary against a determined attacker.
-Without ``uid``/``netns`` (non-root, no user namespaces) the file and network
-protection is the audit hook alone, which stops Python-level operations but not
-a bug in an interpreter extension. The code can *read* any file its uid may read
-(as ``nobody`` that is world-readable files only). It shares the host kernel, the
-host's /tmp (outside its work dir) for reading, and CPU/memory bandwidth with
-other processes. RLIMIT_NPROC counts every process of the uid, so code that
-legitimately forks or starts threads may fail. For hostile workloads at scale use
-a container or VM sandbox (gVisor, Firecracker, nsjail) and keep this as the
-inner layer.
+Not guaranteed: this is not a security boundary against a determined attacker
+with a kernel exploit; it shares the host kernel. Without namespaces (non-root,
+user namespaces disabled) the file and network protection is the audit hook
+alone, which stops Python-level operations but not a bug in an interpreter
+extension. The code can *read* files its uid may read (for uid 0 without
+capabilities: files owned by root, e.g. the caller's data; with ``uid``:
+world-readable files only), and it shares CPU and memory bandwidth with other
+processes. RLIMIT_NPROC counts every process of the uid, so code that
+legitimately forks or starts threads may fail. Threads and subprocesses are not
+supported by design. For hostile workloads at scale run this inside a container
+or VM sandbox (gVisor, Firecracker, nsjail) and keep it as the inner layer.
 """
 
 from __future__ import annotations
@@ -93,19 +110,50 @@ libc = ctypes.CDLL(None, use_errno=True)
 CLONE_NEWUSER, CLONE_NEWNET, CLONE_NEWPID = 0x10000000, 0x40000000, 0x20000000
 PR_SET_PDEATHSIG = 1
 
+CLONE_NEWNS = 0x00020000
+
 def unshare(flags):
     return cfg["namespaces"] and libc.unshare(flags) == 0
 
+def readonly_filesystem(workdir):
+    # In the new mount namespace: every mount read-only except the work dir
+    # (bind-mounted onto itself first, so it is a mount of its own).
+    MS_RDONLY, MS_REMOUNT, MS_BIND, MS_REC, MS_PRIVATE = 1, 32, 4096, 16384, 1 << 18
+    keep = {"nosuid": 2, "nodev": 4, "noexec": 8, "noatime": 1024, "nodiratime": 2048, "relatime": 1 << 21}
+    libc.mount.argtypes = [ctypes.c_char_p, ctypes.c_char_p, ctypes.c_char_p, ctypes.c_ulong, ctypes.c_void_p]
+    if libc.mount(b"none", b"/", None, MS_REC | MS_PRIVATE, None) != 0:
+        return False
+    wd = workdir.encode()
+    if libc.mount(wd, wd, None, MS_BIND | MS_REC, None) != 0:
+        return False
+    ok = True
+    with open("/proc/self/mountinfo") as fh:
+        entries = [line.split() for line in fh]
+    for f in entries:
+        point = f[4]
+        for code in ("\\040", "\\011", "\\012", "\\134"):
+            point = point.replace(code, chr(int(code[-3:], 8)))
+        if point == workdir:
+            continue
+        # Locked per-mount flags (nosuid, nodev, ...) must be kept or the kernel refuses.
+        flags = MS_REMOUNT | MS_BIND | MS_RDONLY | sum(keep.get(o, 0) for o in f[5].split(","))
+        if libc.mount(None, point.encode(), None, flags, None) != 0 and not point.startswith(("/proc", "/sys", "/dev")):
+            ok = False
+    os.chdir(workdir)  # the old cwd is the directory under the bind mount (now read-only)
+    return ok
+
 root = os.geteuid() == 0
 ns = []
-if root and unshare(CLONE_NEWNET | CLONE_NEWPID):
-    ns = ["netns", "pidns"]
-elif root and unshare(CLONE_NEWNET):
-    ns = ["netns"]
-elif not root and unshare(CLONE_NEWUSER | CLONE_NEWNET | CLONE_NEWPID):
-    ns = ["netns", "pidns"]
-elif not root and unshare(CLONE_NEWUSER | CLONE_NEWNET):
-    ns = ["netns"]
+names = {CLONE_NEWNET: "netns", CLONE_NEWPID: "pidns", CLONE_NEWNS: "mountns"}
+base = 0 if root else CLONE_NEWUSER
+for extra in (CLONE_NEWNET | CLONE_NEWPID | CLONE_NEWNS, CLONE_NEWNET | CLONE_NEWPID, CLONE_NEWNET):
+    if unshare(base | extra):
+        ns = [n for flag, n in names.items() if extra & flag]
+        break
+if "mountns" in ns:
+    ns.remove("mountns")
+    if readonly_filesystem(os.path.realpath(os.getcwd())):
+        ns.append("fsro")
 layers += ns
 
 if "pidns" in ns:
@@ -124,11 +172,28 @@ if "pidns" in ns:
             os.kill(os.getpid(), sig)
         os._exit(os.waitstatus_to_exitcode(status))
 
+if "pidns" in ns and "fsro" in ns:
+    # A /proc of the new PID namespace: host processes (and their environ) disappear from view.
+    if libc.mount(b"proc", b"/proc", b"proc", 2 | 4 | 8, None) == 0:
+        layers.append("procns")
+
 if root and cfg["drop_root"]:
     os.setgroups([])
     os.setgid(cfg["uid"])
     os.setuid(cfg["uid"])
     layers.append("uid")
+elif root:
+    # Staying uid 0 (nobody cannot read this interpreter): give up every
+    # capability, so the code cannot remount, override file permissions,
+    # leave its namespaces or regain privileges through exec.
+    PR_CAPBSET_DROP, PR_SET_NO_NEW_PRIVS = 24, 38
+    for cap in range(64):
+        libc.prctl(PR_CAPBSET_DROP, cap, 0, 0, 0)
+    libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0)
+    header = (ctypes.c_uint32 * 2)(0x20080522, 0)  # _LINUX_CAPABILITY_VERSION_3, this process
+    data = (ctypes.c_uint32 * 6)()  # effective, permitted, inheritable = 0 (two 32-bit words each)
+    if libc.capset(header, data) == 0:
+        layers.append("nocaps")
 if "pidns" in ns:
     # Set after setuid (a credential change clears it).
     libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
@@ -162,7 +227,8 @@ BLOCKED = {"socket.__new__", "socket.connect", "socket.bind", "socket.getaddrinf
            "socket.gethostbyname", "socket.gethostbyaddr", "socket.sendto", "socket.sendmsg",
            "os.exec", "os.spawn", "os.system", "os.posix_spawn", "os.forkpty", "subprocess.Popen",
            "pty.spawn", "ctypes.dlopen", "ctypes.dlsym", "ctypes.addressof", "ctypes.cdata",
-           "ctypes.call_function", "os.setxattr", "os.removexattr", "os.chflags", "os.putenv"}
+           "ctypes.call_function", "os.setxattr", "os.removexattr", "os.chflags", "os.putenv",
+           "os.kill", "os.killpg", "signal.pthread_kill"}
 PATH_WRITES = {"os.remove", "os.rmdir", "os.rename", "os.truncate", "os.chmod", "os.chown",
                "os.mkdir", "os.symlink", "os.link", "os.utime", "shutil.rmtree", "shutil.move",
                "shutil.copyfile", "shutil.copytree"}
