@@ -1,0 +1,104 @@
+"""Benchmark of the reward path as OpenRLHF drives it; prints one JSON line.
+
+    python tests/benchmarks/bench_reward.py [--threads 8] [--math 2000] [--code 64]
+
+- math: `reward_func` (the OpenRLHF reward file) called with one sample per
+  call from `--threads` threads, on MATH-500 references written in another
+  equivalent form (half right, half wrong), with rollout logging on; reports
+  calls/s, the p50/p99 latency and how many were scored correct;
+- code: HumanEval canonical solutions through the sandbox, from the same number
+  of threads; reports sandbox runs/s and p50 latency, and the layers in force.
+
+No target is asserted: the figures show what one trainer process can score
+(the verifiers are CPU-bound; on a 2-core shared machine they depend on load,
+so the 1-minute load average is printed too).
+"""
+
+from __future__ import annotations
+
+import argparse
+import gzip
+import json
+import os
+import statistics
+import sys
+import tempfile
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--threads", type=int, default=8)
+    ap.add_argument("--math", type=int, default=2000)
+    ap.add_argument("--code", type=int, default=64)
+    ap.add_argument("--shared", default=str(Path(__file__).resolve().parents[3] / "shared" / "data"))
+    a = ap.parse_args()
+
+    import polars as pl
+
+    from mentor.data import bundled
+    from mentor.pipeline.schemas import code_label, prompt_label
+    from mentor.training import openrlhf_reward
+    from mentor.training.sandbox import run_python
+    from mentor.training.verify import math_pool, verify
+
+    os.environ["MENTOR_ROLLOUT_DIR"] = tempfile.mkdtemp(prefix="mentor-bench-reward-")
+    answers = pl.read_parquet(bundled("math500_problems.parquet"))["label"].to_list()
+    samples = []
+    for i in range(a.math):
+        ans = answers[i % len(answers)]
+        given = ans if i % 2 == 0 else answers[(i + 1) % len(answers)]
+        prompt = f"<|im_start|>user\nproblem {i}<|im_end|>\n<|im_start|>assistant\n"
+        query = prompt + f"Reasoning... so the answer is $\\boxed{{{given}}}$.<|im_end|>"
+        samples.append((query, prompt, prompt_label("math", ans, f"p-{i % len(answers)}", None, 0)))
+    math_pool().check("1", "1")  # start the workers outside the clock
+
+    def one(s):
+        t = time.perf_counter()
+        out = openrlhf_reward.reward_func([s[0]], [s[1]], [s[2]])
+        return time.perf_counter() - t, float(out["rewards"][0])
+
+    t0 = time.perf_counter()
+    with ThreadPoolExecutor(a.threads) as pool:
+        res = list(pool.map(one, samples))
+    math_s = time.perf_counter() - t0
+    lat = sorted(r[0] for r in res)
+
+    with gzip.open(Path(a.shared) / "humaneval" / "HumanEval.jsonl.gz", "rt") as fh:
+        tasks = [json.loads(line) for line in fh][: a.code]
+    layers = run_python("pass").layers
+
+    def code(task):
+        t = time.perf_counter()
+        ok = verify("code", "```python\n" + task["prompt"] + task["canonical_solution"] + "```",
+                    code_label(task["test"], task["entry_point"]))
+        return time.perf_counter() - t, ok
+
+    t0 = time.perf_counter()
+    with ThreadPoolExecutor(a.threads) as pool:
+        cres = list(pool.map(code, tasks))
+    code_s = time.perf_counter() - t0
+    print(json.dumps({
+        "bench": "reward",
+        "threads": a.threads,
+        "math_calls": len(res),
+        "math_calls_per_s": round(len(res) / math_s, 1),
+        "math_p50_ms": round(1000 * statistics.median(lat), 2),
+        "math_p99_ms": round(1000 * lat[int(0.99 * (len(lat) - 1))], 2),
+        "math_correct": int(sum(r[1] for r in res)),
+        "math_workers": math_pool().size,
+        "math_timeouts": math_pool().timeouts,
+        "code_runs": len(cres),
+        "code_runs_per_s": round(len(cres) / code_s, 2),
+        "code_p50_ms": round(1000 * statistics.median(r[0] for r in cres), 1),
+        "code_passed": int(sum(r[1] for r in cres)),
+        "sandbox_layers": layers,
+        "loadavg_1m": os.getloadavg()[0],
+        "cpus": os.cpu_count(),
+    }))
+
+
+if __name__ == "__main__":
+    sys.exit(main())
