@@ -502,7 +502,13 @@ def summarize_run(path: Path) -> dict[str, Any]:
         *STATUS_ORDER, "prompts", "hinted_share", "rescued_next", "rescued_next_rate", "rescue_rate_hinted", "rescue_rate_unhinted",
     ]
     table = [{c: row.get(c) for c in columns} for row in rows]
-    return {"rounds": table, "details": details}
+    out: dict[str, Any] = {"rounds": table}
+    base = path / "base-prompts"  # the runner's unhinted round-0 prompts, when it built them
+    if base.is_dir() and _files_of(base, "prompts"):
+        ps = summarize_prompts(base)
+        out["base_prompts"] = {k: ps[k] for k in ("rows", "problems", "rounds")}
+    out["details"] = details
+    return out
 
 
 # --------------------------------------------------------------------------- one problem

@@ -239,9 +239,11 @@ def test_workflow_runner_layout_is_read_too(run_dir, tmp_path):
     for a, b in (("rollouts", "ingest"), ("collapsed", "mine"), ("hints", "hint"), ("prompts", "build")):
         shutil.copytree(src / a, dst / b)
     (dst / "train").mkdir()
+    build(BuildConfig(base="gsm8k", round=0), tmp_path / "run" / "base-prompts")
     s = inspect_path(tmp_path / "run")
     row = s["rounds"][0]
     assert row["collapsed"] == 432 and row["hints"] == N_HINTED and row["prompts"] == 1319 and row["problems"] == 1319
+    assert s["base_prompts"] == {"rows": 1319, "problems": 1319, "rounds": [0]}
 
 
 def test_errors(tmp_path):

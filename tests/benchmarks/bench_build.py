@@ -14,39 +14,50 @@ caches:
 - raw: `pyarrow.parquet.write_table` of the very table build produced (read into
   memory before the clock starts) to one file, with the same compression (zstd).
 
-Prints one JSON line: rows, seconds and rows/s of each, and build/raw (target >= 0.8).
+Prints one JSON line: rows, seconds and rows/s of each (best of --repeat), and
+build/raw (target >= 0.8); also each one's CPU seconds (user+sys, all threads)
+and the 1-minute load average, since wall times on a shared 2-core machine
+depend on what else runs. Build writes its shards in parallel threads; the raw
+baseline is one pyarrow write call on one file (pyarrow's defaults + zstd).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
 
 BUILD = r"""
-import json, sys, time
+import json, resource, sys, time
 from mentor.stages.build import BuildConfig, build
+def cpu():
+    r = resource.getrusage(resource.RUSAGE_SELF)
+    return r.ru_utime + r.ru_stime
 base, hints, out = sys.argv[1:4]
 cfg = BuildConfig(base=base, hints=[hints])
-t = time.perf_counter()
+t, c = time.perf_counter(), cpu()
 stats = build(cfg, out)
-dt = time.perf_counter() - t
-print(json.dumps({"seconds": dt, "rows": stats.rows, "hinted": stats.hinted_rows, "shards": stats.shards}))
+dt, dc = time.perf_counter() - t, cpu() - c
+print(json.dumps({"seconds": dt, "cpu": dc, "rows": stats.rows, "hinted": stats.hinted_rows, "shards": stats.shards}))
 """
 
 RAW = r"""
-import json, sys, time
+import json, resource, sys, time
 import glob
 import pyarrow as pa, pyarrow.parquet as pq
 src, out = sys.argv[1:3]
 # The shards build wrote, concatenated in memory before the clock starts.
 table = pa.concat_tables([pq.read_table(f) for f in sorted(glob.glob(src + "/part-*.parquet"))])
-t = time.perf_counter()
+def cpu():
+    r = resource.getrusage(resource.RUSAGE_SELF)
+    return r.ru_utime + r.ru_stime
+t, c = time.perf_counter(), cpu()
 pq.write_table(table, out, compression="zstd", write_statistics=True)
-dt = time.perf_counter() - t
-print(json.dumps({"seconds": dt, "rows": table.num_rows}))
+dt, dc = time.perf_counter() - t, cpu() - c
+print(json.dumps({"seconds": dt, "cpu": dc, "rows": table.num_rows}))
 """
 
 
@@ -123,6 +134,8 @@ def main() -> None:
     raws = [run(RAW, str(out), str(folder / "raw.parquet")) for _ in range(args.repeat)]
     b = min(x["seconds"] for x in builds)
     r = min(x["seconds"] for x in raws)
+    b_cpu = min(x["cpu"] for x in builds)
+    r_cpu = min(x["cpu"] for x in raws)
     rows = builds[0]["rows"]
     print(
         json.dumps(
@@ -138,6 +151,10 @@ def main() -> None:
                 "raw_rows_per_s": round(rows / r),
                 "build_vs_raw": round((rows / b) / (rows / r), 3),
                 "target": 0.8,
+                "build_cpu_s": round(b_cpu, 3),
+                "raw_cpu_s": round(r_cpu, 3),
+                "cores": os.cpu_count(),
+                "load_avg_1m": round(os.getloadavg()[0], 2),
                 "shards_glob": shards,
             }
         )
