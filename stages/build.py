@@ -61,7 +61,6 @@ from mentor.pipeline.io import (
     check_dataset_files,
     read_parquet_schema,
     resolve_inputs,
-    scan_dataset,
     sha256_file,
     write_json_atomic,
     write_manifest,
@@ -431,8 +430,15 @@ def load_hints(sources: list[str], cfg: BuildConfig, stats: BuildStats) -> pl.Da
     if not sources:
         stats.warn("no --hints given: every prompt is unhinted")
         return empty
-    lf = scan_dataset(sources, "hints")
-    df = lf.select("problem_id", pl.col("round").alias("hint_round"), "hint_id", "hint", "status").collect()
+    paths = resolve_inputs(sources)
+    check_dataset_files(paths, "hints")  # every shard validated; then only the columns used are read
+    df = pl.read_parquet([str(p) for p in paths], columns=["problem_id", "round", "hint_id", "hint", "status"]).select(
+        pl.col("problem_id").cast(pl.String),
+        pl.col("round").cast(pl.Int32).alias("hint_round"),
+        pl.col("hint_id").cast(pl.String),
+        pl.col("hint").cast(pl.String),
+        pl.col("status").cast(pl.String),
+    )
     stats.hints_rows = df.height
     if df.height == 0:
         stats.warn(f"hints {', '.join(sources)}: the hints set is empty: every prompt is unhinted")

@@ -453,6 +453,11 @@ def test_bad_inputs(tmp_path, gsm8k_hints):
     assert any("chem" in w for w in st.warnings)
     with pytest.raises(DataError, match="--strict"):
         build(BuildConfig(base=str(tmp_path / "holes.parquet"), strict=True), tmp_path / "h2")
+    # Something else passed as --hints: a schema error naming the file and the missing columns.
+    from mentor.data import bundled
+
+    r = CliRunner().invoke(cli, ["build", "--base", "gsm8k", "--hints", str(bundled("gsm8k_rollouts.parquet")), "--out", str(tmp_path / "w")])
+    assert r.exit_code == 1 and "gsm8k_rollouts.parquet" in r.output and "not a 'hints' dataset" in r.output and "'hint'" in r.output
     # Hints for problems not in the base set: counted warning, an error with --strict.
     stray = make_hints([{"problem_id": "p-nowhere", "hint": "x"}, {"problem_id": gsm8k_ids(1)[0], "hint": "Look at the eggs."}],
                        tmp_path / "stray" / "hints.parquet")
