@@ -85,6 +85,10 @@ class VLLMBackend(CountingBackend):
                 os.environ.setdefault(k, v)
             if enforce_eager is None:
                 enforce_eager = True
+        # stdout belongs to the CLI's JSON summary; vLLM logs to stdout unless told otherwise.
+        os.environ.setdefault("VLLM_LOGGING_STREAM", "ext://sys.stderr")
+        if not logging.getLogger("mentor").isEnabledFor(logging.INFO):
+            os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")  # `mentor -v` shows vLLM's INFO logs
         if Path(model).is_dir():
             # A local folder needs nothing from a hub; never let a missing file trigger a download.
             os.environ.setdefault("HF_HUB_OFFLINE", "1")

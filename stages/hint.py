@@ -300,6 +300,9 @@ class _Shard:
                 st.keyword_leaks += len(worded) - len(kws)
                 p.keywords = kws
                 err = parsed["error"]
+                if err and not _LETTER.search(err):
+                    st.keyword_invalid += 1  # "4000" is not a diagnosis
+                    err = None
                 if err and leaks(err):
                     st.error_leaks += 1  # never let the answer reach the generation prompt
                     err = None

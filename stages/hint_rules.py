@@ -397,6 +397,7 @@ class RuleContext:
     _problem_trigrams: set | None = field(default=None, init=False, repr=False)
     _previous: frozenset = field(init=False, repr=False)
     _latin_problem: bool | None = field(default=None, init=False, repr=False)
+    _english_problem: bool | None = field(default=None, init=False, repr=False)
     _def_re: re.Pattern | None = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -430,6 +431,13 @@ class RuleContext:
         return self._problem_trigrams
 
     @property
+    def english_problem(self) -> bool:
+        if self._english_problem is None:
+            n, ratio = english_ratio(self.problem)
+            self._english_problem = n >= 8 and ratio >= 0.15
+        return self._english_problem
+
+    @property
     def latin_problem(self) -> bool:
         if self._latin_problem is None:
             self._latin_problem = self.problem.isascii() or _latin_ratio(self.problem) >= 0.9
@@ -446,6 +454,29 @@ def _entry_point(label: str) -> str | None:
         ep = obj.get("entry_point")
         return ep if isinstance(ep, str) and ep else None
     return label.strip() if re.fullmatch(r"[A-Za-z_]\w*", label.strip()) else None
+
+
+# Common English function words: a Latin-script hint for an English problem that uses almost none
+# of them is in another language (Portuguese, Spanish, ...) or is not prose at all.
+_EN_STOP = frozenset(
+    "a an the and or but of to in on at by for with from as is are was were be been it its this that these "
+    "those you your how what which when where who many much each every first then than there their they "
+    "he she his her we our if not do does did can could should would will use find think about into per "
+    "all any more most one two after before".split()
+)
+_LETTER_WORD = re.compile(r"[^\W\d_]+")
+
+
+def english_ratio(text: str) -> tuple[int, float]:
+    words = _LETTER_WORD.findall(text.lower())
+    if not words:
+        return 0, 0.0
+    return len(words), sum(1 for w in words if w in _EN_STOP) / len(words)
+
+
+def _not_english(hint: str) -> bool:
+    n, ratio = english_ratio(hint)
+    return n >= 10 and ratio < 0.1
 
 
 def _restates(hint: str, ctx: RuleContext) -> bool:
@@ -496,7 +527,9 @@ def check_hint(hint: str, ctx: RuleContext) -> list[str]:
         out.append("solution_code")
     if ctx._previous and normalise_hint(text) in ctx._previous:
         out.append("repeats_previous_hint")
-    if not text.isascii() and ctx.latin_problem and _latin_ratio(text) < 0.7:
+    if ctx.latin_problem and (
+        (not text.isascii() and _latin_ratio(text) < 0.7) or (ctx.english_problem and _not_english(text))
+    ):
         out.append("wrong_language")
     return out
 

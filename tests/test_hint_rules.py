@@ -147,6 +147,10 @@ def test_repeat_and_language():
     problem = "Janet's ducks lay 16 eggs per day. How much does she make every day at the market?"
     assert "wrong_language" in _v("计算她每天卖出的鸡蛋数量，然后乘以价格。", "18", problem=problem)
     assert "wrong_language" in _v("Посчитайте, сколько яиц остаётся на продажу.", "18", problem=problem)
+    # Latin script, but not English: judged by English function words (SmolLM2 wrote this one).
+    pt = "Não esperemos no problema. Não caso será desempeado de descargar para a desenho de tela."
+    assert "wrong_language" in _v(pt, "18", problem=problem)
+    assert "wrong_language" in _v("Cuenta los huevos que quedan después del desayuno y de hornear magdalenas.", "18", problem=problem)
     # Greek letters and accents are fine in a Latin-script problem.
     assert _v("Use the angle θ and the café's price per egg.", "18", problem=problem) == []
 
