@@ -609,8 +609,14 @@ def shuffle_key(seed: int) -> pl.Expr:
     return z ^ (z // pl.lit(1 << 31, _U64))
 
 
-def build_prompts(base: pl.DataFrame, hints: pl.DataFrame, cfg: BuildConfig, round_: int, stats: BuildStats, where: str = "base") -> pl.DataFrame:
-    """The prompts frame (PROMPTS columns) in final row order."""
+def prepare_rows(
+    base: pl.DataFrame, hints: pl.DataFrame, cfg: BuildConfig, round_: int, stats: BuildStats, where: str = "base"
+) -> pl.DataFrame:
+    """Base problems joined with their hints, in final row order, with ``index`` (and code labels).
+
+    Everything that needs the whole set (hint matching, --mode both, the seeded
+    order, the row index) happens here; `render_rows` then works on any slice.
+    """
     base = base.with_row_index("_order")
     joined = base.join(hints.select("problem_id", "hint_id", "hint"), on="problem_id", how="left", maintain_order="left")
     matched = hints.join(base.select("problem_id"), on="problem_id", how="semi").height
@@ -625,35 +631,45 @@ def build_prompts(base: pl.DataFrame, hints: pl.DataFrame, cfg: BuildConfig, rou
     if cfg.mode == "both":
         plain = joined.with_columns(pl.lit(None, pl.String).alias("hint_id"), pl.lit(None, pl.String).alias("hint"), pl.lit(0, pl.UInt8).alias("_variant"))
         hinted = joined.filter(pl.col("hint_id").is_not_null()).with_columns(pl.lit(1, pl.UInt8).alias("_variant"))
-        rows = pl.concat([plain, hinted]).sort("_order", "_variant")
+        rows = pl.concat([plain, hinted]).sort("_order", "_variant").drop("_variant")
     else:
         rows = joined
     if cfg.seed is not None:
         rows = rows.with_columns(shuffle_key(cfg.seed).alias("_key")).sort("_key").drop("_key")
-
-    domains = rows.get_column("domain").unique().to_list()
-    instruction: str | pl.Expr
-    if len(domains) == 1:  # the usual case: literals, not million-row columns
-        instruction = cfg.instructions.get(domains[0], "")
-    else:
-        instruction = pl.lit("")
-        for dom, text in cfg.instructions.items():
-            instruction = pl.when(pl.col("domain") == dom).then(pl.lit(text)).otherwise(instruction)
-    user = _render_user(cfg, instruction)
-    messages = []
-    if cfg.system_prompt:
-        messages.append(pl.struct(role=pl.lit("system"), content=pl.lit(cfg.system_prompt)))
-    messages.append(pl.struct(role=pl.lit("user"), content=user))
-
-    rows = rows.with_row_index("index").with_columns(pl.col("index").cast(pl.Int64))
-    label = _math_label(rows, round_)
+    rows = rows.drop("_order").with_row_index("index").with_columns(pl.col("index").cast(pl.Int64))
     if (rows.get_column("domain") == "code").any():
         code = rows.filter(pl.col("domain") == "code")
         code_labels = code.select("index").with_columns(_code_labels(code, round_, where))
         rows = rows.join(code_labels, on="index", how="left", maintain_order="left")
+    stats.rows = rows.height
+    stats.hinted_rows = int(rows.get_column("hint_id").is_not_null().sum())
+    stats.unhinted_rows = stats.rows - stats.hinted_rows
+    stats.hinted_problems = stats.hinted_rows
+    return rows
+
+
+def instruction_for(rows: pl.DataFrame, cfg: BuildConfig) -> str | pl.Expr:
+    """The domain instruction: a literal when the set has one domain (the usual case), else an expression."""
+    domains = rows.get_column("domain").unique().to_list()
+    if len(domains) == 1:
+        return cfg.instructions.get(domains[0], "")
+    instruction = pl.lit("")
+    for dom, text in cfg.instructions.items():
+        instruction = pl.when(pl.col("domain") == dom).then(pl.lit(text)).otherwise(instruction)
+    return instruction
+
+
+def render_rows(rows: pl.DataFrame, cfg: BuildConfig, round_: int, instruction: str | pl.Expr) -> pl.DataFrame:
+    """PROMPTS columns of (a slice of) `prepare_rows`'s output."""
+    messages = []
+    if cfg.system_prompt:
+        messages.append(pl.struct(role=pl.lit("system"), content=pl.lit(cfg.system_prompt)))
+    messages.append(pl.struct(role=pl.lit("user"), content=_render_user(cfg, instruction)))
+    label = _math_label(rows, round_)
+    if "_code_label" in rows.columns:
         label = pl.when(pl.col("domain") == "code").then(pl.col("_code_label")).otherwise(label)
     rnd = pl.lit(round_, pl.Int32)
-    out = rows.select(
+    return rows.select(
         pl.concat_list(messages).alias("prompt"),
         label.alias("label"),
         pl.col("data_source"),
@@ -664,11 +680,21 @@ def build_prompts(base: pl.DataFrame, hints: pl.DataFrame, cfg: BuildConfig, rou
         pl.col("hint_id"),
         rnd.alias("round"),
     )
-    stats.rows = out.height
-    stats.hinted_rows = int(out.get_column("hint_id").is_not_null().sum())
-    stats.unhinted_rows = stats.rows - stats.hinted_rows
-    stats.hinted_problems = stats.hinted_rows
-    return out
+
+
+def build_prompts(base: pl.DataFrame, hints: pl.DataFrame, cfg: BuildConfig, round_: int, stats: BuildStats, where: str = "base") -> pl.DataFrame:
+    """The whole prompts frame (PROMPTS columns) in final row order (`build` renders it shard by shard)."""
+    rows = prepare_rows(base, hints, cfg, round_, stats, where)
+    return render_rows(rows, cfg, round_, instruction_for(rows, cfg))
+
+
+def estimated_bytes(rows: pl.DataFrame, cfg: BuildConfig) -> int:
+    """Approximate uncompressed size of the rendered prompts (for --shard-bytes), from string lengths."""
+    def total(col: str) -> int:
+        return int(rows.get_column(col).str.len_bytes().sum() or 0)
+
+    fixed = len(cfg.template) + len(cfg.system_prompt or "") + max((len(t) for t in cfg.instructions.values()), default=0) + 120
+    return total("problem") + total("hint") + 2 * total("label") + 3 * total("problem_id") + 2 * total("hint_id") + rows.height * fixed
 
 
 def to_arrow(df: pl.DataFrame) -> pa.Table:
@@ -721,9 +747,10 @@ STATISTICS_COLUMNS = [
 
 def write_shard(part: pl.DataFrame | pa.Table, path: Path) -> tuple[Path, str]:
     """One shard, cast to the PROMPTS schema, written atomically (same rows -> same bytes); returns its sha256."""
+    table = to_arrow(part) if isinstance(part, pl.DataFrame) else part
     with atomic_path(path) as tmp:
         pq.write_table(
-            to_prompts_table(part),
+            to_prompts_table(table),
             tmp,
             compression=PARQUET_COMPRESSION,
             use_dictionary=DICTIONARY_COLUMNS,
@@ -734,24 +761,35 @@ def write_shard(part: pl.DataFrame | pa.Table, path: Path) -> tuple[Path, str]:
 
 
 def write_shards(
-    df: pl.DataFrame, out_dir: Path, cfg: BuildConfig, workers: int | None = None, extra_jobs: list | None = None
+    rows: pl.DataFrame,
+    out_dir: Path,
+    cfg: BuildConfig,
+    round_: int,
+    workers: int | None = None,
+    extra_jobs: list | None = None,
 ) -> tuple[list[Path], dict[str, str]]:
-    """Write ``part-NNNNN.parquet`` atomically, then remove shards of an earlier, larger build.
+    """Render, convert, write and hash ``part-NNNNN.parquet`` shard by shard, then remove
+    shards of an earlier, larger build.
 
-    The frame is converted to Arrow once (converting polars slices one by one
-    costs several times more: each slice drags the whole string-view buffers);
-    the shards (zero-copy slices) are then cast, written and hashed in parallel
-    threads — pyarrow releases the GIL. Returns the shards and their sha256 by
+    Each shard is an independent job (a zero-copy slice of `rows`) run in a
+    thread pool: polars and pyarrow release the GIL, so on N cores N shards
+    progress at once and no single-threaded step (Arrow conversion, one
+    file's write) idles the other cores. Returns the shards and their sha256 by
     path. `extra_jobs` (callables returning (path, sha256)) run in the same pool.
     """
-    table = to_arrow(df)
-    per = cfg.rows_per_shard(table.num_rows, table.nbytes)
-    jobs = [(table.slice(start, per), out_dir / f"part-{i:05d}.parquet") for i, start in enumerate(range(0, table.num_rows, per))]
+    per = cfg.rows_per_shard(rows.height, estimated_bytes(rows, cfg) if cfg.shard_bytes is not None else 0)
+    instruction = instruction_for(rows, cfg)
+    jobs = [(start, out_dir / f"part-{i:05d}.parquet") for i, start in enumerate(range(0, rows.height, per))]
+
+    def job(item: tuple[int, Path]) -> tuple[Path, str]:
+        start, path = item
+        return write_shard(render_rows(rows.slice(start, per), cfg, round_, instruction), path)
+
     workers = workers or max(1, min(len(jobs), os.cpu_count() or 1, 8))
     hashes: dict[str, str] = {}
     with ThreadPoolExecutor(max_workers=workers) as pool:
-        extra = [pool.submit(job) for job in (extra_jobs or [])]
-        done = list(pool.map(lambda job: write_shard(*job), jobs))
+        extra = [pool.submit(fn) for fn in (extra_jobs or [])]
+        done = list(pool.map(job, jobs))
         for fut in extra:
             path, digest = fut.result()
             hashes[str(path)] = digest
@@ -783,7 +821,7 @@ def build(cfg: BuildConfig, out_dir: str | Path, template_files: list[Path] | No
     else:
         round_ = 0
     stats.round = round_
-    df = build_prompts(problems, hints, cfg, round_, stats, where=base.where)
+    rows = prepare_rows(problems, hints, cfg, round_, stats, where=base.where)
     out_dir.mkdir(parents=True, exist_ok=True)
     # The manifest is the commit point: remove the old one first so that a
     # crash mid-way never leaves a manifest describing other shards.
@@ -791,7 +829,7 @@ def build(cfg: BuildConfig, out_dir: str | Path, template_files: list[Path] | No
     hint_files = resolve_inputs(cfg.hints) if cfg.hints else []
     inputs = list(base.files) + hint_files + list(template_files or [])
     hash_inputs = [lambda p=p: (p, sha256_file(p)) for p in inputs]
-    shards, hashes = write_shards(df, out_dir, cfg, extra_jobs=hash_inputs)
+    shards, hashes = write_shards(rows, out_dir, cfg, round_, extra_jobs=hash_inputs)
     from mentor.pipeline.faults import fault_point
 
     fault_point("build.after_shards")  # resume tests: killed with shards written, no manifest yet
