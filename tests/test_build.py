@@ -574,3 +574,16 @@ def test_mixed_domains_get_their_own_instruction_and_label(tmp_path):
         assert user.endswith("\n\n" + DEFAULT_INSTRUCTIONS[dom]) and row["ability"] == dom
         assert row["label"] == prompt_label(dom, ref["label"], ref["problem_id"], row["hint_id"], 2)
         assert user.startswith("Hint: Sort first.\n\n") == (ref["problem_id"] == pid)
+
+
+def test_bytes_do_not_depend_on_the_writer_threads(tmp_path, monkeypatch, gsm8k_hints):
+    import mentor.stages.build as b
+
+    cfg = BuildConfig(base="gsm8k", hints=[str(gsm8k_hints)], shard_rows=200, seed=3)
+    monkeypatch.setattr(b.os, "cpu_count", lambda: 1)
+    build(cfg, tmp_path / "one")
+    monkeypatch.setattr(b.os, "cpu_count", lambda: 6)
+    build(cfg, tmp_path / "six")
+    one = [p.read_bytes() for p in sorted((tmp_path / "one").glob("part-*.parquet"))]
+    six = [p.read_bytes() for p in sorted((tmp_path / "six").glob("part-*.parquet"))]
+    assert len(one) == 7 and one == six
