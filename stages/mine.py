@@ -277,9 +277,6 @@ def apply_history(df: pl.DataFrame, history: Sequence[str]) -> pl.DataFrame:
 
 # --------------------------------------------------------------------------- driver
 
-MapFn = Callable[[Callable, list], list]
-
-
 def serial_map(fn: Callable, items: list, *args) -> list:
     return [fn(item, *args) for item in items]
 
@@ -296,12 +293,12 @@ def mine(
     default runs them here, `mentor.pipeline.cluster.dask_map` on a cluster.
     """
     paths = resolve_inputs(sources)
-    fix = None if cfg.correct_col == "correct" else None
-    check_dataset_files(paths, "rollouts", fix)
+    check_dataset_files(paths, "rollouts")
     if cfg.correct_col != "correct":
         for p in paths:
-            if cfg.correct_col not in read_parquet_schema(p).names:
-                raise ConfigError(f"{p}: column {cfg.correct_col!r} (--correct-col) missing; found {read_parquet_schema(p).names}")
+            names = read_parquet_schema(p).names
+            if cfg.correct_col not in names:
+                raise ConfigError(f"{p}: column {cfg.correct_col!r} (--correct-col) missing; found {names}")
     stats = MineStats(shards=len(paths))
     files = [str(p) for p in paths]
     merged = reduce_counts(map_fn(count_shard, files, cfg), cfg, stats)
