@@ -41,7 +41,6 @@ from mentor.pipeline.io import atomic_path, read_json, read_parquet_schema, reso
 log = logging.getLogger(__name__)
 
 ROUND_RE = re.compile(r"^round-(\d+)$")
-STAGES = ("rollouts", "collapsed", "hints", "prompts", "train", "rescue")
 KINDS = ("run", "rollouts", "collapsed", "hints", "prompts", "problems", "rescue")
 STATUS_ORDER = ("accepted", "repaired", "fallback")
 
@@ -70,9 +69,8 @@ def round_dirs(run: Path) -> list[tuple[int, Path]]:
 
 
 def _parquet_files(path: Path) -> list[Path]:
-    files = resolve_inputs([str(path)])
-    # A directory may hold rescue.parquet beside other outputs; datasets come from their own files.
-    return files
+    """The Parquet files of a file/folder/glob (temporary files, _done markers and _shards skipped)."""
+    return resolve_inputs([str(path)])
 
 
 def detect(path: str | Path) -> str:
