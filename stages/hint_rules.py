@@ -527,8 +527,9 @@ def check_hint(hint: str, ctx: RuleContext) -> list[str]:
         out.append("solution_code")
     if ctx._previous and normalise_hint(text) in ctx._previous:
         out.append("repeats_previous_hint")
-    if ctx.latin_problem and (
-        (not text.isascii() and _latin_ratio(text) < 0.7) or (ctx.english_problem and _not_english(text))
+    # The hint's own tests first: the problem's script/language is computed only when they fire.
+    if (not text.isascii() and _latin_ratio(text) < 0.7 and ctx.latin_problem) or (
+        _not_english(text) and ctx.english_problem and ctx.latin_problem
     ):
         out.append("wrong_language")
     return out

@@ -103,8 +103,10 @@ def bench_vllm(base: list[dict], n: int) -> dict:
     in_stage_chat = sum(w[2] for w in waves)
     backend.llm.reset_prefix_cache()
     t0 = time.perf_counter()
+    replay_tokens = 0
     for conversations, params, _ in waves:
-        raw_chat(conversations, params)
+        for out in raw_chat(conversations, params):
+            replay_tokens += len(out.outputs[0].token_ids) if out.outputs else 0
     replay = time.perf_counter() - t0
     return {
         "b_problems": n,
@@ -115,6 +117,7 @@ def bench_vllm(base: list[dict], n: int) -> dict:
         "b_stage_s": round(stage, 3),
         "b_in_stage_chat_s": round(in_stage_chat, 3),
         "b_replay_chat_s": round(replay, 3),
+        "b_replay_completion_tokens": replay_tokens,  # same prompts and seeds; lengths may still differ slightly
         "b_ratio_stage_over_replay": round(stage / replay, 3),
         "b_ratio_stage_over_in_stage_chat": round(stage / in_stage_chat, 3),
         "b_target_ratio": 1.10,
