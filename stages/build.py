@@ -617,9 +617,9 @@ def prepare_rows(
     Everything that needs the whole set (hint matching, --mode both, the seeded
     order, the row index) happens here; `render_rows` then works on any slice.
     """
-    base = base.with_row_index("_order")
     joined = base.join(hints.select("problem_id", "hint_id", "hint"), on="problem_id", how="left", maintain_order="left")
-    matched = hints.join(base.select("problem_id"), on="problem_id", how="semi").height
+    # Base ids and hint ids are both unique here, so matched hints = hinted base rows.
+    matched = int(joined.get_column("hint_id").is_not_null().sum())
     stats.hints_used = matched
     stats.hints_unmatched = hints.height - matched
     if stats.hints_unmatched:
@@ -629,14 +629,15 @@ def prepare_rows(
             raise DataError(msg + " (--strict); build against the base set the hints were made for")
         stats.warn(msg)
     if cfg.mode == "both":
+        joined = joined.with_row_index("_order")
         plain = joined.with_columns(pl.lit(None, pl.String).alias("hint_id"), pl.lit(None, pl.String).alias("hint"), pl.lit(0, pl.UInt8).alias("_variant"))
         hinted = joined.filter(pl.col("hint_id").is_not_null()).with_columns(pl.lit(1, pl.UInt8).alias("_variant"))
-        rows = pl.concat([plain, hinted]).sort("_order", "_variant").drop("_variant")
+        rows = pl.concat([plain, hinted]).sort("_order", "_variant").drop("_variant", "_order")
     else:
         rows = joined
     if cfg.seed is not None:
         rows = rows.with_columns(shuffle_key(cfg.seed).alias("_key")).sort("_key").drop("_key")
-    rows = rows.drop("_order").with_row_index("index").with_columns(pl.col("index").cast(pl.Int64))
+    rows = rows.with_row_index("index").with_columns(pl.col("index").cast(pl.Int64))
     if (rows.get_column("domain") == "code").any():
         code = rows.filter(pl.col("domain") == "code")
         code_labels = code.select("index").with_columns(_code_labels(code, round_, where))
@@ -766,7 +767,6 @@ def write_shards(
     cfg: BuildConfig,
     round_: int,
     workers: int | None = None,
-    extra_jobs: list | None = None,
 ) -> tuple[list[Path], dict[str, str]]:
     """Render, convert, write and hash ``part-NNNNN.parquet`` shard by shard, then remove
     shards of an earlier, larger build.
@@ -774,8 +774,7 @@ def write_shards(
     Each shard is an independent job (a zero-copy slice of `rows`) run in a
     thread pool: polars and pyarrow release the GIL, so on N cores N shards
     progress at once and no single-threaded step (Arrow conversion, one
-    file's write) idles the other cores. Returns the shards and their sha256 by
-    path. `extra_jobs` (callables returning (path, sha256)) run in the same pool.
+    file's write) idles the other cores. Returns the shards and their sha256 by path.
     """
     per = cfg.rows_per_shard(rows.height, estimated_bytes(rows, cfg) if cfg.shard_bytes is not None else 0)
     instruction = instruction_for(rows, cfg)
@@ -786,15 +785,10 @@ def write_shards(
         return write_shard(render_rows(rows.slice(start, per), cfg, round_, instruction), path)
 
     workers = workers or max(1, min(len(jobs), os.cpu_count() or 1, 8))
-    hashes: dict[str, str] = {}
     with ThreadPoolExecutor(max_workers=workers) as pool:
-        extra = [pool.submit(fn) for fn in (extra_jobs or [])]
         done = list(pool.map(job, jobs))
-        for fut in extra:
-            path, digest = fut.result()
-            hashes[str(path)] = digest
     shards = [p for p, _ in done]
-    hashes.update({str(p): h for p, h in done})
+    hashes = {str(p): h for p, h in done}
     names = {p.name for p in shards}
     for old in out_dir.iterdir():
         if SHARD_RE.match(old.name) and old.name not in names:
@@ -806,30 +800,33 @@ def build(cfg: BuildConfig, out_dir: str | Path, template_files: list[Path] | No
     """Build the prompt shards into `out_dir`: part-NNNNN.parquet, stats.json, README.md, manifest.json (last)."""
     out_dir = Path(out_dir)
     stats = BuildStats(mode=cfg.mode, seed=cfg.seed)
-    base = load_base(cfg.base, cfg.mapping, cfg.domain)
-    if cfg.answer_after:
-        base.frame = base.frame.with_columns(
-            pl.col("label").str.split(cfg.answer_after).list.last().str.strip_chars().alias("label")
-        )
-    problems = validate_base(base, cfg, stats)
-    stats.base_problems = problems.height
-    hints = load_hints(cfg.hints, cfg, stats)
-    if cfg.round is not None:
-        round_ = cfg.round
-    elif hints.height:
-        round_ = int(hints.get_column("hint_round").max()) + 1
-    else:
-        round_ = 0
-    stats.round = round_
-    rows = prepare_rows(problems, hints, cfg, round_, stats, where=base.where)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    # The manifest is the commit point: remove the old one first so that a
-    # crash mid-way never leaves a manifest describing other shards.
-    (out_dir / "manifest.json").unlink(missing_ok=True)
-    hint_files = resolve_inputs(cfg.hints) if cfg.hints else []
-    inputs = list(base.files) + hint_files + list(template_files or [])
-    hash_inputs = [lambda p=p: (p, sha256_file(p)) for p in inputs]
-    shards, hashes = write_shards(rows, out_dir, cfg, round_, extra_jobs=hash_inputs)
+    # Input files are hashed (for the manifest) in the background while the build runs.
+    with ThreadPoolExecutor(max_workers=1) as hasher:
+        base = load_base(cfg.base, cfg.mapping, cfg.domain)
+        hint_files = resolve_inputs(cfg.hints) if cfg.hints else []
+        inputs = list(base.files) + hint_files + list(template_files or [])
+        digests = {str(p): hasher.submit(sha256_file, p) for p in inputs}
+        if cfg.answer_after:
+            base.frame = base.frame.with_columns(
+                pl.col("label").str.split(cfg.answer_after).list.last().str.strip_chars().alias("label")
+            )
+        problems = validate_base(base, cfg, stats)
+        stats.base_problems = problems.height
+        hints = load_hints(cfg.hints, cfg, stats)
+        if cfg.round is not None:
+            round_ = cfg.round
+        elif hints.height:
+            round_ = int(hints.get_column("hint_round").max()) + 1
+        else:
+            round_ = 0
+        stats.round = round_
+        rows = prepare_rows(problems, hints, cfg, round_, stats, where=base.where)
+        out_dir.mkdir(parents=True, exist_ok=True)
+        # The manifest is the commit point: remove the old one first so that a
+        # crash mid-way never leaves a manifest describing other shards.
+        (out_dir / "manifest.json").unlink(missing_ok=True)
+        shards, hashes = write_shards(rows, out_dir, cfg, round_)
+        hashes |= {k: f.result() for k, f in digests.items()}
     from mentor.pipeline.faults import fault_point
 
     fault_point("build.after_shards")  # resume tests: killed with shards written, no manifest yet
