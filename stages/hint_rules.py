@@ -259,24 +259,42 @@ def _timeout() -> int | None:
     return 5 if threading.current_thread() is threading.main_thread() else None
 
 
-@lru_cache(maxsize=4096)
-def _mv_parse(latex: str):
+_MV_CACHE: dict[str, list] = {}
+
+
+def _mv_parse(latex: str) -> list | None:
+    """math-verify's parse of one expression; [] when unparseable, None when it timed out (unknown)."""
+    hit = _MV_CACHE.get(latex)
+    if hit is not None:
+        return hit
     from math_verify import parse
+    from math_verify.errors import TimeoutException
 
     try:
-        return parse(f"${latex}$", parsing_timeout=_timeout())
-    except Exception:  # math-verify raises on pathological input; a failed parse is "no match"
-        return []
+        out = parse(f"${latex}$", parsing_timeout=_timeout(), raise_on_error=True)
+    except TimeoutException:
+        return None  # not cached: a loaded machine must not turn into a permanent "no match"
+    except Exception:  # math-verify raises on pathological input: no expression there
+        out = []
+    if len(_MV_CACHE) < 8192:
+        _MV_CACHE[latex] = out
+    return out
 
 
-def _mv_equal(gold, latex: str) -> bool:
+def _mv_equal(gold: list | None, latex: str) -> bool:
+    """Whether `latex` equals the answer; a timeout counts as equal (the leak guard errs on the safe side)."""
     from math_verify import verify
+    from math_verify.errors import TimeoutException
 
     target = _mv_parse(latex)
+    if gold is None or target is None:
+        return True
     if not gold or not target:
         return False
     try:
-        return bool(verify(gold, target, timeout_seconds=_timeout()))
+        return bool(verify(gold, target, timeout_seconds=_timeout(), raise_on_error=True))
+    except TimeoutException:
+        return True
     except Exception:
         return False
 
@@ -305,7 +323,8 @@ class AnswerMatcher:
             self.word = re.compile(r"(?<![A-Za-z])" + re.escape(inner.lower()) + r"(?![A-Za-z])")
 
     @property
-    def gold(self):
+    def gold(self) -> list | None:
+        """The parsed answer ([] when math-verify cannot read it, None after a timeout: retried next time)."""
         if self._gold is None:
             self._gold = _mv_parse(_clean_latex(self.answer)) if self.answer else []
         return self._gold
@@ -357,7 +376,8 @@ class AnswerMatcher:
                     return True
                 if not re.search(r"\\|\^|[a-zA-Z]", seg):
                     continue  # only plain numbers: compared above
-            if self.gold and _mv_equal(self.gold, seg):
+            gold = self.gold
+            if (gold is None or gold) and _mv_equal(gold, seg):
                 return True
         return False
 

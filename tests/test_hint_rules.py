@@ -169,3 +169,21 @@ def test_check_hint_cli():
     r = runner.invoke(cli, ["check-hint", "--domain", "code", "--entry-point", "f", "def f(x): return x"])
     assert r.exit_code == 1
     assert "solution_code" in json.loads(r.output)["violations"]
+
+
+def test_math_verify_timeout_errs_on_the_safe_side(monkeypatch):
+    import math_verify
+    from math_verify.errors import TimeoutException
+
+    from mentor.stages import hint_rules
+
+    def slow(*a, **k):
+        raise TimeoutException("too slow")
+
+    monkeypatch.setattr(math_verify, "parse", slow)
+    monkeypatch.setattr(hint_rules, "_MV_CACHE", {})
+    # A symbolic expression math-verify could not judge in time counts as a leak, and is not cached.
+    assert "answer_leak" in _v(r"Consider $\frac{a+b}{c}$ here.", "p - q")
+    assert hint_rules._MV_CACHE == {}
+    # Plain numbers never need math-verify.
+    assert _v("Add 3 and 4 first.", "18") == []
