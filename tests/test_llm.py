@@ -103,8 +103,11 @@ def test_vllm_backend_module_is_the_only_vllm_import():
     pattern = re.compile(r"^\s*(?:import vllm|from vllm[ .])", re.M)
     root = Path(__file__).resolve().parents[1]
     offenders = []
-    for py in root.rglob("*.py"):
-        if "tests" in py.parts or ".git" in py.parts or py.name == "vllm_backend.py":
+    # The project's own code only (a venv inside the checkout holds vllm itself).
+    sources = [py for folder in ("pipeline", "stages", "training", "workflows", "data") for py in (root / folder).rglob("*.py")]
+    assert any(py.name == "vllm_backend.py" for py in sources)
+    for py in sources:
+        if py.name == "vllm_backend.py":
             continue
         text = py.read_text(encoding="utf-8", errors="replace")
         if pattern.search(text):
