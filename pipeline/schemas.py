@@ -109,7 +109,8 @@ PROMPTS = pa.schema(
     [
         pa.field("prompt", pa.list_(MESSAGE), nullable=False),
         pa.field("label", pa.string(), nullable=False),  # JSON, see module docstring
-        pa.field("data_source", pa.string(), nullable=False),
+        pa.field("data_source", pa.string(), nullable=False),  # verl
+        pa.field("datasource", pa.string()),  # the same, under the name OpenRLHF's PromptDataset reads
         pa.field("ability", pa.string(), nullable=False),
         pa.field(
             "reward_model",

@@ -39,6 +39,7 @@ and ``text_id`` for base sets without a problem id column.
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import os
 import re
@@ -674,6 +675,7 @@ def render_rows(rows: pl.DataFrame, cfg: BuildConfig, round_: int, instruction: 
         pl.concat_list(messages).alias("prompt"),
         label.alias("label"),
         pl.col("data_source"),
+        pl.col("data_source").alias("datasource"),  # OpenRLHF's per-source metrics read this name
         pl.col("domain").alias("ability"),
         pl.struct(style=pl.lit("rule"), ground_truth=pl.col("label")).alias("reward_model"),
         pl.struct(pl.col("problem_id"), pl.col("hint_id"), rnd.alias("round"), pl.col("index")).alias("extra_info"),
@@ -712,12 +714,20 @@ def to_prompts_table(df: pl.DataFrame | pa.Table) -> pa.Table:
 # --------------------------------------------------------------------------- writing
 
 
-def dataset_card(shards: list[str], stats: BuildStats) -> str:
-    """README.md of the shard directory: its YAML `configs` make load_dataset(DIR) read only the shards."""
+def dataset_card(shards: list[str], stats: BuildStats, digests: list[str] | None = None) -> str:
+    """README.md of the shard directory: its YAML `configs` make load_dataset(DIR) read only the shards.
+
+    The config is named after the shards' content digest: `datasets` keys its
+    cache of a directory on the card's configs (not on the files' mtimes), so a
+    rebuild in place with other content must change it, or `load_dataset(DIR)`
+    (what OpenRLHF calls) returns the rows of the earlier build.
+    """
+    digest = hashlib.sha256("".join(digests or []).encode()).hexdigest()[:16]
     return (
         "---\n"
         "configs:\n"
-        "- config_name: default\n"
+        f"- config_name: prompts-{digest}\n"
+        "  default: true\n"
         "  data_files:\n"
         "  - split: train\n"
         "    path: part-*.parquet\n"
@@ -725,7 +735,8 @@ def dataset_card(shards: list[str], stats: BuildStats) -> str:
         "# mentor prompt shards\n\n"
         f"{stats.rows} prompts ({stats.hinted_rows} hinted) for round {stats.round}, "
         f"schema `prompts` v{SCHEMA_VERSION}, in {len(shards)} shard(s) `part-NNNNN.parquet`.\n"
-        "`manifest.json` lists each shard's rows and sha256; `stats.json` the build's counters.\n\n"
+        "`manifest.json` lists each shard's rows and sha256; `stats.json` the build's counters.\n"
+        f"Content digest: `{digest}`.\n\n"
         "- OpenRLHF: `--data.prompt_dataset <this dir> --data.input_key prompt --data.label_key label "
         "--data.apply_chat_template`\n"
         "- verl: `data.train_files` = the shard files\n"
@@ -833,7 +844,7 @@ def build(cfg: BuildConfig, out_dir: str | Path, template_files: list[Path] | No
     stats.shards = len(shards)
     write_json_atomic(stats.as_dict() | {"schema_version": SCHEMA_VERSION}, out_dir / "stats.json")
     with atomic_path(out_dir / "README.md") as tmp:
-        tmp.write_text(dataset_card([s.name for s in shards], stats))
+        tmp.write_text(dataset_card([s.name for s in shards], stats, [hashes[str(sh)] for sh in shards]))
     write_manifest(
         out_dir, shards, "prompts", inputs=inputs, config=cfg,
         extra={"base": base.info, "round": round_, "stats": "stats.json"}, hashes=hashes,

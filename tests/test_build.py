@@ -259,14 +259,15 @@ def test_user_template_file_and_instruction_placement(tmp_path, gsm8k_hints):
 # --------------------------------------------------------------------------- how the trainers load them
 
 
-def test_datasets_loads_files_glob_and_the_directory(built):
+def test_datasets_loads_files_glob_and_the_directory(built, tmp_path):
     datasets = pytest.importorskip("datasets")
     files = [str(p) for p in sorted(built.glob("part-*.parquet"))]
-    by_files = datasets.load_dataset("parquet", data_files=files, split="train")
-    by_glob = datasets.load_dataset("parquet", data_files=str(built / "part-*.parquet"), split="train")
+    cache = str(tmp_path / "hf-cache")  # a fresh cache: never an Arrow copy of an earlier build
+    by_files = datasets.load_dataset("parquet", data_files=files, split="train", cache_dir=cache)
+    by_glob = datasets.load_dataset("parquet", data_files=str(built / "part-*.parquet"), split="train", cache_dir=cache)
     # As OpenRLHF does for a directory: load_dataset(DIR). Without the README card
     # datasets would pick manifest.json/stats.json (more .json than .parquet files).
-    by_dir = datasets.load_dataset(str(built), split="train")
+    by_dir = datasets.load_dataset(str(built), split="train", cache_dir=cache)
     for ds in (by_files, by_glob, by_dir):
         assert ds.num_rows == 1319
         assert ds.column_names == PROMPTS.names
@@ -587,3 +588,15 @@ def test_bytes_do_not_depend_on_the_writer_threads(tmp_path, monkeypatch, gsm8k_
     one = [p.read_bytes() for p in sorted((tmp_path / "one").glob("part-*.parquet"))]
     six = [p.read_bytes() for p in sorted((tmp_path / "six").glob("part-*.parquet"))]
     assert len(one) == 7 and one == six
+
+
+def test_rebuild_in_place_is_not_hidden_by_the_datasets_cache(tmp_path):
+    """load_dataset(DIR), as OpenRLHF calls it, must see a rebuild's rows, not its cache of the earlier build."""
+    datasets = pytest.importorskip("datasets")
+    out, cache = tmp_path / "prompts", str(tmp_path / "hf-cache")
+    build(BuildConfig(base="gsm8k", instructions={"math": "First instruction."}), out)
+    first = datasets.load_dataset(str(out), split="train", cache_dir=cache)
+    assert first[0]["prompt"][-1]["content"].endswith("First instruction.")
+    build(BuildConfig(base="gsm8k", instructions={"math": "Second instruction."}), out)
+    second = datasets.load_dataset(str(out), split="train", cache_dir=cache)
+    assert second[0]["prompt"][-1]["content"].endswith("Second instruction.")
