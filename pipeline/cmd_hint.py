@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.metadata
 import json
 import subprocess
 import sys
@@ -11,6 +10,7 @@ import click
 
 from mentor.pipeline.cmd_data import cluster_options
 from mentor.pipeline.errors import ConfigError
+from mentor.pipeline.vllm_backend import _installed  # a metadata lookup; vllm itself is imported lazily
 
 
 @click.command()
@@ -89,12 +89,6 @@ def check_hint(hint_text, domain, answer, problem, entry_point, previous, max_ch
 CPU_CONFLICTS = ("torchvision", "torchaudio", "torchcodec", "triton")
 
 
-def _installed(dist: str) -> bool:
-    try:
-        importlib.metadata.version(dist)
-        return True
-    except importlib.metadata.PackageNotFoundError:
-        return False
 
 
 OPENRLHF_PIN = "openrlhf==0.11.2"

@@ -210,6 +210,22 @@ def read_json(path: str | os.PathLike) -> Any:
     return json.loads(Path(path).read_text())
 
 
+def read_yaml_mapping(path: str | os.PathLike, what: str = "settings") -> dict[str, Any]:
+    """A YAML file that must hold a mapping; `ConfigError` naming the file otherwise."""
+    import yaml
+
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(f"{path}: no such config file")
+    try:
+        data = yaml.safe_load(path.read_text()) or {}
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{path}: not valid YAML ({exc})") from exc
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: expected a mapping of {what}, found {type(data).__name__}")
+    return data
+
+
 def sha256_file(path: str | os.PathLike, chunk: int = 1 << 20) -> str:
     h = hashlib.sha256()
     with open(path, "rb") as fh:
@@ -270,6 +286,7 @@ __all__ = [
     "read_json",
     "read_parquet_schema",
     "read_table",
+    "read_yaml_mapping",
     "resolve_inputs",
     "scan_dataset",
     "schema_metadata",

@@ -123,17 +123,9 @@ def load_config(path: str | Path | None, **overrides: Any) -> HintConfig:
     """HintConfig from a YAML file (top level, or under a `hint:` key) plus CLI overrides."""
     data: dict[str, Any] = {}
     if path:
-        import yaml
+        from mentor.pipeline.io import read_yaml_mapping
 
-        p = Path(path)
-        if not p.is_file():
-            raise ConfigError(f"{p}: config file not found (--config)")
-        try:
-            loaded = yaml.safe_load(p.read_text()) or {}
-        except yaml.YAMLError as exc:
-            raise ConfigError(f"{p}: not valid YAML ({exc})") from exc
-        if not isinstance(loaded, dict):
-            raise ConfigError(f"{p}: expected a mapping of hint settings, found {type(loaded).__name__}")
+        loaded = read_yaml_mapping(path, "hint settings")
         data = loaded.get("hint", loaded) if isinstance(loaded.get("hint"), dict) else loaded
     data.update({k: v for k, v in overrides.items() if v is not None})
     from pydantic import ValidationError

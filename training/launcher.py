@@ -40,11 +40,10 @@ from collections import deque
 from pathlib import Path
 from typing import Any
 
-import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from mentor.pipeline.errors import ConfigError, MentorError
-from mentor.pipeline.io import read_json, write_json_atomic
+from mentor.pipeline.io import read_json, read_yaml_mapping, write_json_atomic
 from mentor.training.rollout_log import ENV_DIR
 
 log = logging.getLogger(__name__)
@@ -135,14 +134,7 @@ class TrainConfig(BaseModel):
 def load_config(path: str | os.PathLike) -> TrainConfig:
     """Read `round.yaml`; errors name the file and the field."""
     path = Path(path)
-    if not path.is_file():
-        raise ConfigError(f"{path}: no such config file")
-    try:
-        data = yaml.safe_load(path.read_text()) or {}
-    except yaml.YAMLError as exc:
-        raise ConfigError(f"{path}: not valid YAML ({exc})") from exc
-    if not isinstance(data, dict):
-        raise ConfigError(f"{path}: expected a mapping of settings, found {type(data).__name__}")
+    data = read_yaml_mapping(path, "round settings")
     try:
         return TrainConfig(**data)
     except ValidationError as exc:

@@ -10,11 +10,12 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from mentor.pipeline.errors import ConfigError
+from mentor.pipeline.io import read_yaml_mapping
 from mentor.stages.mine import MineConfig
+from mentor.stages.rollout import RolloutConfig
 
 PACKAGED = Path(__file__).resolve().parent
 
@@ -48,12 +49,10 @@ class OfflineTrainer(_Strict):
 
     kind: Literal["offline"]
     policy: BackendSettings = Field(default_factory=BackendSettings, description="The policy that answers the prompts.")
-    k: int = Field(4, ge=1, description="Rollouts per prompt.")
-    max_tokens: int = Field(512, ge=1, description="Max new tokens per rollout.")
-    temperature: float = Field(1.0, ge=0.0, description="Sampling temperature.")
-    top_p: float = Field(1.0, gt=0.0, le=1.0, description="Nucleus sampling.")
-    seed: int = Field(0, description="Base seed (each rollout gets its own derived seed).")
-    limit: int | None = Field(None, ge=1, description="Only the first N prompts (demos, tests).")
+    rollout: RolloutConfig = Field(
+        default_factory=RolloutConfig,
+        description="`mentor rollout` settings (k, max_tokens, temperature, ...); each round offsets the seed and stamps its round.",
+    )
 
 
 class OpenRLHFTrainer(_Strict):
@@ -122,12 +121,7 @@ class Workflow(_Strict):
 def load_workflow(path: str | Path) -> Workflow:
     """Load and validate a workflow file; errors name the file and the key."""
     path = resolve_workflow_path(path)
-    try:
-        data = yaml.safe_load(path.read_text())
-    except yaml.YAMLError as exc:
-        raise ConfigError(f"{path}: not valid YAML ({exc})") from exc
-    if not isinstance(data, dict):
-        raise ConfigError(f"{path}: a workflow is a YAML mapping of keys (name, base, trainer, ...)")
+    data = read_yaml_mapping(path, "workflow keys (name, base, trainer, ...)")
     return validate_workflow(data, str(path))
 
 

@@ -221,12 +221,11 @@ class Runner:
         logs = sd.path / "logs"
         logs.mkdir(parents=True, exist_ok=True)
         if t.kind == "offline":
-            from mentor.stages.rollout import RolloutConfig, rollout_to_dir
             from mentor.pipeline.llm import BackendSpec
+            from mentor.stages.rollout import rollout_to_dir
 
             spec = BackendSpec(t.policy.backend, t.policy.model, dict(t.policy.options))
-            cfg = RolloutConfig(k=t.k, max_tokens=t.max_tokens, temperature=t.temperature, top_p=t.top_p,
-                                seed=t.seed + 1000 * r, limit=t.limit, round=r)
+            cfg = t.rollout.model_copy(update={"seed": t.rollout.seed + 1000 * r, "round": r})
             stats = rollout_to_dir([str(prompts)], logs, cfg, spec)
             return {"kind": "offline", "rollouts": stats.get("rollouts") if isinstance(stats, dict) else None}
         if t.kind == "openrlhf":
