@@ -43,6 +43,8 @@ def generate(out: Path, rows: int, shards: int, k: int = 4) -> list[Path]:
     per = rows // shards
     rng = np.random.default_rng(0)
     words = np.array("the of add subtract multiply total each per so then we get answer left cost".split())
+    # ~250-byte responses: 1,000 random 40-word texts, each row picks one and appends its own answer.
+    pool = [" ".join(rng.choice(words, size=40)) for _ in range(1000)]
     for s, path in enumerate(paths):
         start = s * per
         idx = np.arange(start, start + per)
@@ -51,22 +53,27 @@ def generate(out: Path, rows: int, shards: int, k: int = 4) -> list[Path]:
         u = (prob * 2654435761 % 1000) / 1000.0
         p_correct = np.where(u < 0.33, 0.0, np.where(u > 0.875, 1.0, 0.5))
         correct = (rng.random(per) < p_correct).astype(np.float64)
-        resp_words = rng.choice(words, size=(per, 40))
-        responses = [" ".join(w) + f" A: {n}" for w, n in zip(resp_words, rng.integers(0, 10_000, per))]
         df = pl.DataFrame(
             {
-                "problem_id": [f"p-{x:016x}" for x in prob],
+                "pid": prob,
                 "round": np.zeros(per, dtype=np.int32),
                 "sample_idx": (idx % k).astype(np.int32),
-                "problem": [f"Problem {x}: how many apples?" for x in prob],
-                "prompt": [f"Problem {x}: how many apples?" for x in prob],
-                "response": responses,
+                "tpl": rng.integers(0, len(pool), per),
+                "num": rng.integers(0, 10_000, per),
                 "correct": correct,
-                "reward": correct,
-                "domain": ["math"] * per,
-                "label": [str(x % 997) for x in prob],
-                "source": ["bench"] * per,
             }
+        ).select(
+            pl.format("p-{}", pl.col("pid").cast(pl.String).str.zfill(16)).alias("problem_id"),
+            "round",
+            "sample_idx",
+            pl.format("Problem {}: how many apples?", "pid").alias("problem"),
+            pl.format("Problem {}: how many apples?", "pid").alias("prompt"),
+            pl.format("{} A: {}", pl.lit(pool).list.get(pl.col("tpl")), "num").alias("response"),
+            "correct",
+            pl.col("correct").alias("reward"),
+            pl.lit("math").alias("domain"),
+            (pl.col("pid") % 997).cast(pl.String).alias("label"),
+            pl.lit("bench").alias("source"),
         )
         write_parquet_atomic(df, path, dataset="rollouts", row_group_size=256_000)
         print(f"generated {path} ({per} rows)", file=sys.stderr)
