@@ -89,19 +89,21 @@ _KEY = pl.col("round").cast(pl.Int64) * (1 << 32) + pl.col("sample_idx").cast(pl
 # --------------------------------------------------------------------------- phase 1
 
 
-def _scan(path: str, correct_col: str) -> pl.LazyFrame:
+def _scan(path: str | list[str], correct_col: str) -> pl.LazyFrame:
     lf = pl.scan_parquet(path)
     if correct_col != "correct":
         lf = lf.drop("correct", strict=False).rename({correct_col: "correct"})
     return lf
 
 
-def count_shard(path: str, cfg: MineConfig) -> pl.DataFrame:
-    """Per-problem counts of one shard (only problem_id, round, sample_idx, correct are read)."""
+def count_shard(path: str | list[str], cfg: MineConfig) -> pl.DataFrame:
+    """Per-problem counts of one shard or a list of them (only problem_id, round, sample_idx, correct are read)."""
     c = pl.col("correct").cast(pl.Float64)
     missing = c.is_null() | c.is_nan()
     out_of_range = ~missing & ((c < 0) | (c > 1))
     valid = ~missing & ~out_of_range
+    # when/then (not .filter) keeps every aggregation on polars' streaming engine.
+    c_valid = pl.when(valid).then(c)
     return (
         _scan(path, cfg.correct_col)
         .select("problem_id", "round", "sample_idx", "correct")
@@ -111,11 +113,11 @@ def count_shard(path: str, cfg: MineConfig) -> pl.DataFrame:
             n_valid=valid.sum(),
             n_missing=missing.sum(),
             n_range=out_of_range.sum(),
-            max_c=c.filter(valid).max(),
-            min_c=c.filter(valid).min(),
+            max_c=c_valid.max(),
+            min_c=c_valid.min(),
             round=pl.col("round").max(),
             # Distinct (round, sample_idx) among valid rows: the rest are duplicates.
-            n_unique=_KEY.filter(valid).n_unique(),
+            n_unique=pl.when(valid).then(_KEY).drop_nulls().n_unique(),
         )
         .collect(engine="streaming")
     )
@@ -123,17 +125,19 @@ def count_shard(path: str, cfg: MineConfig) -> pl.DataFrame:
 
 def reduce_counts(parts: Sequence[pl.DataFrame], cfg: MineConfig, stats: MineStats) -> pl.DataFrame:
     """Merge per-shard counts; returns one row per problem with its `kind`."""
-    allp = pl.concat(parts, how="vertical")
-    merged = allp.group_by("problem_id").agg(
-        pl.col("n").sum(),
-        pl.col("n_valid").sum(),
-        pl.col("n_missing").sum(),
-        pl.col("n_range").sum(),
-        pl.col("max_c").max(),
-        pl.col("min_c").min(),
-        pl.col("round").max(),
-        pl.col("n_unique").sum(),
-    )
+    if len(parts) == 1:  # already one row per problem
+        merged = parts[0]
+    else:
+        merged = pl.concat(parts, how="vertical").group_by("problem_id").agg(
+            pl.col("n").sum(),
+            pl.col("n_valid").sum(),
+            pl.col("n_missing").sum(),
+            pl.col("n_range").sum(),
+            pl.col("max_c").max(),
+            pl.col("min_c").min(),
+            pl.col("round").max(),
+            pl.col("n_unique").sum(),
+        )
     merged = merged.with_columns(n_dup=pl.col("n_valid") - pl.col("n_unique"))
     kind = (
         pl.when(pl.col("n_unique") < cfg.min_rollouts)
@@ -301,7 +305,12 @@ def mine(
                 raise ConfigError(f"{p}: column {cfg.correct_col!r} (--correct-col) missing; found {names}")
     stats = MineStats(shards=len(paths))
     files = [str(p) for p in paths]
-    merged = reduce_counts(map_fn(count_shard, files, cfg), cfg, stats)
+    # In one process the counts are one streaming query over every file (polars
+    # parallelises it); on a cluster each shard is a task. Both go through the
+    # same reduce. Duplicate keys are found within a unit of work (ingest
+    # already drops them across the shards it writes).
+    units = [files] if map_fn is serial_map else files
+    merged = reduce_counts(map_fn(count_shard, units, cfg), cfg, stats)
     collapsed = merged.filter(pl.col("kind") == "collapsed").select("problem_id", "round", pl.col("n_unique").alias("n_rollouts"))
     ids = collapsed.select("problem_id")
     if cfg.k_failed > 0 and ids.height:
