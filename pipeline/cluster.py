@@ -46,14 +46,20 @@ def dask_client(workers: int | None = None, scheduler: str | None = None, **clus
         yield client
 
 
-def dask_map(client, retries: int = 2) -> Callable[..., list]:
-    """A `map_fn` running `fn(item, *args)` per item as dask tasks, results in item order."""
+def dask_map(client, retries: int = 2, resources: dict[str, float] | None = None) -> Callable[..., list]:
+    """A `map_fn` running `fn(item, *args)` per item as dask tasks, results in item order.
+
+    `resources` (e.g. ``{"GPU": 1}``) makes each task need that much of a worker
+    resource, so on a GPU cluster started with ``dask worker --resources GPU=1``
+    one hint shard runs per GPU and each worker owns one engine.
+    """
 
     def map_fn(fn: Callable, items: list, *args) -> list:
         if not items:
             return []
         scattered = [client.scatter(a, broadcast=True) if _large(a) else a for a in args]
-        futures = client.map(fn, items, *[[a] * len(items) for a in scattered], retries=retries, pure=False)
+        futures = client.map(fn, items, *[[a] * len(items) for a in scattered], retries=retries, pure=False,
+                             resources=resources)
         return client.gather(futures)
 
     return map_fn

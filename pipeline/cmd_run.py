@@ -31,12 +31,7 @@ def _run(workflow: str, run_dir: str | None, rounds: int | None, from_stage: str
 
         ctx = dask_client(workers=workers, scheduler=scheduler)
     with ctx as client:
-        map_fn = None
-        if client is not None:
-            from mentor.pipeline.cluster import dask_map
-
-            map_fn = dask_map(client)
-        opts = RunOptions(rounds=rounds, from_stage=from_stage, only=only, force=force, map_fn=map_fn)
+        opts = RunOptions(rounds=rounds, from_stage=from_stage, only=only, force=force, client=client)
         runner = Runner(wf, out, opts)
         ran = runner.run()
     click.echo(f"ran {len(ran)} stage(s), skipped {len(runner.skipped)} already done", err=True)

@@ -226,12 +226,30 @@ def test_sigkill_and_resume_gives_the_same_outputs(setup, reference_run, tmp_pat
 
 
 def test_localcluster_same_rows(setup, reference_run, tmp_path):
-    from mentor.pipeline.cluster import dask_client, dask_map
+    from mentor.pipeline.cluster import dask_client
 
     ref_dir, _ = reference_run
     run_dir = tmp_path / "run"
     env_path = str(setup["dir"])
     with dask_client(workers=2) as client:
         client.run(lambda: sys.path.insert(0, env_path))
-        _run(setup["wf"], run_dir, map_fn=dask_map(client))
+        _run(setup["wf"], run_dir, client=client)
     assert _datasets(run_dir) == _datasets(ref_dir)
+
+
+def test_failed_stage_is_reported_by_status_and_resumes(setup, tmp_path):
+    """A stage that raises is marked failed with its error; fixing the cause and re-running finishes the run."""
+    run_dir = tmp_path / "run"
+    wf = json.loads(json.dumps(setup["wf"]))
+    wf["hint"]["backend"]["options"]["script"] = "wf_fakes:no_such_script"
+    with pytest.raises(Exception, match="no_such_script"):
+        _run(wf, run_dir, rounds=1)
+    rows = {(r["round"], r["stage"]): r for r in run_status(run_dir)}
+    assert rows[(0, "mine")]["state"] == "done"
+    assert rows[(0, "hint")]["state"] == "failed" and "no_such_script" in rows[(0, "hint")]["error"]
+    assert rows[(0, "build")]["state"] == "pending"
+    res = CliRunner().invoke(cli, ["status", str(run_dir)])
+    assert "failed" in res.output and "no_such_script" in res.output
+    runner = _run(setup["wf"], run_dir, rounds=1)
+    assert runner.ran == [(0, "hint"), (0, "build")]
+    assert {r["state"] for r in run_status(run_dir)} == {"done"}

@@ -93,6 +93,9 @@ class HintSettings(_Strict):
 
     backend: BackendSettings = Field(default_factory=BackendSettings, description="The hint model.")
     sample: int | None = Field(None, ge=1, description="Hint only the first N collapsed problems (by problem_id); none = all.")
+    worker_resources: dict[str, float] | None = Field(
+        None, description="dask worker resources each hint shard needs on a cluster, e.g. {GPU: 1} (workers started with --resources GPU=1)."
+    )
     config: dict[str, Any] = Field(default_factory=dict, description="HintConfig fields (max_retry, max_refine, per-domain overrides, ...).")
 
 

@@ -45,7 +45,7 @@ class RunOptions:
     from_stage: str | None = None  # re-run this stage and the later ones (every selected round)
     only: str | None = None  # re-run just this stage (its inputs must be done), in every selected round
     force: bool = False
-    map_fn: Callable[..., list] | None = None  # dask map for mine/hint shards; None = in-process
+    client: Any = None  # a dask.distributed Client: mine and hint shards run on its cluster; None = in-process
     progress: bool = True
 
     def __post_init__(self) -> None:
@@ -318,8 +318,12 @@ class Runner:
     def _mine(self, r: int, history: list[str], sd: StageDir) -> dict:
         from mentor.stages.mine import mine_to_dir, serial_map
 
-        stats = mine_to_dir([str(self.rd.stage(r, "ingest").path)], sd.path, self.wf.mine, history=history,
-                            map_fn=self.opts.map_fn or serial_map)
+        map_fn = serial_map
+        if self.opts.client is not None:
+            from mentor.pipeline.cluster import dask_map
+
+            map_fn = dask_map(self.opts.client)
+        stats = mine_to_dir([str(self.rd.stage(r, "ingest").path)], sd.path, self.wf.mine, history=history, map_fn=map_fn)
         return {"collapsed": stats.collapsed, "problems": stats.problems}
 
     def _hint(self, r: int, sd: StageDir) -> dict:
@@ -330,8 +334,10 @@ class Runner:
         cfg = HintConfig.model_validate(h.config)
         spec = BackendSpec(h.backend.backend, h.backend.model, dict(h.backend.options))
         kwargs: dict[str, Any] = {"sample": h.sample, "progress": self.opts.progress}
-        if self.opts.map_fn is not None:
-            kwargs["map_fn"] = self.opts.map_fn
+        if self.opts.client is not None:
+            from mentor.pipeline.cluster import dask_map
+
+            kwargs["map_fn"] = dask_map(self.opts.client, resources=h.worker_resources)
         stats = hint_to_dir(self.rd.stage(r, "mine").path / "collapsed.parquet", sd.path, cfg, spec, **kwargs).as_dict()
         return {k: stats.get(k) for k in ("problems", "accepted", "repaired", "fallback", "engine_calls")}
 
