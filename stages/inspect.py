@@ -516,6 +516,14 @@ def _ids_hint(ids: list[str]) -> str:
     return ", ".join(ids[:3]) + (", ..." if len(ids) > 3 else "")
 
 
+def _problem_rows(round_dir: Path, dataset: str, problem_id: str) -> pl.DataFrame | None:
+    """One problem's rows of a round's dataset; None when the round has no such dataset."""
+    _, files = _round_dataset(round_dir, dataset)
+    if not files:
+        return None
+    return scan_dataset([str(f) for f in files], dataset).filter(pl.col("problem_id") == problem_id).collect()
+
+
 def problem_history(path: str | Path, problem_id: str) -> dict[str, Any]:
     """One problem across rounds (run directory), or its rows in a single dataset."""
     path = Path(path)
@@ -526,14 +534,9 @@ def problem_history(path: str | Path, problem_id: str) -> dict[str, Any]:
     seen = False
     for r, d in _run_rounds(path):
         entry: dict[str, Any] = {"round": r}
-        _, files = _round_dataset(d, "rollouts")
-        if files:
-            ro = (
-                scan_dataset([str(f) for f in files], "rollouts")
-                .filter(pl.col("problem_id") == problem_id)
-                .sort("round", "sample_idx")
-                .collect()
-            )
+        ro = _problem_rows(d, "rollouts", problem_id)
+        if ro is not None:
+            ro = ro.sort("round", "sample_idx")
             if ro.height:
                 seen = True
                 c = ro.get_column("correct")
@@ -544,32 +547,22 @@ def problem_history(path: str | Path, problem_id: str) -> dict[str, Any]:
                     "any_correct": bool((c > 0).any()),
                     "hint_ids": sorted({h for h in ro.get_column("hint_id").to_list() if h}),
                 }
-        _, files = _round_dataset(d, "collapsed")
-        if files:
-            co = scan_dataset([str(f) for f in files], "collapsed").filter(pl.col("problem_id") == problem_id).collect()
+        co = _problem_rows(d, "collapsed", problem_id)
+        if co is not None:
             entry["collapsed"] = bool(co.height)
             if co.height:
                 seen = True
                 entry["streak"] = co.get_column("streak")[0]
                 entry["previous_hints"] = co.get_column("previous_hints")[0].to_list()
-        _, files = _round_dataset(d, "hints")
-        if files:
-            hi = scan_dataset([str(f) for f in files], "hints").filter(pl.col("problem_id") == problem_id).collect()
-            if hi.height:
-                seen = True
-                h = hi.row(hi.height - 1, named=True)
-                entry["hint"] = {k: h[k] for k in ("hint_id", "status", "keywords", "error", "hint", "retries", "refines", "violations")}
-        _, files = _round_dataset(d, "prompts")
-        if files:
-            pr = (
-                scan_dataset([str(f) for f in files], "prompts")
-                .filter(pl.col("problem_id") == problem_id)
-                .select("hint_id", "round")
-                .collect()
-            )
-            if pr.height:
-                seen = True
-                entry["prompts"] = {"rows": pr.height, "hint_ids": sorted({h for h in pr.get_column("hint_id").to_list() if h})}
+        hi = _problem_rows(d, "hints", problem_id)
+        if hi is not None and hi.height:
+            seen = True
+            h = hi.row(hi.height - 1, named=True)
+            entry["hint"] = {k: h[k] for k in ("hint_id", "status", "keywords", "error", "hint", "retries", "refines", "violations")}
+        pr = _problem_rows(d, "prompts", problem_id)
+        if pr is not None and pr.height:
+            seen = True
+            entry["prompts"] = {"rows": pr.height, "hint_ids": sorted({h for h in pr.get_column("hint_id").to_list() if h})}
         rescue_pq = d / "rescue" / "rescue.parquet"
         if rescue_pq.exists():
             rdf = pl.read_parquet(rescue_pq)

@@ -108,7 +108,7 @@ class Runner:
             history, history_tokens = self._history(r)
             mine_token = self._step(r, "mine", self.wf.mine, [ingest_token, *history_tokens],
                                     lambda sd, h=history: self._mine(r, h, sd))
-            hint_token = self._step(r, "hint", self.wf.hint, [mine_token], lambda sd, r=r: self._hint(r, sd))
+            hint_token = self._step(r, "hint", self.wf.hint.model_dump(exclude={"worker_resources"}), [mine_token], lambda sd, r=r: self._hint(r, sd))
             build_token = self._step(r, "build", self.wf.build, [hint_token, base_token], lambda sd, r=r: self._build(r, sd))
             prompts_dir, prompts_token = self.rd.stage(r, "build").path, build_token
         return self.ran
