@@ -12,7 +12,7 @@ import hashlib
 import json
 import os
 import tempfile
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -197,6 +197,20 @@ def write_parquet_atomic(
             write_statistics=True,
         )
     return path
+
+
+@contextmanager
+def parquet_writer_atomic(path: str | os.PathLike, dataset: str) -> Iterator[Callable[[pa.Table | pl.DataFrame], None]]:
+    """Stream row groups into `path` (schema: `dataset`); the file appears, renamed, only when all are written.
+
+    Yields ``write(table)``; each call appends the table (conformed) as row groups.
+    A run with no ``write`` calls still leaves a valid empty file with the schema.
+    """
+    from mentor.pipeline.schemas import SCHEMAS
+
+    schema = pa.schema(list(SCHEMAS[dataset]), metadata=schema_metadata(dataset))
+    with atomic_path(path) as tmp, pq.ParquetWriter(tmp, schema, compression=PARQUET_COMPRESSION, write_statistics=True) as w:
+        yield lambda data: w.write_table(to_table(data, dataset))
 
 
 def write_json_atomic(obj: Any, path: str | os.PathLike) -> Path:

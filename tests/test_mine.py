@@ -68,6 +68,11 @@ def test_truncation_keeps_the_end():
     text = "I start by reading the problem. " + "step " * 1000 + "so the final answer is A: 4242"
     cut = truncate_keep_end(text, 200)
     assert len(cut) <= 210 and cut.endswith("A: 4242") and cut.startswith("I start")
+    # counted in characters, not bytes: multi-byte text is cut at the same places
+    wide = "é" * 50 + "ü" * 300 + " ответ: 42"
+    cut = truncate_keep_end(wide, 100)
+    assert cut == "é" * 20 + " [...] " + wide[-80:]
+    assert truncate_keep_end("short", 100) == "short"
 
 
 def test_budget_applied_in_mine(bundled_rollouts):
@@ -173,3 +178,79 @@ def test_missing_and_empty_inputs(tmp_path):
     (tmp_path / "e.parquet").write_bytes(b"")
     res = run("mine", str(tmp_path / "e.parquet"), "--out", str(tmp_path / "o"))
     assert res.exit_code == 1 and "e.parquet: the file is empty" in res.output
+
+
+def _reference_counts(df: pl.DataFrame, min_rollouts: int = 2) -> tuple[set[str], int, int]:
+    """Collapsed ids, distinct valid rollouts and duplicates, computed the plain way (exact distinct keys)."""
+    c = pl.col("correct").cast(pl.Float64)
+    valid = df.filter(c.is_not_null() & ~c.is_nan() & (c >= 0) & (c <= 1))
+    per = valid.group_by("problem_id").agg(n=pl.struct("round", "sample_idx").n_unique(), max_c=c.max())
+    ids = set(per.filter((pl.col("n") >= min_rollouts) & (pl.col("max_c") <= 0))["problem_id"])
+    n_unique = int(per["n"].sum())
+    return ids, n_unique, valid.height - n_unique
+
+
+@pytest.fixture(scope="module")
+def scattered(tmp_path_factory, bundled_rollouts) -> tuple[Path, pl.DataFrame]:
+    """Real rollouts made awkward: several rounds, sample_idx >= 64, duplicates, rows shuffled over 4 shards."""
+    d = tmp_path_factory.mktemp("scattered")
+    t = pl.read_parquet(bundled_rollouts)
+    ids = t["problem_id"].unique().sort()
+    wide, rounds = ids[:40].to_list(), ids[40:80].to_list()
+    t = t.with_columns(
+        sample_idx=pl.when(pl.col("problem_id").is_in(wide)).then(pl.col("sample_idx") * 50).otherwise("sample_idx"),
+        round=pl.when(pl.col("problem_id").is_in(rounds) & (pl.col("sample_idx") >= 2)).then(1).otherwise("round").cast(pl.Int32),
+    )
+    t = pl.concat([t, t.filter(pl.col("problem_id").is_in(ids[100:130].to_list()) & (pl.col("sample_idx") == 1))])
+    t = t.sample(fraction=1.0, shuffle=True, seed=7)
+    for i, part in enumerate(t.with_columns(_n=pl.int_range(pl.len()) % 4).partition_by("_n", include_key=False)):
+        part.write_parquet(d / f"part-{i}.parquet")
+    return d, t
+
+
+def test_scattered_layout_matches_reference_and_one_file(scattered, tmp_path):
+    d, t = scattered
+    ids, n_unique, dups = _reference_counts(t)
+    df, stats = mine([str(d)], MineConfig())
+    assert set(df["problem_id"]) == ids and stats.collapsed == len(ids)
+    assert stats.rollouts == n_unique and stats.quarantined["duplicate_key"] == dups == 30
+    one = tmp_path / "one.parquet"
+    t.sort("problem_id", "round", "sample_idx").write_parquet(one)
+    whole, _ = mine([str(one)], MineConfig())
+    assert whole.equals(df)  # the failed responses do not depend on how rows are split or ordered
+    # the problems spread over rounds report their newest round
+    assert df.filter(pl.col("round") == 1).height == len(ids & set(t.filter(pl.col("round") == 1)["problem_id"]))
+
+
+def test_count_passes_and_hash_collisions_give_the_same_rows(scattered, monkeypatch):
+    import mentor.stages.mine as m
+
+    d, _ = scattered
+    want, want_stats = mine([str(d)], MineConfig())
+    monkeypatch.setattr(m, "ROWS_PER_COUNT_PASS", 1000)  # 6 partitioned counting passes
+    got, stats = mine([str(d)], MineConfig())
+    assert got.equals(want) and stats.as_dict() == want_stats.as_dict()
+    real_key = m._key
+    calls = []
+
+    def colliding(attempt: int) -> pl.Expr:  # seeds 0 map every problem onto 7 keys
+        calls.append(attempt)
+        return real_key(attempt) % 7 if attempt == 0 else real_key(attempt)
+
+    monkeypatch.setattr(m, "_key", colliding)
+    got, stats = mine([str(d)], MineConfig())
+    assert 0 in calls and 1 in calls
+    assert got.equals(want) and stats.as_dict() == want_stats.as_dict()
+
+
+def test_no_failed_kept_and_empty_responses(bundled_rollouts, tmp_path):
+    t = pl.read_parquet(bundled_rollouts)
+    df0, _ = mine([str(bundled_rollouts)], MineConfig(k_failed=0))
+    assert df0.height == 432 and df0["failed"].list.len().max() == 0 and df0["problem"].str.len_chars().min() > 0
+    pid = df0["problem_id"][0]
+    t.with_columns(response=pl.when(pl.col("problem_id") == pid).then(pl.lit("  ")).otherwise("response")).write_parquet(
+        tmp_path / "r.parquet"
+    )
+    df, _ = mine([str(tmp_path / "r.parquet")], MineConfig())
+    row = df.filter(pl.col("problem_id") == pid).row(0, named=True)
+    assert row["failed"] == [] and row["problem"] and row["label"]

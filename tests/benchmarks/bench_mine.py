@@ -8,7 +8,9 @@ per problem, ~1/3 collapsed, ~250-byte responses; then, each in its own process
 - `mentor mine DIR --out ...` (the CLI, as a user runs it), and
 - a bare polars lazy group-by computing the same collapsed id set;
 and prints one JSON line: rows/s of each, their ratio, mine's peak RSS.
-Targets: ratio >= 0.9, peak RSS <= 1 GiB.
+Targets: ratio >= 0.9, peak RSS <= 1 GiB. It also prints a floor: the bare
+group-by plus what any miner that keeps failed responses must add (reading the
+collapsed problems' failed responses, writing an output of mine's size).
 """
 
 from __future__ import annotations
@@ -27,6 +29,26 @@ files = sys.argv[1:]
 ids = (pl.scan_parquet(files).group_by("problem_id").agg(pl.col("correct").max(), pl.len())
        .filter((pl.col("correct") <= 0) & (pl.col("len") >= 2)).select("problem_id").collect(engine="streaming"))
 print(ids.height)
+"""
+
+# The least any miner that keeps failed responses must do beyond the bare group-by:
+# read the failed responses of the collapsed problems, and write an output of
+# mine's size. Printed so that mine's cost can be read against it.
+FLOOR = r"""
+import sys, time, polars as pl, pyarrow.parquet as pq
+out, files = sys.argv[1], sys.argv[2:]
+t0 = time.perf_counter()
+ids = (pl.scan_parquet(files).group_by("problem_id").agg(pl.col("correct").max(), pl.len())
+       .filter((pl.col("correct") <= 0) & (pl.col("len") >= 2)).select("problem_id").collect(engine="streaming"))
+t1 = time.perf_counter()
+n = (pl.scan_parquet(files).filter(pl.col("correct") <= 0).join(ids.lazy(), on="problem_id", how="semi")
+     .select(pl.col("response").str.len_bytes().sum()).collect(engine="streaming").item())
+t2 = time.perf_counter()
+table = pq.read_table(out)
+t3 = time.perf_counter()
+pq.write_table(table, out + ".floor", compression="zstd")
+t4 = time.perf_counter()
+print(t1 - t0, t2 - t1, t4 - t3)
 """
 
 
@@ -108,6 +130,10 @@ def main() -> None:
     # Run mine first so RUSAGE_CHILDREN's max is mine's own peak.
     mine_s, mine_rss, _ = timed(mentor)
     bare_s, _, bare_out = timed([sys.executable, "-c", BARE, *files])
+    _, _, floor_out = timed([sys.executable, "-c", FLOOR, str(base / "collapsed" / "collapsed.parquet"), *files])
+    floor_bare_s, floor_read_s, floor_write_s = map(float, floor_out.split())
+    (base / "collapsed" / "collapsed.parquet.floor").unlink()
+    floor_s = floor_bare_s + floor_read_s + floor_write_s
     stats = json.loads((base / "collapsed" / "stats.json").read_text())
     assert stats["collapsed"] == int(bare_out.strip()), (stats["collapsed"], bare_out)
     print(
@@ -123,6 +149,11 @@ def main() -> None:
                 "mine_peak_rss_mib": round(mine_rss / 2**20, 1),
                 "mine_s": round(mine_s, 2),
                 "bare_s": round(bare_s, 2),
+                # bare group-by + reading the collapsed problems' failed responses + writing an output of mine's size
+                "floor_s": round(floor_s, 2),
+                "floor_read_failed_s": round(floor_read_s, 2),
+                "floor_write_output_s": round(floor_write_s, 2),
+                "floor_over_mine": round(floor_s / mine_s, 3),
                 "cpus": os.cpu_count(),
             }
         )
