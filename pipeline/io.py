@@ -25,6 +25,9 @@ from mentor.pipeline.errors import ConfigError, DataError, SchemaError
 from mentor.pipeline.schemas import SCHEMA_VERSION, conform, require_schema, schema_metadata
 
 PARQUET_COMPRESSION = "zstd"
+# Row groups of this many rows: readers (polars, pyarrow, dask) decode row groups in
+# parallel and prune them on statistics, which one file-sized row group defeats.
+ROW_GROUP_ROWS = 128 * 1024
 _UMASK = os.umask(0)
 os.umask(_UMASK)
 
@@ -193,7 +196,7 @@ def write_parquet_atomic(
             table,
             tmp,
             compression=PARQUET_COMPRESSION,
-            row_group_size=row_group_size,
+            row_group_size=row_group_size or ROW_GROUP_ROWS,
             write_statistics=True,
         )
     return path
