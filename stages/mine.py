@@ -30,8 +30,10 @@ The collapse test uses raw correctness (``correct``), never a shaped reward.
 
 from __future__ import annotations
 
+import itertools
 import logging
-from collections import Counter
+from collections import Counter, deque
+from concurrent.futures import ThreadPoolExecutor
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -522,16 +524,37 @@ def _chunks(files, collapsed, cfg, history, map_fn, batch, attempt) -> Iterator[
     if not collapsed.height:
         return
     assembler = _Assembler(collapsed, cfg)
-    for i in range(0, len(files), batch):
-        for part in map_fn(failed_shard, files[i : i + batch], collapsed, cfg, attempt):
-            rows = assembler.add(part)
-            if rows is not None:
-                yield apply_history(rows, history)
+    if map_fn is serial_map:  # in-process: the next shard is mined in a thread while this one is assembled
+        parts: Iterator[dict] = _threaded(failed_shard, files, collapsed, cfg, attempt)
+    else:
+        parts = (part for i in range(0, len(files), batch)
+                 for part in map_fn(failed_shard, files[i : i + batch], collapsed, cfg, attempt))
+    for part in parts:
+        rows = assembler.add(part)
+        if rows is not None:
+            yield apply_history(rows, history)
     if assembler.released != collapsed.height:
         raise DataError(
             f"{files[0]}: the rollouts changed while mining ({assembler.released} of {collapsed.height} "
             "collapsed problems found again); mine a snapshot that is not being written"
         )
+
+
+def _threaded(fn: Callable, items: list, *args, workers: int = 1) -> Iterator:
+    """`fn(item, *args)` for each item in `workers` threads, results in item order (at most `workers` held).
+
+    Two workers gain nothing on two cores (polars already uses both) and hold one more shard.
+    """
+    with ThreadPoolExecutor(max_workers=workers) as pool:
+        pending: deque = deque()
+        todo = iter(items)
+        for item in itertools.islice(todo, workers):
+            pending.append(pool.submit(fn, item, *args))
+        while pending:
+            result = pending.popleft().result()
+            for item in itertools.islice(todo, 1):
+                pending.append(pool.submit(fn, item, *args))
+            yield result
 
 
 def mine(
@@ -563,9 +586,15 @@ def mine_to_dir(
 
     mined = mine_iter(sources, cfg, history, map_fn)
     out_dir = Path(out_dir)
-    with parquet_writer_atomic(out_dir / "collapsed.parquet", "collapsed") as write:
+    # One writer thread: a chunk is compressed and written while the next shards are mined.
+    with parquet_writer_atomic(out_dir / "collapsed.parquet", "collapsed") as write, ThreadPoolExecutor(1) as writer:
+        writing = None
         for chunk in mined.chunks:
-            write(chunk)
+            if writing is not None:
+                writing.result()
+            writing = writer.submit(write, chunk)
+        if writing is not None:
+            writing.result()
     fault_point("mine.after_collapsed")
     write_json_atomic(mined.stats.as_dict() | {"config": cfg.model_dump()}, out_dir / "stats.json")
     return mined.stats
