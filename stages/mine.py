@@ -472,8 +472,8 @@ def mine_iter(
 
     `map_fn(fn, items, *args)` runs `fn(item, *args)` for every shard; the
     default runs them here, `mentor.pipeline.cluster.dask_map` on a cluster.
-    Phase 2 maps `batch` shards at a time (1 here, 8 on a cluster); the rows
-    and their order do not depend on it.
+    On a cluster phase 2 maps `batch` shards at a time (8); in one process the
+    next shard is mined in a thread. The rows and their order depend on neither.
     """
     paths = resolve_inputs(sources)
     check_dataset_files(paths, "rollouts")
@@ -491,7 +491,7 @@ def mine_iter(
             log.warning("problem_id hash collision (seeds %d); counting again with other seeds", attempt)
     else:  # pragma: no cover - four independent 128-bit collisions
         raise DataError(f"{files[0]}: problem_id hashes collide under every seed; report this input")
-    batch = batch or (1 if map_fn is serial_map else 8)
+    batch = batch or 8
     log.info("counted %d problems, %d collapsed", stats.problems, stats.collapsed)
     return Mined(stats, _chunks(files, collapsed, cfg, history_frames(history) if history else (None, None), map_fn, batch, attempt))
 
@@ -524,11 +524,12 @@ def _chunks(files, collapsed, cfg, history, map_fn, batch, attempt) -> Iterator[
     if not collapsed.height:
         return
     assembler = _Assembler(collapsed, cfg)
+    keys = collapsed.select("_k")  # all a shard needs to find its collapsed rows
     if map_fn is serial_map:  # in-process: the next shard is mined in a thread while this one is assembled
-        parts: Iterator[dict] = _threaded(failed_shard, files, collapsed, cfg, attempt)
+        parts: Iterator[dict] = _threaded(failed_shard, files, keys, cfg, attempt)
     else:
         parts = (part for i in range(0, len(files), batch)
-                 for part in map_fn(failed_shard, files[i : i + batch], collapsed, cfg, attempt))
+                 for part in map_fn(failed_shard, files[i : i + batch], keys, cfg, attempt))
     for part in parts:
         rows = assembler.add(part)
         if rows is not None:
