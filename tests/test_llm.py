@@ -156,7 +156,7 @@ def test_setup_cpu_runs_only_what_is_missing(monkeypatch):
     from mentor.pipeline.cli import cli
 
     installed = {"torchvision", "triton"}
-    monkeypatch.setattr(cmd_hint, "_installed", lambda d: d in installed)
+    monkeypatch.setattr(cmd_hint, "installed", lambda d: d in installed)
     ran = []
     monkeypatch.setattr(cmd_hint.subprocess, "call", lambda cmd: ran.append(cmd[3:]) or 0)
     r = CliRunner().invoke(cli, ["setup-cpu", "--no-convert"])
