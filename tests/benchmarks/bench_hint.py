@@ -5,6 +5,13 @@
     backend; a quarter of the problems leak the answer once and go through a
     repair, so rules, judgment and repair paths are all exercised.
     Target: >= 50,000 problems/s.
+    Also a floor under the issue's design, over the same rows: only the three
+    requests every problem needs (attribution, generation, judgment), each
+    built by the agents' message builders into one `GenRequest`, answered by
+    the same fake, its JSON decoded, and the rule checks on the one hint --
+    no repair, no state machine, no trace, no output table. The stage cannot
+    be faster than this. Printed with and without the rule checks, and with
+    Python's garbage collector on (as the stage runs) and off.
 (b) engine overhead: the hint stage on the real vLLM CPU engine with the
     embedded model over a few problems; its wall time divided by the time of
     raw ``llm.chat`` calls replaying exactly the same prompts and sampling
@@ -12,7 +19,7 @@
     warm-up run on other problems); --vllm-repeat pairs, median reported, and
     each pair's ratio per completion token too. Target: <= 1.10.
 
-    python tests/benchmarks/bench_hint.py [--problems 100000] [--vllm-problems 4] [--vllm-repeat 3] [--skip-vllm]
+    python tests/benchmarks/bench_hint.py [--problems 100000] [--vllm-problems 4] [--vllm-repeat 3] [--skip-vllm] [--skip-floor]
 """
 
 from __future__ import annotations
@@ -67,6 +74,57 @@ def bench_orchestration(base: list[dict], n: int) -> dict:
         "a_repaired": st.repaired,
         "a_fallback": st.fallback,
         "a_target_problems_per_s": 50_000,
+    }
+
+
+def bench_floor(base: list[dict], n: int) -> dict:
+    import gc
+
+    from mentor.pipeline.llm import FakeBackend, GenRequest
+    from mentor.stages import hint_agents as ha
+    from mentor.stages.hint import HintConfig
+    from mentor.stages.hint_rules import RuleContext, check_hint
+
+    cfg = HintConfig()
+    limits = cfg.for_domain("math")[3]
+    t = ha.Templates.load()
+    rows = [dict(base[i % len(base)], problem_id=f"p-bench-{i:07d}") for i in range(n)]
+    a_schema = ha.attribution_schema(cfg.max_keywords, cfg.keyword_chars, cfg.error_chars)
+    h_schema, j_schema = ha.hint_schema(cfg.max_hint_chars), ha.judgment_schema(cfg.feedback_chars)
+    mt = cfg.max_tokens
+
+    def waves() -> tuple[float, float]:
+        """Seconds of (the three waves of requests, the rule checks)."""
+        fake = FakeBackend(script=ha.fake_script, record=False)
+        t0 = time.perf_counter()
+        res = fake.generate([GenRequest(f"{i}:attribution:0", ha.attribution_messages(r, t, cfg.max_failed, cfg.failed_chars),
+                                        mt.attribution, 0.0, 1.0, i, a_schema) for i, r in enumerate(rows)])
+        attr = [ha.json_object(x.text) or {} for x in res]
+        res = fake.generate([GenRequest(f"{i}:generation:0", ha.generation_messages(r, a.get("keywords") or [], a.get("error"), t),
+                                        mt.generation, 0.7, 0.95, i, h_schema) for i, (r, a) in enumerate(zip(rows, attr))])
+        hints = [(ha.json_object(x.text) or {}).get("hint") or "" for x in res]
+        t1 = time.perf_counter()
+        for r, h in zip(rows, hints):
+            check_hint(h, RuleContext(domain="math", answer=r["label"], problem=r["problem"], limits=limits))
+        t2 = time.perf_counter()
+        res = fake.generate([GenRequest(f"{i}:judgment:0", ha.judgment_messages(r, h, t), mt.judgment, 0.0, 1.0, i, j_schema)
+                             for i, (r, h) in enumerate(zip(rows, hints))])
+        scores = [ha.json_object(x.text) for x in res]
+        assert len(scores) == n
+        return (t1 - t0) + (time.perf_counter() - t2), t2 - t1
+
+    req_on, rules_on = waves()
+    gc.disable()
+    try:
+        req_off, rules_off = waves()
+    finally:
+        gc.enable()
+    return {
+        "a_floor_requests_per_problem": 3,
+        "a_floor_requests_only_problems_per_s": round(n / req_on),
+        "a_floor_requests_only_problems_per_s_gc_off": round(n / req_off),
+        "a_floor_problems_per_s": round(n / (req_on + rules_on)),
+        "a_floor_problems_per_s_gc_off": round(n / (req_off + rules_off)),
     }
 
 
@@ -145,11 +203,14 @@ def main() -> None:
     ap.add_argument("--problems", type=int, default=100_000)
     ap.add_argument("--vllm-problems", type=int, default=4)
     ap.add_argument("--skip-vllm", action="store_true")
+    ap.add_argument("--skip-floor", action="store_true", help="Do not measure the floor of (a).")
     ap.add_argument("--vllm-repeat", type=int, default=3, help="Timed stage + replay pairs (b); the median ratio is reported.")
     args = ap.parse_args()
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     base = collapsed_rows()
     out = {"bench": "hint"} | bench_orchestration(base, args.problems)
+    if not args.skip_floor:
+        out |= bench_floor(base, args.problems)
     if not args.skip_vllm:
         out |= bench_vllm(base, args.vllm_problems, args.vllm_repeat)
     print(json.dumps(out), flush=True)
