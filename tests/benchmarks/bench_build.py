@@ -7,16 +7,20 @@ Parquet file, ~200-character math problems) and a hints set for `hint-share` of
 them (schema: hints). Then, each in its own process so neither warms the other's
 caches:
 
-- build: `mentor build --base BASE --hints HINTS --out DIR` (the CLI as a user
-  runs it: read + validate both inputs, render prompts and labels, write the
-  shards atomically, sha256 them into manifest.json); timed inside the process
-  around the stage call, so the Python/CLI start-up is not counted;
+- build: `stages.build.build`, the function `mentor build --base BASE --hints
+  HINTS --out DIR` runs (read + validate both inputs, render prompts and
+  labels, write the shards atomically, sha256 them into manifest.json); timed
+  inside the process around that call, so the Python/CLI start-up is not counted;
 - raw: `pyarrow.parquet.write_table` of the very table build produced (read into
-  memory before the clock starts) to one file, with the same compression (zstd).
+  memory before the clock starts) to one file, with the same compression (zstd);
+- floor: what any build must do at least -- read the base set (columns build
+  reads, polars), then write build's shards from memory (read before the clock)
+  with build's writer settings on the same number of threads.
 
 Prints one JSON line: rows, seconds and rows/s of each (best of --repeat), and
-build/raw (target >= 0.8); also each one's CPU seconds (user+sys, all threads)
-and the 1-minute load average, since wall times on a shared 2-core machine
+build/raw (target >= 0.8) and raw/floor (the floor's speed against raw's);
+also build's and raw's CPU seconds (user+sys, all threads) and the 1-minute
+load average, since wall times on a shared 2-core machine
 depend on what else runs. Build writes its shards in parallel threads; the raw
 baseline is one pyarrow write call on one file (pyarrow's defaults + zstd).
 """
@@ -58,6 +62,25 @@ t, c = time.perf_counter(), cpu()
 pq.write_table(table, out, compression="zstd", write_statistics=True)
 dt, dc = time.perf_counter() - t, cpu() - c
 print(json.dumps({"seconds": dt, "cpu": dc, "rows": table.num_rows}))
+"""
+
+FLOOR = r"""
+import glob, json, sys, time
+from concurrent.futures import ThreadPoolExecutor
+import polars as pl, pyarrow.parquet as pq
+from mentor.pipeline.io import PARQUET_COMPRESSION
+from mentor.stages.build import DICTIONARY_COLUMNS, STATISTICS_COLUMNS, PROBLEM_COLUMNS
+base, src, out, workers = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])
+tables = [pq.read_table(f) for f in sorted(glob.glob(src + "/part-*.parquet"))]
+t = time.perf_counter()
+pl.read_parquet(base, columns=list(PROBLEM_COLUMNS))
+read = time.perf_counter() - t
+def write(i):
+    pq.write_table(tables[i], f"{out}-{i:05d}.parquet", compression=PARQUET_COMPRESSION,
+                   use_dictionary=DICTIONARY_COLUMNS, write_statistics=STATISTICS_COLUMNS)
+with ThreadPoolExecutor(max_workers=workers) as pool:
+    list(pool.map(write, range(len(tables))))
+print(json.dumps({"seconds": time.perf_counter() - t, "read": read}))
 """
 
 
@@ -132,10 +155,13 @@ def main() -> None:
     builds = [run(BUILD, str(base), str(hints), str(out)) for _ in range(args.repeat)]
     shards = str(out / "part-*.parquet")
     raws = [run(RAW, str(out), str(folder / "raw.parquet")) for _ in range(args.repeat)]
+    workers = max(1, min(builds[0]["shards"], os.cpu_count() or 1, 8))  # as build.write_shards picks them
+    floors = [run(FLOOR, str(base), str(out), str(folder / "floor"), str(workers)) for _ in range(args.repeat)]
     b = min(x["seconds"] for x in builds)
     r = min(x["seconds"] for x in raws)
     b_cpu = min(x["cpu"] for x in builds)
     r_cpu = min(x["cpu"] for x in raws)
+    f = min(x["seconds"] for x in floors)
     rows = builds[0]["rows"]
     print(
         json.dumps(
@@ -151,6 +177,8 @@ def main() -> None:
                 "raw_rows_per_s": round(rows / r),
                 "build_vs_raw": round((rows / b) / (rows / r), 3),
                 "target": 0.8,
+                "floor_s": round(f, 3),
+                "floor_vs_raw": round(r / f, 3),
                 "build_cpu_s": round(b_cpu, 3),
                 "raw_cpu_s": round(r_cpu, 3),
                 "cores": os.cpu_count(),
