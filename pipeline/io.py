@@ -22,7 +22,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from mentor.pipeline.errors import ConfigError, DataError, SchemaError
-from mentor.pipeline.schemas import SCHEMA_VERSION, conform, require_schema, schema_metadata
+from mentor.pipeline.schemas import SCHEMA_VERSION, SCHEMAS, conform, require_schema, schema_metadata
 
 PARQUET_COMPRESSION = "zstd"
 # Row groups of this many rows: readers (polars, pyarrow, dask) decode row groups in
@@ -124,8 +124,6 @@ def scan_dataset(sources: Iterable[str | os.PathLike], dataset: str, fix: str | 
 
 def cast_lazy(lf: pl.LazyFrame, found: pa.Schema, dataset: str) -> pl.LazyFrame:
     """Cast columns to the canonical types, adding absent optional columns as nulls."""
-    from mentor.pipeline.schemas import SCHEMAS
-
     expected = SCHEMAS[dataset]
     target = pl.from_arrow(expected.empty_table()).schema
     exprs = []
@@ -209,8 +207,6 @@ def parquet_writer_atomic(path: str | os.PathLike, dataset: str) -> Iterator[Cal
     Yields ``write(table)``; each call appends the table (conformed) as row groups.
     A run with no ``write`` calls still leaves a valid empty file with the schema.
     """
-    from mentor.pipeline.schemas import SCHEMAS
-
     schema = pa.schema(list(SCHEMAS[dataset]), metadata=schema_metadata(dataset))
     with atomic_path(path) as tmp, pq.ParquetWriter(tmp, schema, compression=PARQUET_COMPRESSION, write_statistics=True) as w:
         yield lambda data: w.write_table(to_table(data, dataset))

@@ -33,8 +33,8 @@ from __future__ import annotations
 import itertools
 import logging
 from collections import Counter, deque
-from concurrent.futures import ThreadPoolExecutor
 from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
