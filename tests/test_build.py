@@ -505,15 +505,16 @@ def test_a_failed_write_leaves_no_partial_file_and_no_manifest(tmp_path, monkeyp
     import mentor.stages.build as b
 
     calls = {"n": 0}
-    real = b.pq.write_table
+    real = b.pq.ParquetWriter.write_table
 
-    def flaky(table, where, **kw):
+    def flaky(self, table, *args, **kw):
+        # The third shard fails after its (temporary) file was opened.
         calls["n"] += 1
         if calls["n"] == 3:
             raise OSError("disk full")
-        return real(table, where, **kw)
+        return real(self, table, *args, **kw)
 
-    monkeypatch.setattr(b.pq, "write_table", flaky)
+    monkeypatch.setattr(b.pq.ParquetWriter, "write_table", flaky)
     with pytest.raises(OSError, match="disk full"):
         build(BuildConfig(base="gsm8k", hints=[str(gsm8k_hints)], shard_rows=300), out)
     # The commit point (manifest.json) is gone, no temporary file is left, every shard is whole.
@@ -588,6 +589,26 @@ def test_bytes_do_not_depend_on_the_writer_threads(tmp_path, monkeypatch, gsm8k_
     one = [p.read_bytes() for p in sorted((tmp_path / "one").glob("part-*.parquet"))]
     six = [p.read_bytes() for p in sorted((tmp_path / "six").glob("part-*.parquet"))]
     assert len(one) == 7 and one == six
+
+
+def test_shards_written_from_string_views_equal_a_plain_string_write(built, tmp_path):
+    """write_shard writes polars' string_view columns and stores the PROMPTS schema itself:
+    readers get plain strings, and the file is byte-identical to writing the table cast to PROMPTS."""
+    import mentor.stages.build as b
+
+    shard = sorted(built.glob("part-*.parquet"))[1]
+    table = pq.read_table(shard)
+    assert "view" not in str(table.schema)
+    plain = tmp_path / "plain.parquet"
+    pq.write_table(
+        table.cast(pa.schema(list(PROMPTS), metadata=table.schema.metadata)),
+        plain,
+        compression=b.PARQUET_COMPRESSION,
+        use_dictionary=b.DICTIONARY_COLUMNS,
+        write_statistics=b.STATISTICS_COLUMNS,
+    )
+    assert plain.read_bytes() == shard.read_bytes()
+    assert pl.read_parquet(shard).equals(pl.from_arrow(table))
 
 
 def test_rebuild_in_place_is_not_hidden_by_the_datasets_cache(tmp_path):

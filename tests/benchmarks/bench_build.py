@@ -17,8 +17,9 @@ caches:
   reads, polars), then write build's shards from memory (read before the clock)
   with build's writer settings on the same number of threads.
 
-Prints one JSON line: rows, seconds and rows/s of each (best of --repeat), and
-build/raw (target >= 0.8) and raw/floor (the floor's speed against raw's);
+The three run in turn, --repeat rounds. Prints one JSON line: rows, seconds
+and rows/s of each (best of --repeat), build/raw (target >= 0.8; also per
+round) and raw/floor (the floor's speed against raw's);
 also build's and raw's CPU seconds (user+sys, all threads) and the 1-minute
 load average, since wall times on a shared 2-core machine
 depend on what else runs. Build writes its shards in parallel threads; the raw
@@ -151,11 +152,15 @@ def main() -> None:
     folder = Path(args.dir)
     base, hints = generate(folder, args.problems, args.hint_share)
     out = folder / "prompts"
-    builds = [run(BUILD, str(base), str(hints), str(out)) for _ in range(args.repeat)]
     shards = str(out / "part-*.parquet")
-    raws = [run(RAW, str(out), str(folder / "raw.parquet")) for _ in range(args.repeat)]
-    workers = max(1, min(builds[0]["shards"], os.cpu_count() or 1, 8))  # as build.write_shards picks them
-    floors = [run(FLOOR, str(base), str(out), str(folder / "floor"), str(workers)) for _ in range(args.repeat)]
+    builds, raws, floors = [], [], []
+    # Interleaved (build, raw, floor) rounds: this VM's speed drifts by up to
+    # 25% over minutes, so each side is measured under the same conditions.
+    for _ in range(args.repeat):
+        builds.append(run(BUILD, str(base), str(hints), str(out)))
+        raws.append(run(RAW, str(out), str(folder / "raw.parquet")))
+        workers = max(1, min(builds[0]["shards"], os.cpu_count() or 1, 8))  # as build.write_shards picks them
+        floors.append(run(FLOOR, str(base), str(out), str(folder / "floor"), str(workers)))
     b = min(x["seconds"] for x in builds)
     r = min(x["seconds"] for x in raws)
     b_cpu = min(x["cpu"] for x in builds)
@@ -175,6 +180,7 @@ def main() -> None:
                 "raw_write_s": round(r, 3),
                 "raw_rows_per_s": round(rows / r),
                 "build_vs_raw": round((rows / b) / (rows / r), 3),
+                "build_vs_raw_rounds": [round(y["seconds"] / x["seconds"], 3) for x, y in zip(builds, raws)],
                 "target": 0.8,
                 "floor_s": round(f, 3),
                 "floor_vs_raw": round(r / f, 3),
