@@ -151,23 +151,38 @@ def read_table(sources: Iterable[str | os.PathLike], dataset: str) -> pa.Table:
 # --------------------------------------------------------------------------- atomic writes
 
 
-@contextmanager
-def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
-    """Yield a temporary path beside `path`; rename it onto `path` only on success."""
+def temp_path_beside(path: str | os.PathLike) -> Path:
+    """A new empty temporary file in `path`'s folder (hidden, ``.tmp``: never read as an input)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     os.close(fd)
     tmp_path = Path(tmp)
     os.chmod(tmp_path, 0o666 & ~_UMASK)  # mkstemp makes 0600; outputs get the usual mode
+    return tmp_path
+
+
+def commit_file(tmp: Path, path: str | os.PathLike) -> None:
+    """fsync `tmp`, then rename it onto `path`: readers see the old file or the whole new one."""
+    try:
+        with open(tmp, "rb+") as fh:
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+
+
+@contextmanager
+def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
+    """Yield a temporary path beside `path`; rename it onto `path` only on success."""
+    tmp_path = temp_path_beside(path)
     try:
         yield tmp_path
-        with open(tmp_path, "rb+") as fh:
-            os.fsync(fh.fileno())
-        os.replace(tmp_path, path)
     except BaseException:
         tmp_path.unlink(missing_ok=True)
         raise
+    commit_file(tmp_path, path)
 
 
 def to_table(data: pa.Table | pl.DataFrame, dataset: str | None) -> pa.Table:
@@ -294,6 +309,7 @@ def write_manifest(
 __all__ = [
     "atomic_path",
     "check_dataset_files",
+    "commit_file",
     "config_hash",
     "read_dataset",
     "read_json",
@@ -304,6 +320,7 @@ __all__ = [
     "scan_dataset",
     "schema_metadata",
     "sha256_file",
+    "temp_path_beside",
     "write_json_atomic",
     "write_manifest",
     "write_parquet_atomic",

@@ -45,7 +45,7 @@ import logging
 import os
 import re
 from collections import Counter
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -61,9 +61,11 @@ from mentor.pipeline.io import (
     PARQUET_COMPRESSION,
     atomic_path,
     check_dataset_files,
+    commit_file,
     read_parquet_schema,
     resolve_inputs,
     sha256_file,
+    temp_path_beside,
     write_json_atomic,
     write_manifest,
 )
@@ -786,23 +788,23 @@ STATISTICS_COLUMNS = [
 ]
 
 
-def write_shard(part: pl.DataFrame | pa.Table, path: Path) -> tuple[Path, str]:
-    """One shard with the PROMPTS columns, written atomically (same rows -> same bytes); returns its sha256."""
+def write_shard(part: pl.DataFrame | pa.Table, tmp: Path) -> str:
+    """One shard with the PROMPTS columns written to the temporary file `tmp` (same rows -> same
+    bytes); returns its sha256. `io.commit_file` then makes it durable and puts it in place."""
     table = part.to_arrow(compat_level=pl.CompatLevel.newest()) if isinstance(part, pl.DataFrame) else part
     table = table.cast(WRITE_SCHEMA)
-    with atomic_path(path) as tmp:
-        with pq.ParquetWriter(
-            tmp,
-            WRITE_SCHEMA,
-            compression=PARQUET_COMPRESSION,
-            use_dictionary=DICTIONARY_COLUMNS,
-            write_statistics=STATISTICS_COLUMNS,
-            store_schema=False,  # FILE_METADATA carries the schema readers restore
-        ) as writer:
-            writer.write_table(table)
-            writer.add_key_value_metadata(FILE_METADATA)
+    with pq.ParquetWriter(
+        tmp,
+        WRITE_SCHEMA,
+        compression=PARQUET_COMPRESSION,
+        use_dictionary=DICTIONARY_COLUMNS,
+        write_statistics=STATISTICS_COLUMNS,
+        store_schema=False,  # FILE_METADATA carries the schema readers restore
+    ) as writer:
+        writer.write_table(table)
+        writer.add_key_value_metadata(FILE_METADATA)
     # Hashed while the file is still in the page cache, in the writer's thread.
-    return path, sha256_file(path)
+    return sha256_file(tmp)
 
 
 def write_shards(
@@ -818,21 +820,33 @@ def write_shards(
     Each shard is an independent job (a zero-copy slice of `rows`) run in a
     thread pool: polars and pyarrow release the GIL, so on N cores N shards
     progress at once and no single-threaded step (Arrow conversion, one
-    file's write) idles the other cores. Returns the shards and their sha256 by path.
+    file's write) idles the other cores. Each shard is written to a temporary
+    file and handed to one committer thread, which fsyncs and renames it, so
+    the writers do not wait on the disk (~15 ms a shard here). Returns the
+    shards and their sha256 by path.
     """
     per = cfg.rows_per_shard(rows.height, estimated_bytes(rows, cfg) if cfg.shard_bytes is not None else 0)
     instruction = instruction_for(rows, cfg)
     jobs = [(start, out_dir / f"part-{i:05d}.parquet") for i, start in enumerate(range(0, rows.height, per))]
-
-    def job(item: tuple[int, Path]) -> tuple[Path, str]:
-        start, path = item
-        return write_shard(render_rows(rows.slice(start, per), cfg, round_, instruction), path)
-
     workers = workers or max(1, min(len(jobs), os.cpu_count() or 1, 8))
-    with ThreadPoolExecutor(max_workers=workers) as pool:
-        done = list(pool.map(job, jobs))
-    shards = [p for p, _ in done]
-    hashes = {str(p): h for p, h in done}
+    hashes: dict[str, str] = {}
+    with ThreadPoolExecutor(max_workers=1) as committer:
+
+        def job(item: tuple[int, Path]) -> Future:
+            start, path = item
+            tmp = temp_path_beside(path)
+            try:
+                hashes[str(path)] = write_shard(render_rows(rows.slice(start, per), cfg, round_, instruction), tmp)
+            except BaseException:
+                tmp.unlink(missing_ok=True)
+                raise
+            return committer.submit(commit_file, tmp, path)
+
+        with ThreadPoolExecutor(max_workers=workers) as pool:
+            commits = list(pool.map(job, jobs))
+        for commit in commits:
+            commit.result()
+    shards = [path for _, path in jobs]
     names = {p.name for p in shards}
     for old in out_dir.iterdir():
         if SHARD_RE.match(old.name) and old.name not in names:
