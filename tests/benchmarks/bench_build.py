@@ -1,6 +1,6 @@
 """Benchmark `mentor build` against a raw pyarrow write of the same output table.
 
-    python tests/benchmarks/bench_build.py [--problems 1000000] [--hint-share 0.1] [--dir /tmp/mentor-bench-build]
+    python tests/benchmarks/bench_build.py [--problems 1000000] [--hint-share 0.1] [--repeat 5] [--dir /tmp/mentor-bench-build]
 
 Generates (once, reused) a synthetic base problem set (schema: problems, one
 Parquet file, ~200-character math problems) and a hints set for `hint-share` of
@@ -147,7 +147,7 @@ def main() -> None:
     ap.add_argument("--problems", type=int, default=1_000_000)
     ap.add_argument("--hint-share", type=float, default=0.1)
     ap.add_argument("--dir", default="/tmp/mentor-bench-build")
-    ap.add_argument("--repeat", type=int, default=3, help="Runs of each; the best time counts.")
+    ap.add_argument("--repeat", type=int, default=5, help="Rounds of (build, raw, floor); the best time of each counts.")
     args = ap.parse_args()
     folder = Path(args.dir)
     base, hints = generate(folder, args.problems, args.hint_share)
