@@ -788,11 +788,10 @@ STATISTICS_COLUMNS = [
 ]
 
 
-def write_shard(part: pl.DataFrame | pa.Table, tmp: Path) -> str:
-    """One shard with the PROMPTS columns written to the temporary file `tmp` (same rows -> same
+def write_shard(part: pl.DataFrame, tmp: Path) -> str:
+    """One shard (`render_rows` output) written to the temporary file `tmp` (same rows -> same
     bytes); returns its sha256. `io.commit_file` then makes it durable and puts it in place."""
-    table = part.to_arrow(compat_level=pl.CompatLevel.newest()) if isinstance(part, pl.DataFrame) else part
-    table = table.cast(WRITE_SCHEMA)
+    table = part.to_arrow(compat_level=pl.CompatLevel.newest()).cast(WRITE_SCHEMA)
     with pq.ParquetWriter(
         tmp,
         WRITE_SCHEMA,
