@@ -107,7 +107,10 @@ MESSAGE = pa.struct([pa.field("role", pa.string()), pa.field("content", pa.strin
 
 PROMPTS = pa.schema(
     [
-        pa.field("prompt", pa.list_(MESSAGE), nullable=False),
+        # A message is never null, and saying so lets pyarrow's Parquet writer take
+        # the contents as polars' string views (it cannot slice string views under a
+        # nullable list element). Readers ignore nullability (schemas.compatible too).
+        pa.field("prompt", pa.list_(pa.field("item", MESSAGE, nullable=False)), nullable=False),
         pa.field("label", pa.string(), nullable=False),  # JSON, see module docstring
         pa.field("data_source", pa.string(), nullable=False),  # verl
         pa.field("datasource", pa.string()),  # the same, under the name OpenRLHF's PromptDataset reads

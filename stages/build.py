@@ -369,6 +369,11 @@ def _apply_mapping(frame: pl.DataFrame, mapping: dict[str, str], domain: str, so
     return out.select(PROBLEM_COLUMNS)
 
 
+# Every character Python calls whitespace: a superset of what strip_chars()
+# strips (Unicode White_Space), so the screen below misses no blank problem.
+_WHITESPACE = [c for c in map(chr, range(0x3001)) if c.isspace()]
+
+
 def _blank(col: str) -> pl.Expr:
     return pl.col(col).is_null() | (pl.col(col).str.strip_chars() == "")
 
@@ -380,14 +385,15 @@ def validate_base(base: BaseSet, cfg: BuildConfig, stats: BuildStats) -> pl.Data
         raise DataError(f"{base.where}: the base problem set has no rows")
     # Cheap screen first: only rows that may be unusable (null, empty, or a
     # problem starting with whitespace: possibly blank) are looked at closely,
-    # so a clean 1M-row set costs a few vectorised passes and no copy (an
-    # anchored regex allocates nothing; stripping every problem copies them all).
+    # so a clean 1M-row set costs a few vectorised passes and no copy (a
+    # one-character head is inlined in its string view; stripping every
+    # problem copies them all; an anchored regex costs a third more).
     suspect = (
         pl.col("problem_id").is_null()
         | (pl.col("problem_id").str.len_bytes() == 0)
         | pl.col("problem").is_null()
         | (pl.col("problem").str.len_bytes() == 0)
-        | pl.col("problem").str.contains(r"^\s")
+        | pl.col("problem").str.head(1).is_in(_WHITESPACE)
         | pl.col("label").is_null()
         | ~pl.col("domain").is_in(list(DOMAINS))
     )
@@ -635,7 +641,7 @@ def prepare_rows(
     """Base problems joined with their hints, in final row order, with ``index`` (and code labels).
 
     Everything that needs the whole set (hint matching, --mode both, the seeded
-    order, the row index) happens here; `render_rows` then works on any slice.
+    order, the row index) happens here; `render_exprs` then renders any slice.
     """
     joined = base.join(hints.select("problem_id", "hint_id", "hint"), on="problem_id", how="left", maintain_order="left")
     # Base ids and hint ids are both unique here, so matched hints = hinted base rows.
@@ -680,17 +686,22 @@ def instruction_for(rows: pl.DataFrame, cfg: BuildConfig) -> str | pl.Expr:
     return instruction
 
 
-def render_rows(rows: pl.DataFrame, cfg: BuildConfig, round_: int, instruction: str | pl.Expr) -> pl.DataFrame:
-    """PROMPTS columns of (a slice of) `prepare_rows`'s output."""
+def render_exprs(rows: pl.DataFrame, cfg: BuildConfig, round_: int) -> list[pl.Expr]:
+    """The PROMPTS columns as expressions over `prepare_rows`'s output.
+
+    Made once from the whole set (which instruction, which label columns need
+    JSON escapes: one pass over each column) and then applied to every shard's
+    slice, which needs no checks of its own.
+    """
     messages = []
     if cfg.system_prompt:
         messages.append(pl.struct(role=pl.lit("system"), content=pl.lit(cfg.system_prompt)))
-    messages.append(pl.struct(role=pl.lit("user"), content=_render_user(cfg, instruction)))
+    messages.append(pl.struct(role=pl.lit("user"), content=_render_user(cfg, instruction_for(rows, cfg))))
     label = _math_label(rows, round_)
     if "_code_label" in rows.columns:
         label = pl.when(pl.col("domain") == "code").then(pl.col("_code_label")).otherwise(label)
     rnd = pl.lit(round_, pl.Int32)
-    return rows.select(
+    return [
         pl.concat_list(messages).alias("prompt"),
         label.alias("label"),
         pl.col("data_source"),
@@ -701,13 +712,13 @@ def render_rows(rows: pl.DataFrame, cfg: BuildConfig, round_: int, instruction: 
         pl.col("problem_id"),
         pl.col("hint_id"),
         rnd.alias("round"),
-    )
+    ]
 
 
 def build_prompts(base: pl.DataFrame, hints: pl.DataFrame, cfg: BuildConfig, round_: int, stats: BuildStats, where: str = "base") -> pl.DataFrame:
     """The whole prompts frame (PROMPTS columns) in final row order (`build` renders it shard by shard)."""
     rows = prepare_rows(base, hints, cfg, round_, stats, where)
-    return render_rows(rows, cfg, round_, instruction_for(rows, cfg))
+    return rows.select(render_exprs(rows, cfg, round_))
 
 
 def estimated_bytes(rows: pl.DataFrame, cfg: BuildConfig) -> int:
@@ -720,18 +731,22 @@ def estimated_bytes(rows: pl.DataFrame, cfg: BuildConfig) -> int:
 
 
 def _as_views(dtype: pa.DataType) -> pa.DataType:
-    """`dtype` with string fields as string_view, except inside lists (pyarrow's Parquet
-    writer cannot slice a string_view array under a list: ArrowNotImplementedError)."""
+    """`dtype` with every string field as string_view."""
     if pa.types.is_string(dtype):
         return pa.string_view()
     if pa.types.is_struct(dtype):
         return pa.struct([f.with_type(_as_views(f.type)) for f in dtype])
+    if pa.types.is_list(dtype):
+        # pyarrow's Parquet writer slices string views under a list only when the
+        # list's element is non-nullable (PROMPTS' messages are).
+        return pa.list_(dtype.value_field.with_type(_as_views(dtype.value_type)))
     return dtype
 
 
 # Shards are written from string_view columns, polars' own string layout,
 # exported without a copy (a plain-string export copies every value once more:
-# about 0.3 s and 50k page faults per million prompts on our 2-core machine).
+# about 0.3 s and 50k page faults per million prompts on our 2-core machine,
+# and the message contents another 0.1-0.2 s).
 # The values in the file are the same Parquet UTF8 byte arrays either way; the
 # Arrow schema stored in the footer (ARROW:schema, which pyarrow and so
 # datasets restore on read) is PROMPTS, so readers get plain strings, and the
@@ -789,7 +804,7 @@ STATISTICS_COLUMNS = [
 
 
 def write_shard(part: pl.DataFrame, tmp: Path) -> str:
-    """One shard (`render_rows` output) written to the temporary file `tmp` (same rows -> same
+    """One shard (`render_exprs` applied to a slice) written to the temporary file `tmp` (same rows -> same
     bytes); returns its sha256. `io.commit_file` then makes it durable and puts it in place."""
     table = part.to_arrow(compat_level=pl.CompatLevel.newest()).cast(WRITE_SCHEMA)
     with pq.ParquetWriter(
@@ -825,7 +840,7 @@ def write_shards(
     shards and their sha256 by path.
     """
     per = cfg.rows_per_shard(rows.height, estimated_bytes(rows, cfg) if cfg.shard_bytes is not None else 0)
-    instruction = instruction_for(rows, cfg)
+    exprs = render_exprs(rows, cfg, round_)
     jobs = [(start, out_dir / f"part-{i:05d}.parquet") for i, start in enumerate(range(0, rows.height, per))]
     workers = workers or max(1, min(len(jobs), os.cpu_count() or 1, 8))
     hashes: dict[str, str] = {}
@@ -835,7 +850,7 @@ def write_shards(
             start, path = item
             tmp = temp_path_beside(path)
             try:
-                hashes[str(path)] = write_shard(render_rows(rows.slice(start, per), cfg, round_, instruction), tmp)
+                hashes[str(path)] = write_shard(rows.slice(start, per).select(exprs), tmp)
             except BaseException:
                 tmp.unlink(missing_ok=True)
                 raise

@@ -225,8 +225,10 @@ def test_labels_escape_like_json_dumps(tmp_path):
     base.write_parquet(tmp_path / "b.parquet")
     hints = make_hints([{"problem_id": "q1", "hint": 'Use "half" of {x}', "hint_id": 'h"1'}], tmp_path / "h.parquet")
     out = tmp_path / "o"
-    build(BuildConfig(base=str(tmp_path / "b.parquet"), hints=[str(hints)], round=3), out)
+    # One row per shard: the escapes are found in the whole set and apply to each shard's slice.
+    build(BuildConfig(base=str(tmp_path / "b.parquet"), hints=[str(hints)], round=3, shard_rows=1), out)
     df = read_prompts(out)
+    assert len(list(out.glob("part-*.parquet"))) == 2
     for row in df.iter_rows(named=True):
         r = base.filter(pl.col("problem_id") == row["problem_id"]).row(0, named=True)
         assert row["label"] == prompt_label("math", r["label"], r["problem_id"], row["hint_id"], 3)
@@ -446,11 +448,14 @@ def test_bad_inputs(tmp_path, gsm8k_hints):
         build(BuildConfig(base=str(tmp_path / "dup.parquet")), tmp_path / "x")
     assert "dup.parquet" in str(err.value) and "duplicate problem_id" in str(err.value) and "a" in str(err.value)
     # Rows without a label or problem: dropped and counted, an error with --strict.
-    holes = pl.DataFrame({"problem_id": ["a", "b", "c", "d"], "domain": ["math", "math", "math", "chem"],
-                          "problem": ["1", "  ", "3", "4"], "label": ["1", "2", None, "4"], "data_source": ["t"] * 4})
+    # Blank in any Unicode whitespace is missing; a problem that only starts with a space is kept.
+    holes = pl.DataFrame({"problem_id": ["a", "b", "c", "d", "e", "f"], "domain": ["math", "math", "math", "chem", "math", "math"],
+                          "problem": ["1", "  ", "3", "4", "\u2003\u3000\n", " 6 eggs"], "label": ["1", "2", None, "4", "5", "6"],
+                          "data_source": ["t"] * 6})
     holes.write_parquet(tmp_path / "holes.parquet")
     st = build(BuildConfig(base=str(tmp_path / "holes.parquet")), tmp_path / "h")
-    assert st.rows == 1 and st.base_dropped == {"problem_missing": 1, "label_missing": 1, "domain_unknown": 1}
+    assert st.rows == 2 and st.base_dropped == {"problem_missing": 2, "label_missing": 1, "domain_unknown": 1}
+    assert pl.read_parquet(tmp_path / "h" / "part-*.parquet").get_column("problem_id").to_list() == ["a", "f"]
     assert any("chem" in w for w in st.warnings)
     with pytest.raises(DataError, match="--strict"):
         build(BuildConfig(base=str(tmp_path / "holes.parquet"), strict=True), tmp_path / "h2")
