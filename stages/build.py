@@ -369,8 +369,9 @@ def _apply_mapping(frame: pl.DataFrame, mapping: dict[str, str], domain: str, so
     return out.select(PROBLEM_COLUMNS)
 
 
-# Every character Python calls whitespace: a superset of what strip_chars()
-# strips (Unicode White_Space), so the screen below misses no blank problem.
+# Every character Python calls whitespace (none lies above U+3000): a superset
+# of what strip_chars() strips (Unicode White_Space), so the screen below
+# misses no blank problem.
 _WHITESPACE = [c for c in map(chr, range(0x3001)) if c.isspace()]
 
 
