@@ -179,6 +179,7 @@ class BuildStats:
     hints_duplicate_rows: int = 0
     hints_skipped_status: int = 0
     hints_empty_text: int = 0
+    hints_missing_ids: int = 0
     base_dropped: Counter = field(default_factory=Counter)
     shards: int = 0
     round: int = 0
@@ -201,6 +202,7 @@ class BuildStats:
             "hints_duplicate_rows": self.hints_duplicate_rows,
             "hints_skipped_status": self.hints_skipped_status,
             "hints_empty_text": self.hints_empty_text,
+            "hints_missing_ids": self.hints_missing_ids,
             "base_dropped": dict(sorted(self.base_dropped.items())),
             "shards": self.shards,
             "round": self.round,
@@ -211,7 +213,9 @@ class BuildStats:
 
     def add_hint_counts(self, other: "BuildStats") -> None:
         """Take the counters and warnings of `load_hints` run with its own stats."""
-        for name in ("hints_rows", "hints_skipped_status", "hints_empty_text", "hints_duplicate_rows", "hints_superseded"):
+        for name in (
+            "hints_rows", "hints_missing_ids", "hints_skipped_status", "hints_empty_text", "hints_duplicate_rows", "hints_superseded",
+        ):
             setattr(self, name, getattr(other, name))
         self.warnings.extend(other.warnings)
 
@@ -226,6 +230,7 @@ class BaseSet:
     where: str  # what to name in messages
     files: list[Path]  # local files read (hashed into the manifest)
     info: dict[str, Any]  # how it was resolved (kind, name, ...)
+    name: str = "base"  # the set's name: data_source where the set gives none
 
 
 # --------------------------------------------------------------------------- base set
@@ -239,7 +244,7 @@ def load_base(spec: str, mapping: dict[str, str] | None = None, domain: str = "m
 
         path = bundled(BUNDLED[spec])
         frame = _from_problems_parquet([path], mapping, domain, spec)
-        return BaseSet(frame, str(path), [path], {"kind": "bundled", "name": spec})
+        return BaseSet(frame, str(path), [path], {"kind": "bundled", "name": spec}, spec)
     if spec.startswith("hf:"):
         return _load_hf(spec, mapping, domain)
     if not Path(spec).exists() and "/" not in spec and not any(ch in spec for ch in "*?["):
@@ -255,7 +260,8 @@ def load_base(spec: str, mapping: dict[str, str] | None = None, domain: str = "m
         frame = _from_jsonl(paths[0], mapping, domain)
     else:
         raise ConfigError(f"--base {spec}: give one JSONL file, or Parquet files only (found {len(paths)} files of mixed kinds)")
-    return BaseSet(frame, spec if len(paths) > 1 else str(paths[0]), paths, {"kind": "local", "path": spec})
+    name = Path(spec).stem if kinds == {".parquet"} else paths[0].stem  # as _apply_mapping names a missing data_source
+    return BaseSet(frame, spec if len(paths) > 1 else str(paths[0]), paths, {"kind": "local", "path": spec}, name)
 
 
 def _from_problems_parquet(paths: list[Path], mapping: dict[str, str], domain: str, source_name: str) -> pl.DataFrame:
@@ -322,7 +328,7 @@ def _load_hf(spec: str, mapping: dict[str, str], domain: str) -> BaseSet:
     frame = _apply_mapping(frame, mapping, domain, name, spec)
     files = [Path(f["filename"]) for f in getattr(ds, "cache_files", []) if "filename" in f]
     info = {"kind": "hf", "name": name, "config": config, "split": split, "fingerprint": getattr(ds, "_fingerprint", None)}
-    return BaseSet(frame, spec, files, info)
+    return BaseSet(frame, spec, files, info, name)
 
 
 def _apply_mapping(frame: pl.DataFrame, mapping: dict[str, str], domain: str, source_name: str, where: str) -> pl.DataFrame:
@@ -379,6 +385,10 @@ def _blank(col: str) -> pl.Expr:
     return pl.col(col).is_null() | (pl.col(col).str.strip_chars() == "")
 
 
+# A null domain is unknown too (is_in alone gives null there, which a filter skips).
+_bad_domain = pl.col("domain").is_null() | ~pl.col("domain").is_in(list(DOMAINS))
+
+
 def validate_base(base: BaseSet, cfg: BuildConfig, stats: BuildStats) -> pl.DataFrame:
     """Duplicates are an error; rows without id/problem/label are dropped and counted (errors with --strict)."""
     df = base.frame
@@ -396,7 +406,7 @@ def validate_base(base: BaseSet, cfg: BuildConfig, stats: BuildStats) -> pl.Data
         | (pl.col("problem").str.len_bytes() == 0)
         | pl.col("problem").str.head(1).is_in(_WHITESPACE)
         | pl.col("label").is_null()
-        | ~pl.col("domain").is_in(list(DOMAINS))
+        | _bad_domain
     )
     reason = (
         pl.when(_blank("problem_id"))
@@ -405,12 +415,15 @@ def validate_base(base: BaseSet, cfg: BuildConfig, stats: BuildStats) -> pl.Data
         .then(pl.lit("problem_missing"))
         .when(pl.col("label").is_null())
         .then(pl.lit("label_missing"))
-        .when(~pl.col("domain").is_in(list(DOMAINS)))
+        .when(_bad_domain)
         .then(pl.lit("domain_unknown"))
         .otherwise(None)
     )
-    suspects = df.with_row_index("_row").filter(suspect).with_columns(_reason=reason)
-    bad = suspects.filter(pl.col("_reason").is_not_null())
+    # One select: the screen and the ids' hashes run in parallel.
+    screen = df.select(suspect.any().alias("suspect"), pl.col("problem_id").hash().n_unique().alias("hashes")).row(0, named=True)
+    bad = df.head(0)
+    if screen["suspect"]:
+        bad = df.with_row_index("_row").filter(suspect).with_columns(_reason=reason).filter(pl.col("_reason").is_not_null())
     if bad.height:
         for why, n in sorted(bad.group_by("_reason").len().iter_rows()):
             stats.base_dropped[why] += n
@@ -426,10 +439,22 @@ def validate_base(base: BaseSet, cfg: BuildConfig, stats: BuildStats) -> pl.Data
         df = df.with_row_index("_row").filter(~pl.col("_row").is_in(drop.implode())).drop("_row")
         if df.height == 0:
             raise DataError(f"{base.where}: no usable base problems ({dict(stats.base_dropped)})")
+        screen["hashes"] = df.get_column("problem_id").hash().n_unique()
+    missing_source = df.get_column("data_source").null_count()
+    if missing_source:
+        ids = df.filter(pl.col("data_source").is_null()).get_column("problem_id").head(5).to_list()
+        msg = (
+            f"{base.where}: {missing_source} base problem(s) have no data_source (e.g. problem_id {ids}); "
+            f"set to {base.name!r}, the set's name (--map data_source=<column> takes another column)"
+        )
+        if cfg.strict:
+            raise DataError(msg + " (--strict)")
+        stats.warn(msg)
+        df = df.with_columns(pl.col("data_source").fill_null(base.name))
     ids = df.get_column("problem_id")
     # Distinct 64-bit hashes prove distinct ids (a cheap integer n_unique); only
     # when two hashes meet is the exact (string) check run.
-    if ids.hash().n_unique() != df.height and ids.n_unique() != df.height:
+    if screen["hashes"] != df.height and ids.n_unique() != df.height:
         ids = df.filter(pl.col("problem_id").is_duplicated()).get_column("problem_id").unique(maintain_order=True)
         raise DataError(
             f"{base.where}: {ids.len()} duplicate problem_id(s) in the base set "
@@ -461,8 +486,17 @@ def load_hints(sources: list[str], cfg: BuildConfig, stats: BuildStats) -> pl.Da
     if df.height == 0:
         stats.warn(f"hints {', '.join(sources)}: the hints set is empty: every prompt is unhinted")
         return empty
-    keep = df.filter(pl.col("status").is_in(cfg.hint_statuses))
-    stats.hints_skipped_status = df.height - keep.height
+    # A hint without its problem_id, hint_id or round cannot be placed or traced
+    # (the label carries hint_id to the next round's rollouts).
+    ided = df.filter(pl.col("problem_id").is_not_null() & pl.col("hint_id").is_not_null() & pl.col("hint_round").is_not_null())
+    stats.hints_missing_ids = df.height - ided.height
+    if stats.hints_missing_ids:
+        stats.warn(
+            f"hints {', '.join(sources)}: {stats.hints_missing_ids} hint(s) skipped: null problem_id, hint_id or round "
+            "(every hint needs all three; fill them or re-run `mentor hint`)"
+        )
+    keep = ided.filter(pl.col("status").is_in(cfg.hint_statuses))
+    stats.hints_skipped_status = ided.height - keep.height
     if stats.hints_skipped_status:
         stats.warn(f"{stats.hints_skipped_status} hint(s) skipped: status not in {cfg.hint_statuses}")
     usable = keep.filter(pl.col("hint").is_not_null() & (pl.col("hint").str.strip_chars() != ""))
@@ -526,11 +560,16 @@ def _merge_literals(parts: list[Part]) -> list[Part]:
 
 
 def _concat(parts: list[Part]) -> pl.Expr:
-    if not parts:
-        return pl.lit("")
+    """The parts joined per row (null where an expression is null), as one `pl.format`: its
+    literals stay in the format string instead of being broadcast to columns as concat_str's
+    are (15-20% less CPU for a label or a user message)."""
+    exprs = [p for p in parts if isinstance(p, pl.Expr)]
+    if not exprs:
+        return pl.lit("".join(parts))  # type: ignore[arg-type]
     if len(parts) == 1:
-        return pl.lit(parts[0]) if isinstance(parts[0], str) else parts[0]
-    return pl.concat_str([pl.lit(p) if isinstance(p, str) else p for p in parts])
+        return exprs[0]
+    fmt = "".join("{}" if isinstance(p, pl.Expr) else p.replace("{", "{{").replace("}", "}}") for p in parts)
+    return pl.format(fmt, *exprs)
 
 
 def _with_instruction(template: str) -> str:
@@ -574,9 +613,10 @@ def _render_user(cfg: BuildConfig, instruction: str | pl.Expr) -> pl.Expr:
 _JSON_ESCAPED = ['"', "\\", *map(chr, range(0x20))]
 
 
-def _json_str(df: pl.DataFrame, col: str) -> list[Part]:
+def _json_str(col: str, escapes: bool, nulls: bool) -> list[Part]:
     """JSON text of a string column (null -> null), byte-equal to json.dumps(..., ensure_ascii=False),
-    as template parts for `_concat`.
+    as template parts for `_concat`; `escapes`/`nulls`: whether some value of the whole set needs
+    escaping / is null (`_set_facts`).
 
     A column without nulls and with nothing to escape (ids, most answers) is
     just quoted, and the quotes merge into the neighbouring literals, so the
@@ -585,21 +625,24 @@ def _json_str(df: pl.DataFrame, col: str) -> list[Part]:
     (when some value has a quote, backslash or control character) serde's
     encoder via struct.json_encode.
     """
-    values = df.get_column(col)
-    if values.str.contains_any(_JSON_ESCAPED).any():
+    if escapes:
         return [pl.struct(pl.col(col).alias("v")).struct.json_encode().str.slice(5).str.head(-1)]
-    if values.null_count():
-        return [pl.concat_str([pl.lit('"'), pl.col(col), pl.lit('"')]).fill_null(pl.lit("null"))]
+    if nulls:
+        return [_concat(['"', pl.col(col), '"']).fill_null(pl.lit("null"))]
     return ['"', pl.col(col), '"']
 
 
-def _math_label(df: pl.DataFrame, round_: int) -> pl.Expr:
+def _math_label(facts: dict, round_: int) -> pl.Expr:
     """schemas.prompt_label for math rows, vectorised: same keys, order and separators."""
+
+    def value(col: str) -> list[Part]:
+        return _json_str(col, facts[f"{col}:escapes"], facts[f"{col}:nulls"] > 0)
+
     # Used for math rows only (code rows get their own label), so "domain" is a literal.
     parts: list[Part] = [
-        '{"answer": ', *_json_str(df, "label"),
-        ', "domain": "math", "hint_id": ', *_json_str(df, "hint_id"),
-        ', "problem_id": ', *_json_str(df, "problem_id"),
+        '{"answer": ', *value("label"),
+        ', "domain": "math", "hint_id": ', *value("hint_id"),
+        ', "problem_id": ', *value("problem_id"),
         f', "round": {int(round_)}}}',
     ]
     return _concat(_merge_literals(parts))
@@ -676,9 +719,8 @@ def prepare_rows(
     return rows
 
 
-def instruction_for(rows: pl.DataFrame, cfg: BuildConfig) -> str | pl.Expr:
+def instruction_for(domains: list[str], cfg: BuildConfig) -> str | pl.Expr:
     """The domain instruction: a literal when the set has one domain (the usual case), else an expression."""
-    domains = rows.get_column("domain").unique().to_list()
     if len(domains) == 1:
         return cfg.instructions.get(domains[0], "")
     instruction = pl.lit("")
@@ -687,18 +729,31 @@ def instruction_for(rows: pl.DataFrame, cfg: BuildConfig) -> str | pl.Expr:
     return instruction
 
 
+_LABEL_COLUMNS = ("label", "hint_id", "problem_id")
+
+
+def _set_facts(rows: pl.DataFrame) -> dict:
+    """What rendering needs to know about the whole set, in one select (its scans run in
+    parallel): which label columns have values to JSON-escape or nulls, and the domains."""
+    exprs = [pl.col(c).str.contains_any(_JSON_ESCAPED).any().alias(f"{c}:escapes") for c in _LABEL_COLUMNS]
+    exprs += [pl.col(c).null_count().alias(f"{c}:nulls") for c in _LABEL_COLUMNS]
+    exprs.append(pl.col("domain").unique().sort().implode().alias("domains"))
+    return rows.select(exprs).row(0, named=True)
+
+
 def render_exprs(rows: pl.DataFrame, cfg: BuildConfig, round_: int) -> list[pl.Expr]:
     """The PROMPTS columns as expressions over `prepare_rows`'s output.
 
     Made once from the whole set (which instruction, which label columns need
-    JSON escapes: one pass over each column) and then applied to every shard's
-    slice, which needs no checks of its own.
+    JSON escapes: `_set_facts`) and then applied to every shard's slice, which
+    needs no checks of its own.
     """
+    facts = _set_facts(rows)
     messages = []
     if cfg.system_prompt:
         messages.append(pl.struct(role=pl.lit("system"), content=pl.lit(cfg.system_prompt)))
-    messages.append(pl.struct(role=pl.lit("user"), content=_render_user(cfg, instruction_for(rows, cfg))))
-    label = _math_label(rows, round_)
+    messages.append(pl.struct(role=pl.lit("user"), content=_render_user(cfg, instruction_for(facts["domains"], cfg))))
+    label = _math_label(facts, round_)
     if "_code_label" in rows.columns:
         label = pl.when(pl.col("domain") == "code").then(pl.col("_code_label")).otherwise(label)
     rnd = pl.lit(round_, pl.Int32)

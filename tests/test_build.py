@@ -449,14 +449,19 @@ def test_bad_inputs(tmp_path, gsm8k_hints):
     assert "dup.parquet" in str(err.value) and "duplicate problem_id" in str(err.value) and "a" in str(err.value)
     # Rows without a label or problem: dropped and counted, an error with --strict.
     # Blank in any Unicode whitespace is missing; a problem that only starts with a space is kept.
-    holes = pl.DataFrame({"problem_id": ["a", "b", "c", "d", "e", "f"], "domain": ["math", "math", "math", "chem", "math", "math"],
-                          "problem": ["1", "  ", "3", "4", "\u2003\u3000\n", " 6 eggs"], "label": ["1", "2", None, "4", "5", "6"],
-                          "data_source": ["t"] * 6})
+    # A null domain is unknown; a null data_source is set to the set's name, counted.
+    holes = pl.DataFrame({"problem_id": ["a", "b", "c", "d", "e", "f", "g"],
+                          "domain": ["math", "math", "math", "chem", "math", "math", None],
+                          "problem": ["1", "  ", "3", "4", "\u2003\u3000\n", " 6 eggs", "7"], "label": ["1", "2", None, "4", "5", "6", "7"],
+                          "data_source": ["t", "t", "t", "t", "t", None, "t"]})
     holes.write_parquet(tmp_path / "holes.parquet")
     st = build(BuildConfig(base=str(tmp_path / "holes.parquet")), tmp_path / "h")
-    assert st.rows == 2 and st.base_dropped == {"problem_missing": 2, "label_missing": 1, "domain_unknown": 1}
-    assert pl.read_parquet(tmp_path / "h" / "part-*.parquet").get_column("problem_id").to_list() == ["a", "f"]
-    assert any("chem" in w for w in st.warnings)
+    assert st.rows == 2 and st.base_dropped == {"problem_missing": 2, "label_missing": 1, "domain_unknown": 2}
+    shards = pl.read_parquet(tmp_path / "h" / "part-*.parquet")
+    assert shards.get_column("problem_id").to_list() == ["a", "f"]
+    assert shards.get_column("data_source").to_list() == ["t", "holes"]
+    assert any("chem" in w and "None" in w for w in st.warnings)
+    assert any("1 base problem(s) have no data_source" in w and "'f'" in w and "'holes'" in w for w in st.warnings)
     with pytest.raises(DataError, match="--strict"):
         build(BuildConfig(base=str(tmp_path / "holes.parquet"), strict=True), tmp_path / "h2")
     # Something else passed as --hints: a schema error naming the file and the missing columns.
@@ -473,6 +478,26 @@ def test_bad_inputs(tmp_path, gsm8k_hints):
     r = CliRunner().invoke(cli, ["build", "--base", "gsm8k", "--hints", str(stray), "--out", str(tmp_path / "s2"), "--strict"])
     assert r.exit_code == 1 and "p-nowhere" in r.output and "--strict" in r.output
     assert not (tmp_path / "s2" / "manifest.json").exists()
+
+
+def test_hints_without_ids_are_skipped_and_counted(tmp_path):
+    # A hint with a null hint_id would be shown but untraceable (the label carries
+    # hint_id); one with a null problem_id cannot be placed. Both are skipped, counted.
+    ids = gsm8k_ids(3)
+    path = make_hints([{"problem_id": p, "hint": f"Look at {p}."} for p in ids], tmp_path / "h" / "hints.parquet")
+    table = pq.read_table(path)
+    for col, row in (("hint_id", 0), ("problem_id", 1)):
+        values = table.column(col).to_pylist()
+        values[row] = None
+        table = table.set_column(table.schema.get_field_index(col), pa.field(col, pa.string()), pa.array(values, pa.string()))
+    pq.write_table(table, path)
+    st = build(BuildConfig(base="gsm8k", hints=[str(path)]), tmp_path / "o")
+    assert st.hints_missing_ids == 2 and st.hints_used == 1 and st.hints_unmatched == 0 and st.hinted_rows == 1
+    assert any("2 hint(s) skipped: null problem_id, hint_id or round" in w and "hints.parquet" in w for w in st.warnings)
+    df = read_prompts(tmp_path / "o")
+    first = df.filter(pl.col("problem_id") == ids[0]).row(0, named=True)
+    assert first["hint_id"] is None and not first["prompt"][0]["content"].startswith("Hint:")
+    assert json.loads((tmp_path / "o" / "stats.json").read_text())["hints_missing_ids"] == 2
 
 
 def test_empty_hints_and_several_hints_per_problem(tmp_path):
