@@ -883,6 +883,7 @@ def write_shards(
     cfg: BuildConfig,
     round_: int,
     workers: int | None = None,
+    inputs: list[Path] | None = None,
 ) -> tuple[list[Path], dict[str, str]]:
     """Render, convert, write and hash ``part-NNNNN.parquet`` shard by shard, then remove
     shards of an earlier, larger build.
@@ -892,8 +893,10 @@ def write_shards(
     progress at once and no single-threaded step (Arrow conversion, one
     file's write) idles the other cores. Each shard is written to a temporary
     file and handed to one committer thread, which fsyncs and renames it, so
-    the writers do not wait on the disk (~15 ms a shard here). Returns the
-    shards and their sha256 by path.
+    the writers do not wait on the disk (~15 ms a shard here). The `inputs`
+    files are hashed on the same pool after the shards, so a worker left
+    without a shard at the end does it. Returns the sha256 of the shards and
+    the inputs by path.
     """
     per = cfg.rows_per_shard(rows.height, estimated_bytes(rows, cfg) if cfg.shard_bytes is not None else 0)
     exprs = render_exprs(rows, cfg, round_)
@@ -913,9 +916,11 @@ def write_shards(
             return committer.submit(commit_file, tmp, path)
 
         with ThreadPoolExecutor(max_workers=workers) as pool:
-            commits = list(pool.map(job, jobs))
-        for commit in commits:
-            commit.result()
+            commits = [pool.submit(job, item) for item in jobs]
+            digests = {str(p): pool.submit(sha256_file, p) for p in inputs or []}
+            for commit in commits:
+                commit.result().result()
+        hashes |= {path: digest.result() for path, digest in digests.items()}
     shards = [path for _, path in jobs]
     names = {p.name for p in shards}
     for old in out_dir.iterdir():
@@ -929,14 +934,13 @@ def build(cfg: BuildConfig, out_dir: str | Path, template_files: list[Path] | No
     out_dir = Path(out_dir)
     stats = BuildStats(mode=cfg.mode, seed=cfg.seed)
     hint_stats = BuildStats()
-    # Input files are hashed (for the manifest) in the background while the
-    # build runs; the (small) hints set loads while the base set is read.
-    with ThreadPoolExecutor(max_workers=1) as hasher, ThreadPoolExecutor(max_workers=1) as loader:
+    # The (small) hints set loads while the base set is read; the input files
+    # are hashed (for the manifest) by write_shards' workers once the shards are out.
+    with ThreadPoolExecutor(max_workers=1) as loader:
         hints_job = loader.submit(load_hints, cfg.hints, cfg, hint_stats)
         base = load_base(cfg.base, cfg.mapping, cfg.domain)
         hint_files = resolve_inputs(cfg.hints) if cfg.hints else []
         inputs = list(base.files) + hint_files + list(template_files or [])
-        digests = {str(p): hasher.submit(sha256_file, p) for p in inputs}
         if cfg.answer_after:
             base.frame = base.frame.with_columns(
                 pl.col("label").str.split(cfg.answer_after).list.last().str.strip_chars().alias("label")
@@ -957,8 +961,7 @@ def build(cfg: BuildConfig, out_dir: str | Path, template_files: list[Path] | No
         # The manifest is the commit point: remove the old one first so that a
         # crash mid-way never leaves a manifest describing other shards.
         (out_dir / "manifest.json").unlink(missing_ok=True)
-        shards, hashes = write_shards(rows, out_dir, cfg, round_)
-        hashes |= {k: f.result() for k, f in digests.items()}
+        shards, hashes = write_shards(rows, out_dir, cfg, round_, inputs=inputs)
     from mentor.pipeline.faults import fault_point
 
     fault_point("build.after_shards")  # resume tests: killed with shards written, no manifest yet
