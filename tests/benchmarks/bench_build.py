@@ -18,8 +18,10 @@ caches:
   with build's writer settings on the same number of threads.
 
 The three run in turn, --repeat rounds. Prints one JSON line: rows, seconds
-and rows/s of each (best of --repeat), build/raw (target >= 0.8; also per
-round) and raw/floor (the floor's speed against raw's);
+and rows/s of each (best of --repeat), build/raw from those best times
+(`build_vs_raw`, the figure the target >= 0.8 is checked on), the same ratio
+per round (build and raw back to back) and its median, and raw/floor (the
+floor's speed against raw's);
 also build's and raw's CPU seconds (user+sys, all threads) and the 1-minute
 load average, since wall times on a shared 2-core machine
 depend on what else runs. Build writes its shards in parallel threads; the raw
