@@ -254,13 +254,17 @@ def load_base(spec: str, mapping: dict[str, str] | None = None, domain: str = "m
         )
     paths = resolve_inputs([spec], suffixes=(".parquet", ".jsonl", ".json"))
     kinds = {".parquet" if p.suffix == ".parquet" else ".jsonl" for p in paths}
+    # The set's name (data_source where the set gives none): the file's or the
+    # folder's stem; for a glob, the name of the folder it searches.
+    name = Path(spec).stem if kinds == {".parquet"} else paths[0].stem
+    if any(ch in name for ch in "*?["):
+        name = Path(spec).parent.name or "base"
     if kinds == {".parquet"}:
-        frame = _from_problems_parquet(paths, mapping, domain, Path(spec).stem)
+        frame = _from_problems_parquet(paths, mapping, domain, name)
     elif len(paths) == 1:
         frame = _from_jsonl(paths[0], mapping, domain)
     else:
         raise ConfigError(f"--base {spec}: give one JSONL file, or Parquet files only (found {len(paths)} files of mixed kinds)")
-    name = Path(spec).stem if kinds == {".parquet"} else paths[0].stem  # as _apply_mapping names a missing data_source
     return BaseSet(frame, spec if len(paths) > 1 else str(paths[0]), paths, {"kind": "local", "path": spec}, name)
 
 

@@ -462,6 +462,9 @@ def test_bad_inputs(tmp_path, gsm8k_hints):
     assert shards.get_column("data_source").to_list() == ["t", "holes"]
     assert any("chem" in w and "None" in w for w in st.warnings)
     assert any("1 base problem(s) have no data_source" in w and "'f'" in w and "'holes'" in w for w in st.warnings)
+    # Given as a glob, the set is named after its folder.
+    build(BuildConfig(base=str(tmp_path / "hol*.parquet")), tmp_path / "g")
+    assert pl.read_parquet(tmp_path / "g" / "part-*.parquet").get_column("data_source").to_list() == ["t", tmp_path.name]
     with pytest.raises(DataError, match="--strict"):
         build(BuildConfig(base=str(tmp_path / "holes.parquet"), strict=True), tmp_path / "h2")
     # Something else passed as --hints: a schema error naming the file and the missing columns.
