@@ -390,11 +390,12 @@ def _blank(col: str) -> pl.Expr:
 
 
 # A null domain is unknown too (is_in alone gives null there, which a filter skips).
-_bad_domain = pl.col("domain").is_null() | ~pl.col("domain").is_in(list(DOMAINS))
+_BAD_DOMAIN = pl.col("domain").is_null() | ~pl.col("domain").is_in(list(DOMAINS))
 
 
 def validate_base(base: BaseSet, cfg: BuildConfig, stats: BuildStats) -> pl.DataFrame:
-    """Duplicates are an error; rows without id/problem/label are dropped and counted (errors with --strict)."""
+    """Duplicates are an error; rows without id/problem/label or with an unknown (or null) domain are
+    dropped and counted, a null data_source is set to the set's name and counted (errors with --strict)."""
     df = base.frame
     if df.height == 0:
         raise DataError(f"{base.where}: the base problem set has no rows")
@@ -410,7 +411,7 @@ def validate_base(base: BaseSet, cfg: BuildConfig, stats: BuildStats) -> pl.Data
         | (pl.col("problem").str.len_bytes() == 0)
         | pl.col("problem").str.head(1).is_in(_WHITESPACE)
         | pl.col("label").is_null()
-        | _bad_domain
+        | _BAD_DOMAIN
     )
     reason = (
         pl.when(_blank("problem_id"))
@@ -419,14 +420,14 @@ def validate_base(base: BaseSet, cfg: BuildConfig, stats: BuildStats) -> pl.Data
         .then(pl.lit("problem_missing"))
         .when(pl.col("label").is_null())
         .then(pl.lit("label_missing"))
-        .when(_bad_domain)
+        .when(_BAD_DOMAIN)
         .then(pl.lit("domain_unknown"))
         .otherwise(None)
     )
     # One select: the screen and the ids' hashes run in parallel.
-    screen = df.select(suspect.any().alias("suspect"), pl.col("problem_id").hash().n_unique().alias("hashes")).row(0, named=True)
+    any_suspect, distinct_hashes = df.select(suspect.any().alias("suspect"), pl.col("problem_id").hash().n_unique()).row(0)
     bad = df.head(0)
-    if screen["suspect"]:
+    if any_suspect:
         bad = df.with_row_index("_row").filter(suspect).with_columns(_reason=reason).filter(pl.col("_reason").is_not_null())
     if bad.height:
         for why, n in sorted(bad.group_by("_reason").len().iter_rows()):
@@ -443,7 +444,7 @@ def validate_base(base: BaseSet, cfg: BuildConfig, stats: BuildStats) -> pl.Data
         df = df.with_row_index("_row").filter(~pl.col("_row").is_in(drop.implode())).drop("_row")
         if df.height == 0:
             raise DataError(f"{base.where}: no usable base problems ({dict(stats.base_dropped)})")
-        screen["hashes"] = df.get_column("problem_id").hash().n_unique()
+        distinct_hashes = df.get_column("problem_id").hash().n_unique()
     missing_source = df.get_column("data_source").null_count()
     if missing_source:
         ids = df.filter(pl.col("data_source").is_null()).get_column("problem_id").head(5).to_list()
@@ -458,7 +459,7 @@ def validate_base(base: BaseSet, cfg: BuildConfig, stats: BuildStats) -> pl.Data
     ids = df.get_column("problem_id")
     # Distinct 64-bit hashes prove distinct ids (a cheap integer n_unique); only
     # when two hashes meet is the exact (string) check run.
-    if screen["hashes"] != df.height and ids.n_unique() != df.height:
+    if distinct_hashes != df.height and ids.n_unique() != df.height:
         ids = df.filter(pl.col("problem_id").is_duplicated()).get_column("problem_id").unique(maintain_order=True)
         raise DataError(
             f"{base.where}: {ids.len()} duplicate problem_id(s) in the base set "
