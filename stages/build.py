@@ -853,10 +853,11 @@ def dataset_card(shards: list[str], stats: BuildStats, digests: list[str] | None
 
 # Writer settings. Dictionary encoding only where values repeat (hashing a
 # million unique prompts for a dictionary that is then abandoned costs ~30% of
-# the write); statistics only on short columns that polars can prune on.
+# the write; ids, problem's and hint's alike, never repeat); statistics only on
+# short columns that polars can prune on.
 DICTIONARY_COLUMNS = [
     "prompt.list.element.role", "data_source", "datasource", "ability", "reward_model.style", "reward_model.ground_truth",
-    "extra_info.hint_id", "extra_info.round", "hint_id", "round",
+    "extra_info.round", "round",
 ]
 STATISTICS_COLUMNS = [
     "data_source", "ability", "extra_info.problem_id", "extra_info.hint_id", "extra_info.round", "extra_info.index",
