@@ -28,3 +28,13 @@ class DataError(MentorError):
 
 class SchemaError(DataError):
     """A dataset does not match the canonical schema."""
+
+
+class EngineError(MentorError):
+    """The inference engine failed (died, ran out of memory, ...): exit code 1.
+
+    Raised by a backend with a one-line reason; stages add which stage and
+    shard it was working on. The engine's own log holds the details.
+    """
+
+    exit_code = 1

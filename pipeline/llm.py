@@ -193,8 +193,9 @@ def _cache_key(kind: str, model: str | None, options: dict[str, Any]) -> str:
 def make_backend(kind: str, model: str | None = None, **options: Any) -> Backend:
     """A backend of `kind` ("vllm" | "fake"); vllm engines are created once per process and reused.
 
-    `model` None means the embedded demo model (SmolLM2-135M-Instruct, see
-    `mentor.pipeline.models`). vllm options: ``tensor_parallel_size``,
+    `model` None means the embedded demo model (SmolLM2-135M-Instruct); a
+    name from `mentor.pipeline.models.MODEL_NAMES` means that CPU model (both
+    get ``max_model_len`` 4096 unless given). vllm options: ``tensor_parallel_size``,
     ``gpu_memory_utilization``, ``max_model_len``, ``enforce_eager``,
     ``dtype``, ``seed`` (others are passed to ``vllm.LLM``). fake options:
     ``script`` (a callable or ``"module:attr"``).
@@ -203,8 +204,14 @@ def make_backend(kind: str, model: str | None = None, **options: Any) -> Backend
         return FakeBackend(script=options.pop("script", None), model=model or "fake", **options)
     if kind != "vllm":
         raise ConfigError(f"unknown backend {kind!r}; use 'vllm' (or 'fake' in tests)")
+    from mentor.pipeline.models import MODEL_NAMES, NAMED_MAX_MODEL_LEN
+
+    if model is None or model in MODEL_NAMES:
+        options.setdefault("max_model_len", NAMED_MAX_MODEL_LEN)
     key = _cache_key(kind, model, options)
     engine = _ENGINES.get(key)
+    if engine is not None and getattr(engine, "dead", None):
+        engine = None  # a failed engine is never reused
     if engine is None:
         from mentor.pipeline.models import resolve_model
         from mentor.pipeline.vllm_backend import VLLMBackend
@@ -235,7 +242,8 @@ class BackendSpec:
     def describe(self) -> dict[str, Any]:
         """The parts of the spec that change outputs (for done-marker keys and provenance)."""
         opts = {k: v for k, v in self.options.items() if k in ("dtype", "max_model_len", "seed", "script")}
-        return {"kind": self.kind, "model": self.model or "embedded:SmolLM2-135M-Instruct", "options": opts}
+        embedded = self.model in (None, "", "smollm2-135m")
+        return {"kind": self.kind, "model": "embedded:SmolLM2-135M-Instruct" if embedded else self.model, "options": opts}
 
 
 __all__ = [

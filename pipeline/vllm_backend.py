@@ -10,6 +10,28 @@ On CPU it sets the environment defaults that keep the engine small and quick
 to start unless the user set them: ``VLLM_CPU_KVCACHE_SPACE=1`` (GiB),
 ``VLLM_CPU_OMP_THREADS_BIND`` = the cores this process may use, and
 ``enforce_eager=True`` (the compile step costs ≈2 min per start on CPU).
+
+Seeded sampling on CPU. Every request carries its own seed (a
+``torch.Generator`` per request in vLLM), so rollouts and hints are
+reproducible. When chunked prefill splits a prompt over several steps, vLLM
+rewinds that request's generator with ``set_offset`` after the partial step
+(v1 ``gpu_model_runner._bookkeeping_sync``); a CPU generator has no offset and
+the engine dies (``RuntimeError: CPU Generator does not use offset``). It only
+shows once a batch's prompts exceed ``max_num_batched_tokens`` (a few dozen
+problems), never in small demos. So on CPU the backend turns chunked prefill
+off unless the caller sets ``enable_chunked_prefill``: every prompt is then
+prefilled in one step (vLLM raises ``max_num_batched_tokens`` to at least
+``max_model_len``), no request is ever discarded, and seeds stay per request.
+GPU engines keep vLLM's defaults (CUDA generators have offsets).
+
+Engine output. Unless ``mentor -v`` is on, the engine's processes (vLLM's
+EngineCore and its workers, which vLLM starts with spawn and which inherit
+this process's stderr) write to a log file instead of the terminal: a failing
+engine prints pages of traces from several processes. A failure surfaces as
+one `EngineError` naming the reason and the log file; stages add the stage
+and shard. A dead engine is never reused: the next `make_backend` builds a
+new one.
+
 Scripts that create an engine need an ``if __name__ == "__main__":`` guard:
 vLLM starts its workers with spawn.
 """
@@ -19,11 +41,15 @@ from __future__ import annotations
 import importlib.metadata
 import logging
 import os
+import re
+import sys
+import time
 from collections.abc import Sequence
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from mentor.pipeline.errors import ConfigError
+from mentor.pipeline.errors import ConfigError, EngineError
 from mentor.pipeline.llm import CountingBackend, GenRequest, GenResult
 
 log = logging.getLogger(__name__)
@@ -62,6 +88,78 @@ def cpu_env_defaults() -> dict[str, str]:
     return {"VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_CPU_OMP_THREADS_BIND": _cpu_list()}
 
 
+def cpu_engine_defaults() -> dict[str, Any]:
+    """``vllm.LLM`` arguments the CPU engine needs (applied only where the caller gave none).
+
+    ``enable_chunked_prefill=False``: see the module docstring (seeded requests
+    and chunked prefill crash the CPU engine).
+    """
+    return {"enforce_eager": True, "enable_chunked_prefill": False}
+
+
+def engine_log_path() -> Path:
+    """Where the engine's processes write when the terminal is kept quiet.
+
+    ``$MENTOR_ENGINE_LOG`` when set, else ``<cache>/logs/engine-<time>-<pid>.log``
+    (the 20 newest are kept).
+    """
+    if os.environ.get("MENTOR_ENGINE_LOG"):
+        return Path(os.environ["MENTOR_ENGINE_LOG"]).expanduser()
+    from mentor.pipeline.models import cache_dir
+
+    logs = cache_dir() / "logs"
+    logs.mkdir(parents=True, exist_ok=True)
+    for old in sorted(logs.glob("engine-*.log"))[:-19]:
+        old.unlink(missing_ok=True)
+    return logs / f"engine-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}.log"
+
+
+@contextmanager
+def _stderr_to(path: Path | None):
+    """Point this process's fd 2 at `path` while the engine's processes are started (they inherit it)."""
+    if path is None:
+        yield
+        return
+    sys.stderr.flush()
+    saved = os.dup(2)
+    with open(path, "ab") as fh:
+        os.dup2(fh.fileno(), 2)
+    try:
+        yield
+    finally:
+        sys.stderr.flush()
+        os.dup2(saved, 2)
+        os.close(saved)
+
+
+_ENGINE_ERROR = re.compile(r"\bERROR\b.*?\]\s+((?:[A-Za-z_.]+)?(?:Error|Exception)\b:?.*)$")
+
+
+def _engine_cause(path: Path | None) -> str | None:
+    """The first exception line the engine's processes logged (the root cause of an EngineDeadError)."""
+    if path is None or not path.is_file():
+        return None
+    with open(path, "rb") as fh:
+        fh.seek(max(0, path.stat().st_size - (1 << 20)))
+        lines = fh.read().decode("utf-8", "replace").splitlines()
+    for line in lines:
+        m = _ENGINE_ERROR.search(line)
+        if m and not m.group(1).startswith(("Exception in", "EngineCore")):
+            return m.group(1).strip()[:300]
+    return None
+
+
+def _reason(exc: BaseException, log_path: Path | None = None) -> str:
+    """One line about an engine exception (its root cause when vLLM chained one or logged it)."""
+    root = exc
+    while root.__cause__ is not None and root.__cause__ is not root:
+        root = root.__cause__
+    text = str(root).strip().splitlines()
+    reason = f"{type(root).__name__}: {text[0][:200]}" if text else type(root).__name__
+    cause = _engine_cause(log_path)
+    return f"{type(root).__name__} after {cause}" if cause else reason
+
+
 class VLLMBackend(CountingBackend):
     """Offline ``vllm.LLM`` with prefix caching and per-request sampling / JSON-schema output."""
 
@@ -80,15 +178,24 @@ class VLLMBackend(CountingBackend):
     ) -> None:
         super().__init__(model)
         self.on_cpu = is_cpu_build()
+        self.dead: str | None = None  # the reason, once the engine has failed
         if self.on_cpu:
             for k, v in cpu_env_defaults().items():
                 os.environ.setdefault(k, v)
+            defaults = cpu_engine_defaults()
             if enforce_eager is None:
-                enforce_eager = True
+                enforce_eager = defaults.pop("enforce_eager")
+            for k, v in defaults.items():
+                engine_kwargs.setdefault(k, v)
+            if engine_kwargs.get("enable_chunked_prefill"):
+                log.warning("enable_chunked_prefill=True on the CPU engine: seeded requests whose prompts get "
+                            "chunked crash it (CPU Generator does not use offset)")
         # stdout belongs to the CLI's JSON summary; vLLM logs to stdout unless told otherwise.
         os.environ.setdefault("VLLM_LOGGING_STREAM", "ext://sys.stderr")
-        if not logging.getLogger("mentor").isEnabledFor(logging.INFO):
+        verbose = logging.getLogger("mentor").isEnabledFor(logging.INFO)
+        if not verbose:
             os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")  # `mentor -v` shows vLLM's INFO logs
+        self.log_path = None if verbose else engine_log_path()
         if Path(model).is_dir():
             # A local folder needs nothing from a hub; never let a missing file trigger a download.
             os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -115,8 +222,15 @@ class VLLMBackend(CountingBackend):
             kwargs["enforce_eager"] = enforce_eager
         kwargs.update(engine_kwargs)
         log.info("starting vLLM %s (%s) for %s", vllm.__version__, "cpu" if self.on_cpu else "gpu", model)
-        self.llm = LLM(**kwargs)
         self.engine_kwargs = kwargs
+        try:
+            with _stderr_to(self.log_path):
+                self.llm = LLM(**kwargs)
+        except Exception as exc:
+            raise EngineError(f"the vLLM engine for {model} did not start ({_reason(exc, self.log_path)}){self._see_log()}") from exc
+
+    def _see_log(self) -> str:
+        return f"; engine log: {self.log_path}" if self.log_path else ""
 
     def sampling_params(self, req: GenRequest):
         from vllm import SamplingParams
@@ -139,8 +253,14 @@ class VLLMBackend(CountingBackend):
         return self.llm.chat(conversations, params, use_tqdm=False)
 
     def _generate(self, requests: Sequence[GenRequest]) -> list[GenResult]:
+        if self.dead is not None:
+            raise EngineError(f"the vLLM engine failed earlier ({self.dead}){self._see_log()}")
         params = [self.sampling_params(r) for r in requests]
-        outputs = self.chat([r.messages for r in requests], params)
+        try:
+            outputs = self.chat([r.messages for r in requests], params)
+        except Exception as exc:
+            self.dead = _reason(exc, self.log_path)
+            raise EngineError(f"the vLLM engine failed on a batch of {len(requests)} requests ({self.dead}){self._see_log()}") from exc
         if len(outputs) != len(requests):
             raise RuntimeError(f"vLLM returned {len(outputs)} outputs for {len(requests)} prompts")
         results = []
