@@ -4,6 +4,9 @@ from pathlib import Path
 
 DATA_DIR = Path(__file__).resolve().parent
 
+# Bundled problem sets by name (what `--base`, `mentor rollout` and `--problems` accept).
+BUNDLED_SETS = {"gsm8k": "gsm8k_problems.parquet", "math500": "math500_problems.parquet", "humaneval": "humaneval_problems.parquet"}
+
 
 def bundled(name: str) -> Path:
     """Path of a bundled data file, e.g. ``bundled("gsm8k_rollouts.parquet")``."""

@@ -36,7 +36,11 @@ def train(config_path, dry_run, check):
 
 def _policy_options(f):
     f = click.option("--backend", default="vllm", show_default=True, type=click.Choice(["vllm", "fake"]), help="LLM backend (fake: tests only).")(f)
-    f = click.option("--policy", "policy", default=None, metavar="MODEL", help="Policy model (HF name or folder; default: the embedded demo model).")(f)
+    f = click.option("--policy", "policy", default=None, metavar="MODEL",
+                     help="Policy model: a folder, an HF name, or a CPU model name from `mentor setup-cpu --model` "
+                          "(qwen2.5-coder-0.5b, qwen2.5-coder-1.5b); default: the embedded demo model.")(f)
+    f = click.option("--shard-size", type=click.IntRange(min=1), default=256, show_default=True,
+                     help="Prompts per shard (one engine call and one resumable output file each).")(f)
     f = click.option("--k", type=click.IntRange(min=1), default=4, show_default=True, help="Rollouts per prompt.")(f)
     f = click.option("--max-tokens", type=click.IntRange(min=1), default=1024, show_default=True, help="Max new tokens per rollout.")(f)
     f = click.option("--temperature", type=click.FloatRange(min=0.0), default=1.0, show_default=True, help="Sampling temperature.")(f)
@@ -49,52 +53,81 @@ def _policy_options(f):
     return f
 
 
-def _config(k, max_tokens, temperature, top_p, seed, limit, round_):
+def _config(k, max_tokens, temperature, top_p, seed, limit, round_, shard_size):
     from pydantic import ValidationError
 
     from mentor.stages.rollout import RolloutConfig
 
     try:
-        return RolloutConfig(k=k, max_tokens=max_tokens, temperature=temperature, top_p=top_p, seed=seed, limit=limit, round=round_)
+        return RolloutConfig(k=k, max_tokens=max_tokens, temperature=temperature, top_p=top_p, seed=seed, limit=limit,
+                             round=round_, shard_size=shard_size)
     except ValidationError as exc:
         raise ConfigError("; ".join(f"--{'-'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors())) from exc
 
 
 def _backend(backend, policy, max_model_len, tensor_parallel_size):
-    from mentor.pipeline.llm import make_backend
+    """A BackendSpec: the engine starts only once the inputs have been read and a shard needs sampling."""
+    from mentor.pipeline.llm import BackendSpec
 
     if backend == "fake":
-        return make_backend("fake", policy)
+        return BackendSpec("fake", policy)
+    from mentor.pipeline.models import check_model
+
+    check_model(policy)  # a named model that is not set up: the setup command, now
     opts = {"tensor_parallel_size": tensor_parallel_size}
     if max_model_len:
         opts["max_model_len"] = max_model_len
-    return make_backend("vllm", policy, **opts)
+    return BackendSpec("vllm", policy, opts)
 
 
 @click.command()
 @click.argument("prompts", nargs=-1, required=True)
-@click.option("--out", "out_dir", required=True, type=click.Path(file_okay=False), help="Writes DIR/part-00000.parquet (rollouts) and DIR/stats.json.")
+@click.option("--out", "out_dir", required=True, type=click.Path(file_okay=False),
+              help="Writes DIR/part-NNNNN.parquet (rollouts, one per shard) and DIR/stats.json.")
 @_policy_options
-def rollout(prompts, out_dir, backend, policy, k, max_tokens, temperature, top_p, seed, limit, round_, max_model_len, tensor_parallel_size):
-    """Sample k responses per prompt (vLLM offline), verify them, write canonical rollouts."""
+def rollout(prompts, out_dir, backend, policy, k, max_tokens, temperature, top_p, seed, limit, round_, max_model_len,
+            tensor_parallel_size, shard_size):
+    """Sample k responses per prompt (vLLM offline), verify them, write canonical rollouts.
+
+    PROMPTS: prompt shards from `mentor build`, a problems dataset, or a bundled set (gsm8k, math500, humaneval).
+    """
     from mentor.stages.rollout import rollout_to_dir
 
-    cfg = _config(k, max_tokens, temperature, top_p, seed, limit, round_)
+    cfg = _config(k, max_tokens, temperature, top_p, seed, limit, round_, shard_size)
     stats = rollout_to_dir(list(prompts), out_dir, cfg, _backend(backend, policy, max_model_len, tensor_parallel_size))
     stats.pop("config", None)
     click.echo(json.dumps(stats, sort_keys=True))
 
 
+def _arms(hints: tuple[str, ...], arms: tuple[str, ...]) -> dict[str, list[str]]:
+    out: dict[str, list[str]] = {"hinted": list(hints)} if hints else {}
+    for spec in arms:
+        name, sep, path = spec.partition("=")
+        if not sep or not name or not path:
+            raise click.BadParameter(f"{spec!r} is not NAME=HINTS (e.g. full=runs/x/hints/hints.parquet)", param_hint="--arm")
+        out.setdefault(name.strip(), []).append(path.strip())
+    if not out:
+        raise click.UsageError("give the hints to test: --hints HINTS (the arm 'hinted') or --arm NAME=HINTS (repeatable)")
+    return out
+
+
 @click.command()
 @click.option("--collapsed", "collapsed", multiple=True, required=True, help="collapsed.parquet from `mentor mine` (repeatable).")
-@click.option("--hints", "hints", multiple=True, required=True, help="hints.parquet from `mentor hint` (repeatable).")
+@click.option("--hints", "hints", multiple=True, help="hints.parquet from `mentor hint` (repeatable): the arm 'hinted'.")
+@click.option("--arm", "arms", multiple=True, metavar="NAME=HINTS",
+              help="A named arm of hints (repeatable), e.g. --arm full=a/hints.parquet --arm generic=b/hints.parquet.")
 @click.option("--out", "out_dir", required=True, type=click.Path(file_okay=False), help="Writes DIR/rescue.parquet, DIR/rescue.json, DIR/rollouts/.")
 @_policy_options
-def rescue(collapsed, hints, out_dir, backend, policy, k, max_tokens, temperature, top_p, seed, limit, round_, max_model_len, tensor_parallel_size):
-    """Re-roll collapsed problems with and without their hint; report the rescue rate of each."""
+def rescue(collapsed, hints, arms, out_dir, backend, policy, k, max_tokens, temperature, top_p, seed, limit, round_,
+           max_model_len, tensor_parallel_size, shard_size):
+    """Re-roll collapsed problems without a hint and under each arm of hints; report each arm's rescue rate.
+
+    Every arm re-rolls the same problems (those with a hint in every arm) with the same seeds.
+    """
     from mentor.stages.rollout import rescue_to_dir
 
-    cfg = _config(k, max_tokens, temperature, top_p, seed, limit, round_)
-    summary = rescue_to_dir(list(collapsed), list(hints), out_dir, cfg, _backend(backend, policy, max_model_len, tensor_parallel_size))
+    cfg = _config(k, max_tokens, temperature, top_p, seed, limit, round_, shard_size)
+    summary = rescue_to_dir(list(collapsed), _arms(hints, arms), out_dir, cfg,
+                            _backend(backend, policy, max_model_len, tensor_parallel_size))
     summary.pop("config", None)
     click.echo(json.dumps(summary, sort_keys=True))

@@ -46,7 +46,7 @@ from typing import Any, Literal
 import pyarrow as pa
 from pydantic import BaseModel, ConfigDict, Field
 
-from mentor.pipeline.errors import ConfigError
+from mentor.pipeline.errors import ConfigError, EngineError
 from mentor.pipeline.ids import content_hash
 from mentor.pipeline.llm import Backend, GenRequest, GenResult
 from mentor.pipeline.schemas import HINTS, SCHEMA_VERSION, TRACE_ENTRY, schema_metadata
@@ -509,6 +509,7 @@ class ShardTask:
     rows: list[dict]
     shard_path: str
     done_path: str
+    total: int = 1  # shards in the run (for messages)
 
 
 def shard_done(task: ShardTask) -> dict | None:
@@ -532,9 +533,15 @@ def run_shard(task: ShardTask, cfg: HintConfig, backend_factory: Callable[[], Ba
     marker = shard_done(task)
     if marker is not None:  # e.g. a dask task retried after its worker died past the write
         return {"stats": marker["stats"], "reused": True}
-    backend = backend_factory()
     st = HintStats()
-    table = hint_shard(task.rows, cfg, backend, stats=st, progress=progress)
+    try:
+        table = hint_shard(task.rows, cfg, backend_factory(), stats=st, progress=progress)
+    except EngineError as exc:
+        first = task.rows[0]["problem_id"] if task.rows else "-"
+        raise EngineError(
+            f"hint: shard {task.index + 1} of {task.total} ({len(task.rows)} problems from {first}) failed after "
+            f"{st.waves} waves: {exc}. Finished shards are kept: rerun the same command to redo only the unfinished ones"
+        ) from exc
     write_parquet_atomic(table, task.shard_path, dataset="hints")
     stats = st.as_dict()
     write_json_atomic({"key": task.key, "index": task.index, "rows": table.num_rows, "stats": stats}, task.done_path)
@@ -594,7 +601,8 @@ def hint_to_dir(
     for index, start in enumerate(range(0, len(rows), cfg.shard_size)):
         chunk = rows[start : start + cfg.shard_size]
         key = content_hash(run_key, input_hash(chunk), length=24)
-        tasks.append(ShardTask(index, key, chunk, str(shard_dir / f"{key}.parquet"), str(shard_dir / f"{key}.done.json")))
+        tasks.append(ShardTask(index, key, chunk, str(shard_dir / f"{key}.parquet"), str(shard_dir / f"{key}.done.json"),
+                               total=-(-len(rows) // cfg.shard_size)))
     todo = [t for t in tasks if shard_done(t) is None]
     stats = HintStats()
     todo_ids = {t.index for t in todo}

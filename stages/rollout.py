@@ -1,22 +1,37 @@
 """Offline rollouts and the rescue check, through the LLM backend seam.
 
 `mentor rollout PROMPTS --policy MODEL --k 4 --out DIR` samples k responses per
-prompt (one backend call for the whole set; vLLM schedules it), verifies each
-with `mentor.training.verify`, and writes canonical rollout shards (schema
-ROLLOUTS, source ``mentor-rollout``): the loop can run without a trainer, and
-hints can be checked before training.
+prompt, verifies each with `mentor.training.verify`, and writes canonical
+rollout shards (schema ROLLOUTS, source ``mentor-rollout``): the loop can run
+without a trainer, and hints can be checked before training.
 
 `mentor rescue --collapsed C --hints H --policy MODEL --k 4 --out DIR` re-rolls
-every collapsed problem that has a hint twice, with and without the hint (the
-same prompt layout as `mentor build`: ``Hint: ...`` before the problem in the
-user message), and reports per problem and overall how many collapsed problems
-now get at least one correct rollout: ``DIR/rescue.parquet`` (one row per
-problem), ``DIR/rescue.json`` (totals, rescue rates), and the rollouts
-themselves in ``DIR/rollouts/``.
+every collapsed problem under several *arms* and reports, per arm, how many
+collapsed problems now get at least one correct rollout. The arm
+``unhinted`` (the plain problem) is always there; ``--hints H`` adds the arm
+``hinted``, ``--arm NAME=H`` any named one (e.g. one per hint-stage ablation).
+A hinted prompt has the layout `mentor build` writes (``Hint: ...`` before the
+problem in the user message). Only problems with a hint in every arm are
+re-rolled, and rollout j of a problem has the same seed in every arm, so the
+arms are a paired comparison: same problems, same seeds, one engine batch.
+Outputs: ``DIR/rescue.parquet`` (one row per problem; per arm ``correct_<arm>``,
+``rescued_<arm>``, ``mean_correct_<arm>``, ``hint_id_<arm>``), ``DIR/rescue.json``
+(totals and rates per arm) and the rollouts in ``DIR/rollouts/`` (arm a's
+sample j has ``sample_idx = a * k + j``; unhinted rows have no ``hint_id``).
 
 Inputs of `rollout`: PROMPTS shards (from `mentor build`; the label carries
-problem id, hint id and round) or a PROBLEMS dataset (each problem becomes one
-user message with the domain's instruction).
+problem id, hint id and round), a PROBLEMS dataset (each problem becomes one
+user message with the domain's instruction), or a bundled set name
+(``gsm8k``, ``math500``, ``humaneval``). Inputs are read and checked before any
+engine starts.
+
+Shards. The prompts are sampled in shards of ``shard_size`` prompts, one
+engine call each (vLLM schedules the whole shard). Each shard is written
+atomically with a done marker keyed by its prompts, the sampling settings and
+the model; a rerun (after a crash, a kill, or an engine failure, which is
+reported as one error naming the shard) reuses the finished shards and
+samples only the rest. Seeds depend on a prompt's position in the whole set
+(rollout) or on its problem id (rescue), never on the shard size.
 """
 
 from __future__ import annotations
@@ -24,6 +39,7 @@ from __future__ import annotations
 import json
 import logging
 import time
+import zlib
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -34,8 +50,17 @@ import polars as pl
 import pyarrow as pa
 from pydantic import BaseModel, ConfigDict, Field
 
-from mentor.pipeline.errors import DataError
-from mentor.pipeline.io import read_dataset, read_parquet_schema, resolve_inputs, write_json_atomic, write_parquet_atomic
+from mentor.pipeline.errors import ConfigError, DataError, EngineError
+from mentor.pipeline.ids import content_hash
+from mentor.pipeline.io import (
+    config_hash,
+    read_dataset,
+    read_json,
+    read_parquet_schema,
+    resolve_inputs,
+    write_json_atomic,
+    write_parquet_atomic,
+)
 from mentor.pipeline.llm import Backend, GenRequest
 from mentor.pipeline.schemas import SCHEMA_VERSION, check_schema, parse_prompt_label
 
@@ -49,6 +74,7 @@ INSTRUCTIONS = {
     "math": "Please reason step by step, and put your final answer within \\boxed{}.",
     "code": "Write the complete solution in Python inside one ```python code block.",
 }
+UNHINTED = "unhinted"
 
 
 class RolloutConfig(BaseModel):
@@ -66,6 +92,11 @@ class RolloutConfig(BaseModel):
     verify_workers: int = Field(4, ge=1, description="Threads verifying responses (code runs in sandbox processes).")
     hint_template: str = Field(HINT_TEMPLATE, description="User message of a hinted prompt ({hint}, {problem}).")
     instructions: dict[str, str] = Field(default_factory=lambda: dict(INSTRUCTIONS), description="Instruction appended per domain.")
+    shard_size: int = Field(256, ge=1, description="Prompts per shard (one engine call, one file, one done marker).")
+
+    def semantic(self) -> dict[str, Any]:
+        """The settings that change outputs (not how the work is split)."""
+        return self.model_dump(mode="json", exclude={"shard_size", "verify_workers"})
 
 
 @dataclass
@@ -79,7 +110,8 @@ class PromptItem:
     hint_id: str | None
     round: int
     problem: str | None  # original text without hint, when known
-    variant: str = "plain"  # rescue: "hinted" | "unhinted"
+    arm: str = "plain"  # rescue: the arm this prompt belongs to
+    arm_index: int = 0
 
 
 def user_message(problem: str, domain: str, cfg: RolloutConfig, hint: str | None = None) -> str:
@@ -91,13 +123,26 @@ def user_message(problem: str, domain: str, cfg: RolloutConfig, hint: str | None
 # --------------------------------------------------------------------------- reading prompts
 
 
+def resolve_sources(sources: Sequence[str]) -> list[Path]:
+    """Files, folders and globs (as every stage), plus the bundled set names."""
+    from mentor.data import BUNDLED_SETS, bundled
+
+    paths: list[Path] = []
+    for s in sources:
+        if str(s) in BUNDLED_SETS and not Path(s).exists():
+            paths.append(bundled(BUNDLED_SETS[str(s)]))
+        else:
+            paths.extend(resolve_inputs([s]))
+    return paths
+
+
 def _is_dataset(paths: list[Path], dataset: str) -> bool:
     return all(not check_schema(read_parquet_schema(p), dataset) for p in paths)
 
 
 def load_prompt_items(sources: Sequence[str], cfg: RolloutConfig) -> list[PromptItem]:
-    """PROMPTS shards or a PROBLEMS dataset -> prompt items (in file order)."""
-    paths = resolve_inputs(sources)
+    """PROMPTS shards, a PROBLEMS dataset or a bundled set name -> prompt items (in file order)."""
+    paths = resolve_sources(sources)
     if _is_dataset(paths, "prompts"):
         df = read_dataset(paths, "prompts")
         if cfg.limit:
@@ -141,7 +186,8 @@ def load_prompt_items(sources: Sequence[str], cfg: RolloutConfig) -> list[Prompt
     found = ", ".join(read_parquet_schema(paths[0]).names[:10])
     raise DataError(
         f"{paths[0]}: neither prompt shards (mentor build) nor a problems dataset (found columns: {found}); "
-        "pass the output of `mentor build`, or a problems Parquet with problem_id, domain, problem, label, data_source"
+        "pass the output of `mentor build`, a problems Parquet with problem_id, domain, problem, label, data_source, "
+        "or a bundled set name (gsm8k, math500, humaneval)"
     )
 
 
@@ -152,15 +198,30 @@ def _seed(base: int, i: int, j: int, k: int) -> int:
     return (base * 1_000_003 + i * k + j) % (2**31 - 1)
 
 
+def problem_seed(base: int, problem_id: str, j: int) -> int:
+    """Seed of rollout j of a problem, the same in every rescue arm (a paired comparison)."""
+    return zlib.crc32(f"{base}|{problem_id}|{j}".encode()) & 0x7FFFFFFF
+
+
+SeedFn = Callable[[int, PromptItem, int], int]
+
+
 def sample_and_verify(
     backend: Backend,
     items: Sequence[PromptItem],
     cfg: RolloutConfig,
     verifier: Callable[[str, str, str | None], float] | None = None,
+    first_index: int = 0,
+    seed_fn: SeedFn | None = None,
 ) -> list[dict[str, Any]]:
-    """k rollouts per item in ONE backend call, each verified; rows in item order, then sample order."""
+    """k rollouts per item in ONE backend call, each verified; rows in item order, then sample order.
+
+    `first_index` is the position of ``items[0]`` in the whole set (seeds
+    depend on it); `seed_fn(i, item, j)` replaces the positional seeds.
+    """
     if verifier is None:
         from mentor.training.verify import verify as verifier  # noqa: N813
+    seed_of = seed_fn or (lambda i, item, j: _seed(cfg.seed, i, j, cfg.k))
     requests = [
         GenRequest(
             id=f"{i}:{j}",
@@ -168,7 +229,7 @@ def sample_and_verify(
             max_tokens=cfg.max_tokens,
             temperature=cfg.temperature,
             top_p=cfg.top_p,
-            seed=_seed(cfg.seed, i, j, cfg.k),
+            seed=seed_of(first_index + i, item, j),
         )
         for i, item in enumerate(items)
         for j in range(cfg.k)
@@ -193,7 +254,7 @@ def sample_and_verify(
             {
                 "problem_id": item.problem_id,
                 "round": item.round,
-                "sample_idx": j,
+                "sample_idx": item.arm_index * cfg.k + j,
                 "problem": item.problem,
                 "prompt": "\n\n".join(m["content"] for m in item.messages),
                 "response": res.text,
@@ -205,7 +266,7 @@ def sample_and_verify(
                 "source": SOURCE,
                 "truncated": res.finish_reason == "length",
                 "step": None,
-                "_variant": item.variant,
+                "_prompt_tokens": res.prompt_tokens,
                 "_completion_tokens": res.completion_tokens,
             }
         )
@@ -219,26 +280,119 @@ def _rollouts_table(rows: list[dict[str, Any]]) -> pa.Table:
     return pa.Table.from_pydict(cols, schema=pa.schema([f.with_nullable(True) for f in ROLLOUTS]))
 
 
-def _dedupe_sample_idx(rows: list[dict[str, Any]]) -> None:
-    """Two prompts of one problem (e.g. build --mode both) must not share (problem_id, round, sample_idx)."""
+def _number_repeats(items: list[PromptItem]) -> None:
+    """Two prompts of one problem (e.g. build --mode both) must not share (problem_id, round, sample_idx):
+    the n-th prompt of a problem gets samples n*k .. n*k+k-1."""
     seen: dict[tuple[str, int], int] = {}
-    for r in rows:
-        key = (r["problem_id"], r["round"])
-        r["sample_idx"] = seen.get(key, 0)
-        seen[key] = r["sample_idx"] + 1
+    for it in items:
+        key = (it.problem_id, it.round)
+        it.arm_index = seen.get(key, 0)
+        seen[key] = it.arm_index + 1
+
+
+def _describe(backend: Backend | Callable[[], Backend]) -> Any:
+    if hasattr(backend, "describe"):
+        return backend.describe()
+    return {"model": getattr(backend, "model", type(backend).__name__)}
+
+
+def _items_key(items: Sequence[PromptItem]) -> str:
+    blob = json.dumps([[it.messages, it.domain, it.reference, it.problem_id, it.hint_id, it.round, it.arm] for it in items],
+                      sort_keys=True, ensure_ascii=False)
+    return content_hash(blob, length=24)
+
+
+@dataclass
+class ShardRun:
+    """What the sharded sampler did: rows of every shard (read back for reused ones) and counters."""
+
+    rows: list[dict[str, Any]]
+    shards: int = 0
+    computed: int = 0
+    engine_calls: int = 0
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    model: str | None = None
+
+
+def run_shards(
+    stage: str,
+    items: list[PromptItem],
+    cfg: RolloutConfig,
+    backend: Backend | Callable[[], Backend],
+    parts_dir: Path,
+    seed_fn: SeedFn | None = None,
+) -> ShardRun:
+    """Sample `items` shard by shard into ``parts_dir/part-NNNNN.parquet`` (+ ``_done/`` markers); resumable.
+
+    The engine is built (a `BackendSpec` is called) only when a shard needs sampling.
+    """
+    run_key = config_hash({"stage": stage, "sampling": cfg.semantic(), "backend": _describe(backend), "schema": SCHEMA_VERSION})
+    done_dir = parts_dir / "_done"
+    engine: Backend | None = backend if hasattr(backend, "generate") else None  # type: ignore[assignment]
+    out = ShardRun(rows=[])
+    starts = list(range(0, len(items), cfg.shard_size))
+    names = set()
+    for index, start in enumerate(starts):
+        chunk = items[start : start + cfg.shard_size]
+        key = content_hash(run_key, _items_key(chunk), str(start), length=24)
+        part = parts_dir / f"part-{index:05d}.parquet"
+        marker = done_dir / f"{part.stem}.json"
+        names.add(part.name)
+        out.shards += 1
+        if part.is_file() and marker.is_file():
+            done = read_json(marker)
+            if done.get("key") == key:
+                rows = pl.read_parquet(part).to_dicts()
+                for r, extra in zip(rows, done["tokens"]):
+                    r["_prompt_tokens"], r["_completion_tokens"] = extra
+                out.rows.extend(rows)
+                out.prompt_tokens += done["prompt_tokens"]
+                out.completion_tokens += done["completion_tokens"]
+                out.model = out.model or done.get("model")
+                continue
+        if engine is None:
+            engine = backend()  # type: ignore[operator]
+        try:
+            rows = sample_and_verify(engine, chunk, cfg, first_index=start, seed_fn=seed_fn)
+        except EngineError as exc:
+            raise EngineError(
+                f"{stage}: shard {index + 1} of {len(starts)} ({len(chunk)} prompts from {chunk[0].problem_id}) failed: {exc}. "
+                f"{index} finished shard(s) are kept in {parts_dir}: rerun the same command to redo only the unfinished ones"
+            ) from exc
+        write_parquet_atomic(_rollouts_table(rows), part, dataset="rollouts")
+        pt = sum(r["_prompt_tokens"] for r in rows)
+        ct = sum(r["_completion_tokens"] for r in rows)
+        out.model = getattr(engine, "model", None)
+        write_json_atomic({"key": key, "index": index, "rows": len(rows), "prompt_tokens": pt, "completion_tokens": ct,
+                           "tokens": [[r["_prompt_tokens"], r["_completion_tokens"]] for r in rows], "model": out.model},
+                          marker)
+        from mentor.pipeline.faults import fault_point
+
+        fault_point(f"{stage}.after_shard")
+        out.rows.extend(rows)
+        out.computed += 1
+        out.engine_calls += 1
+        out.prompt_tokens += pt
+        out.completion_tokens += ct
+    # Shards of an earlier, larger run are not part of this output.
+    for stale in parts_dir.glob("part-*.parquet"):
+        if stale.name not in names:
+            stale.unlink()
+            (done_dir / f"{stale.stem}.json").unlink(missing_ok=True)
+    return out
 
 
 def rollout_to_dir(sources: Sequence[str], out_dir: str | Path, cfg: RolloutConfig, backend: Backend | Callable[[], Backend]) -> dict[str, Any]:
-    """`mentor rollout`: writes ``out_dir/part-00000.parquet`` (ROLLOUTS) and ``out_dir/stats.json``."""
+    """`mentor rollout`: writes ``out_dir/part-NNNNN.parquet`` (ROLLOUTS) and ``out_dir/stats.json``."""
     items = load_prompt_items(sources, cfg)
     if not items:
         raise DataError(f"no prompts in {', '.join(map(str, sources))}")
-    backend = backend if hasattr(backend, "generate") else backend()  # a BackendSpec is called here
+    _number_repeats(items)
     t0 = time.monotonic()
-    rows = sample_and_verify(backend, items, cfg)
-    _dedupe_sample_idx(rows)
     out_dir = Path(out_dir)
-    write_parquet_atomic(_rollouts_table(rows), out_dir / "part-00000.parquet", dataset="rollouts")
+    run = run_shards("rollout", items, cfg, backend, out_dir)
+    rows = run.rows
     frame = pl.DataFrame({"pid": [r["problem_id"] for r in rows], "c": [r["correct"] for r in rows]})
     per = frame.group_by("pid").agg(pl.col("c").max().alias("best"), pl.col("c").min().alias("worst"))
     stats = {
@@ -252,9 +406,12 @@ def rollout_to_dir(sources: Sequence[str], out_dir: str | Path, cfg: RolloutConf
         "collapsed": int((per["best"] <= 0).sum()),
         "all_correct": int((per["worst"] > 0).sum()),
         "truncated": int(sum(bool(r["truncated"]) for r in rows)),
-        "completion_tokens": int(sum(r["_completion_tokens"] for r in rows)),
-        "engine_calls": 1,
-        "model": getattr(backend, "model", None),
+        "prompt_tokens": run.prompt_tokens,
+        "completion_tokens": run.completion_tokens,
+        "engine_calls": run.engine_calls,
+        "shards": run.shards,
+        "shards_reused": run.shards - run.computed,
+        "model": run.model or getattr(backend, "model", None),
         "seconds": round(time.monotonic() - t0, 3),
         "inputs": [str(s) for s in sources],
         "config": cfg.model_dump(mode="json"),
@@ -266,142 +423,176 @@ def rollout_to_dir(sources: Sequence[str], out_dir: str | Path, cfg: RolloutConf
 # --------------------------------------------------------------------------- rescue
 
 
-def rescue_items(collapsed: pl.DataFrame, hints: pl.DataFrame, cfg: RolloutConfig) -> tuple[list[PromptItem], int]:
-    """Hinted + unhinted prompt items per collapsed problem with a hint; also the count without one."""
-    latest = (
+def _latest_hints(hints: pl.DataFrame) -> pl.DataFrame:
+    return (
         hints.sort("round")
         .group_by("problem_id", maintain_order=True)
         .agg(pl.col("hint_id").last(), pl.col("hint").last(), pl.col("round").last().alias("hint_round"))
     )
-    joined = collapsed.join(latest, on="problem_id", how="left", maintain_order="left")
+
+
+def rescue_items(collapsed: pl.DataFrame, arms: dict[str, pl.DataFrame], cfg: RolloutConfig) -> tuple[list[PromptItem], list[str], dict[str, int]]:
+    """Prompt items per problem and arm (the unhinted arm first), the problems kept, and the problems
+    without a hint per arm (``"*"``: without a hint in some arm).
+
+    A problem is kept only when every hinted arm has a hint for it (a paired comparison).
+    """
+    latest = {name: _latest_hints(h) for name, h in arms.items()}
+    joined = collapsed
+    for a, (name, lh) in enumerate(latest.items()):
+        joined = joined.join(lh.rename({"hint_id": f"_hid{a}", "hint": f"_hint{a}", "hint_round": f"_round{a}"}),
+                             on="problem_id", how="left", maintain_order="left")
     if cfg.limit:
         joined = joined.head(cfg.limit)
+    missing = {name: int(joined[f"_hint{a}"].is_null().sum()) for a, name in enumerate(latest)}
+    before = joined.height
+    if latest:
+        joined = joined.filter(pl.all_horizontal(pl.col(f"_hint{a}").is_not_null() for a in range(len(latest))))
+    missing["*"] = before - joined.height
     items: list[PromptItem] = []
-    missing = 0
+    kept: list[str] = []
     for r in joined.iter_rows(named=True):
-        if r["hint"] is None:
-            missing += 1
-            continue
-        rnd = cfg.round if cfg.round is not None else int(r["hint_round"])
-        for variant, hint in (("hinted", r["hint"]), ("unhinted", None)):
+        kept.append(r["problem_id"])
+        rnd = cfg.round if cfg.round is not None else int(max([r[f"_round{a}"] for a in range(len(latest))], default=r.get("round") or 0))
+        variants = [(UNHINTED, None, None)] + [(name, r[f"_hint{a}"], r[f"_hid{a}"]) for a, name in enumerate(latest)]
+        for arm_index, (arm, hint, hint_id) in enumerate(variants):
             items.append(
                 PromptItem(
                     messages=[{"role": "user", "content": user_message(r["problem"], r["domain"], cfg, hint)}],
                     domain=r["domain"],
                     reference=r["label"],
                     problem_id=r["problem_id"],
-                    hint_id=r["hint_id"] if hint else None,
+                    hint_id=hint_id,
                     round=rnd,
                     problem=r["problem"],
-                    variant=variant,
+                    arm=arm,
+                    arm_index=arm_index,
                 )
             )
-    return items, missing
+    return items, kept, missing
 
 
-RESCUE_COLUMNS = {
-    "problem_id": pl.String,
-    "domain": pl.String,
-    "hint_id": pl.String,
-    "k": pl.Int32,
-    "correct_hinted": pl.Int32,
-    "correct_unhinted": pl.Int32,
-    "rescued_hinted": pl.Boolean,
-    "rescued_unhinted": pl.Boolean,
-    "mean_correct_hinted": pl.Float64,
-    "mean_correct_unhinted": pl.Float64,
-}
-
-
-def rescue_report(rows: list[dict[str, Any]], k: int) -> pl.DataFrame:
-    """One row per problem: correct rollouts with and without the hint, and whether each rescued it."""
-    if not rows:
-        return pl.DataFrame(schema=RESCUE_COLUMNS)
+def rescue_report(rows: list[dict[str, Any]], k: int, arms: Sequence[str]) -> pl.DataFrame:
+    """One row per problem; per arm the correct rollouts, whether it rescued the problem, mean correctness, hint id."""
+    arms = list(arms)
     df = pl.DataFrame(
         {
             "problem_id": [r["problem_id"] for r in rows],
             "domain": [r["domain"] for r in rows],
             "hint_id": [r["hint_id"] for r in rows],
-            "variant": [r["_variant"] for r in rows],
-            "correct": [r["correct"] for r in rows],
-        }
+            "arm": [arms[r["sample_idx"] // k] for r in rows],
+            "correct": [float(r["correct"]) for r in rows],
+        },
+        schema={"problem_id": pl.String, "domain": pl.String, "hint_id": pl.String, "arm": pl.String, "correct": pl.Float64},
     )
     ok = pl.col("correct") > 0
-    hinted = pl.col("variant") == "hinted"
-    return (
-        df.group_by("problem_id", maintain_order=True)
-        .agg(
-            pl.col("domain").first(),
-            pl.col("hint_id").drop_nulls().first(),
-            (ok & hinted).sum().cast(pl.Int32).alias("correct_hinted"),
-            (ok & ~hinted).sum().cast(pl.Int32).alias("correct_unhinted"),
-            pl.col("correct").filter(hinted).mean().alias("mean_correct_hinted"),
-            pl.col("correct").filter(~hinted).mean().alias("mean_correct_unhinted"),
-        )
-        .with_columns(
-            pl.lit(k, pl.Int32).alias("k"),
-            (pl.col("correct_hinted") >= 1).alias("rescued_hinted"),
-            (pl.col("correct_unhinted") >= 1).alias("rescued_unhinted"),
-        )
-        .select(list(RESCUE_COLUMNS))
+    aggs: list[pl.Expr] = [pl.col("domain").first()]
+    for arm in arms:
+        mine = pl.col("arm") == arm
+        aggs += [
+            (ok & mine).sum().cast(pl.Int32).alias(f"correct_{arm}"),
+            pl.col("correct").filter(mine).mean().alias(f"mean_correct_{arm}"),
+        ]
+        if arm != UNHINTED:
+            aggs.append(pl.col("hint_id").filter(mine).first().alias(f"hint_id_{arm}"))
+    out = df.group_by("problem_id", maintain_order=True).agg(aggs).with_columns(
+        pl.lit(k, pl.Int32).alias("k"), *[(pl.col(f"correct_{a}") >= 1).alias(f"rescued_{a}") for a in arms]
     )
+    if "hinted" in arms:
+        out = out.with_columns(pl.col("hint_id_hinted").alias("hint_id"))
+    return out
+
+
+def wilson(successes: int, n: int, z: float = 1.959964) -> tuple[float, float]:
+    """95% Wilson score interval of a proportion."""
+    if n == 0:
+        return (0.0, 1.0)
+    p = successes / n
+    denom = 1 + z * z / n
+    centre = (p + z * z / (2 * n)) / denom
+    half = z * ((p * (1 - p) / n + z * z / (4 * n * n)) ** 0.5) / denom
+    return (max(0.0, centre - half), min(1.0, centre + half))
 
 
 def rescue_to_dir(
     collapsed_sources: Sequence[str],
-    hints_sources: Sequence[str],
+    hints_sources: Sequence[str] | dict[str, Sequence[str]],
     out_dir: str | Path,
     cfg: RolloutConfig,
     backend: Backend | Callable[[], Backend],
 ) -> dict[str, Any]:
-    """`mentor rescue`: ``rescue.parquet`` + ``rescue.json`` + ``rollouts/part-00000.parquet`` in `out_dir`."""
+    """`mentor rescue`: ``rescue.parquet`` + ``rescue.json`` + ``rollouts/`` in `out_dir`.
+
+    `hints_sources` is a list of hints files (the arm ``hinted``) or a mapping
+    arm name -> hints files. The arm ``unhinted`` is always added.
+    """
+    arm_sources = {"hinted": list(hints_sources)} if not isinstance(hints_sources, dict) else {k: list(v) for k, v in hints_sources.items()}
+    for name in arm_sources:
+        if name == UNHINTED or not name.replace("_", "").replace("-", "").isalnum():
+            raise ConfigError(f"arm name {name!r}: use letters, digits, '-' and '_' (and not {UNHINTED!r}, which is always there)")
     collapsed = read_dataset(resolve_inputs(collapsed_sources), "collapsed")
-    hints = read_dataset(resolve_inputs(hints_sources), "hints")
+    arms = {name: read_dataset(resolve_inputs(src), "hints") for name, src in arm_sources.items()}
     if collapsed.height == 0:
         raise DataError(f"{', '.join(map(str, collapsed_sources))}: no collapsed problems to re-roll")
-    dup = collapsed.group_by("problem_id").len().filter(pl.col("len") > 1)
-    if dup.height:
+    if collapsed["problem_id"].is_duplicated().any():
         # Several rounds' collapsed sets: keep each problem's latest row.
         collapsed = collapsed.sort("round").unique("problem_id", keep="last", maintain_order=True)
-    items, missing = rescue_items(collapsed, hints, cfg)
-    if not items:
+    items, kept, missing = rescue_items(collapsed, arms, cfg)
+    if not items or not kept:
+        where = "; ".join(f"{name}: {', '.join(map(str, src))}" for name, src in arm_sources.items())
         raise DataError(
-            f"none of the {collapsed.height} collapsed problems has a hint in {', '.join(map(str, hints_sources))}; "
+            f"none of the {collapsed.height} collapsed problems has a hint in every arm ({where}); "
             "run `mentor hint` on this collapsed set first"
         )
-    backend = backend if hasattr(backend, "generate") else backend()
+    names = [UNHINTED, *arms]
     t0 = time.monotonic()
-    rows = sample_and_verify(backend, items, cfg)
     out_dir = Path(out_dir)
-    report = rescue_report(rows, cfg.k)
-    for r in rows:  # hinted samples first, then unhinted: distinct sample_idx per problem
-        if r["_variant"] == "unhinted":
-            r["sample_idx"] += cfg.k
-    write_parquet_atomic(_rollouts_table(rows), out_dir / "rollouts" / "part-00000.parquet", dataset="rollouts")
+    per_problem = len(names)
+    # Whole problems per shard, so that every arm of a problem is in the same engine batch.
+    shard_cfg = cfg.model_copy(update={"shard_size": max(per_problem, cfg.shard_size // per_problem * per_problem)})
+    run = run_shards("rescue", items, shard_cfg, backend, out_dir / "rollouts",
+                     seed_fn=lambda i, item, j: problem_seed(cfg.seed, item.problem_id, j))
+    rows = run.rows
+    report = rescue_report(rows, cfg.k, names)
     write_parquet_atomic(report, out_dir / "rescue.parquet")
     n = report.height
-    rh = int(report["rescued_hinted"].sum())
-    ru = int(report["rescued_unhinted"].sum())
-    summary = {
+    per_arm: dict[str, dict[str, Any]] = {}
+    for name in names:
+        rescued = int(report[f"rescued_{name}"].sum())
+        lo, hi = wilson(rescued, n)
+        per_arm[name] = {
+            "rescued": rescued,
+            "rescue_rate": round(rescued / n, 6) if n else 0.0,
+            "rescue_rate_ci95": [round(lo, 6), round(hi, 6)],
+            "mean_correct": round(float(report[f"mean_correct_{name}"].mean() or 0.0), 6),
+            "skipped_no_hint": missing.get(name, 0),
+        }
+    summary: dict[str, Any] = {
         "schema_version": SCHEMA_VERSION,
         "problems": n,
         "collapsed": collapsed.height,
-        "skipped_no_hint": missing,
+        "skipped_no_hint": missing["*"],
         "k": cfg.k,
-        "rescued_hinted": rh,
-        "rescued_unhinted": ru,
-        "rescue_rate_hinted": round(rh / n, 6) if n else 0.0,
-        "rescue_rate_unhinted": round(ru / n, 6) if n else 0.0,
-        "lift": round((rh - ru) / n, 6) if n else 0.0,
-        "mean_correct_hinted": round(float(report["mean_correct_hinted"].mean() or 0.0), 6),
-        "mean_correct_unhinted": round(float(report["mean_correct_unhinted"].mean() or 0.0), 6),
-        "rollouts": len(rows),
-        "engine_calls": 1,
-        "model": getattr(backend, "model", None),
-        "seconds": round(time.monotonic() - t0, 3),
-        "inputs": {"collapsed": [str(s) for s in collapsed_sources], "hints": [str(s) for s in hints_sources]},
-        "config": cfg.model_dump(mode="json"),
+        "arms": per_arm,
     }
+    for name, a in per_arm.items():
+        summary[f"rescued_{name}"] = a["rescued"]
+        summary[f"rescue_rate_{name}"] = a["rescue_rate"]
+        summary[f"mean_correct_{name}"] = a["mean_correct"]
+    if "hinted" in per_arm:
+        summary["lift"] = round((per_arm["hinted"]["rescued"] - per_arm[UNHINTED]["rescued"]) / n, 6) if n else 0.0
+    summary.update({
+        "rollouts": len(rows),
+        "prompt_tokens": run.prompt_tokens,
+        "completion_tokens": run.completion_tokens,
+        "engine_calls": run.engine_calls,
+        "shards": run.shards,
+        "shards_reused": run.shards - run.computed,
+        "model": run.model or getattr(backend, "model", None),
+        "seconds": round(time.monotonic() - t0, 3),
+        "inputs": {"collapsed": [str(s) for s in collapsed_sources], "arms": arm_sources},
+        "config": cfg.model_dump(mode="json"),
+    })
     write_json_atomic(summary, out_dir / "rescue.json")
     return summary
 
@@ -410,9 +601,12 @@ __all__ = [
     "PromptItem",
     "RolloutConfig",
     "load_prompt_items",
+    "problem_seed",
     "rescue_items",
     "rescue_report",
     "rescue_to_dir",
     "rollout_to_dir",
+    "run_shards",
     "sample_and_verify",
+    "wilson",
 ]

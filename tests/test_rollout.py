@@ -214,3 +214,61 @@ def test_rollout_and_rescue_on_vllm_cpu(tmp_path, gsm8k, gsm8k_collapsed, monkey
     rep = pl.read_parquet(tmp_path / "rescue" / "rescue.parquet")
     assert rep.height == 2 and (rep["correct_hinted"] <= 2).all()
     assert re.match(r".*SmolLM2", summary["model"] or "")
+
+
+def test_rollout_engine_failure_names_the_shard_and_a_rerun_redoes_only_the_rest(tmp_path, gsm8k):
+    from mentor.pipeline.errors import EngineError
+
+    probs = gsm8k.head(5)
+    answers = dict(zip(probs["problem"], probs["label"]))
+    victim = probs["problem"][3]  # third shard of 2 prompts
+    alive = {"ok": False}
+
+    def script(req):
+        if victim in req.messages[0]["content"] and not alive["ok"]:
+            raise EngineError("the vLLM engine failed (EngineDeadError after RuntimeError: boom)")
+        return _answer_script(answers, set(probs["problem"][:1]))(req)
+
+    cfg = RolloutConfig(k=2, shard_size=2)
+    backend = FakeBackend(script)
+    with pytest.raises(EngineError, match=r"^rollout: shard 2 of 3 \(2 prompts from .*boom.*rerun the same command"):
+        rollout_to_dir(["gsm8k"], tmp_path / "out", cfg.model_copy(update={"limit": 5}), backend)
+    assert sorted(p.name for p in (tmp_path / "out").glob("part-*.parquet")) == ["part-00000.parquet"]
+    alive["ok"] = True
+    stats = rollout_to_dir(["gsm8k"], tmp_path / "out", cfg.model_copy(update={"limit": 5}), backend)
+    assert stats["shards"] == 3 and stats["shards_reused"] == 1 and stats["engine_calls"] == 2 and stats["rollouts"] == 10
+    # The same rows as one uninterrupted run (seeds depend on positions, not on shards).
+    fresh = FakeBackend(lambda r: _answer_script(answers, set(probs["problem"][:1]))(r))
+    rollout_to_dir(["gsm8k"], tmp_path / "one", RolloutConfig(k=2, limit=5), fresh)
+    assert read_dataset([tmp_path / "out"], "rollouts").equals(read_dataset([tmp_path / "one"], "rollouts"))
+    first_run_shard_1, _failed, *second_run = backend.log
+    assert [r.seed for r in fresh.log[0]] == [r.seed for batch in (first_run_shard_1, *second_run) for r in batch]
+
+
+def test_rollout_and_rescue_check_inputs_before_any_engine(tmp_path):
+    runner = CliRunner()
+    res = runner.invoke(cli, ["rollout", "no-such-set", "--out", str(tmp_path / "o")])
+    assert res.exit_code == 2 and "no-such-set: no such file" in res.output
+    res = runner.invoke(cli, ["rollout", "gsm8k", "--policy", "qwen2.5-coder-0.5b", "--out", str(tmp_path / "o")],
+                        env={"MENTOR_CACHE": str(tmp_path / "empty-cache")})
+    assert res.exit_code == 2 and "mentor setup-cpu --model qwen2.5-coder-0.5b" in res.output
+
+
+def test_rescue_arms_share_problems_and_seeds(tmp_path, gsm8k_collapsed):
+    collapsed = pl.read_parquet(gsm8k_collapsed).head(4)
+    write_parquet_atomic(collapsed, tmp_path / "c.parquet", dataset="collapsed")
+    write_parquet_atomic(_hints(collapsed, 4), tmp_path / "a.parquet", dataset="hints")
+    write_parquet_atomic(_hints(collapsed, 3), tmp_path / "b.parquet", dataset="hints")  # no hint for the 4th
+    backend = FakeBackend(lambda r: "\\boxed{-1}")
+    s = rescue_to_dir([str(tmp_path / "c.parquet")], {"full": [str(tmp_path / "a.parquet")], "generic": [str(tmp_path / "b.parquet")]},
+                      tmp_path / "r", RolloutConfig(k=2), backend)
+    assert s["problems"] == 3 and s["skipped_no_hint"] == 1 and set(s["arms"]) == {"unhinted", "full", "generic"}
+    assert s["arms"]["full"]["rescue_rate_ci95"][0] == 0.0 and s["arms"]["full"]["rescue_rate_ci95"][1] > 0.4
+    by_arm: dict[str, list[int]] = {}
+    for req in backend.log[0]:
+        hinted = req.messages[0]["content"].startswith("Hint: ")
+        by_arm.setdefault("hinted" if hinted else "unhinted", []).append(req.seed)
+    # Rollout j of a problem has the same seed in every arm.
+    assert sorted(by_arm["unhinted"] * 2) == sorted(by_arm["hinted"])
+    rep = pl.read_parquet(tmp_path / "r" / "rescue.parquet")
+    assert {"correct_full", "rescued_generic", "hint_id_full", "mean_correct_unhinted"} <= set(rep.columns)

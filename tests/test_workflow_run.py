@@ -60,6 +60,15 @@ def hinter(req):
     if "Hint " + tag in user:  # the previous hint is in the prompt: escalate
         return json.dumps({"hint": "Hint " + tag + " more specifically: write down each quantity with its unit before combining any two."})
     return json.dumps({"hint": "Hint " + tag + ": decide which quantity the question asks for before computing anything."})
+
+def flaky_hinter(req):
+    """The hinter, but its engine dies on one problem while the flag file exists."""
+    import os
+    from mentor.pipeline.errors import EngineError
+    pid, _ = _find("\\n".join(m["content"] for m in req.messages))
+    if os.path.exists(__FLAG__) and pid == __VICTIM__:
+        raise EngineError("the vLLM engine failed on a batch of 2 requests (EngineDeadError after RuntimeError: boom)")
+    return hinter(req)
 '''
 
 
@@ -76,7 +85,10 @@ def setup(tmp_path_factory):
     problems.write_parquet(d / "problems.parquet")
     rollouts.filter(pl.col("problem_id").is_in(ids)).write_parquet(d / "initial.parquet")
     rescuable = sorted(collapsed)[:3]
-    (d / "wf_fakes.py").write_text(FAKES.replace("__PROBLEMS__", repr(str(d / "problems.parquet"))).replace("__RESCUABLE__", repr(rescuable)))
+    fakes = FAKES.replace("__PROBLEMS__", repr(str(d / "problems.parquet"))).replace("__RESCUABLE__", repr(rescuable))
+    # With shard_size 2 the 6 collapsed problems make 3 hint shards; the victim sits in the second.
+    fakes = fakes.replace("__FLAG__", repr(str(d / "engine-dies"))).replace("__VICTIM__", repr(sorted(collapsed)[2]))
+    (d / "wf_fakes.py").write_text(fakes)
     sys.path.insert(0, str(d))
     wf = {
         "name": "two-rounds",
@@ -253,3 +265,35 @@ def test_failed_stage_is_reported_by_status_and_resumes(setup, tmp_path):
     runner = _run(setup["wf"], run_dir, rounds=1)
     assert runner.ran == [(0, "hint"), (0, "build")]
     assert {r["state"] for r in run_status(run_dir)} == {"done"}
+
+
+def test_engine_failure_mid_stage_is_one_error_and_a_rerun_redoes_only_unfinished_shards(setup, reference_run, tmp_path):
+    run_dir = tmp_path / "run"
+    flag = setup["dir"] / "engine-dies"
+    wf = json.loads(json.dumps(setup["wf"]))
+    wf["hint"]["backend"]["options"]["script"] = "wf_fakes:flaky_hinter"
+    flag.write_text("")
+    try:
+        res = CliRunner().invoke(cli, ["run", str(_write(tmp_path / "wf.yaml", wf)), "--run-dir", str(run_dir),
+                                       "--rounds", "1"])
+    finally:
+        flag.unlink()
+    assert res.exit_code == 1
+    lines = [ln for ln in res.output.splitlines() if ln.strip()]
+    assert lines[-1].startswith("Error: hint: shard 2 of 3 (2 problems") and "RuntimeError: boom" in lines[-1]
+    assert "Traceback" not in res.output
+    rows = {(r["round"], r["stage"]): r for r in run_status(run_dir)}
+    assert rows[(0, "hint")]["state"] == "failed" and rows[(0, "hint")]["error"].startswith("hint: shard 2 of 3")
+    assert rows[(0, "build")]["state"] == "pending"
+    # Rerun (the engine is healthy again): shard 1 is reused, shards 2 and 3 are hinted.
+    res = CliRunner().invoke(cli, ["run", str(tmp_path / "wf.yaml"), "--run-dir", str(run_dir), "--rounds", "1"])
+    assert res.exit_code == 0, res.output
+    stats = json.loads((run_dir / "round-000" / "hints" / "stats.json").read_text())
+    assert stats["this_run"] == {"engine_calls": stats["this_run"]["engine_calls"], "shards_computed": 2, "shards_reused": 1}
+    ref = pq.read_table(reference_run[0] / "round-000" / "hints" / "hints.parquet").select(["problem_id", "hint"])
+    assert pq.read_table(run_dir / "round-000" / "hints" / "hints.parquet").select(["problem_id", "hint"]).equals(ref)
+
+
+def _write(path: Path, wf: dict) -> Path:
+    path.write_text(yaml.safe_dump(wf))
+    return path
