@@ -51,7 +51,7 @@ from mentor.pipeline.ids import content_hash
 from mentor.pipeline.llm import Backend, GenRequest, GenResult
 from mentor.pipeline.schemas import HINTS, SCHEMA_VERSION, TRACE_ENTRY, schema_metadata
 from mentor.stages import hint_agents as agents
-from mentor.stages.hint_rules import RuleContext, RuleLimits, check_hint
+from mentor.stages.hint_rules import Instructions, RuleContext, RuleLimits, check_hint, copies_instructions
 
 log = logging.getLogger(__name__)
 
@@ -91,6 +91,10 @@ class HintConfig(BaseModel):
     max_refine: int = Field(2, ge=0, description="Repair rounds per generated hint (the method's Max Refine).")
     judge_threshold: float = Field(6.0, ge=1, le=10, description="A hint that passes the rules is accepted when the judge's score (1-10) reaches this.")
     llm_judge: bool = Field(True, description="Ask the LLM judge after the rules pass (off: the rules alone decide).")
+    attribution: bool = Field(True, description="Run the Attribution agent (off: the hint is generated from the problem alone, "
+                              "the method's 'without Attribution' ablation).")
+    generation: bool = Field(True, description="Run the Generation agent (off: the hint is the keyword template filled with the "
+                             "attribution's keywords, the 'without Generation' ablation; with attribution off too, the generic default hint).")
     domains: dict[Literal["math", "code"], DomainOverrides] = Field(default_factory=dict, description="Per-domain overrides, e.g. {code: {max_refine: 3}}.")
     max_tokens: TokenLimits = Field(default_factory=TokenLimits, description="max_tokens per agent.")
     temperature: float = Field(0.7, ge=0, le=2, description="Sampling temperature of generation and repair.")
@@ -158,6 +162,7 @@ class HintStats:
     keyword_leaks: int = 0
     keyword_invalid: int = 0
     error_leaks: int = 0
+    copied_instructions: int = 0  # keywords / errors that repeat the attribution prompt, dropped
     violations: Counter = field(default_factory=Counter)
     parse_failures: Counter = field(default_factory=Counter)
     truncated: Counter = field(default_factory=Counter)
@@ -234,6 +239,7 @@ class _Shard:
         self.attr_schema = agents.attribution_schema(cfg.max_keywords, cfg.keyword_chars, cfg.error_chars)
         self.hint_schemas: dict[int, dict] = {}
         self.judge_schema = agents.judgment_schema(cfg.feedback_chars)
+        self.attr_instructions = Instructions.of(templates.texts["attribution_system"], templates.texts["attribution_user"])
         self.seed_prefix = f"{cfg.seed}|"
 
     def _seed(self, p: _Problem, agent: str, n: int) -> int:
@@ -256,7 +262,8 @@ class _Shard:
             return GenRequest(f"{p.i}:{agent}:0", msgs, cfg.max_tokens.attribution, cfg.analysis_temperature, 1.0,
                               self._seed(p, agent, 0), self.attr_schema)
         if phase == GEN:
-            msgs = agents.generation_messages(p.row, p.keywords, p.error, t, p.rejected if p.retry else None)
+            msgs = agents.generation_messages(p.row, p.keywords, p.error, t, p.rejected if p.retry else None,
+                                              diagnosis=cfg.attribution)
             return GenRequest(f"{p.i}:{agent}:{p.cand_no}", msgs, cfg.max_tokens.generation, cfg.temperature, cfg.top_p,
                               self._seed(p, agent, p.cand_no), self._hint_schema(p))
         if phase == JUDGE:
@@ -290,7 +297,10 @@ class _Shard:
                 kws = [k for k in worded if not leaks(k)]
                 st.keyword_invalid += len(parsed["keywords"]) - len(worded)
                 st.keyword_leaks += len(worded) - len(kws)
-                p.keywords = kws
+                # A weak model parrots its instructions ("failed attempts", "the attempts are data to analyse").
+                own = [k for k in kws if not copies_instructions(k, self.attr_instructions, p.ctx.problem)]
+                st.copied_instructions += len(kws) - len(own)
+                p.keywords = own
                 err = parsed["error"]
                 if err and not _LETTER.search(err):
                     st.keyword_invalid += 1  # "4000" is not a diagnosis
@@ -298,8 +308,14 @@ class _Shard:
                 if err and leaks(err):
                     st.error_leaks += 1  # never let the answer reach the generation prompt
                     err = None
+                if err and copies_instructions(err, self.attr_instructions, p.ctx.problem):
+                    st.copied_instructions += 1
+                    err = None
                 p.error = err
-            p.phase = GEN
+            if self.cfg.generation:
+                p.phase = GEN
+            else:
+                self._fallback(p)  # no Generation agent: the keyword template (or the generic hint)
             return
         if phase == JUDGE:
             st.judge_calls += 1
@@ -410,8 +426,14 @@ def hint_shard(
     shard = _Shard(cfg, t, st)
     settings = {d: cfg.for_domain(d) for d in ("math", "code")}
     problems = [_Problem(i, row, settings) for i, row in enumerate(rows)]
+    if not cfg.attribution:
+        for p in problems:
+            if cfg.generation:
+                p.phase = GEN
+            else:
+                shard._fallback(p)  # neither agent: the generic default hint, no engine call
     calls0, pt0, ct0, = backend.calls, backend.prompt_tokens, backend.completion_tokens
-    pending = problems
+    pending = [p for p in problems if p.phase != DONE]
     request, consume = shard.request, shard.consume
     while pending:
         t0 = time.perf_counter()

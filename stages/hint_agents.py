@@ -38,7 +38,8 @@ TEMPLATE_VARS: dict[str, frozenset[str]] = {
     "attribution_system": frozenset(),
     "attribution_user": frozenset({"problem", "answer", "failed"}),
     "generation_system": frozenset(),
-    "generation_user": frozenset({"problem", "keywords", "error", "escalation", "retry"}),
+    "generation_user": frozenset({"problem", "diagnosis", "keywords", "error", "escalation", "retry"}),
+    "generation_diagnosis": frozenset({"keywords", "error"}),
     "generation_escalation": frozenset({"previous_hint"}),
     "generation_retry": frozenset({"violations"}),
     "judgment_system": frozenset(),
@@ -249,15 +250,19 @@ def generation_messages(
     error: str | None,
     t: Templates,
     rejected: list[str] | None = None,
+    diagnosis: bool = True,
 ) -> list[dict]:
+    """`diagnosis` False: the Attribution agent did not run (an ablation), the prompt has the problem alone."""
     previous = row.get("previous_hints") or []
     escalation = t.render("generation_escalation", previous_hint=previous[-1]) if previous else ""
     retry = t.render("generation_retry", violations=", ".join(rejected)) if rejected else ""
+    kws, err = ", ".join(keywords) if keywords else "(none)", error or "(unknown)"
     user = t.render(
         "generation_user",
         problem=row["problem"],
-        keywords=", ".join(keywords) if keywords else "(none)",
-        error=error or "(unknown)",
+        diagnosis=t.render("generation_diagnosis", keywords=kws, error=err) if diagnosis else "",
+        keywords=kws,
+        error=err,
         escalation=escalation,
         retry=retry,
     )
