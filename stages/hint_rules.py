@@ -12,6 +12,12 @@ LLM judge. Each violation has a stable name (kept in the hint row's
 - ``final_answer_line``      "the answer is ...", ``\\boxed{}``, ``####``
 - ``full_solution``          a worked solution (many equations or steps)
 - ``restates_problem``       the hint mostly copies the problem text
+- ``restates_numbers``       the hint lists the problem's data and nothing else: three or
+                             more of its numbers (digits or number words; 0, 1 and 2 not
+                             counted), at least 60% of them, no number of its own and no
+                             operation or equation relating them
+- ``list_header``            only a lead-in with nothing after it ("Here's the
+                             step-by-step breakdown:", "Let's solve it:")
 - ``solution_code``          (code) a function defining the entry point
 - ``repeats_previous_hint``  identical to a hint of an earlier round
 - ``wrong_language``         mostly non-Latin script for a Latin-script problem
@@ -44,6 +50,8 @@ RULE_VIOLATIONS = (
     "final_answer_line",
     "full_solution",
     "restates_problem",
+    "restates_numbers",
+    "list_header",
     "solution_code",
     "repeats_previous_hint",
     "wrong_language",
@@ -56,6 +64,8 @@ DESCRIPTIONS = {
     "final_answer_line": "the hint states a final answer ('the answer is', boxed); point a direction instead",
     "full_solution": "the hint works out the solution step by step; give only the key idea",
     "restates_problem": "the hint only restates the problem; name the idea the solver is missing",
+    "restates_numbers": "the hint repeats the problem's numbers; name the relation or first step instead of the data",
+    "list_header": "the hint is only a lead-in ('Here is the breakdown:'); write the hint itself",
     "solution_code": "the hint contains the solution code; describe the approach in words",
     "repeats_previous_hint": "the hint repeats an earlier hint; go one step further",
     "wrong_language": "the hint is not in the language of the problem",
@@ -415,6 +425,7 @@ class RuleContext:
     _problem_joined: str | None = field(default=None, init=False, repr=False)
     _problem_words: set | None = field(default=None, init=False, repr=False)
     _problem_trigrams: set | None = field(default=None, init=False, repr=False)
+    _problem_numbers: set | None = field(default=None, init=False, repr=False)
     _previous: frozenset = field(init=False, repr=False)
     _latin_problem: bool | None = field(default=None, init=False, repr=False)
     _english_problem: bool | None = field(default=None, init=False, repr=False)
@@ -436,6 +447,13 @@ class RuleContext:
         if self._problem_joined is None:
             self._problem_joined = " " + " ".join(_WORD.findall(self.problem.lower())) + " "
         return self._problem_joined
+
+    @property
+    def problem_numbers(self) -> set:
+        """The distinct quantities the problem states (digits and small number words)."""
+        if self._problem_numbers is None:
+            self._problem_numbers = _data_numbers(self.problem)
+        return self._problem_numbers
 
     @property
     def problem_words(self) -> set:
@@ -519,6 +537,56 @@ def _restates(hint: str, ctx: RuleContext) -> bool:
     return sum(1 for g in grams if g in pt) >= 0.8 * len(grams)
 
 
+_SMALL_WORDS = {w: i for i, w in enumerate(
+    "zero one two three four five six seven eight nine ten eleven twelve thirteen fourteen fifteen sixteen "
+    "seventeen eighteen nineteen twenty".split())}
+_SMALL_WORDS.update({"thirty": 30, "forty": 40, "fifty": 50, "sixty": 60, "seventy": 70, "eighty": 80, "ninety": 90,
+                     "hundred": 100, "half": None, "twice": None, "double": None})  # type: ignore[dict-item]
+_WORD_RE = re.compile(r"[a-z]+")
+
+
+def _data_numbers(text: str) -> set[Fraction]:
+    """The quantities a text states: its numbers, and small numbers written as words ("three", "forty").
+
+    0, 1 and 2 are left out: they appear in any explanation ("the two values", "f(0)"), not only as data.
+    """
+    vals = {abs(n.value) for n in _parse_numbers(_clean_latex(text))}
+    vals.update(Fraction(_SMALL_WORDS[w]) for w in _WORD_RE.findall(text.lower()) if _SMALL_WORDS.get(w) is not None)
+    return {v for v in vals if v > 2 or v.denominator != 1}
+
+
+def _restates_numbers(hint: str, ctx: RuleContext) -> bool:
+    if not ctx.problem or not _HAS_DIGIT.search(hint):
+        return False
+    given = ctx.problem_numbers
+    if len(given) < 3:
+        return False
+    mine = _data_numbers(hint)
+    shared = len(given & mine)
+    # A hint that derives a quantity of its own ("16 - 3 - 4 = 9 eggs are sold") or relates the data in an
+    # operation or equation ("X - X*25% = $19.50") works with the data; one that only lists it restates it.
+    return shared >= 3 and shared >= 0.6 * len(given) and mine <= given and not _OPERATION.search(hint)
+
+
+_OPERATION = re.compile(r"=|\d\s*%?\s*[-+*/×÷x]\s*\$?\d|\\(?:times|cdot|div|frac)")
+
+
+_LEAD_IN = re.compile(
+    r"^(?:here(?:'s| is| are)|let(?:'s| us| me)|below is|the following|follow these|to solve (?:this|it)|"
+    r"i will|we will|we can)\b[^.!?]{0,80}$",
+    re.I,
+)
+
+
+def _list_header(text: str) -> bool:
+    """A lead-in that promises content and stops: ends with a colon, or a bare 'Here's ...' / 'Let's ...' phrase."""
+    t = text.strip().rstrip("*_ ")
+    if t.endswith((":", "：")):
+        return True
+    words = t.split()
+    return len(words) <= 10 and bool(_LEAD_IN.match(t.rstrip(".!")))
+
+
 def check_hint(hint: str, ctx: RuleContext) -> list[str]:
     """The names of every rule `hint` violates (empty list: it passes)."""
     text = hint.strip() if hint else ""
@@ -540,6 +608,10 @@ def check_hint(hint: str, ctx: RuleContext) -> list[str]:
         out.append("full_solution")
     if _restates(text, ctx):
         out.append("restates_problem")
+    elif _restates_numbers(text, ctx):
+        out.append("restates_numbers")
+    if _list_header(text):
+        out.append("list_header")
     if ctx.domain == "code" and (
         (ctx._def_re is not None and ctx._def_re.search(text))
         or (_CODE_FENCE.search(text) and re.search(r"\bdef\s+\w+\s*\(|\breturn\b", text))
@@ -584,6 +656,41 @@ def check(
     )
     v = check_hint(hint, ctx)
     return RuleReport(ok=not v, violations=v)
+
+
+@dataclass(frozen=True)
+class Instructions:
+    """An agent's own instructions (its templates, placeholders removed), to spot output that parrots them."""
+
+    joined: str  # words, single-spaced, with spaces at both ends
+    grams: frozenset
+
+    @classmethod
+    def of(cls, *texts: str) -> Instructions:
+        w = _WORD.findall(_PLACEHOLDER_RE.sub(" ", " ".join(texts).lower()))
+        return cls(" " + " ".join(w) + " ", frozenset(zip(w, w[1:], w[2:])))
+
+
+_PLACEHOLDER_RE = re.compile(r"\{\{\s*\w+\s*\}\}")
+
+
+def copies_instructions(text: str, instructions: Instructions, problem: str = "") -> bool:
+    """Whether `text` (an attributed error or keyword) repeats the instructions rather than analysing the attempts.
+
+    Half or more of its word triples come from the instructions and not from
+    the problem; a text of one or two words when it is a phrase of the
+    instructions that the problem does not use ("failed attempts").
+    """
+    w = _WORD.findall(text.lower())
+    if not w:
+        return False
+    pw = _WORD.findall(problem.lower())
+    if len(w) < 3:
+        phrase = " " + " ".join(w) + " "
+        return phrase in instructions.joined and phrase not in " " + " ".join(pw) + " "
+    pgrams = set(zip(pw, pw[1:], pw[2:]))
+    mine = list(zip(w, w[1:], w[2:]))
+    return sum(1 for g in mine if g in instructions.grams and g not in pgrams) >= 0.5 * len(mine)
 
 
 def text_leaks_answer(text: str, ctx: RuleContext) -> bool:

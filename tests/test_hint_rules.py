@@ -187,3 +187,37 @@ def test_math_verify_timeout_errs_on_the_safe_side(monkeypatch):
     assert hint_rules._MV_CACHE == {}
     # Plain numbers never need math-verify.
     assert _v("Add 3 and 4 first.", "18") == []
+
+
+def test_restated_numbers_and_list_headers_are_caught(gsm8k):
+    janet = next(r for r in gsm8k if r["label"] == "18" and "Janet" in r["problem"])
+    problem = janet["problem"]
+    v = _v("Janet has 16 eggs, eats 3, bakes with 4 and sells the rest at $2 each.", "18", problem=problem)
+    assert "restates_numbers" in v
+    # Deriving a quantity is working with the data, not restating it; two numbers are not a restatement.
+    assert _v("First find the eggs she sells: 16 - 3 - 4 = 9.", "18", problem=problem) == []
+    assert _v("Subtract the 3 eaten and the 4 baked before pricing the eggs.", "18", problem=problem) == []
+    for header in ["Here's the step-by-step breakdown:", "Let's solve it step by step.", "**Steps:**",
+                   "To solve this, follow these steps:"]:
+        assert "list_header" in _v(header, "18", problem=problem), header
+    assert _v("Let the sold eggs be what remains after breakfast and baking, then price those.", "18", problem=problem) == []
+
+
+def test_restated_numbers_rule_spares_real_first_steps(gsm8k, shared_data):
+    """The first step of every GSM8K reference solution (a strong, honest hint) passes the two new rules."""
+    import re
+
+    from mentor.pipeline.ids import text_id
+    from mentor.stages.hint_rules import check
+
+    steps = {}
+    with open(shared_data / "gsm8k" / "test.jsonl", encoding="utf-8") as fh:
+        for line in fh:
+            r = json.loads(line)
+            steps[text_id(r["question"])] = re.sub(r"<<[^>]*>>", "", r["answer"]).split("\n")[0]
+    flagged = []
+    for row in gsm8k:
+        v = check(steps[row["problem_id"]], "math", row["label"], problem=row["problem"]).violations
+        if {"restates_numbers", "list_header"} & set(v):
+            flagged.append((steps[row["problem_id"]], v))
+    assert len(flagged) <= 0.01 * len(gsm8k), flagged[:10]
