@@ -186,6 +186,15 @@ def resolve_callable(spec: str) -> Callable:
 _ENGINES: dict[str, Backend] = {}
 
 
+def close_backends() -> None:
+    """Stop every engine this process started (registered at exit; call it to free memory between models)."""
+    while _ENGINES:
+        _, engine = _ENGINES.popitem()
+        close = getattr(engine, "close", None)
+        if close is not None:
+            close()
+
+
 def _cache_key(kind: str, model: str | None, options: dict[str, Any]) -> str:
     return json.dumps([kind, model, options], sort_keys=True, default=repr)
 
@@ -217,6 +226,10 @@ def make_backend(kind: str, model: str | None = None, **options: Any) -> Backend
         from mentor.pipeline.vllm_backend import VLLMBackend
 
         engine = VLLMBackend(resolve_model(model), **options)
+        if not _ENGINES:
+            import atexit
+
+            atexit.register(close_backends)
         _ENGINES[key] = engine
     return engine
 
@@ -253,6 +266,7 @@ __all__ = [
     "FakeBackend",
     "GenRequest",
     "GenResult",
+    "close_backends",
     "echo_script",
     "make_backend",
     "resolve_callable",

@@ -229,6 +229,16 @@ class VLLMBackend(CountingBackend):
         except Exception as exc:
             raise EngineError(f"the vLLM engine for {model} did not start ({_reason(exc, self.log_path)}){self._see_log()}") from exc
 
+    def close(self) -> None:
+        """Stop the engine's processes now (frees their memory; also what runs at exit)."""
+        core = getattr(getattr(getattr(self, "llm", None), "llm_engine", None), "engine_core", None)
+        if core is not None and hasattr(core, "shutdown"):
+            try:
+                core.shutdown()
+            except Exception:  # a dead engine may fail to shut down cleanly; its processes are gone anyway
+                log.debug("engine shutdown failed", exc_info=True)
+        self.dead = self.dead or "closed"
+
     def _see_log(self) -> str:
         return f"; engine log: {self.log_path}" if self.log_path else ""
 
