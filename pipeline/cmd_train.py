@@ -112,7 +112,8 @@ def _arms(hints: tuple[str, ...], arms: tuple[str, ...]) -> dict[str, list[str]]
 
 
 @click.command()
-@click.option("--collapsed", "collapsed", multiple=True, required=True, help="collapsed.parquet from `mentor mine` (repeatable).")
+@click.option("--collapsed", "collapsed", multiple=True, required=True,
+              help="collapsed.parquet from `mentor mine` (repeatable), or a problems dataset / bundled set name.")
 @click.option("--hints", "hints", multiple=True, help="hints.parquet from `mentor hint` (repeatable): the arm 'hinted'.")
 @click.option("--arm", "arms", multiple=True, metavar="NAME=HINTS",
               help="A named arm of hints (repeatable), e.g. --arm full=a/hints.parquet --arm generic=b/hints.parquet.")

@@ -19,6 +19,9 @@ Outputs: ``DIR/rescue.parquet`` (one row per problem; per arm ``correct_<arm>``,
 (totals and rates per arm) and the rollouts in ``DIR/rollouts/`` (arm a's
 sample j has ``sample_idx = a * k + j``; unhinted rows have no ``hint_id``).
 
+`--collapsed` may also be a problems dataset or a bundled set name: then each
+of its problems that has a hint is re-rolled.
+
 Inputs of `rollout`: PROMPTS shards (from `mentor build`; the label carries
 problem id, hint id and round), a PROBLEMS dataset (each problem becomes one
 user message with the domain's instruction), or a bundled set name
@@ -431,6 +434,19 @@ def _latest_hints(hints: pl.DataFrame) -> pl.DataFrame:
     )
 
 
+def read_collapsed_or_problems(sources: Sequence[str]) -> pl.DataFrame:
+    """A collapsed set (`mentor mine`), or a problems dataset / bundled set name whose problems are all re-rolled."""
+    paths = resolve_sources(sources)
+    if _is_dataset(paths, "collapsed"):
+        return read_dataset(paths, "collapsed")
+    if _is_dataset(paths, "problems"):
+        return read_dataset(paths, "problems").select("problem_id", "domain", "problem", "label").with_columns(
+            pl.lit(0, pl.Int32).alias("round"))
+    found = ", ".join(read_parquet_schema(paths[0]).names[:10])
+    raise DataError(f"{paths[0]}: --collapsed takes collapsed.parquet from `mentor mine`, a problems dataset or a bundled "
+                    f"set name (gsm8k, math500, humaneval); found columns: {found}")
+
+
 def rescue_items(collapsed: pl.DataFrame, arms: dict[str, pl.DataFrame], cfg: RolloutConfig) -> tuple[list[PromptItem], list[str], dict[str, int]]:
     """Prompt items per problem and arm (the unhinted arm first), the problems kept, and the problems
     without a hint per arm (``"*"``: without a hint in some arm).
@@ -530,7 +546,7 @@ def rescue_to_dir(
     for name in arm_sources:
         if name == UNHINTED or not name.replace("_", "").replace("-", "").isalnum():
             raise ConfigError(f"arm name {name!r}: use letters, digits, '-' and '_' (and not {UNHINTED!r}, which is always there)")
-    collapsed = read_dataset(resolve_inputs(collapsed_sources), "collapsed")
+    collapsed = read_collapsed_or_problems(collapsed_sources)
     arms = {name: read_dataset(resolve_inputs(src), "hints") for name, src in arm_sources.items()}
     if collapsed.height == 0:
         raise DataError(f"{', '.join(map(str, collapsed_sources))}: no collapsed problems to re-roll")

@@ -272,3 +272,12 @@ def test_rescue_arms_share_problems_and_seeds(tmp_path, gsm8k_collapsed):
     assert sorted(by_arm["unhinted"] * 2) == sorted(by_arm["hinted"])
     rep = pl.read_parquet(tmp_path / "r" / "rescue.parquet")
     assert {"correct_full", "rescued_generic", "hint_id_full", "mean_correct_unhinted"} <= set(rep.columns)
+
+
+def test_rescue_takes_a_bundled_problem_set(tmp_path, gsm8k):
+    write_parquet_atomic(_hints(gsm8k.head(3), 3), tmp_path / "h.parquet", dataset="hints")
+    res = CliRunner().invoke(cli, ["rescue", "--collapsed", "gsm8k", "--hints", str(tmp_path / "h.parquet"), "--backend", "fake",
+                                   "--k", "1", "--out", str(tmp_path / "r")], catch_exceptions=False)
+    assert res.exit_code == 0, res.output
+    out = json.loads(res.output.strip().splitlines()[-1])
+    assert out["problems"] == 3 and out["collapsed"] == 1319 and out["skipped_no_hint"] == 1316
