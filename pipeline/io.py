@@ -7,13 +7,19 @@ renamed into place, so a killed process never leaves a partial output file.
 
 from __future__ import annotations
 
+import errno
 import glob as globlib
 import hashlib
 import json
+import logging
 import os
+import re
+import shutil
+import sys
 import tempfile
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
+from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
@@ -21,13 +27,14 @@ import polars as pl
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from mentor.pipeline.errors import ConfigError, DataError, SchemaError
+from mentor.pipeline.errors import ConfigError, DataError, MentorError, SchemaError
 from mentor.pipeline.schemas import SCHEMA_VERSION, SCHEMAS, conform, require_schema, schema_metadata
 
 PARQUET_COMPRESSION = "zstd"
 # Row groups of this many rows: readers (polars, pyarrow, dask) decode row groups in
 # parallel and prune them on statistics, which one file-sized row group defeats.
 ROW_GROUP_ROWS = 128 * 1024
+log = logging.getLogger(__name__)
 _UMASK = os.umask(0)
 os.umask(_UMASK)
 
@@ -35,9 +42,17 @@ os.umask(_UMASK)
 # --------------------------------------------------------------------------- inputs
 
 
+# Every input walk is bounded: a folder tree or `**` pattern that reaches more entries or
+# levels than these is an error (a runaway walk is a mistake, never a data set).
+MAX_WALK_ENTRIES = 2_000_000
+MAX_WALK_DEPTH = 64
+
+
 def resolve_inputs(sources: Iterable[str | os.PathLike], suffixes: tuple[str, ...] = (".parquet",)) -> list[Path]:
     """Expand files, directories (recursively, by suffix) and globs into a sorted file list.
 
+    Folders and ``**`` patterns are walked with `walk_files`: symlinked folders
+    are followed but never twice (a symlink loop ends), and the walk is bounded.
     Raises `ConfigError` for a source that matches nothing.
     """
     out: list[Path] = []
@@ -45,14 +60,12 @@ def resolve_inputs(sources: Iterable[str | os.PathLike], suffixes: tuple[str, ..
         s = str(src)
         p = Path(s)
         if any(ch in s for ch in "*?["):
-            matches = sorted(Path(m) for m in globlib.glob(s, recursive=True) if Path(m).is_file())
+            matches = sorted(glob_files(s))
             if not matches:
                 raise ConfigError(f"{s}: the pattern matches no file; check the path")
             out.extend(matches)
         elif p.is_dir():
-            matches = sorted(
-                f for f in p.rglob("*") if f.is_file() and f.name.endswith(suffixes) and not _hidden(f, p)
-            )
+            matches = sorted(f for f in walk_files(p, s) if f.name.endswith(suffixes) and not _hidden(f, p))
             if not matches:
                 raise ConfigError(f"{s}: the directory holds no {'/'.join(suffixes)} file")
             out.extend(matches)
@@ -69,6 +82,89 @@ def resolve_inputs(sources: Iterable[str | os.PathLike], suffixes: tuple[str, ..
             seen.add(key)
             unique.append(f)
     return unique
+
+
+def walk_files(root: Path, where: str | None = None) -> Iterator[Path]:
+    """Every file below `root` (paths spelled under `root`), following symlinked folders but
+    entering each real folder once, so a symlink loop cannot make the walk endless.
+
+    `ConfigError` (naming `where`) past `MAX_WALK_ENTRIES` entries or `MAX_WALK_DEPTH`
+    levels; `DataError` for a folder that cannot be read.
+    """
+    where = where or str(root)
+    seen: set[tuple[int, int]] = set()
+    stack: list[tuple[Path, int]] = [(root, 0)]
+    entries = 0
+    while stack:
+        folder, depth = stack.pop()
+        try:
+            st = folder.stat()
+        except OSError:
+            continue  # a dangling or looping symlink: nothing to read
+        if (st.st_dev, st.st_ino) in seen:
+            continue
+        seen.add((st.st_dev, st.st_ino))
+        if depth > MAX_WALK_DEPTH:
+            raise ConfigError(f"{where}: folders nested deeper than {MAX_WALK_DEPTH} levels; pass a narrower path or pattern")
+        try:
+            with os.scandir(folder) as it:
+                listing = sorted(it, key=lambda e: e.name)
+        except OSError as exc:
+            raise DataError(f"{folder}: cannot list the folder ({exc.strerror}); fix its permissions or pass the files themselves") from exc
+        entries += len(listing)
+        if entries > MAX_WALK_ENTRIES:
+            raise ConfigError(f"{where}: more than {MAX_WALK_ENTRIES:,} entries below it; pass a narrower path or pattern")
+        subdirs = []
+        for entry in listing:
+            path = folder / entry.name
+            try:
+                if entry.is_dir():
+                    subdirs.append((path, depth + 1))
+                elif entry.is_file():
+                    yield path
+            except OSError:
+                continue
+        stack.extend(reversed(subdirs))
+
+
+def glob_files(pattern: str) -> list[Path]:
+    """The files a glob pattern matches, like ``glob.glob(pattern, recursive=True)`` (hidden
+    names only where the pattern spells the dot) but with ``**`` walked by `walk_files`:
+    bounded, and ending on symlink loops."""
+    if "**" not in pattern:
+        return [Path(m) for m in globlib.glob(pattern) if os.path.isfile(m)]
+    parts = Path(pattern).parts
+    fixed = next(i for i, part in enumerate(parts) if any(ch in part for ch in "*?["))
+    root = Path(*parts[:fixed]) if fixed else Path(".")
+    pats = parts[fixed:]
+    if not root.is_dir():
+        return []
+    out = []
+    for f in walk_files(root, pattern):
+        rel = f.relative_to(root).parts
+        if _match_parts(rel, pats):
+            out.append(f if fixed else Path(*rel))
+    return out
+
+
+def _match_parts(parts: tuple[str, ...], pats: tuple[str, ...]) -> bool:
+    """Whether path components `parts` match glob components `pats` (``**``: any number of folders)."""
+    import fnmatch
+
+    @lru_cache(maxsize=None)
+    def match(i: int, j: int) -> bool:
+        if j == len(pats):
+            return i == len(parts)
+        pat = pats[j]
+        if pat == "**":
+            if match(i, j + 1):
+                return True
+            return i < len(parts) and not parts[i].startswith(".") and match(i + 1, j)
+        if i == len(parts) or (parts[i].startswith(".") and not pat.startswith(".")):
+            return False
+        return fnmatch.fnmatchcase(parts[i], pat) and match(i + 1, j + 1)
+
+    return match(0, 0)
 
 
 def _hidden(f: Path, root: Path) -> bool:
@@ -185,6 +281,211 @@ def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
     commit_file(tmp_path, path)
 
 
+# --------------------------------------------------------------------------- output folders
+#
+# A command that writes a folder of outputs (ingest, mine, build) writes them into a
+# fresh hidden folder beside the target, ``.<name>.<command>-<pid>-<random>.tmp``, and
+# swaps it in at the end with one atomic rename (RENAME_EXCHANGE where the kernel has
+# it). A reader, or a process killed at any point, sees the old folder or the new one,
+# never a mix. Entries of the target the command does not own (a workflow's ``_done``
+# markers, a user's notes) are carried into the new folder. A later run of the command
+# removes what a killed run left beside the target (and puts back what it had carried).
+
+_STAGE_RE = re.compile(r"^\.(?P<name>.+)\.(?P<cmd>[a-z]+)-(?P<pid>\d+)-[a-z0-9_]+(?P<old>\.old)?\.tmp$")
+_RENAME_EXCHANGE = 2
+
+
+def _pid_alive(pid: int) -> bool:
+    if pid == os.getpid():
+        return False  # an earlier, finished call of this process
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def clean_stale_outputs(out_dir: Path, owned: Callable[[str], bool]) -> int:
+    """Remove what killed runs left beside `out_dir`; returns how many were removed.
+
+    An ``.old`` folder is a previous output moved aside by the two-rename swap: when
+    `out_dir` is missing it is put back. Entries a staged folder carried over from the
+    target (not `owned`) are moved back into `out_dir` first, so nothing of the user's is lost.
+    """
+    parent = out_dir.parent
+    if not parent.is_dir():
+        return 0
+    removed = 0
+    for entry in sorted(os.scandir(parent), key=lambda e: e.name):
+        m = _STAGE_RE.match(entry.name)
+        if not m or m.group("name") != out_dir.name or _pid_alive(int(m.group("pid"))):
+            continue
+        path = parent / entry.name
+        if not entry.is_dir(follow_symlinks=False):
+            path.unlink(missing_ok=True)
+            removed += 1
+            continue
+        if m.group("old") and not out_dir.exists():
+            os.rename(path, out_dir)  # the swap was cut between its two renames: the old output comes back
+            continue
+        if out_dir.is_dir():
+            for child in os.scandir(path):
+                if not owned(child.name) and not (out_dir / child.name).exists():
+                    os.rename(path / child.name, out_dir / child.name)
+        shutil.rmtree(path, ignore_errors=True)
+        removed += 1
+    if removed:
+        log.info("removed %d temporary folder(s) of killed runs beside %s", removed, out_dir)
+    return removed
+
+
+def _exchange(a: Path, b: Path) -> bool:
+    """Atomically swap two folders (Linux renameat2 RENAME_EXCHANGE); False where unsupported."""
+    if not sys.platform.startswith("linux"):
+        return False
+    import ctypes
+
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        fn = libc.renameat2
+    except (OSError, AttributeError):
+        return False
+    at_fdcwd = -100
+    if fn(at_fdcwd, os.fsencode(a), at_fdcwd, os.fsencode(b), _RENAME_EXCHANGE) == 0:
+        return True
+    err = ctypes.get_errno()
+    if err in (errno.ENOSYS, errno.EINVAL, errno.ENOTSUP, errno.EOPNOTSUPP):
+        return False
+    raise OSError(err, os.strerror(err), str(b))
+
+
+def _fsync_dir(path: Path) -> None:
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def check_output_dir(out_dir: Path, option: str = "--out") -> Path:
+    """The real folder a command will replace, after the checks that must come before any work.
+
+    A symlinked target is resolved (the new folder goes beside the real one, on its disk);
+    the working folder (or one above it) cannot be replaced as a whole; an existing target
+    must be a writable folder.
+    """
+    out_dir = Path(out_dir)
+    real = out_dir.resolve() if out_dir.is_symlink() else Path(os.path.abspath(out_dir))
+    if real.exists() and not real.is_dir():
+        raise ConfigError(f"{option} {out_dir}: exists and is not a folder; pass a folder path")
+    cwd = Path.cwd().resolve()
+    if real.exists() and (real.resolve() == cwd or real.resolve() in cwd.parents):
+        raise ConfigError(
+            f"{option} {out_dir}: is the working folder (or holds it), which the command replaces as a whole; "
+            f"pass a dedicated folder, e.g. {option} out"
+        )
+    if real.exists() and not os.access(real, os.W_OK | os.X_OK):
+        raise DataError(f"{out_dir}: the output folder is not writable; make it writable (chmod u+w) or pass another {option}")
+    return real
+
+
+@contextmanager
+def staged_output_dir(out_dir: str | os.PathLike, command: str, owned: Callable[[str], bool],
+                      option: str = "--out") -> Iterator[Path]:
+    """Yield a fresh folder to write `command`'s outputs into; swap it in for `out_dir` on success.
+
+    `owned(name)` tells the target's entries the command (re)writes from those it carries
+    over. On any error the staged folder is removed and `out_dir` is left as it was; disk
+    errors (out of space, read-only, no permission) become a `DataError` naming the folder.
+    """
+    from mentor.pipeline.faults import fault_point
+
+    target = check_output_dir(Path(out_dir), option)
+    try:
+        target.parent.mkdir(parents=True, exist_ok=True)
+        clean_stale_outputs(target, owned)
+        staging = Path(tempfile.mkdtemp(prefix=f".{target.name}.{command}-{os.getpid()}-", suffix=".tmp", dir=target.parent))
+    except OSError as exc:
+        raise disk_error(exc, target, f"cannot create the temporary folder beside it in {target.parent}") from exc
+    try:
+        mode = target.stat().st_mode & 0o7777 if target.is_dir() else 0o777 & ~_UMASK
+        os.chmod(staging, mode)
+        yield staging
+        _fsync_dir(staging)
+        fault_point(f"{command}.before_swap")
+        if not target.exists():
+            os.rename(staging, target)
+        else:
+            for child in sorted(os.listdir(target)):
+                if not owned(child) and not (staging / child).exists():
+                    os.rename(target / child, staging / child)
+            fault_point(f"{command}.carried")
+            if not _exchange(staging, target):
+                aside = staging.with_name(staging.name[: -len(".tmp")] + ".old.tmp")
+                os.rename(target, aside)
+                fault_point(f"{command}.moved_aside")
+                os.rename(staging, target)
+                staging = aside
+            fault_point(f"{command}.swapped")
+            shutil.rmtree(staging, ignore_errors=True)
+        _fsync_dir(target.parent)
+    except OSError as exc:
+        shutil.rmtree(staging, ignore_errors=True)
+        if is_disk_error(exc):
+            raise disk_error(exc, target) from exc
+        raise
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+
+
+_DISK_FIXES = {
+    errno.ENOSPC: "free disk space or write to another disk",
+    errno.EDQUOT: "free space within your quota or write elsewhere",
+    errno.EROFS: "the file system is mounted read-only; write to a writable disk",
+    errno.EACCES: "fix the permissions (chmod/chown) or write elsewhere",
+    errno.EPERM: "fix the permissions (chmod/chown) or write elsewhere",
+}
+
+
+def _disk_errno(exc: OSError) -> int | None:
+    if exc.errno is not None:
+        return exc.errno
+    text = str(exc)  # pyarrow reports some failures without an errno, only in its message
+    for needle, code in (("No space left", errno.ENOSPC), ("Read-only file system", errno.EROFS),
+                         ("Permission denied", errno.EACCES), ("Disk quota exceeded", errno.EDQUOT)):
+        if needle in text:
+            return code
+    return None
+
+
+def is_disk_error(exc: BaseException) -> bool:
+    """Out of space, read-only or no permission: the kinds of write failure a user fixes, not a bug."""
+    return isinstance(exc, OSError) and _disk_errno(exc) in _DISK_FIXES
+
+
+def disk_error(exc: OSError, where: Path | str, what: str | None = None) -> MentorError:
+    """A one-line error for a failed write (out of space, read-only, permissions) naming `where`.
+
+    Other OS errors are wrapped the same way, with their own text.
+    """
+    code = _disk_errno(exc)
+    text = str(exc).strip()
+    reason = os.strerror(code) if code else (exc.strerror or (text.splitlines()[0] if text else type(exc).__name__))
+    name = errno.errorcode.get(code, "") if code else ""
+    file = f" (at {exc.filename})" if getattr(exc, "filename", None) and str(exc.filename) != str(where) else ""
+    fix = _DISK_FIXES.get(code, "check the disk and the path")
+    head = f"{what}: " if what else ""
+    return DataError(f"{where}: {head}{reason}{f' ({name})' if name else ''}{file}; {fix}")
+
+
 def to_table(data: pa.Table | pl.DataFrame, dataset: str | None) -> pa.Table:
     table = data.to_arrow() if isinstance(data, pl.DataFrame) else data
     if dataset is not None:
@@ -238,17 +539,123 @@ def read_json(path: str | os.PathLike) -> Any:
     return json.loads(Path(path).read_text())
 
 
+# A settings file is small: more values than this (counted with every alias expanded, long
+# strings by their length) or deeper nesting is an error, so an alias bomb ("billion
+# laughs") fails at once instead of expanding into gigabytes when the settings are
+# validated, hashed or saved.
+YAML_MAX_NODES = 100_000
+YAML_MAX_DEPTH = 100
+
+
+def _strict_yaml_loader():
+    """A yaml.SafeLoader that rejects duplicate keys, alias bombs and runaway nesting."""
+    import yaml
+    from yaml.constructor import ConstructorError
+    from yaml.error import MarkedYAMLError
+    from yaml.events import AliasEvent
+    from yaml.nodes import MappingNode, ScalarNode, SequenceNode
+
+    class StrictLoader(yaml.SafeLoader):
+        def __init__(self, stream):
+            super().__init__(stream)
+            self._sizes: dict[int, int] = {}
+            self._depth = 0
+
+        def compose_node(self, parent, index):
+            self._depth += 1
+            try:
+                if self._depth > YAML_MAX_DEPTH:
+                    raise MarkedYAMLError(None, None, f"nested deeper than {YAML_MAX_DEPTH} levels", self.peek_event().start_mark)
+                if self.check_event(AliasEvent):
+                    anchor = self.peek_event().anchor
+                    target = self.anchors.get(anchor)
+                    if target is not None and id(target) not in self._sizes:
+                        raise MarkedYAMLError(None, None, f"the alias *{anchor} refers to a value that contains it (recursive alias)",
+                                              self.peek_event().start_mark)
+                node = super().compose_node(parent, index)
+            finally:
+                self._depth -= 1
+            key = id(node)
+            if key not in self._sizes:
+                if isinstance(node, ScalarNode):
+                    size = 1 + len(node.value) // 64  # long strings weigh more: an alias copies them whole
+                elif isinstance(node, SequenceNode):
+                    size = 1 + sum(self._size(c) for c in node.value)
+                elif isinstance(node, MappingNode):
+                    size = 1 + sum(self._size(k) + self._size(v) for k, v in node.value)
+                else:  # pragma: no cover
+                    size = 1
+                self._sizes[key] = size
+                if size > YAML_MAX_NODES:
+                    raise MarkedYAMLError(
+                        None, None, f"expands to more than {YAML_MAX_NODES:,} values through aliases (*name); "
+                        "write the values out instead of nesting aliases", node.start_mark,
+                    )
+            return node
+
+        def _size(self, node) -> int:
+            return self._sizes[id(node)]
+
+        def construct_mapping(self, node, deep=False):
+            if isinstance(node, MappingNode):
+                seen: dict = {}
+                for key_node, _ in node.value:
+                    if key_node.tag == "tag:yaml.org,2002:merge" or not isinstance(key_node, ScalarNode):
+                        continue
+                    key = self.construct_object(key_node, deep=True)
+                    line = key_node.start_mark.line + 1
+                    try:
+                        first = seen.get(key)
+                    except TypeError:  # an unhashable key: SafeConstructor rejects it itself
+                        continue
+                    if first is not None:
+                        raise ConstructorError(None, None, f"duplicate key {key!r} (first at line {first}); keep one", key_node.start_mark)
+                    seen[key] = line
+            return super().construct_mapping(node, deep=deep)
+
+    return StrictLoader
+
+
+def load_yaml_text(text: str):
+    """Parse YAML settings with `_strict_yaml_loader`; raises yaml.YAMLError."""
+    import yaml
+
+    loader = _strict_yaml_loader()(text)
+    try:
+        return loader.get_single_data()
+    finally:
+        loader.dispose()
+
+
 def read_yaml_mapping(path: str | os.PathLike, what: str = "settings") -> dict[str, Any]:
-    """A YAML file that must hold a mapping; `ConfigError` naming the file otherwise."""
+    """A YAML file that must hold a mapping; `ConfigError` naming the file otherwise.
+
+    Duplicate keys, alias bombs, runaway nesting and undecodable bytes are errors too.
+    """
     import yaml
 
     path = Path(path)
     if not path.is_file():
         raise ConfigError(f"{path}: no such config file")
     try:
-        data = yaml.safe_load(path.read_text()) or {}
+        text = path.read_text(encoding="utf-8-sig")
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"{path}: not UTF-8 text (byte {exc.object[exc.start]:#04x} at offset {exc.start}); save it as UTF-8") from exc
+    except OSError as exc:
+        raise ConfigError(f"{path}: cannot read it ({exc.strerror})") from exc
+    try:
+        data = load_yaml_text(text) or {}
+    except yaml.MarkedYAMLError as exc:
+        mark = exc.problem_mark or exc.context_mark
+        where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark is not None else ""
+        detail = exc.problem or str(exc)
+        if exc.context and "duplicate key" not in detail:
+            detail = f"{exc.context}, {detail}"
+        raise ConfigError(f"{path}: {where}not valid YAML: {detail}") from exc
     except yaml.YAMLError as exc:
-        raise ConfigError(f"{path}: not valid YAML ({exc})") from exc
+        raise ConfigError(f"{path}: not valid YAML: {str(exc).splitlines()[0]}") from exc
+    except RecursionError as exc:
+        raise ConfigError(f"{path}: not valid YAML: nested too deeply") from exc
     if not isinstance(data, dict):
         raise ConfigError(f"{path}: expected a mapping of {what}, found {type(data).__name__}")
     return data
