@@ -61,10 +61,12 @@ from mentor.pipeline.io import (
     PARQUET_COMPRESSION,
     atomic_path,
     check_dataset_files,
+    check_output_dir,
     commit_file,
     read_parquet_schema,
     resolve_inputs,
     sha256_file,
+    staged_output_dir,
     temp_path_beside,
     write_json_atomic,
     write_manifest,
@@ -111,7 +113,7 @@ class BuildConfig(BaseModel):
         "prefix", description="prefix: a hinted problem gets only its hinted prompt; both: its unhinted prompt is kept beside it."
     )
     round: int | None = Field(
-        None, ge=0, description="Round the prompts are for (label/extra_info). Default: latest hint round + 1, or 0 without hints."
+        None, ge=0, le=2**31 - 2, description="Round the prompts are for (label/extra_info). Default: latest hint round + 1, or 0 without hints."
     )
     template: str = Field(
         DEFAULT_TEMPLATE, description="User message of a hinted problem; placeholders {hint}, {problem}, optional {instruction}."
@@ -936,8 +938,15 @@ def write_shards(
 
 
 def build(cfg: BuildConfig, out_dir: str | Path, template_files: list[Path] | None = None) -> BuildStats:
-    """Build the prompt shards into `out_dir`: part-NNNNN.parquet, stats.json, README.md, manifest.json (last)."""
+    """Build the prompt shards into `out_dir`: part-NNNNN.parquet, stats.json, README.md, manifest.json.
+
+    Everything is written into a fresh folder beside `out_dir` that replaces it in
+    one rename at the end (`io.staged_output_dir`): a reader of ``part-*.parquet`` or
+    ``load_dataset(out_dir)``, and a build killed at any point, see the old build or
+    the new one, never a mix.
+    """
     out_dir = Path(out_dir)
+    check_output_dir(out_dir)
     stats = BuildStats(mode=cfg.mode, seed=cfg.seed)
     hint_stats = BuildStats()
     # The (small) hints set loads while the base set is read; the input files
@@ -963,24 +972,32 @@ def build(cfg: BuildConfig, out_dir: str | Path, template_files: list[Path] | No
             round_ = 0
         stats.round = round_
         rows = prepare_rows(problems, hints, cfg, round_, stats, where=base.where)
-        out_dir.mkdir(parents=True, exist_ok=True)
-        # The manifest is the commit point: remove the old one first so that a
-        # crash mid-way never leaves a manifest describing other shards.
-        (out_dir / "manifest.json").unlink(missing_ok=True)
-        shards, hashes = write_shards(rows, out_dir, cfg, round_, inputs=inputs)
-    from mentor.pipeline.faults import fault_point
+        from mentor.pipeline.faults import fault_point
 
-    fault_point("build.after_shards")  # resume tests: killed with shards written, no manifest yet
-    stats.shards = len(shards)
-    write_json_atomic(stats.as_dict() | {"schema_version": SCHEMA_VERSION}, out_dir / "stats.json")
-    with atomic_path(out_dir / "README.md") as tmp:
-        tmp.write_text(dataset_card([s.name for s in shards], stats, [hashes[str(sh)] for sh in shards]))
-    write_manifest(
-        out_dir, shards, "prompts", inputs=inputs, config=cfg,
-        extra={"base": base.info, "round": round_, "stats": "stats.json"}, hashes=hashes,
-    )
+        with staged_output_dir(out_dir, "build", _owned) as staging:
+            shards, hashes = write_shards(rows, staging, cfg, round_, inputs=inputs)
+            fault_point("build.after_shards")  # resume tests: killed with shards written, nothing swapped in yet
+            stats.shards = len(shards)
+            write_json_atomic(stats.as_dict() | {"schema_version": SCHEMA_VERSION}, staging / "stats.json")
+            with atomic_path(staging / "README.md") as tmp:
+                tmp.write_text(dataset_card([s.name for s in shards], stats, [hashes[str(sh)] for sh in shards]))
+            write_manifest(
+                staging, shards, "prompts", inputs=inputs, config=cfg,
+                extra={"base": base.info, "round": round_, "stats": "stats.json"}, hashes=hashes,
+            )
     log.info("built %d prompts (%d hinted) in %d shard(s) at %s", stats.rows, stats.hinted_rows, stats.shards, out_dir)
     return stats
+
+
+_OWNED_FILES = ("manifest.json", "stats.json", "README.md")
+
+
+def _owned(name: str) -> bool:
+    """What build (re)writes in its folder: every part-*.parquet (a reader would take any), its
+    three files, and temporary files of earlier runs; anything else is carried into the new build."""
+    return name in _OWNED_FILES or (name.startswith("part-") and name.endswith(".parquet")) or (
+        name.startswith(".") and name.endswith(".tmp")
+    )
 
 
 __all__ = ["BUNDLED", "BuildConfig", "BuildStats", "build", "build_prompts", "load_base", "load_hints", "validate_base"]
