@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 from contextlib import nullcontext
 
 import click
@@ -65,10 +66,19 @@ def ingest(sources, fmt, out_dir, round_, domain, maps, problems, max_response_b
     """Convert rollout logs into canonical rollout Parquet shards."""
     from mentor.stages.ingest import ingest as run_ingest
 
-    stats = run_ingest(list(sources), out_dir, fmt=fmt, round_=round_, domain=domain,
-                       mapping=parse_map(maps), problems=problems, max_response_bytes=max_response_bytes)
+    # The stage logs its warnings for library callers; the command prints them itself, once.
+    stage_log = logging.getLogger("mentor.stages.ingest")
+    level = stage_log.level
+    stage_log.setLevel(max(level, logging.ERROR))
+    try:
+        stats = run_ingest(list(sources), out_dir, fmt=fmt, round_=round_, domain=domain,
+                           mapping=parse_map(maps), problems=problems, max_response_bytes=max_response_bytes)
+    finally:
+        stage_log.setLevel(level)
     if fmt == "auto":
         click.echo(f"format: {stats.format} (auto-detected)", err=True)
+    for w in stats.warnings:
+        click.echo(f"warning: {w}", err=True)
     click.echo(json.dumps(stats.as_dict(), sort_keys=True))
 
 

@@ -173,6 +173,29 @@ def _hidden(f: Path, root: Path) -> bool:
     return any(part.startswith((".", "_")) for part in rel)
 
 
+def jsonl_problem(path: Path) -> str | None:
+    """The first line of a JSONL file that is not a JSON object, as ``path:line: what``; None if all are."""
+    with open(path, "rb") as fh:
+        for lineno, raw in enumerate(fh, start=1):
+            if lineno == 1 and raw.startswith(b"\xef\xbb\xbf"):
+                raw = raw[3:]
+            if not raw.strip():
+                continue
+            try:
+                text = raw.decode("utf-8")
+            except UnicodeDecodeError as exc:
+                return f"{path}:{lineno}: not UTF-8 (byte {raw[exc.start]:#04x} at column {exc.start + 1}); re-encode the file as UTF-8"
+            try:
+                rec = json.loads(text)
+            except json.JSONDecodeError as exc:
+                return f"{path}:{lineno}: not valid JSON ({exc.msg} at column {exc.colno})"
+            except RecursionError:
+                return f"{path}:{lineno}: JSON nested too deeply to read"
+            if not isinstance(rec, dict):
+                return f"{path}:{lineno}: a JSON {type(rec).__name__}, not an object (JSONL holds one object per line)"
+    return None
+
+
 def read_parquet_schema(path: Path) -> pa.Schema:
     """The file's Arrow schema; `DataError` naming the file if it is empty or corrupt."""
     if path.stat().st_size == 0:
@@ -237,11 +260,49 @@ def read_dataset(sources: Iterable[str | os.PathLike], dataset: str) -> pl.DataF
 
 
 def read_table(sources: Iterable[str | os.PathLike], dataset: str) -> pa.Table:
-    """Eager read as an Arrow table conformed to the canonical schema."""
+    """Eager read as an Arrow table conformed to the canonical schema.
+
+    The values are checked too (`check_values`): a file from another writer can have
+    the right columns and still hold nulls where the schema requires a value.
+    """
     paths = resolve_inputs(sources)
     check_dataset_files(paths, dataset)
-    tables = [conform(pq.read_table(p), dataset) for p in paths]
-    return pa.concat_tables(tables) if len(tables) > 1 else tables[0]
+    tables = []
+    for p in paths:
+        table = conform(pq.read_table(p), dataset)
+        check_values(table, dataset, str(p))
+        tables.append(table)
+    table = pa.concat_tables(tables) if len(tables) > 1 else tables[0]
+    if dataset == "collapsed" and len(tables) > 1:
+        check_values(table, dataset, f"{paths[0]} (and {len(paths) - 1} more)")
+    return table
+
+
+def check_values(table: pa.Table, dataset: str, where: str) -> None:
+    """`DataError` naming `where`, the column and a few rows where a required column is null;
+    for collapsed sets also a repeated problem_id or an unknown domain (one row per problem)."""
+    from mentor.pipeline.schemas import DOMAINS
+
+    schema = SCHEMAS[dataset]
+    for field in schema:
+        col = table.column(field.name)
+        if not field.nullable and col.null_count:
+            rows = [i for i, v in enumerate(col.to_pylist()) if v is None][:5]
+            raise DataError(
+                f"{where}: column {field.name!r} is null in {col.null_count} row(s) (rows {rows}); every row needs it: "
+                f"re-create the file with mentor (dataset '{dataset}')"
+            )
+    if dataset == "collapsed" and table.num_rows:
+        ids = pl.from_arrow(table.select(["problem_id", "domain"]))
+        dup = ids.filter(pl.col("problem_id").is_duplicated()).get_column("problem_id").unique().head(5).to_list()
+        if dup:
+            raise DataError(f"{where}: problem_id {dup} appear(s) more than once; a collapsed set has one row per problem")
+        bad = ids.filter(~pl.col("domain").is_in(list(DOMAINS))).get_column("domain").unique().head(5).to_list()
+        if bad:
+            raise DataError(f"{where}: domain {bad} is not one of {', '.join(DOMAINS)}")
+        blank = ids.filter(pl.col("problem_id").str.strip_chars() == "").height
+        if blank:
+            raise DataError(f"{where}: {blank} row(s) with an empty problem_id")
 
 
 # --------------------------------------------------------------------------- atomic writes
@@ -392,6 +453,9 @@ def check_output_dir(out_dir: Path, option: str = "--out") -> Path:
             f"pass a dedicated folder, e.g. {option} out"
         )
     if real.exists() and not os.access(real, os.W_OK | os.X_OK):
+        if os.statvfs(real).f_flag & os.ST_RDONLY:
+            raise DataError(f"{out_dir}: the output folder is on a read-only file system (EROFS); write to a writable disk "
+                            f"or pass another {option}")
         raise DataError(f"{out_dir}: the output folder is not writable; make it writable (chmod u+w) or pass another {option}")
     return real
 

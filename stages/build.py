@@ -41,6 +41,7 @@ from __future__ import annotations
 
 import base64
 import hashlib
+import io
 import logging
 import os
 import re
@@ -63,6 +64,7 @@ from mentor.pipeline.io import (
     check_dataset_files,
     check_output_dir,
     commit_file,
+    jsonl_problem,
     read_parquet_schema,
     resolve_inputs,
     sha256_file,
@@ -291,9 +293,12 @@ def _from_jsonl(path: Path, mapping: dict[str, str], domain: str) -> pl.DataFram
     if path.stat().st_size == 0:
         raise DataError(f"{path}: the file is empty (0 bytes); re-create it or pass another --base")
     try:
-        frame = pl.read_ndjson(path, infer_schema_length=None)
-    except Exception as exc:  # polars raises ComputeError for bad JSON / non-UTF-8 bytes
-        raise DataError(f"{path}: not readable as JSONL ({str(exc).splitlines()[0]}); fix the file or convert it to Parquet") from exc
+        with open(path, "rb") as fh:
+            bom = fh.read(3) == b"\xef\xbb\xbf"  # a UTF-8 byte order mark, which polars does not skip
+        frame = pl.read_ndjson(io.BytesIO(path.read_bytes()[3:]) if bom else path, infer_schema_length=None)
+    except Exception as exc:  # polars raises ComputeError for bad JSON / non-UTF-8 bytes / deep nesting
+        where = jsonl_problem(path) or f"{path}: not readable as JSONL ({str(exc).splitlines()[0]})"
+        raise DataError(f"{where}; fix the file or convert it to Parquet") from exc
     return _apply_mapping(frame, mapping, domain, path.stem, str(path))
 
 

@@ -66,6 +66,11 @@ class IngestStats:
     problem_missing: int = 0  # no original problem text: `mine` falls back to the prompt as sent
     quarantined: Counter = field(default_factory=Counter)
     format: str = ""
+    warnings: list[str] = field(default_factory=list)
+
+    def warn(self, message: str) -> None:
+        log.warning("%s", message)
+        self.warnings.append(message)
 
     def as_dict(self) -> dict:
         return {
@@ -328,6 +333,8 @@ def read_openrlhf(path: Path, round_: int | None, domain: str, stats: IngestStat
         rnd = round_ if round_ is not None else _index(rec["round"])
         if rnd is None:
             raise _Quarantine("round_invalid")
+        if rec["prompt"] is None:
+            raise _Quarantine("prompt_missing")  # the prompt as sent is what the record is about
         order = (_step(rec.get("pid")) or 0, _step(rec.get("seq")) if _step(rec.get("seq")) is not None else lineno)
         return {
             "problem_id": pid,
@@ -625,10 +632,10 @@ def ingest(
             raise DataError(f"no usable rollouts in {', '.join(map(str, paths))} (quarantined: {dict(stats.quarantined)})")
         stats.problems = len(ids)
         if stats.problem_missing:
-            log.warning(
-                "%d of %d rollouts have no original problem text: `mine` would show the hint agents the prompt as sent "
-                "(chat template and any old hint included); pass --problems gsm8k|math500|humaneval|FILE",
-                stats.problem_missing, stats.rollouts,
+            stats.warn(
+                f"{stats.problem_missing} of {stats.rollouts} rollouts have no original problem text: `mine` would show "
+                "the hint agents the prompt as sent (chat template and any old hint included); "
+                "pass --problems gsm8k|math500|humaneval|FILE"
             )
         out = stats.as_dict() | {"schema_version": SCHEMA_VERSION, "shards": shards, "inputs": [str(p) for p in paths]}
         write_json_atomic(out, staging / "stats.json")

@@ -517,8 +517,10 @@ def mine_iter(
                 raise ConfigError(f"{p}: column {cfg.correct_col!r} (--correct-col) missing; found {schema.names}")
             found = schema.field(cfg.correct_col).type
             if not (pa.types.is_integer(found) or pa.types.is_floating(found) or pa.types.is_boolean(found)):
+                textual = pa.types.is_string(found) or pa.types.is_large_string(found) or pa.types.is_string_view(found)
                 raise DataError(
-                    f"{p}: column {cfg.correct_col!r} (--correct-col) has type {found}; correctness must be a number "
+                    f"{p}: column {cfg.correct_col!r} (--correct-col) has type {'string' if textual else found}; "
+                    "correctness must be a number "
                     "in [0, 1] (or a bool): pass a numeric column, or re-ingest with --map correct=<column>"
                 )
     files = [str(p) for p in paths]

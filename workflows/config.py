@@ -148,7 +148,7 @@ def validate_workflow(data: dict[str, Any], where: str = "workflow") -> Workflow
         lines = []
         for e in exc.errors():
             key = ".".join(str(p) for p in e["loc"])
-            msg = "unknown key" if e["type"] == "extra_forbidden" else e["msg"]
+            msg = "unknown key" if e["type"] == "extra_forbidden" else e["msg"].removeprefix("Value error, ")
             lines.append(f"{key}: {msg}")
         raise ConfigError(f"{where}: " + "; ".join(lines)) from exc
     try:
@@ -185,7 +185,7 @@ def _prefixed(exc: ValidationError, prefix: str) -> ConfigError:
     lines = []
     for e in exc.errors():
         key = ".".join([prefix, *(str(p) for p in e["loc"])])
-        lines.append(f"{key}: {'unknown key' if e['type'] == 'extra_forbidden' else e['msg']}")
+        lines.append(f"{key}: {'unknown key' if e['type'] == 'extra_forbidden' else e['msg'].removeprefix('Value error, ')}")
     return ConfigError("; ".join(lines))
 
 
