@@ -28,3 +28,10 @@ class DataError(MentorError):
 
 class SchemaError(DataError):
     """A dataset does not match the canonical schema."""
+
+
+class CorruptFileError(DataError, ValueError):
+    """A file mentor wrote (a marker, stats.json, ...) that no longer parses: edited or cut short.
+
+    Also a ValueError, so code that treats an unreadable bookkeeping file as absent keeps doing so.
+    """

@@ -27,7 +27,7 @@ import polars as pl
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from mentor.pipeline.errors import ConfigError, DataError, MentorError, SchemaError
+from mentor.pipeline.errors import ConfigError, CorruptFileError, DataError, MentorError, SchemaError
 from mentor.pipeline.schemas import SCHEMA_VERSION, SCHEMAS, conform, require_schema, schema_metadata
 
 PARQUET_COMPRESSION = "zstd"
@@ -71,6 +71,8 @@ def resolve_inputs(sources: Iterable[str | os.PathLike], suffixes: tuple[str, ..
             out.extend(matches)
         elif p.is_file():
             out.append(p)
+        elif p.exists():
+            raise ConfigError(f"{s}: not a regular file or folder (a device, pipe or socket); pass a file or folder")
         else:
             raise ConfigError(f"{s}: no such file or directory")
     # Keep order, drop repeats.
@@ -82,6 +84,25 @@ def resolve_inputs(sources: Iterable[str | os.PathLike], suffixes: tuple[str, ..
             seen.add(key)
             unique.append(f)
     return unique
+
+
+def outside_output(paths: list[Path], sources: Iterable[str | os.PathLike], out_dir: str | os.PathLike) -> list[Path]:
+    """`paths` without the files a folder or pattern walk found inside the command's own output
+    folder (its earlier outputs are not inputs); files named inside it explicitly stay."""
+    out = Path(os.path.abspath(out_dir))
+
+    def inside(p: Path) -> bool:
+        q = Path(os.path.abspath(p))
+        return q == out or out in q.parents
+
+    if any(inside(Path(str(s).split("*")[0] or ".")) for s in sources):
+        return paths
+    kept = [p for p in paths if not inside(p)]
+    if len(kept) != len(paths):
+        log.warning("%d input file(s) inside the output folder %s are not read (earlier outputs)", len(paths) - len(kept), out_dir)
+    if not kept:
+        raise ConfigError(f"{out_dir}: every input file lies in the output folder; pass the logs, not the output")
+    return kept
 
 
 def walk_files(root: Path, where: str | None = None) -> Iterator[Path]:
@@ -600,7 +621,14 @@ def write_json_atomic(obj: Any, path: str | os.PathLike) -> Path:
 
 
 def read_json(path: str | os.PathLike) -> Any:
-    return json.loads(Path(path).read_text())
+    """A JSON file; `CorruptFileError` naming it (and the fix) when it does not parse."""
+    try:
+        return json.loads(Path(path).read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError, RecursionError) as exc:
+        where = f" (line {exc.lineno}, column {exc.colno}: {exc.msg})" if isinstance(exc, json.JSONDecodeError) else ""
+        raise CorruptFileError(
+            f"{path}: not valid JSON{where}; it was edited or cut short: restore it, or delete it and re-run the stage that wrote it"
+        ) from exc
 
 
 # A settings file is small: more values than this (counted with every alias expanded, long

@@ -19,6 +19,7 @@ from __future__ import annotations
 import json
 import logging
 import math
+import os
 import re
 from collections import Counter
 from collections.abc import Iterator
@@ -33,6 +34,7 @@ from mentor.pipeline.errors import ConfigError, DataError
 from mentor.pipeline.ids import text_id
 from mentor.pipeline.io import (
     check_output_dir,
+    outside_output,
     read_parquet_schema,
     resolve_inputs,
     staged_output_dir,
@@ -63,6 +65,7 @@ class IngestStats:
     problems: int = 0
     response_clipped: int = 0
     problem_recovered: int = 0  # problem text recovered from the prompt as sent (chat template, hint, instruction removed)
+    text_repaired: int = 0  # records whose strings held lone surrogates (replaced by U+FFFD)
     problem_missing: int = 0  # no original problem text: `mine` falls back to the prompt as sent
     quarantined: Counter = field(default_factory=Counter)
     format: str = ""
@@ -82,6 +85,7 @@ class IngestStats:
             "response_clipped": self.response_clipped,
             "problem_recovered": self.problem_recovered,
             "problem_missing": self.problem_missing,
+            "text_repaired": self.text_repaired,
             "quarantined": dict(sorted(self.quarantined.items())),
             "quarantined_total": sum(self.quarantined.values()),
         }
@@ -90,13 +94,15 @@ class IngestStats:
 # --------------------------------------------------------------------------- JSONL reading
 
 
-def iter_jsonl(path: Path) -> Iterator[tuple[int, dict | None, str | None]]:
+def iter_jsonl(path: Path, stats: IngestStats | None = None) -> Iterator[tuple[int, dict | None, str | None]]:
     """Yield (line number, record or None, problem) for each non-blank line.
 
     Non-UTF-8 bytes, a JSON array instead of JSON Lines and values nested deeper than
     Python's parser goes are fatal errors naming the file and line (with the fix); a
     UTF-8 byte order mark is skipped; a line that is not a JSON object is reported as a
-    problem so the caller can quarantine it (a killed writer leaves one).
+    problem so the caller can quarantine it (a killed writer leaves one). A lone
+    UTF-16 surrogate escaped in a string (``"\\ud800"``: valid JSON that UTF-8 cannot
+    hold) becomes U+FFFD, counted in ``stats.text_repaired``.
     """
     opener = open
     if path.suffix == ".gz":
@@ -136,7 +142,30 @@ def iter_jsonl(path: Path) -> Iterator[tuple[int, dict | None, str | None]]:
             if not isinstance(rec, dict):
                 yield lineno, None, "bad_json_line"
                 continue
+            if "\\ud" in text or "\\uD" in text:
+                fixed = _no_surrogates(rec)
+                if fixed is not rec:
+                    rec = fixed
+                    if stats is not None:
+                        stats.text_repaired += 1
             yield lineno, rec, None
+
+
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def _no_surrogates(value):
+    """`value` with lone surrogates in its strings (keys too) replaced by U+FFFD; the same object when it has none."""
+    if isinstance(value, str):
+        return _SURROGATE.sub("\ufffd", value) if _SURROGATE.search(value) else value
+    if isinstance(value, list):
+        items = [_no_surrogates(v) for v in value]
+        return items if any(a is not b for a, b in zip(items, value)) else value
+    if isinstance(value, dict):
+        items = {_no_surrogates(k): _no_surrogates(v) for k, v in value.items()}
+        changed = any(k2 is not k or items[k2] is not v for (k, v), k2 in zip(value.items(), items))
+        return items if changed else value
+    return value
 
 
 def _check_file(path: Path) -> None:
@@ -250,7 +279,7 @@ def _table(rows: list[dict]) -> pa.Table:
 
 def read_gsm8k_example(path: Path, round_: int, domain: str, stats: IngestStats) -> pa.Table:
     rows = []
-    for lineno, rec, problem in iter_jsonl(path):
+    for lineno, rec, problem in iter_jsonl(path, stats):
         stats.rows_read += 1
         if rec is None:
             stats.quarantined[problem] += 1
@@ -317,7 +346,7 @@ def read_verl(path: Path, round_: int, domain: str, stats: IngestStats, seen: Co
             "step": _step(rec.get("step", file_step)),
         }
 
-    return _table(_rows_of(path, stats, iter_jsonl(path), make))
+    return _table(_rows_of(path, stats, iter_jsonl(path, stats), make))
 
 
 def read_openrlhf(path: Path, round_: int | None, domain: str, stats: IngestStats) -> pa.Table:
@@ -354,7 +383,7 @@ def read_openrlhf(path: Path, round_: int | None, domain: str, stats: IngestStat
             "_order": order,
         }
 
-    rows = _rows_of(path, stats, iter_jsonl(path), make)
+    rows = _rows_of(path, stats, iter_jsonl(path, stats), make)
     rows.sort(key=lambda r: (r["problem_id"], r["round"], r["_order"]))
     counter: Counter = Counter()
     for r in rows:
@@ -372,7 +401,7 @@ def read_jsonl_mapped(path: Path, round_: int, domain: str, mapping: dict[str, s
         keys = set(df.columns)
     else:
         _check_file(path)
-        records = iter_jsonl(path)
+        records = iter_jsonl(path, stats)
         keys = None
     counter: Counter = Counter()
     checked = False
@@ -431,7 +460,21 @@ def read_jsonl_mapped(path: Path, round_: int, domain: str, mapping: dict[str, s
     return _table(rows)
 
 
+MAPPABLE = tuple(f.name for f in ROLLOUTS if f.name != "source")
+
+
+def check_mapping(mapping: dict[str, str]) -> None:
+    """`--map` names canonical rollout columns only: a typo must not be ignored (an id silently derived instead)."""
+    bad = sorted(set(mapping) - set(MAPPABLE))
+    if bad:
+        raise ConfigError(f"--map {bad[0]}={mapping[bad[0]]}: {bad[0]!r} is not a rollout column; map one of {', '.join(MAPPABLE)}")
+
+
 def _require_mapped(path: Path, keys: set[str], mapping: dict[str, str]) -> None:
+    absent = [(k, v) for k, v in mapping.items() if v not in keys]
+    if absent:
+        k, v = absent[0]
+        raise DataError(f"{path}: column {v!r} (--map {k}={v}) missing (found: {', '.join(sorted(keys)[:12])}); fix the --map")
     need = ["response", "correct"]
     missing = [c for c in need if mapping.get(c, c) not in keys]
     if not ({mapping.get("problem_id", "problem_id"), mapping.get("problem", "problem"), mapping.get("prompt", "prompt")} & keys):
@@ -473,6 +516,8 @@ def _number(v) -> float | None:
     if isinstance(v, (int, float)):
         return float(v)
     if isinstance(v, str):
+        if v.strip().lower() in ("true", "false"):
+            return float(v.strip().lower() == "true")  # a bool written as text by some loggers
         try:
             return float(v)
         except ValueError:
@@ -580,12 +625,16 @@ def ingest(
         raise ConfigError(f"unknown --format {fmt!r}; choose one of {', '.join(FORMATS)}")
     if domain not in DOMAINS:
         raise ConfigError(f"unknown --domain {domain!r}; choose one of {', '.join(DOMAINS)}")
+    check_mapping(mapping or {})
     if max_response_bytes < 1:
         raise ConfigError(f"--max-response-bytes {max_response_bytes}: must be at least 1")
     if round_ is not None and not 0 <= round_ <= INT32_MAX:
         raise ConfigError(f"--round {round_}: must be in [0, {INT32_MAX}]")
     suffixes = (".parquet",) if fmt == "canonical" else (".jsonl", ".json", ".jsonl.gz", ".parquet")
-    paths = resolve_inputs(sources, suffixes=suffixes)
+    paths = outside_output(resolve_inputs(sources, suffixes=suffixes), sources, out_dir)
+    # mentor's own bookkeeping beside data (an earlier ingest's stats.json, a reward config) is not a log
+    named = {os.path.abspath(s) for s in sources}
+    paths = [p for p in paths if p.name not in _BOOKKEEPING or os.path.abspath(p) in named]
     check_output_dir(Path(out_dir))
     stats = IngestStats(format=fmt)
     chosen = {p: (sniff_format(p) if fmt == "auto" else fmt) for p in paths}
@@ -642,6 +691,7 @@ def ingest(
     return stats
 
 
+_BOOKKEEPING = frozenset({"stats.json", "manifest.json", "outcome.json", "config.json", "mentor_reward.json"})
 _SHARD_NAME = re.compile(r"^part-\d+\.parquet$|^\..*\.tmp$")
 
 

@@ -624,9 +624,10 @@ def mine_to_dir(
 ) -> MineStats:
     """Mine and stream ``collapsed.parquet`` to disk (written atomically), then ``stats.json``."""
     from mentor.pipeline.faults import fault_point
-    from mentor.pipeline.io import check_output_dir, parquet_writer_atomic, staged_output_dir, write_json_atomic
+    from mentor.pipeline.io import check_output_dir, outside_output, parquet_writer_atomic, staged_output_dir, write_json_atomic
 
     check_output_dir(Path(out_dir))
+    sources = [str(f) for f in outside_output(resolve_inputs(sources), sources, out_dir)]
     mined = mine_iter(sources, cfg, history, map_fn)
     # Both files are written into a fresh folder swapped in at the end: a kill or an error
     # leaves the old collapsed.parquet and stats.json (a matching pair) or the new ones.

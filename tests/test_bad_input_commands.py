@@ -193,6 +193,19 @@ def run_cases() -> list[Case]:
     def recursive(r: Path) -> list[str]:
         return _run(r, yaml.safe_dump(workflow(r)).replace("rounds: 1", "rounds: 1\nbuild: &x {a: *x}"))
 
+    def corrupt_marker(r: Path) -> list[str]:
+        args = _run(r)
+        assert invoke(args).exit_code == 0
+        marker = next((r / "out" / "round-000" / "collapsed" / "_done").glob("*.done"))
+        marker.write_text('{"key": "ab')  # cut short
+        return args
+
+    def corrupt_failed(r: Path) -> list[str]:
+        d = r / "run" / "round-000" / "collapsed"
+        d.mkdir(parents=True)
+        (d / "_failed.json").write_text("{bad")
+        return ["status", str(r / "run")]
+
     return [
         Case("run-ok", "handled", lambda r: _run(r), 0),
         Case("run-rounds-negative", "error", lambda r: _run(r, None, "--rounds", "-1"), 2, r"--rounds", check=nothing_ran),
@@ -217,6 +230,8 @@ def run_cases() -> list[Case]:
         Case("run-not-a-mapping", "error", lambda r: _run(r, "[1, 2]\n"), 2, r"expected a mapping"),
         Case("run-rounds-in-file-negative", "error", lambda r: _run(r, None, rounds=-1), 2, r"rounds: Input should be greater"),
         Case("run-workflow-missing", "error", lambda r: ["run", str(r / "nope.yaml")], 2, r"nope\.yaml: no such workflow file"),
+        Case("run-corrupt-done-marker", "error", corrupt_marker, 1, r"\.done: not valid JSON .*delete it and re-run"),
+        Case("status-corrupt-failed-marker", "handled", corrupt_failed, 0, check=lambda r, res: "unreadable" in res.output),
     ]
 
 

@@ -217,6 +217,10 @@ def make_cases(real: list[dict], bundled_rollouts: Path) -> list[Case]:
                    quarantined={"prompt_missing": 1}))
     add(jsonl_case("jsonl-duplicate", "quarantine", setrow(1, sample_idx=0), quarantined={"duplicate_key": 1}))
     add(jsonl_case("jsonl-step-huge", "handled", setrow(0, step=10**30), stats={"rollouts": 24}))
+    add(jsonl_case("jsonl-lone-surrogate", "handled", setrow(0, response="cut \ud800 here", problem_id="q\udfff0"),
+                   stats={"rollouts": 24, "text_repaired": 1, "quarantined_total": 0}))
+    add(jsonl_case("jsonl-correct-as-text-bool", "handled", lambda rows: [r.update(correct=str(r["correct"]).lower()) for r in rows],
+                   stats={"rollouts": 24, "quarantined_total": 0}))
     add(jsonl_case("jsonl-response-number", "handled", setrow(0, response=12), stats={"rollouts": 24}))
 
     def clip(rows):
@@ -321,6 +325,13 @@ def make_cases(real: list[dict], bundled_rollouts: Path) -> list[Case]:
     add(Case("jsonl-missing-mapped-column", "error",
              lambda r: src(r, "x.jsonl", '{"problem_id": "a", "response": "r", "ok": 1}\n', "--format", "jsonl"), 1,
              r"x\.jsonl: column 'correct' missing .*; pass --map correct="))
+    add(Case("map-unknown-column-typo", "error",
+             lambda r: src(r, "x.jsonl", good, "--format", "jsonl", "--map", "problem_idd=problem_id"), 2,
+             r"--map problem_idd=problem_id: 'problem_idd' is not a rollout column"))
+    add(Case("map-to-absent-column", "error",
+             lambda r: src(r, "x.jsonl", good, "--format", "jsonl", "--map", "problem_id=qid"), 1,
+             r"x\.jsonl: column 'qid' \(--map problem_id=qid\) missing"))
+    add(Case("not-a-regular-file", "error", lambda r: _ingest("/dev/zero", out=str(r / "out")), 2, r"/dev/zero: not a regular file"))
     add(Case("map-without-equals", "error", lambda r: src(r, "x.jsonl", good, "--format", "jsonl", "--map", "correct"), 2,
              r"--map"))
     for v in ("0", "-5", "x"):
@@ -369,6 +380,23 @@ def make_cases(real: list[dict], bundled_rollouts: Path) -> list[Case]:
         return ["ingest", str(root / "x.jsonl"), "--out", "."]
 
     add(Case("out-is-the-working-folder", "error", out_is_cwd, 2, r"--out \.: is the working folder", out="."))
+
+    # An output folder inside the input folder: its earlier shards (and stats.json) are not inputs again.
+    def out_inside_input(root: Path) -> list[str]:
+        write_jsonl(root / "logs" / "r.jsonl", records(real))
+        args = _ingest(str(root / "logs"), out=str(root / "logs" / "out"), extra=("--format", "auto"))
+        assert invoke(args).exit_code == 0
+        return args
+
+    add(Case("out-inside-input-folder", "handled", out_inside_input, 0, out="logs/out",
+             stats={"rollouts": n, "files": 1, "quarantined_total": 0}))
+
+    def reingest_output(root: Path) -> list[str]:
+        write_jsonl(root / "r.jsonl", records(real))
+        assert invoke(_ingest(str(root / "r.jsonl"), out=str(root / "first"))).exit_code == 0
+        return _ingest(str(root / "first"), out=str(root / "out"), extra=("--round", "5"))
+
+    add(Case("reingest-an-output-folder", "handled", reingest_output, 0, stats={"rollouts": n, "files": 1, "format": "canonical"}))
 
     # Hangs end: a symlink loop under a ** glob or a folder input.
     def loop(root: Path, as_glob: bool) -> list[str]:
