@@ -751,11 +751,11 @@ _EXPR_MAX_TOKENS = 64
 _EXPR_MAX_BITS = 4096
 _EXPR_MAX_EXPONENT = 64
 _EXPR_TOKEN = re.compile(
-    r"(?P<num>\d{1,3}(?:,\d{3})+(?:\.\d+)?(?![\d,])|\d+(?:\.\d+)?)(?P<pct>\s*%)?"
+    r"(?P<num>\d{1,3}(?:,\d{3})+(?:\.\d+)?(?![\d,])|\d+(?:\.\d+)?|\.\d+)(?P<pct>\s*%)?"
     r"|(?P<op>\*\*|[-+*/^()])|(?P<sqrt>sqrt)|(?P<root>root(?P<n>\d))|(?P<other>\S)"
 )
 # A run of arithmetic characters (numbers, operators, parentheses, sqrt/rootN, spaces).
-_ARITH_SPAN = re.compile(r"(?:sqrt|root\d|[\d(])(?:sqrt|root\d|[\d.,%+\-*/^()\s])*")
+_ARITH_SPAN = re.compile(r"(?:sqrt|root\d|[\d(]|\.(?=\d))(?:sqrt|root\d|[\d.,%+\-*/^()\s])*")
 _OP_WORDS = (
     (re.compile(r"(?<=\d)\s+(?:times|x|X|multiplied\s+by)\s+(?=\d)"), " * "),
     (re.compile(r"(?<=\d)\s+plus\s+(?=\d)"), " + "),
@@ -955,7 +955,7 @@ def _tokens(span: str) -> list[tuple[str, object]] | None:
     for m in _EXPR_TOKEN.finditer(span):
         if m.group("num") is not None:
             digits = m.group("num").replace(",", "")
-            v = Fraction(digits) if "." in digits else Fraction(int(digits))
+            v = Fraction("0" + digits if digits.startswith(".") else digits) if "." in digits else Fraction(int(digits))
             if m.group("pct"):
                 v /= 100
             cur.append(("num", v))
@@ -1023,9 +1023,10 @@ _BARE_VALUE = re.compile(
     r"[-+]?\s*(?:\\\$|\$|€|£)?\s*(?:\d[\d,]*(?:\.\d+)?|\.\d+)\s*(?:%|\\%)?"  # 66, $1,200, 12.5%, .5
     r"|[-+]?\s*\\[dt]?frac\s*\{[^{}]*\}\s*\{[^{}]*\}"  # \frac{1}{2}
     r"|[-+]?\s*\d+\s*/\s*\d+"  # 1/2
-    r"|[A-Za-z]\s*=\s*.+"  # x = 5
 )
+_VARIABLE_IS = re.compile(r"[A-Za-z]\s*=\s*(.+)")  # x = 5 (a value, not "x = the number of eggs")
 _PROSE_WORD = re.compile(r"(?<![\\A-Za-z])[A-Za-z]{3,}")
+_LATEX_NAMES = re.compile(r"\\(?:begin|end)\s*\{[A-Za-z*]*\}?|\\[A-Za-z]+")  # \begin{pmatrix}, \frac: not prose
 _LEADING_VALUE = re.compile(r"[-+]?\s*(?:\\\$|\$|€|£)?\s*(?:\d[\d,]*(?:\.\d+)?|\.\d+)\s*(?:%|\\%)?")
 
 
@@ -1046,7 +1047,7 @@ def answer_only(text: str) -> bool:
     body = _WRAPPERS.sub(" ", body).replace("}", " ").strip().rstrip(".!;,").strip()
     if not body:
         return bool(m)
-    words = _PROSE_WORD.findall(body)
+    words = _PROSE_WORD.findall(_LATEX_NAMES.sub(" ", body))
     if m and (len(body.split()) <= 4 or not words):
         return True  # "A: 66", "Answer: 12 apples": an answer line, not a direction
     spelled = number_words(body)
@@ -1058,6 +1059,9 @@ def answer_only(text: str) -> bool:
     if head and head.end() > 0 and len(body[head.end():].split()) <= 2:
         return True  # "66", "66 dollars", "$1,200 in total"
     if _BARE_VALUE.fullmatch(body):
+        return True
+    var = _VARIABLE_IS.fullmatch(body)
+    if var and not _PROSE_WORD.search(var.group(1)):
         return True
     return not words  # "2*9", "3^3 + 1": arithmetic with no prose at all
 

@@ -349,8 +349,13 @@ def read_verl(path: Path, round_: int, domain: str, stats: IngestStats, seen: Co
     return _table(_rows_of(path, stats, iter_jsonl(path, stats), make))
 
 
-def read_openrlhf(path: Path, round_: int | None, domain: str, stats: IngestStats) -> pa.Table:
-    """Our reward files' records; a torn last line (killed writer) is quarantined."""
+def read_openrlhf(path: Path, round_: int | None, domain: str, stats: IngestStats, seen: Counter | None = None) -> pa.Table:
+    """Our reward files' records; a torn last line (killed writer) is quarantined.
+
+    `seen` numbers samples per (problem, round) across all files of one ingest: the
+    trainer's processes each write their own file, and one problem's samples may be
+    spread over several of them.
+    """
 
     def make(lineno: int, rec: dict) -> dict:
         missing = [k for k in OPENRLHF_RECORD_FIELDS if k not in rec]
@@ -385,7 +390,7 @@ def read_openrlhf(path: Path, round_: int | None, domain: str, stats: IngestStat
 
     rows = _rows_of(path, stats, iter_jsonl(path, stats), make)
     rows.sort(key=lambda r: (r["problem_id"], r["round"], r["_order"]))
-    counter: Counter = Counter()
+    counter: Counter = Counter() if seen is None else seen
     for r in rows:
         key = (r["problem_id"], r["round"])
         r["sample_idx"] = counter[key]
@@ -648,6 +653,7 @@ def ingest(
     ids: set[str] = set()
     seen_keys: set[tuple[str, int, int]] = set()
     verl_counter: Counter = Counter()
+    openrlhf_counter: Counter = Counter()
     recovery = _Recovery(texts)
     with staged_output_dir(out_dir, "ingest", _owned) as staging:
         for i, path in enumerate(paths):
@@ -662,7 +668,7 @@ def ingest(
             elif kind == "verl":
                 table = read_verl(path, default_round, domain, stats, verl_counter)
             elif kind == "openrlhf":
-                table = read_openrlhf(path, round_, domain, stats)
+                table = read_openrlhf(path, round_, domain, stats, openrlhf_counter)
             else:
                 table = read_jsonl_mapped(path, default_round, domain, mapping or {}, stats)
             table = recovery.by_id(table)

@@ -136,6 +136,18 @@ def make_cases(real: list[dict], bundled_rollouts: Path) -> list[Case]:
 
     add(Case("openrlhf-torn-last-line", "quarantine", torn, 0, quarantined={"bad_json_line": 1}, stats={"rollouts": n}))
 
+    def two_processes(root: Path) -> list[str]:
+        # Each trainer process writes its own file; a problem's samples are spread over both.
+        rows = records(real)
+        for k, r in enumerate(rows):
+            r["pid"] = 100 + k % 2
+        write_jsonl(root / "logs" / "openrlhf-a.jsonl", rows[0::2])
+        write_jsonl(root / "logs" / "openrlhf-b.jsonl", rows[1::2])
+        return _ingest(str(root / "logs"), out=str(root / "out"), extra=("--format", "openrlhf"))
+
+    add(Case("openrlhf-problem-spread-over-process-files", "handled", two_processes, 0,
+             stats={"rollouts": n, "problems": 6, "quarantined_total": 0}))
+
     def bom(root: Path) -> list[str]:
         p = write_jsonl(root / "logs" / "r.jsonl", records(real))
         p.write_bytes(b"\xef\xbb\xbf" + p.read_bytes())

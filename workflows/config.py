@@ -19,7 +19,9 @@ from mentor.stages.mine import MineConfig
 from mentor.stages.rollout import RolloutConfig
 
 PACKAGED = Path(__file__).resolve().parent
-_SAFE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}")
+# One folder name: no path separator, no "..", no leading dot, dash or space, none of the
+# characters Windows refuses, no control characters; at most 100 characters.
+_SAFE_NAME = re.compile(r"[^./\\\s\-:*?\"<>|\x00-\x1f][^/\\:*?\"<>|\x00-\x1f]{0,99}")
 
 
 class _Strict(BaseModel):
@@ -119,10 +121,10 @@ class Workflow(_Strict):
     @classmethod
     def _safe_name(cls, v: str) -> str:
         # The run folder is runs/<name>: a name must stay one folder inside the runs folder.
-        if not _SAFE_NAME.fullmatch(v) or ".." in v:
+        if not _SAFE_NAME.fullmatch(v) or ".." in v or v != v.strip() or v.endswith("."):
             raise ValueError(
-                f"{v!r} is not a safe run name: use letters, digits, '.', '_' and '-' (no '/', '..', "
-                "absolute paths or leading dot; at most 100 characters), e.g. gsm8k-hints"
+                f"{v!r} is not a safe run name: one folder name (no '/', '\\', '..', absolute path, leading dot "
+                "or dash, control characters, or any of :*?\"<>|; at most 100 characters), e.g. gsm8k-hints"
             )
         return v
 
