@@ -118,6 +118,19 @@ def make_cases() -> list[Case]:
     add(Case("rebuild-in-place-fewer-shards", "handled", rebuild_fewer_shards, 0, stats={"shards": 1}, check=one_shard))
     PREPARE["rebuild-in-place-fewer-shards"] = with_notes
 
+    def stale_temps(r: Path) -> list[str]:
+        # What killed runs of older versions and of this one left: temporary files inside the
+        # folder, and a staged folder beside it (its process, pid 999999999, is long gone).
+        out = r / "out"
+        shutil.copytree(OLD["build"], out)
+        for i in range(7):
+            (out / f".part-0000{i}.parquet.k{i}x.tmp").write_bytes(b"half")
+        (r / ".out.build-999999999-abc123.tmp").mkdir()
+        (r / ".out.build-999999999-abc123.tmp" / "part-00000.parquet").write_bytes(b"half")
+        return _build(r)
+
+    add(Case("stale-temp-files-cleaned", "handled", stale_temps, 0, stats={"rows": 1319}))
+
     # ---------------------------------------------------------------- clear errors
     add(Case("base-missing-file", "error", lambda r: _build(r, base=str(r / "nope.parquet")), 2, r"nope\.parquet: no such file"))
     add(Case("base-unknown-name", "error", lambda r: _build(r, base="gsm9k"), 2, r"--base gsm9k: no such file, and not a bundled set"))

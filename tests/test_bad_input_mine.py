@@ -138,6 +138,15 @@ def make_cases() -> list[Case]:
 
     add(Case("out-is-a-file", "error", out_file, 2, r"--out"))
 
+    def stale_temps(r: Path) -> list[str]:
+        shutil.copytree(OLD["mine"], r / "out")
+        for i in range(7):
+            (r / "out" / f".collapsed.parquet.k{i}x.tmp").write_bytes(b"half")
+        (r / ".out.mine-999999999-abc123.tmp").mkdir()
+        return _mine(r, t)
+
+    add(Case("stale-temp-files-cleaned", "handled", stale_temps, 0, stats=base))
+
     def loop(r: Path) -> list[str]:
         (r / "in" / "a").mkdir(parents=True)
         t.write_parquet(r / "in" / "a" / "part-0.parquet")
@@ -148,6 +157,7 @@ def make_cases() -> list[Case]:
     return cases
 
 
+OLD: dict[str, Path] = {}
 CASES = make_cases()
 
 
@@ -158,6 +168,7 @@ def old_output(tmp_path_factory) -> Path:
     d = tmp_path_factory.mktemp("old")
     res = invoke(["mine", str(bundled("gsm8k_rollouts.parquet")), "--out", str(d / "out"), "--k-failed", "1"])
     assert res.exit_code == 0, res.output
+    OLD["mine"] = d / "out"
     return d / "out"
 
 

@@ -33,10 +33,13 @@ def _cli(args: list[str], env: dict | None = None, prelude: str = "") -> subproc
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
 
 
-def _run(args: list[str]) -> None:
+def _run(args: list[str]) -> float:
+    """Run to completion; returns the wall time."""
+    started = time.monotonic()
     p = _cli(args)
     _, err = p.communicate(timeout=300)
     assert p.returncode == 0, err.decode()
+    return time.monotonic() - started
 
 
 def _kill_run(args: list[str], how: tuple, prelude: str = "") -> int:
@@ -76,25 +79,26 @@ def _readers_see(out: Path, states: dict[str, tuple], cache: Path) -> str:
     return match[0]
 
 
-def _plan(seed: int, points: list[tuple], window: tuple[float, float]) -> list[tuple]:
-    """KILLS kill points: every commit step once, the rest random moments in `window` (seconds after start)."""
+def _plan(seed: int, points: list[tuple], full: float) -> list[tuple]:
+    """KILLS kill points: every commit step once, the rest random moments between 40% and 98% of
+    `full`, the time a whole run takes here (start-up included, so the later ones land in the work)."""
     rng = random.Random(seed)
     plan = [("fault", *p) for p in points]
     while len(plan) < KILLS:
-        plan.append(("timer", round(rng.uniform(*window), 3)))
+        plan.append(("timer", round(rng.uniform(0.4 * full, 0.98 * full), 3)))
     rng.shuffle(plan)
     return plan
 
 
-def _kill_loop(tmp: Path, out: Path, configs: dict[str, list[str]], points: list[tuple], window: tuple[float, float], seed: int):
-    states = {}
+def _kill_loop(tmp: Path, out: Path, configs: dict[str, list[str]], points: list[tuple], seed: int):
+    states, took = {}, []
     for name, args in configs.items():  # what readers get from each complete output
-        _run(args)
+        took.append(_run(args))
         states[name] = _read(out, tmp / "cache")
     assert states["old"][0] != states["new"][0]
     current = _readers_see(out, states, tmp / "cache")
     seen = []
-    for how in _plan(seed, points, window):
+    for how in _plan(seed, points, min(took)):
         target = "new" if current == "old" else "old"
         _kill_run(configs[target], how)
         current = _readers_see(out, states, tmp / "cache")
@@ -113,7 +117,7 @@ def test_build_rebuilt_in_place_and_killed(tmp_path):
         "new": ["build", "--base", "gsm8k", "--out", str(out), "--shard-rows", "150", "--seed", "2", "--instruction", "math="],
     }
     points = [("build.after_shards", 0), ("build.before_swap", 0), ("build.carried", 0), ("build.swapped", 0)]
-    seen = _kill_loop(tmp_path, out, configs, points, (0.3, 2.0), seed=17)
+    seen = _kill_loop(tmp_path, out, configs, points, seed=17)
     # The four commit steps were hit (a fault kill never completes its build).
     faults = [s for s in seen if s[0][0] == "fault"]
     assert {s[0][1] for s in faults} == {p[0] for p in points}
@@ -128,7 +132,7 @@ def test_mine_rerun_in_place_and_killed(tmp_path):
         "new": ["mine", str(ROLLOUTS), "--out", str(out), "--k-failed", "3"],
     }
     points = [("mine.after_collapsed", 0), ("mine.before_swap", 0), ("mine.carried", 0), ("mine.swapped", 0)]
-    seen = _kill_loop(tmp_path, out, configs, points, (0.3, 2.0), seed=18)
+    seen = _kill_loop(tmp_path, out, configs, points, seed=18)
     assert {s[0][1] for s in seen if s[0][0] == "fault"} == {p[0] for p in points}
 
 
