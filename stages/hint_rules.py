@@ -135,6 +135,8 @@ _NUMBER = re.compile(
     r"(\s*(?:\\?%|percent))?"
 )
 _HAS_DIGIT = re.compile(r"\d")
+_MAX_DIGITS = 1000  # longer digit runs are not numbers to compare (int() refuses past 4300 digits)
+_LONG_DIGITS = re.compile(r"\d{%d,}" % (_MAX_DIGITS + 1))
 
 
 @dataclass(frozen=True, slots=True)
@@ -148,6 +150,8 @@ def _parse_numbers(text: str) -> list[Num]:
     out: list[Num] = []
     if not _HAS_DIGIT.search(text):
         return out
+    if len(text) > _MAX_DIGITS:
+        text = _LONG_DIGITS.sub(" ", text)  # not numbers to compare, and int() refuses them
     # Digits inside a fraction or mixed number belong to that value, not to separate numbers
     # (the 3 of "1/3" is not the answer 3).
     taken: list[tuple[int, int]] = []
@@ -222,7 +226,7 @@ def _plain_number(text: str) -> Fraction | None:
         v = Fraction(int(m.group(2)), int(m.group(3)))
         return -v if m.group(1) else v
     m = re.fullmatch(r"-?(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?", t)
-    if m:
+    if m and len(t) <= _MAX_DIGITS:
         return Fraction(t.replace(",", ""))
     return None
 
@@ -955,6 +959,8 @@ def _tokens(span: str) -> list[tuple[str, object]] | None:
     for m in _EXPR_TOKEN.finditer(span):
         if m.group("num") is not None:
             digits = m.group("num").replace(",", "")
+            if len(digits) > _MAX_DIGITS:
+                return None
             v = Fraction("0" + digits if digits.startswith(".") else digits) if "." in digits else Fraction(int(digits))
             if m.group("pct"):
                 v /= 100

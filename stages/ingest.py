@@ -518,6 +518,8 @@ def read_canonical(path: Path, round_: int | None, stats: IngestStats) -> pa.Tab
 def _number(v) -> float | None:
     if isinstance(v, bool):
         return float(v)
+    if isinstance(v, int) and abs(v) > 2**1000:
+        return math.inf if v > 0 else -math.inf  # beyond float: out of range, never an OverflowError
     if isinstance(v, (int, float)):
         return float(v)
     if isinstance(v, str):

@@ -112,8 +112,10 @@ def make_cases(real: list[dict], bundled_rollouts: Path) -> list[Case]:
                       quarantined={"record_missing_fields": 1}))
     for cid, value, reason in [("correct-null", None, "correct_missing"), ("correct-text", "yes", "correct_missing"),
                                ("correct-nan", float("nan"), "correct_missing"), ("correct-1.5", 1.5, "correct_out_of_range"),
-                               ("correct-negative", -1, "correct_out_of_range"), ("correct-inf", float("inf"), "correct_out_of_range")]:
+                               ("correct-negative", -1, "correct_out_of_range"), ("correct-inf", float("inf"), "correct_out_of_range"),
+                               ("correct-10^400", 10**400, "correct_out_of_range")]:
         add(case_openrlhf(real, f"openrlhf-{cid}", "quarantine", set0("correct", value), quarantined={reason: 1}))
+    add(case_openrlhf(real, "openrlhf-reward-10^400", "handled", set0("reward", -(10**400)), stats={"rollouts": n}))
     add(case_openrlhf(real, "openrlhf-response-null", "quarantine", set0("response", None), quarantined={"response_missing": 1}))
     add(case_openrlhf(real, "openrlhf-domain-unknown", "quarantine", set0("domain", "physics"), quarantined={"domain_unknown": 1}))
     add(case_openrlhf(real, "openrlhf-domain-number", "quarantine", set0("domain", 5), quarantined={"domain_unknown": 1}))
@@ -463,3 +465,34 @@ def test_corpus_covers_the_issue_classes():
                    "openrlhf-no-problems-recovered", "problems-bundled-name"):
         assert needed in ids
     assert len(CASES) >= 80
+
+
+JSON_VALUES = [None, True, False, 0, 1, -1, 0.5, 2.0, 2**40, 2**70, -(2**70), 10**400, "", " ", "x", "0", "1.5", "true",
+               [], [1], {}, {"a": [1, {"b": None}]}, float("nan"), float("inf"), "\ud800"]
+
+
+@pytest.mark.parametrize("fmt", ["openrlhf", "jsonl", "verl"])
+@pytest.mark.parametrize("value", JSON_VALUES, ids=[repr(v)[:12] for v in JSON_VALUES])
+def test_any_json_value_in_any_field(fmt, value, real, tmp_path):
+    """Every field of every record set, one record each, to a value of another JSON type: no traceback,
+    and every record read is accounted for (kept or quarantined by reason)."""
+    if fmt == "openrlhf":
+        rows = records(real)
+    elif fmt == "jsonl":
+        rows = [dict(r, round=1, hint_id=None, domain="math", truncated=False, step=3) for r in mapped(real)]
+    else:
+        rows = [{"input": r["question"], "output": r[m]["solution"], "score": float(r[m]["is_correct"]), "acc": 1.0, "gts": "1", "step": 1}
+                for r in real for m in GSM8K_MODELS]
+    fields = sorted({k for r in rows for k in r})
+    for i, field in enumerate(fields):
+        rows[i % len(rows)][field] = value
+    write_jsonl(tmp_path / "logs" / "r.jsonl", rows)
+    res = invoke(["ingest", str(tmp_path / "logs"), "--format", fmt, "--out", str(tmp_path / "out")])
+    assert res.exception is None or isinstance(res.exception, SystemExit), (field, res.exception)
+    assert "Traceback" not in res.output
+    if res.exit_code == 0:
+        stats = json.loads((tmp_path / "out" / "stats.json").read_text())
+        assert stats["rows_read"] == len(rows) == stats["rollouts"] + stats["quarantined_total"], stats
+    else:
+        assert res.exit_code in (1, 2) and res.output.count("Error:") == 1, res.output
+        assert not (tmp_path / "out").exists()

@@ -167,3 +167,19 @@ def test_gsm8k_reference_steps_that_compute_the_answer_are_caught():
         caught += "answer_leak" in _v(f"Now compute {expr} to finish.", answer)
         passed += 1
     assert passed > 150 and caught == passed
+
+
+def test_garbage_hints_never_crash_the_rules():
+    """Model output can be anything: the rules return violations, never raise (long digit runs included,
+    which int() refuses past 4300 digits)."""
+    import random
+
+    odd = ["((((((", "^^^^", "\\sqrt{", "2^(", "1/0", "0^-1", "sqrt(-4)", "(-8)^(1/3)", "0/0", "2^-2000", "\\frac{1}{0}",
+           "\\sqrt[0]{4}", "9^9^9", "2 ÷ 0", "√81", "+" * 1000, "1" * 5000, "1." + "2" * 5000, "(" * 3000 + "1" + ")" * 3000,
+           "2^" * 500 + "2", "1/" + "3" * 5000, "\\frac{" + "1" * 5000 + "}{3}", "4 " + "1" * 5000 + "/3"]
+    rng = random.Random(0)
+    chars = "0123456789+-*/^()., x\\sqrtfrac{}[]%$"
+    odd += ["".join(rng.choice(chars) for _ in range(rng.randint(1, 40))) for _ in range(400)]
+    for text in odd:
+        for answer in ("18", "-18", r"\frac{1}{2}", "1" * 5000):
+            assert isinstance(check(text, "math", answer).violations, list)
