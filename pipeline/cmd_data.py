@@ -36,7 +36,7 @@ def parse_map(pairs: tuple[str, ...]) -> dict[str, str]:
 
 def cluster_options(f):
     f = click.option("--scheduler", metavar="ADDRESS", help="Run on an existing dask.distributed scheduler.")(f)
-    f = click.option("--workers", type=click.IntRange(min=1), help="Run on a dask LocalCluster with N worker processes.")(f)
+    f = click.option("--workers", type=click.IntRange(1, 4096), help="Run on a dask LocalCluster with N worker processes.")(f)
     return f
 
 
@@ -60,7 +60,7 @@ def cluster_map(workers: int | None, scheduler: str | None):
 @click.option("--map", "maps", multiple=True, metavar="CANONICAL=COLUMN", help="Column mapping for --format jsonl (repeatable).")
 @click.option("--problems", metavar="SPEC",
               help="Problems to fill the original problem text by problem_id: gsm8k | math500 | humaneval (bundled) or a problems Parquet file/folder.")
-@click.option("--max-response-bytes", type=click.IntRange(min=1), default=1 << 20, show_default=True,
+@click.option("--max-response-bytes", type=click.IntRange(1, 1 << 40), default=1 << 20, show_default=True,
               help="Longer responses are clipped (head and tail kept) and counted.")
 def ingest(sources, fmt, out_dir, round_, domain, maps, problems, max_response_bytes):
     """Convert rollout logs into canonical rollout Parquet shards."""
@@ -88,9 +88,9 @@ def ingest(sources, fmt, out_dir, round_, domain, maps, problems, max_response_b
 @click.option("--correct-col", default="correct", show_default=True, help="Raw correctness column (never a shaped reward).")
 @click.option("--threshold", type=FiniteFloatRange(0.0, 1.0, max_open=True), default=0.0, show_default=True,
               help="A rollout fails when correctness <= threshold.")
-@click.option("--min-rollouts", type=click.IntRange(min=1), default=2, show_default=True, help="Problems with fewer valid rollouts are not judged.")
-@click.option("--k-failed", type=click.IntRange(min=0), default=2, show_default=True, help="Failed responses kept per collapsed problem (deduplicated).")
-@click.option("--failed-budget", "failed_budget_chars", type=click.IntRange(min=64), default=2000, show_default=True,
+@click.option("--min-rollouts", type=click.IntRange(1, 2**31 - 1), default=2, show_default=True, help="Problems with fewer valid rollouts are not judged.")
+@click.option("--k-failed", type=click.IntRange(0, 10_000), default=2, show_default=True, help="Failed responses kept per collapsed problem (deduplicated).")
+@click.option("--failed-budget", "failed_budget_chars", type=click.IntRange(64, 2**31 - 1), default=2000, show_default=True,
               help="Characters kept per failed response (mostly its end).")
 @click.option("--history", multiple=True, metavar="PATH", help="Earlier rounds' collapsed.parquet / hints.parquet (fills streak, previous_hints).")
 @cluster_options

@@ -51,7 +51,7 @@ def _summary(run_dir: Path) -> None:
 @click.option("--from-stage", type=STAGE_CHOICE, help="Re-run this stage and every later one.")
 @click.option("--only", type=STAGE_CHOICE, help="Run only this stage (its inputs must be done).")
 @click.option("--force", is_flag=True, help="Re-run every stage even if done.")
-@click.option("--sample", type=click.IntRange(min=1), help="Hint only the first N collapsed problems (overrides hint.sample).")
+@click.option("--sample", type=click.IntRange(1, 2**31 - 1), help="Hint only the first N collapsed problems (overrides hint.sample).")
 @cluster_options
 def run(workflow, run_dir, rounds, from_stage, only, force, sample, workers, scheduler):
     """Run a round-by-round workflow (train -> ingest -> mine -> hint -> build); resumable."""
@@ -61,7 +61,7 @@ def run(workflow, run_dir, rounds, from_stage, only, force, sample, workers, sch
 
 @click.command()
 @click.option("--run-dir", type=click.Path(file_okay=False), default="runs/gsm8k-demo", show_default=True, help="Run directory.")
-@click.option("--sample", type=click.IntRange(min=1), help="Collapsed problems to hint (default: the workflow's, 4).")
+@click.option("--sample", type=click.IntRange(1, 2**31 - 1), help="Collapsed problems to hint (default: the workflow's, 4).")
 @click.option("--force", is_flag=True, help="Re-run every stage even if done.")
 def demo(run_dir, sample, force):
     """One round on the bundled real GSM8K rollouts with the embedded CPU model (= mentor run gsm8k-demo)."""

@@ -133,9 +133,9 @@ class BuildConfig(BaseModel):
         default_factory=lambda: list(HINT_STATUSES), description="Hint statuses to use; others are counted and skipped."
     )
     seed: int | None = Field(None, description="Shuffle the rows with this seed (default: keep the base set's order).")
-    shard_rows: int | None = Field(None, ge=1, description=f"Rows per shard (default {DEFAULT_SHARD_ROWS} when --shard-bytes is not set).")
+    shard_rows: int | None = Field(None, ge=1, le=2**31 - 1, description=f"Rows per shard (default {DEFAULT_SHARD_ROWS} when --shard-bytes is not set).")
     shard_bytes: int | None = Field(
-        None, ge=1024, description="Target uncompressed Arrow bytes per shard (files on disk are smaller: zstd)."
+        None, ge=1024, le=1 << 50, description="Target uncompressed Arrow bytes per shard (files on disk are smaller: zstd)."
     )
     strict: bool = Field(False, description="Turn counted warnings (unmatched hints, unusable base rows) into errors.")
 

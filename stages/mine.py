@@ -57,10 +57,10 @@ class MineConfig(BaseModel):
 
     correct_col: str = Field("correct", description="Column holding raw correctness in [0, 1]. Never a shaped reward.")
     threshold: float = Field(0.0, ge=0.0, lt=1.0, description="A rollout counts as failed when correctness <= threshold.")
-    min_rollouts: int = Field(2, ge=1, description="Problems with fewer valid rollouts are not judged.")
-    k_failed: int = Field(2, ge=0, description="Failed responses kept per collapsed problem (deduplicated).")
+    min_rollouts: int = Field(2, ge=1, le=2**31 - 1, description="Problems with fewer valid rollouts are not judged.")
+    k_failed: int = Field(2, ge=0, le=10_000, description="Failed responses kept per collapsed problem (deduplicated).")
     failed_budget_chars: int = Field(
-        2000, ge=64, description="Each kept failed response is cut to this many characters, keeping mostly its end."
+        2000, ge=64, le=2**31 - 1, description="Each kept failed response is cut to this many characters, keeping mostly its end."
     )
 
     @field_validator("correct_col")

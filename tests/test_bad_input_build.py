@@ -180,7 +180,8 @@ def make_cases() -> list[Case]:
 
     add(Case("strict-unmatched", "error", strict_unmatched, 1, r"p-nowhere.*--strict"))
     add(Case("hints-missing", "error", lambda r: _build(r, "--hints", str(r / "nope.parquet")), 2, r"nope\.parquet: no such file"))
-    for opt, v in [("--shard-rows", "0"), ("--shard-rows", "-3"), ("--shard-bytes", "10"), ("--round", "-1"), ("--round", str(2**40))]:
+    for opt, v in [("--shard-rows", "0"), ("--shard-rows", "-3"), ("--shard-bytes", "10"), ("--round", "-1"), ("--round", str(2**40)),
+                   ("--shard-rows", str(2**70)), ("--shard-bytes", str(2**70)), ("--shard-rows", "1.5")]:
         add(Case(f"option{opt}={v}", "error", lambda r, o=opt, v=v: _build(r, o, v), 2, opt))
     add(Case("shard-rows-and-bytes", "error", lambda r: _build(r, "--shard-rows", "10", "--shard-bytes", "2048"), 2,
              r"--shard-rows or --shard-bytes"))

@@ -76,7 +76,8 @@ def hint_cases() -> list[Case]:
              _hint(r, c, "--config", str(r / "h.yaml")), 2, r"h\.yaml: not UTF-8"),
     ]
     for opt, v in [("--sample", "0"), ("--shard-size", "0"), ("--gpu-memory-utilization", "1.5"), ("--gpu-memory-utilization", "0"),
-                   ("--gpu-memory-utilization", "nan"), ("--tensor-parallel-size", "0"), ("--max-model-len", "0"), ("--workers", "0")]:
+                   ("--gpu-memory-utilization", "nan"), ("--tensor-parallel-size", "0"), ("--max-model-len", "0"), ("--workers", "0"),
+                   ("--sample", str(2**70)), ("--seed", "-1"), ("--seed", str(2**70))]:
         cases.append(Case(f"hint-option{opt}={v}", "error", lambda r, o=opt, v=v: _hint(r, c, o, v), 2, opt))
     return cases
 

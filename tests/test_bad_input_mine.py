@@ -123,7 +123,8 @@ def make_cases() -> list[Case]:
 
     add(Case("int-problem-id", "error", int_ids, 1, r"column 'problem_id' has type int64, expected string"))
     for opt, v in [("--threshold", "1.5"), ("--threshold", "-0.1"), ("--threshold", "nan"), ("--threshold", "1"),
-                   ("--min-rollouts", "0"), ("--k-failed", "-1"), ("--failed-budget", "10"), ("--workers", "0")]:
+                   ("--min-rollouts", "0"), ("--k-failed", "-1"), ("--failed-budget", "10"), ("--workers", "0"),
+                   ("--k-failed", str(2**70)), ("--min-rollouts", str(2**40)), ("--failed-budget", "1e3")]:
         add(Case(f"option{opt}={v}", "error", lambda r, o=opt, v=v: _mine(r, t, o, v), 2, opt))
 
     def bad_history(r: Path) -> list[str]:

@@ -158,7 +158,7 @@ class Runner:
         path = self.rd.path / "base" / "problems.parquet"
         marker = self.rd.path / "base" / "_source.json"
         want = {"base": self.wf.base, "map": self.wf.base_map, "domain": self.wf.domain}
-        if not (path.exists() and marker.exists() and read_json(marker) == want):
+        if not (path.exists() and marker.exists() and _read_or_none(marker) == want):
             from mentor.stages.build import BuildConfig, BuildStats, validate_base
 
             base = load_base(self.wf.base, self.wf.base_map, self.wf.domain)
@@ -353,6 +353,14 @@ class Runner:
         )
         stats = build(cfg, sd.path)
         return {"rows": stats.rows, "hinted": stats.hinted_rows}
+
+
+def _read_or_none(path: Path) -> Any:
+    """A bookkeeping JSON file, or None when it no longer parses (it is then simply re-made)."""
+    try:
+        return read_json(path)
+    except ValueError:
+        return None
 
 
 # ---------------------------------------------------------------------- status
