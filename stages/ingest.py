@@ -179,10 +179,11 @@ def _check_file(path: Path) -> None:
 def sniff_format(path: Path) -> str:
     """Guess the format of one source file from its columns."""
     if path.suffix == ".parquet":
-        names = set(read_parquet_schema(path).names)
-        if not check_schema(read_parquet_schema(path), "rollouts"):
+        schema = read_parquet_schema(path)
+        if not check_schema(schema, "rollouts"):
             return "canonical"
-        return _sniff_keys(names, path)
+        _sniff_keys(set(schema.names), path)  # a clear error when nothing fits
+        return "jsonl"  # a Parquet log of another layout: the mapped reader (verl/openrlhf/gsm8k logs are JSONL)
     _check_file(path)
     for _, rec, _problem in iter_jsonl(path):
         if rec is not None:
@@ -663,6 +664,9 @@ def ingest(
             stats.files += 1
             if kind != "canonical":
                 _check_file(path)
+            if kind in ("verl", "openrlhf", "gsm8k-example") and path.suffix == ".parquet":
+                raise DataError(f"{path}: a Parquet file, but --format {kind} logs are JSONL; "
+                                "pass --format jsonl with --map canonical=column (e.g. --map prompt=input --map response=output)")
             if kind == "canonical":
                 table = read_canonical(path, round_, stats)
             elif kind == "gsm8k-example":

@@ -335,6 +335,17 @@ def make_cases(real: list[dict], bundled_rollouts: Path) -> list[Case]:
         return _ingest(str(root / "t.parquet"), out=str(root / "out"), extra=("--format", "canonical"))
 
     add(Case("canonical-missing-column", "error", missing_col, 1, r"column 'response' missing"))
+    def verl_parquet(root: Path, *extra: str) -> list[str]:
+        rows = [{"input": r["question"], "output": r[m]["solution"], "score": float(r[m]["is_correct"])} for r in real for m in GSM8K_MODELS]
+        pl.DataFrame(rows).write_parquet(root / "dump.parquet")
+        return _ingest(str(root / "dump.parquet"), out=str(root / "out"), extra=extra)
+
+    add(Case("parquet-of-another-layout", "error", verl_parquet, 1, r"dump\.parquet: column 'response', 'correct'.*--map response="))
+    add(Case("parquet-given-as-verl", "error", lambda r: verl_parquet(r, "--format", "verl"), 1,
+             r"dump\.parquet: a Parquet file, but --format verl logs are JSONL"))
+    add(Case("parquet-mapped", "handled",
+             lambda r: verl_parquet(r, "--map", "prompt=input", "--map", "response=output", "--map", "correct=score"), 0,
+             stats={"rollouts": n, "problems": 6, "problem_missing": 0}))
     add(Case("unknown-layout", "error", lambda r: src(r, "x.jsonl", '{"foo": 1}\n'), 2, r"--format jsonl with --map"))
     add(Case("jsonl-missing-mapped-column", "error",
              lambda r: src(r, "x.jsonl", '{"problem_id": "a", "response": "r", "ok": 1}\n', "--format", "jsonl"), 1,
