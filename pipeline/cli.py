@@ -52,7 +52,7 @@ class LazyGroup(click.Group):
             raise _one_line(ctx, exc, str(exc), exc.exit_code) from exc
         except OSError as exc:
             # A disk or permission problem (out of space, read-only folder, ...): the user's to fix.
-            from mentor.pipeline.io import disk_error
+            from mentor.pipeline.outdir import disk_error
 
             where = exc.filename or self._output_of(ctx, args) or "writing the outputs"
             raise _one_line(ctx, exc, str(disk_error(exc, where)), 1) from exc

@@ -62,17 +62,16 @@ from mentor.pipeline.io import (
     PARQUET_COMPRESSION,
     atomic_path,
     check_dataset_files,
-    check_output_dir,
     commit_file,
     jsonl_problem,
     read_parquet_schema,
     resolve_inputs,
     sha256_file,
-    staged_output_dir,
     temp_path_beside,
     write_json_atomic,
     write_manifest,
 )
+from mentor.pipeline.outdir import check_output_dir, staged_output_dir
 from mentor.pipeline.schemas import DOMAINS, HINT_STATUSES, PROMPTS, SCHEMA_VERSION, check_schema, prompt_label, schema_metadata
 
 log = logging.getLogger(__name__)

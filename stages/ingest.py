@@ -28,19 +28,17 @@ from pathlib import Path
 
 import polars as pl
 import pyarrow as pa
-import pyarrow.parquet as pq
 
 from mentor.pipeline.errors import ConfigError, DataError
 from mentor.pipeline.ids import text_id
 from mentor.pipeline.io import (
-    check_output_dir,
     outside_output,
     read_parquet_schema,
     resolve_inputs,
-    staged_output_dir,
     write_json_atomic,
     write_parquet_atomic,
 )
+from mentor.pipeline.outdir import check_output_dir, staged_output_dir
 from mentor.pipeline.schemas import (
     DOMAINS,
     OPENRLHF_RECORD_FIELDS,

@@ -624,7 +624,8 @@ def mine_to_dir(
 ) -> MineStats:
     """Mine and stream ``collapsed.parquet`` to disk (written atomically), then ``stats.json``."""
     from mentor.pipeline.faults import fault_point
-    from mentor.pipeline.io import check_output_dir, outside_output, parquet_writer_atomic, staged_output_dir, write_json_atomic
+    from mentor.pipeline.io import outside_output, parquet_writer_atomic, write_json_atomic
+    from mentor.pipeline.outdir import check_output_dir, staged_output_dir
 
     check_output_dir(Path(out_dir))
     sources = [str(f) for f in outside_output(resolve_inputs(sources), sources, out_dir)]

@@ -136,7 +136,7 @@ def test_mine_rerun_in_place_and_killed(tmp_path):
     assert {s[0][1] for s in seen if s[0][0] == "fault"} == {p[0] for p in points}
 
 
-FALLBACK = "import mentor.pipeline.io as _io; _io._exchange = lambda a, b: False\n"
+FALLBACK = "import mentor.pipeline.outdir as _o; _o._exchange = lambda a, b: False\n"
 
 
 def test_two_rename_swap_killed_between_renames_is_repaired(tmp_path):
