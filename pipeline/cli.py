@@ -10,6 +10,7 @@ from __future__ import annotations
 import importlib
 import logging
 import sys
+import traceback
 
 import click
 
@@ -44,18 +45,48 @@ class LazyGroup(click.Group):
         return getattr(importlib.import_module(module), attr)
 
     def invoke(self, ctx: click.Context):
+        args = [*ctx._protected_args, *ctx.args]  # the subcommand's, to name its output folder in disk errors
         try:
             return super().invoke(ctx)
         except MentorError as exc:
-            err = click.ClickException(str(exc))
-            err.exit_code = exc.exit_code
-            raise err from exc
+            raise _one_line(ctx, exc, str(exc), exc.exit_code) from exc
+        except OSError as exc:
+            # A disk or permission problem (out of space, read-only folder, ...): the user's to fix.
+            from mentor.pipeline.outdir import disk_error
+
+            where = exc.filename or self._output_of(ctx, args) or "writing the outputs"
+            raise _one_line(ctx, exc, str(disk_error(exc, where)), 1) from exc
+        except RecursionError as exc:
+            raise _one_line(ctx, exc, "the input is nested too deeply to read (RecursionError); "
+                            "flatten the nested values (JSON/YAML deeper than a few hundred levels)", 1) from exc
+        except MemoryError as exc:
+            raise _one_line(ctx, exc, "out of memory; process the input in smaller parts "
+                            "(fewer or smaller files, or --workers on a cluster)", 1) from exc
+
+    def _output_of(self, ctx: click.Context, args: list[str]) -> str | None:
+        """The output folder the failed command was given (--out / --run-dir), if any."""
+        try:
+            name, cmd, rest = self.resolve_command(ctx, list(args))
+            sub = cmd.make_context(name, rest, parent=ctx, resilient_parsing=True)
+        except Exception:  # only a better message is at stake
+            return None
+        value = sub.params.get("out_dir") or sub.params.get("run_dir")
+        return str(value) if value else None
 
     def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
         # One line per command without importing any of them.
         rows = [(name, COMMANDS[name][2]) for name in self.list_commands(ctx)]
         with formatter.section("Commands"):
             formatter.write_dl(rows)
+
+
+def _one_line(ctx: click.Context, exc: BaseException, message: str, exit_code: int) -> click.ClickException:
+    """The click error for `exc`: one line (the first of `message`); with `mentor -v`, the traceback first."""
+    if ctx.params.get("verbose"):
+        traceback.print_exception(exc, file=sys.stderr)
+    err = click.ClickException(message)
+    err.exit_code = exit_code
+    return err
 
 
 @click.group(cls=LazyGroup, context_settings={"help_option_names": ["-h", "--help"]})

@@ -42,9 +42,10 @@ def _instructions(pairs: tuple[str, ...]) -> dict[str, str] | None:
 @click.option("--out", "out_dir", required=True, type=click.Path(file_okay=False), help="Shard folder: part-NNNNN.parquet, manifest.json, stats.json, README.md.")
 @click.option("--mode", default="prefix", show_default=True, type=click.Choice(["prefix", "both"]),
               help="prefix: hinted problems get only the hinted prompt; both: the unhinted prompt is kept beside it.")
-@click.option("--round", "round_", type=int, help="Round the prompts are for. Default: latest hint round + 1 (0 without hints).")
-@click.option("--shard-rows", type=int, help="Rows per shard (default 100000).")
-@click.option("--shard-bytes", type=int, help="Target uncompressed bytes per shard (instead of --shard-rows).")
+@click.option("--round", "round_", type=click.IntRange(0, 2**31 - 2),
+              help="Round the prompts are for. Default: latest hint round + 1 (0 without hints).")
+@click.option("--shard-rows", type=click.IntRange(1, 2**31 - 1), help="Rows per shard (default 100000).")
+@click.option("--shard-bytes", type=click.IntRange(1024, 1 << 50), help="Target uncompressed bytes per shard (instead of --shard-rows).")
 @click.option("--template", "template_file", type=click.Path(exists=True, dir_okay=False),
               help="File with the hinted user message; placeholders {hint}, {problem}, optional {instruction}.")
 @click.option("--plain-template", "plain_template_file", type=click.Path(exists=True, dir_okay=False),

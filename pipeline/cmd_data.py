@@ -3,11 +3,24 @@
 from __future__ import annotations
 
 import json
+import logging
 from contextlib import nullcontext
 
 import click
 
 from mentor.pipeline.errors import ConfigError
+
+
+class FiniteFloatRange(click.FloatRange):
+    """click.FloatRange that also rejects nan and inf (nan passes every comparison)."""
+
+    def convert(self, value, param, ctx):
+        import math
+
+        rv = super().convert(value, param, ctx)
+        if not math.isfinite(rv):
+            self.fail(f"{value!r} is not a finite number.", param, ctx)
+        return rv
 
 
 def parse_map(pairs: tuple[str, ...]) -> dict[str, str]:
@@ -23,7 +36,7 @@ def parse_map(pairs: tuple[str, ...]) -> dict[str, str]:
 
 def cluster_options(f):
     f = click.option("--scheduler", metavar="ADDRESS", help="Run on an existing dask.distributed scheduler.")(f)
-    f = click.option("--workers", type=int, help="Run on a dask LocalCluster with N worker processes.")(f)
+    f = click.option("--workers", type=click.IntRange(1, 4096), help="Run on a dask LocalCluster with N worker processes.")(f)
     return f
 
 
@@ -42,19 +55,30 @@ def cluster_map(workers: int | None, scheduler: str | None):
               type=click.Choice(["auto", "canonical", "verl", "openrlhf", "gsm8k-example", "jsonl"]),
               help="Input format; auto sniffs it from the columns and says which it chose.")
 @click.option("--out", "out_dir", required=True, type=click.Path(file_okay=False), help="Output directory for canonical rollout shards.")
-@click.option("--round", "round_", type=int, help="Round number to stamp on the rollouts (default: from the log, else 0).")
+@click.option("--round", "round_", type=click.IntRange(0, 2**31 - 1), help="Round number to stamp on the rollouts (default: from the log, else 0).")
 @click.option("--domain", default="math", show_default=True, type=click.Choice(["math", "code"]), help="Domain when the log does not say.")
 @click.option("--map", "maps", multiple=True, metavar="CANONICAL=COLUMN", help="Column mapping for --format jsonl (repeatable).")
-@click.option("--problems", type=click.Path(exists=True), help="A problems dataset to fill the original problem text by problem_id.")
-@click.option("--max-response-bytes", type=int, default=1 << 20, show_default=True, help="Longer responses are clipped (head and tail kept) and counted.")
+@click.option("--problems", metavar="SPEC",
+              help="Problems to fill the original problem text by problem_id: gsm8k | math500 | humaneval (bundled) or a problems Parquet file/folder.")
+@click.option("--max-response-bytes", type=click.IntRange(1, 1 << 40), default=1 << 20, show_default=True,
+              help="Longer responses are clipped (head and tail kept) and counted.")
 def ingest(sources, fmt, out_dir, round_, domain, maps, problems, max_response_bytes):
     """Convert rollout logs into canonical rollout Parquet shards."""
     from mentor.stages.ingest import ingest as run_ingest
 
-    stats = run_ingest(list(sources), out_dir, fmt=fmt, round_=round_, domain=domain,
-                       mapping=parse_map(maps), problems=problems, max_response_bytes=max_response_bytes)
+    # The stage logs its warnings for library callers; the command prints them itself, once.
+    stage_log = logging.getLogger("mentor.stages.ingest")
+    level = stage_log.level
+    stage_log.setLevel(max(level, logging.ERROR))
+    try:
+        stats = run_ingest(list(sources), out_dir, fmt=fmt, round_=round_, domain=domain,
+                           mapping=parse_map(maps), problems=problems, max_response_bytes=max_response_bytes)
+    finally:
+        stage_log.setLevel(level)
     if fmt == "auto":
         click.echo(f"format: {stats.format} (auto-detected)", err=True)
+    for w in stats.warnings:
+        click.echo(f"warning: {w}", err=True)
     click.echo(json.dumps(stats.as_dict(), sort_keys=True))
 
 
@@ -62,10 +86,12 @@ def ingest(sources, fmt, out_dir, round_, domain, maps, problems, max_response_b
 @click.argument("rollouts", nargs=-1, required=True)
 @click.option("--out", "out_dir", required=True, type=click.Path(file_okay=False), help="Writes DIR/collapsed.parquet and DIR/stats.json.")
 @click.option("--correct-col", default="correct", show_default=True, help="Raw correctness column (never a shaped reward).")
-@click.option("--threshold", type=float, default=0.0, show_default=True, help="A rollout fails when correctness <= threshold.")
-@click.option("--min-rollouts", type=int, default=2, show_default=True, help="Problems with fewer valid rollouts are not judged.")
-@click.option("--k-failed", type=int, default=2, show_default=True, help="Failed responses kept per collapsed problem (deduplicated).")
-@click.option("--failed-budget", "failed_budget_chars", type=int, default=2000, show_default=True, help="Characters kept per failed response (mostly its end).")
+@click.option("--threshold", type=FiniteFloatRange(0.0, 1.0, max_open=True), default=0.0, show_default=True,
+              help="A rollout fails when correctness <= threshold.")
+@click.option("--min-rollouts", type=click.IntRange(1, 2**31 - 1), default=2, show_default=True, help="Problems with fewer valid rollouts are not judged.")
+@click.option("--k-failed", type=click.IntRange(0, 10_000), default=2, show_default=True, help="Failed responses kept per collapsed problem (deduplicated).")
+@click.option("--failed-budget", "failed_budget_chars", type=click.IntRange(64, 2**31 - 1), default=2000, show_default=True,
+              help="Characters kept per failed response (mostly its end).")
 @click.option("--history", multiple=True, metavar="PATH", help="Earlier rounds' collapsed.parquet / hints.parquet (fills streak, previous_hints).")
 @cluster_options
 def mine(rollouts, out_dir, correct_col, threshold, min_rollouts, k_failed, failed_budget_chars, history, workers, scheduler):

@@ -8,7 +8,7 @@ import sys
 
 import click
 
-from mentor.pipeline.cmd_data import cluster_options
+from mentor.pipeline.cmd_data import FiniteFloatRange, cluster_options
 from mentor.pipeline.errors import ConfigError
 from mentor.pipeline.vllm_backend import installed  # a metadata lookup; vllm itself is imported lazily
 
@@ -19,13 +19,13 @@ from mentor.pipeline.vllm_backend import installed  # a metadata lookup; vllm it
 @click.option("--backend", default="vllm", show_default=True, type=click.Choice(["vllm", "fake"]), help="vllm: the real engine; fake: canned answers (tests, demos of the plumbing).")
 @click.option("--model", help="Model path or Hugging Face name for vLLM (default: the embedded SmolLM2-135M demo model).")
 @click.option("--config", "config_path", type=click.Path(dir_okay=False), help="hint.yaml with HintConfig fields (top level or under `hint:`).")
-@click.option("--sample", type=int, help="Hint only the first N collapsed problems (problem_id order), for demos.")
-@click.option("--seed", type=int, help="Base seed of the sampling (overrides the config).")
+@click.option("--sample", type=click.IntRange(1, 2**31 - 1), help="Hint only the first N collapsed problems (problem_id order), for demos.")
+@click.option("--seed", type=click.IntRange(0, 2**63 - 1), help="Base seed of the sampling (overrides the config).")
 @click.option("--templates", "templates_dir", type=click.Path(file_okay=False), help="Directory of prompt templates overriding the bundled ones (<name>.txt).")
-@click.option("--shard-size", type=int, help="Problems per shard (overrides the config).")
-@click.option("--tensor-parallel-size", type=int, help="vLLM: GPUs per engine.")
-@click.option("--gpu-memory-utilization", type=float, help="vLLM: share of GPU memory the engine may use.")
-@click.option("--max-model-len", type=int, help="vLLM: context length (default: the model's).")
+@click.option("--shard-size", type=click.IntRange(1, 2**31 - 1), help="Problems per shard (overrides the config).")
+@click.option("--tensor-parallel-size", type=click.IntRange(1, 1024), help="vLLM: GPUs per engine.")
+@click.option("--gpu-memory-utilization", type=FiniteFloatRange(0.0, 1.0, min_open=True), help="vLLM: share of GPU memory the engine may use.")
+@click.option("--max-model-len", type=click.IntRange(16, 1 << 24), help="vLLM: context length (default: the model's).")
 @click.option("--dtype", help="vLLM: weights dtype (auto, bfloat16, float16, float32).")
 @click.option("--enforce-eager/--no-enforce-eager", default=None, help="vLLM: skip graph capture / compile (default on CPU: on).")
 @click.option("--progress/--no-progress", default=True, show_default=True, help="Show a progress bar.")
@@ -69,8 +69,8 @@ def hint(collapsed, out_dir, backend, model, config_path, sample, seed, template
 @click.option("--problem", default="", help="The problem text (enables the restatement check).")
 @click.option("--entry-point", help="Code: the function a hint must not define.")
 @click.option("--previous", multiple=True, help="An earlier round's hint (repeatable): identical hints are rejected.")
-@click.option("--max-chars", type=int, default=400, show_default=True, help="Longest acceptable hint.")
-@click.option("--max-sentences", type=int, default=4, show_default=True, help="Most sentences in a hint.")
+@click.option("--max-chars", type=click.IntRange(1, 2**31 - 1), default=400, show_default=True, help="Longest acceptable hint.")
+@click.option("--max-sentences", type=click.IntRange(1, 2**31 - 1), default=4, show_default=True, help="Most sentences in a hint.")
 def check_hint(hint_text, domain, answer, problem, entry_point, previous, max_chars, max_sentences):
     """Run the hint rules alone; print {"ok", "violations"}; exit 0 when ok, 1 when not."""
     from mentor.stages.hint_rules import RuleLimits, check

@@ -47,11 +47,11 @@ def _summary(run_dir: Path) -> None:
 @click.command()
 @click.argument("workflow")
 @click.option("--run-dir", type=click.Path(file_okay=False), help="Run directory (default runs/<name>).")
-@click.option("--rounds", type=int, help="Number of rounds to run (default: the workflow's).")
+@click.option("--rounds", type=click.IntRange(1, 10_000), help="Number of rounds to run (default: the workflow's).")
 @click.option("--from-stage", type=STAGE_CHOICE, help="Re-run this stage and every later one.")
 @click.option("--only", type=STAGE_CHOICE, help="Run only this stage (its inputs must be done).")
 @click.option("--force", is_flag=True, help="Re-run every stage even if done.")
-@click.option("--sample", type=int, help="Hint only the first N collapsed problems (overrides hint.sample).")
+@click.option("--sample", type=click.IntRange(1, 2**31 - 1), help="Hint only the first N collapsed problems (overrides hint.sample).")
 @cluster_options
 def run(workflow, run_dir, rounds, from_stage, only, force, sample, workers, scheduler):
     """Run a round-by-round workflow (train -> ingest -> mine -> hint -> build); resumable."""
@@ -61,7 +61,7 @@ def run(workflow, run_dir, rounds, from_stage, only, force, sample, workers, sch
 
 @click.command()
 @click.option("--run-dir", type=click.Path(file_okay=False), default="runs/gsm8k-demo", show_default=True, help="Run directory.")
-@click.option("--sample", type=int, help="Collapsed problems to hint (default: the workflow's, 4).")
+@click.option("--sample", type=click.IntRange(1, 2**31 - 1), help="Collapsed problems to hint (default: the workflow's, 4).")
 @click.option("--force", is_flag=True, help="Re-run every stage even if done.")
 def demo(run_dir, sample, force):
     """One round on the bundled real GSM8K rollouts with the embedded CPU model (= mentor run gsm8k-demo)."""

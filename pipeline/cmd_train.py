@@ -22,11 +22,14 @@ def train(config_path, dry_run, check):
     cmd = build_command(cfg)
     if check:
         try:
-            check_with_openrlhf(cmd)
+            _, notes = check_with_openrlhf(cmd)
         except ConfigError as exc:
             if "not installed" not in str(exc):
                 raise
             click.echo(f"note: {exc}; the command was not checked", err=True)
+        else:
+            for note in notes:  # OpenRLHF's own warnings about the flags ("[Warning] ...")
+                click.echo(f"openrlhf: {note}", err=True)
     if dry_run:
         click.echo(dry_run_text(cfg))
         return

@@ -38,3 +38,10 @@ class EngineError(MentorError):
     """
 
     exit_code = 1
+
+
+class CorruptFileError(DataError, ValueError):
+    """A file mentor wrote (a marker, stats.json, ...) that no longer parses: edited or cut short.
+
+    Also a ValueError, so code that treats an unreadable bookkeeping file as absent keeps doing so.
+    """

@@ -118,7 +118,12 @@ class StageDir:
 
     def last_error(self) -> str | None:
         f = self.path / "_failed.json"
-        return read_json(f).get("error") if f.exists() else None
+        if not f.exists():
+            return None
+        try:
+            return read_json(f).get("error")
+        except (OSError, ValueError, AttributeError):  # cut short by a kill or edited: still a failure
+            return f"{f}: unreadable (the stage failed; its error message was lost)"
 
     def stats(self) -> dict[str, Any]:
         f = self.path / "stats.json"

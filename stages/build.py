@@ -41,6 +41,7 @@ from __future__ import annotations
 
 import base64
 import hashlib
+import io
 import logging
 import os
 import re
@@ -62,6 +63,7 @@ from mentor.pipeline.io import (
     atomic_path,
     check_dataset_files,
     commit_file,
+    jsonl_problem,
     read_parquet_schema,
     resolve_inputs,
     sha256_file,
@@ -69,19 +71,18 @@ from mentor.pipeline.io import (
     write_json_atomic,
     write_manifest,
 )
+from mentor.data import BUNDLED_SETS as BUNDLED
+from mentor.pipeline.outdir import check_output_dir, staged_output_dir
+from mentor.pipeline.prompts import HINT_TEMPLATE, INSTRUCTIONS
 from mentor.pipeline.schemas import DOMAINS, HINT_STATUSES, PROMPTS, SCHEMA_VERSION, check_schema, prompt_label, schema_metadata
 
 log = logging.getLogger(__name__)
 
-BUNDLED = {"gsm8k": "gsm8k_problems.parquet", "math500": "math500_problems.parquet", "humaneval": "humaneval_problems.parquet"}
 PROBLEM_COLUMNS = ("problem_id", "domain", "problem", "label", "data_source")
 REQUIRED_PROBLEM_COLUMNS = ("problem", "label")
-DEFAULT_TEMPLATE = "Hint: {hint}\n\n{problem}"
+DEFAULT_TEMPLATE = HINT_TEMPLATE
 DEFAULT_PLAIN_TEMPLATE = "{problem}"
-DEFAULT_INSTRUCTIONS = {
-    "math": "Please reason step by step, and put your final answer within \\boxed{}.",
-    "code": "Write the complete solution in Python inside one ```python code block.",
-}
+DEFAULT_INSTRUCTIONS = INSTRUCTIONS
 DEFAULT_SHARD_ROWS = 100_000
 PLACEHOLDERS = ("hint", "problem", "instruction")
 _PLACEHOLDER_RE = re.compile(r"\{(hint|problem|instruction)\}")
@@ -111,7 +112,7 @@ class BuildConfig(BaseModel):
         "prefix", description="prefix: a hinted problem gets only its hinted prompt; both: its unhinted prompt is kept beside it."
     )
     round: int | None = Field(
-        None, ge=0, description="Round the prompts are for (label/extra_info). Default: latest hint round + 1, or 0 without hints."
+        None, ge=0, le=2**31 - 2, description="Round the prompts are for (label/extra_info). Default: latest hint round + 1, or 0 without hints."
     )
     template: str = Field(
         DEFAULT_TEMPLATE, description="User message of a hinted problem; placeholders {hint}, {problem}, optional {instruction}."
@@ -129,9 +130,9 @@ class BuildConfig(BaseModel):
         default_factory=lambda: list(HINT_STATUSES), description="Hint statuses to use; others are counted and skipped."
     )
     seed: int | None = Field(None, description="Shuffle the rows with this seed (default: keep the base set's order).")
-    shard_rows: int | None = Field(None, ge=1, description=f"Rows per shard (default {DEFAULT_SHARD_ROWS} when --shard-bytes is not set).")
+    shard_rows: int | None = Field(None, ge=1, le=2**31 - 1, description=f"Rows per shard (default {DEFAULT_SHARD_ROWS} when --shard-bytes is not set).")
     shard_bytes: int | None = Field(
-        None, ge=1024, description="Target uncompressed Arrow bytes per shard (files on disk are smaller: zstd)."
+        None, ge=1024, le=1 << 50, description="Target uncompressed Arrow bytes per shard (files on disk are smaller: zstd)."
     )
     strict: bool = Field(False, description="Turn counted warnings (unmatched hints, unusable base rows) into errors.")
 
@@ -289,9 +290,12 @@ def _from_jsonl(path: Path, mapping: dict[str, str], domain: str) -> pl.DataFram
     if path.stat().st_size == 0:
         raise DataError(f"{path}: the file is empty (0 bytes); re-create it or pass another --base")
     try:
-        frame = pl.read_ndjson(path, infer_schema_length=None)
-    except Exception as exc:  # polars raises ComputeError for bad JSON / non-UTF-8 bytes
-        raise DataError(f"{path}: not readable as JSONL ({str(exc).splitlines()[0]}); fix the file or convert it to Parquet") from exc
+        with open(path, "rb") as fh:
+            bom = fh.read(3) == b"\xef\xbb\xbf"  # a UTF-8 byte order mark, which polars does not skip
+        frame = pl.read_ndjson(io.BytesIO(path.read_bytes()[3:]) if bom else path, infer_schema_length=None)
+    except Exception as exc:  # polars raises ComputeError for bad JSON / non-UTF-8 bytes / deep nesting
+        where = jsonl_problem(path) or f"{path}: not readable as JSONL ({str(exc).splitlines()[0]})"
+        raise DataError(f"{where}; fix the file or convert it to Parquet") from exc
     return _apply_mapping(frame, mapping, domain, path.stem, str(path))
 
 
@@ -936,8 +940,15 @@ def write_shards(
 
 
 def build(cfg: BuildConfig, out_dir: str | Path, template_files: list[Path] | None = None) -> BuildStats:
-    """Build the prompt shards into `out_dir`: part-NNNNN.parquet, stats.json, README.md, manifest.json (last)."""
+    """Build the prompt shards into `out_dir`: part-NNNNN.parquet, stats.json, README.md, manifest.json.
+
+    Everything is written into a fresh folder beside `out_dir` that replaces it in
+    one rename at the end (`io.staged_output_dir`): a reader of ``part-*.parquet`` or
+    ``load_dataset(out_dir)``, and a build killed at any point, see the old build or
+    the new one, never a mix.
+    """
     out_dir = Path(out_dir)
+    check_output_dir(out_dir)
     stats = BuildStats(mode=cfg.mode, seed=cfg.seed)
     hint_stats = BuildStats()
     # The (small) hints set loads while the base set is read; the input files
@@ -963,24 +974,32 @@ def build(cfg: BuildConfig, out_dir: str | Path, template_files: list[Path] | No
             round_ = 0
         stats.round = round_
         rows = prepare_rows(problems, hints, cfg, round_, stats, where=base.where)
-        out_dir.mkdir(parents=True, exist_ok=True)
-        # The manifest is the commit point: remove the old one first so that a
-        # crash mid-way never leaves a manifest describing other shards.
-        (out_dir / "manifest.json").unlink(missing_ok=True)
-        shards, hashes = write_shards(rows, out_dir, cfg, round_, inputs=inputs)
-    from mentor.pipeline.faults import fault_point
+        from mentor.pipeline.faults import fault_point
 
-    fault_point("build.after_shards")  # resume tests: killed with shards written, no manifest yet
-    stats.shards = len(shards)
-    write_json_atomic(stats.as_dict() | {"schema_version": SCHEMA_VERSION}, out_dir / "stats.json")
-    with atomic_path(out_dir / "README.md") as tmp:
-        tmp.write_text(dataset_card([s.name for s in shards], stats, [hashes[str(sh)] for sh in shards]))
-    write_manifest(
-        out_dir, shards, "prompts", inputs=inputs, config=cfg,
-        extra={"base": base.info, "round": round_, "stats": "stats.json"}, hashes=hashes,
-    )
+        with staged_output_dir(out_dir, "build", _owned) as staging:
+            shards, hashes = write_shards(rows, staging, cfg, round_, inputs=inputs)
+            fault_point("build.after_shards")  # resume tests: killed with shards written, nothing swapped in yet
+            stats.shards = len(shards)
+            write_json_atomic(stats.as_dict() | {"schema_version": SCHEMA_VERSION}, staging / "stats.json")
+            with atomic_path(staging / "README.md") as tmp:
+                tmp.write_text(dataset_card([s.name for s in shards], stats, [hashes[str(sh)] for sh in shards]))
+            write_manifest(
+                staging, shards, "prompts", inputs=inputs, config=cfg,
+                extra={"base": base.info, "round": round_, "stats": "stats.json"}, hashes=hashes,
+            )
     log.info("built %d prompts (%d hinted) in %d shard(s) at %s", stats.rows, stats.hinted_rows, stats.shards, out_dir)
     return stats
+
+
+_OWNED_FILES = ("manifest.json", "stats.json", "README.md")
+
+
+def _owned(name: str) -> bool:
+    """What build (re)writes in its folder: every part-*.parquet (a reader would take any), its
+    three files, and temporary files of earlier runs; anything else is carried into the new build."""
+    return name in _OWNED_FILES or (name.startswith("part-") and name.endswith(".parquet")) or (
+        name.startswith(".") and name.endswith(".tmp")
+    )
 
 
 __all__ = ["BUNDLED", "BuildConfig", "BuildStats", "build", "build_prompts", "load_base", "load_hints", "validate_base"]

@@ -21,6 +21,10 @@ LLM judge. Each violation has a stable name (kept in the hint row's
 - ``solution_code``          (code) a function defining the entry point
 - ``repeats_previous_hint``  identical to a hint of an earlier round
 - ``wrong_language``         mostly non-Latin script for a Latin-script problem
+- ``answer_only``            (math) only an answer line or a bare value (``A: 66``, ``66``)
+
+``answer_leak`` also covers arithmetic that evaluates to the answer and the
+answer in number words (see "indirect leaks" at the end of this module).
 
 How numbers are compared. Every number in the hint (integers, thousands
 separators, decimals, repeating decimals written ``4.666…``/``4.(6)``,
@@ -55,6 +59,7 @@ RULE_VIOLATIONS = (
     "solution_code",
     "repeats_previous_hint",
     "wrong_language",
+    "answer_only",
 )
 
 DESCRIPTIONS = {
@@ -69,6 +74,7 @@ DESCRIPTIONS = {
     "solution_code": "the hint contains the solution code; describe the approach in words",
     "repeats_previous_hint": "the hint repeats an earlier hint; go one step further",
     "wrong_language": "the hint is not in the language of the problem",
+    "answer_only": "the hint is only an answer (a bare value or 'A: ...'); give a direction in words instead",
     # control-flow violations (set by the hint stage, not by these rules)
     "parse_error": "the output was not the requested JSON",
     "truncated": "the output was cut at the token limit",
@@ -139,6 +145,8 @@ _NUMBER = re.compile(
     r"(\s*(?:\\?%|percent))?"
 )
 _HAS_DIGIT = re.compile(r"\d")
+_MAX_DIGITS = 1000  # longer digit runs are not numbers to compare (int() refuses past 4300 digits)
+_LONG_DIGITS = re.compile(r"\d{%d,}" % (_MAX_DIGITS + 1))
 
 
 @dataclass(frozen=True, slots=True)
@@ -152,6 +160,8 @@ def _parse_numbers(text: str) -> list[Num]:
     out: list[Num] = []
     if not _HAS_DIGIT.search(text):
         return out
+    if len(text) > _MAX_DIGITS:
+        text = _LONG_DIGITS.sub(" ", text)  # not numbers to compare, and int() refuses them
     # Digits inside a fraction or mixed number belong to that value, not to separate numbers
     # (the 3 of "1/3" is not the answer 3).
     taken: list[tuple[int, int]] = []
@@ -226,7 +236,7 @@ def _plain_number(text: str) -> Fraction | None:
         v = Fraction(int(m.group(2)), int(m.group(3)))
         return -v if m.group(1) else v
     m = re.fullmatch(r"-?(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?", t)
-    if m:
+    if m and len(t) <= _MAX_DIGITS:
         return Fraction(t.replace(",", ""))
     return None
 
@@ -537,21 +547,13 @@ def _restates(hint: str, ctx: RuleContext) -> bool:
     return sum(1 for g in grams if g in pt) >= 0.8 * len(grams)
 
 
-_SMALL_WORDS = {w: i for i, w in enumerate(
-    "zero one two three four five six seven eight nine ten eleven twelve thirteen fourteen fifteen sixteen "
-    "seventeen eighteen nineteen twenty".split())}
-_SMALL_WORDS.update({"thirty": 30, "forty": 40, "fifty": 50, "sixty": 60, "seventy": 70, "eighty": 80, "ninety": 90,
-                     "hundred": 100, "half": None, "twice": None, "double": None})  # type: ignore[dict-item]
-_WORD_RE = re.compile(r"[a-z]+")
-
-
 def _data_numbers(text: str) -> set[Fraction]:
-    """The quantities a text states: its numbers, and small numbers written as words ("three", "forty").
+    """The quantities a text states: its numbers, and numbers written as words ("three", "forty-five").
 
     0, 1 and 2 are left out: they appear in any explanation ("the two values", "f(0)"), not only as data.
     """
     vals = {abs(n.value) for n in _parse_numbers(_clean_latex(text))}
-    vals.update(Fraction(_SMALL_WORDS[w]) for w in _WORD_RE.findall(text.lower()) if _SMALL_WORDS.get(w) is not None)
+    vals.update(abs(w.value) for w in number_words(text))
     return {v for v in vals if v > 2 or v.denominator != 1}
 
 
@@ -596,8 +598,10 @@ def check_hint(hint: str, ctx: RuleContext) -> list[str]:
     lim = ctx.limits
     if len(text) > lim.max_chars or sentence_count(text) > lim.max_sentences:
         out.append("too_long")
-    if ctx.matcher.leaks(text):
+    if ctx.matcher.leaks(text) or indirect_leak(text, ctx.matcher):
         out.append("answer_leak")
+    if ctx.domain == "math" and answer_only(text):
+        out.append("answer_only")
     low = text.lower()
     # Cheap substring tests gate the regexes: most hints contain none of these.
     if ("answer" in low or "result" in low or "solution" in low or "boxed" in low or "####" in text) and _FINAL.search(text):
@@ -695,4 +699,478 @@ def copies_instructions(text: str, instructions: Instructions, problem: str = ""
 
 def text_leaks_answer(text: str, ctx: RuleContext) -> bool:
     """For keywords and attributed errors: does `text` carry the answer?"""
-    return ctx.matcher.leaks(text)
+    return ctx.matcher.leaks(text) or indirect_leak(text, ctx.matcher)
+
+
+# --------------------------------------------------------------------------- indirect leaks
+#
+# Three more ways a hint gives the answer away, each a named check of its own:
+#
+# - `expression_leak`: arithmetic that evaluates to the answer (``3^3`` for 27, ``2*9``,
+#   ``\sqrt{81}``, ``nine times two``), evaluated exactly on rationals within fixed bounds
+#   (exponents, sizes, tokens), so a hostile hint cannot make the guard slow;
+# - `number_word_leak`: the answer in words (``eighteen``, ``one hundred and five``,
+#   ``three quarters``, ``18 thousand``). Single words for 0, 1 and 2 ("one of them",
+#   "the two cases") are too common in honest hints to count;
+# - `answer_only`: a hint that is only an answer line or a bare value (``A: 66``, ``66``,
+#   ``$\frac{1}{2}$``), whatever the value: a wrong final answer is no hint either.
+
+_UNITS = {w: i for i, w in enumerate(
+    "zero one two three four five six seven eight nine ten eleven twelve thirteen fourteen fifteen "
+    "sixteen seventeen eighteen nineteen".split())}
+_TENS = {w: 10 * i for i, w in enumerate("twenty thirty forty fifty sixty seventy eighty ninety".split(), start=2)}
+_SCALES = {"thousand": 10**3, "million": 10**6, "billion": 10**9, "trillion": 10**12}
+_FRACTION_WORDS = {
+    "half": 2, "halves": 2, "third": 3, "thirds": 3, "quarter": 4, "quarters": 4, "fourth": 4, "fourths": 4,
+    "fifth": 5, "fifths": 5, "sixth": 6, "sixths": 6, "seventh": 7, "sevenths": 7, "eighth": 8, "eighths": 8,
+    "ninth": 9, "ninths": 9, "tenth": 10, "tenths": 10, "twelfth": 12, "twelfths": 12,
+}
+_WORD_TOKEN = re.compile(r"[A-Za-z]+|\d+(?:\.\d+)?")
+_NUMBER_VOCAB = set(_UNITS) | set(_TENS) | set(_SCALES) | set(_FRACTION_WORDS) | {"hundred", "dozen", "and", "a", "an", "percent"}
+_NUMBER_WORD_GATE = frozenset(set(_UNITS) | set(_TENS) | set(_SCALES) | set(_FRACTION_WORDS) | {"hundred", "dozen"})
+_LETTERS = re.compile(r"[a-z]+")
+
+
+@dataclass(frozen=True, slots=True)
+class _WordNumber:
+    start: int
+    end: int
+    value: Fraction  # "fifteen percent": 15, with percent=True (it leaks 15 and 0.15, like "15%")
+    words: int  # how many number words make it up (a lone "one" is 1)
+    percent: bool = False
+
+
+def number_words(text: str) -> list[_WordNumber]:
+    """Every number written in English words in `text`, with its exact value and span."""
+    if _NUMBER_WORD_GATE.isdisjoint(_LETTERS.findall(text.lower())):
+        return []
+    toks = [(m.group(0).lower(), m.start(), m.end()) for m in _WORD_TOKEN.finditer(text)]
+    out: list[_WordNumber] = []
+    i = 0
+    while i < len(toks):
+        w = toks[i][0]
+        found = _parse_number_words(toks, i) if w in _NUMBER_VOCAB or w[0].isdigit() else None
+        if found is None:
+            i += 1
+            continue
+        j, value, words = found
+        pct = toks[j - 1][0] == "percent"
+        out.append(_WordNumber(toks[i][1], toks[j - 1][2], value, words - pct, pct))
+        i = j
+    return out
+
+
+# Number words that alone never count as the answer (see number_word_leak); a text whose only
+# number words are these cannot spell the answer, and is not parsed at all.
+_SMALL_WORDS = frozenset({"zero", "one", "two"})
+
+
+def _cardinal(toks: list[tuple[str, int, int]], i: int) -> tuple[int, Fraction, int] | None:
+    """A cardinal from token i: (next token, value, number words used), or None."""
+    total, current, words, last = 0, Fraction(0), 0, None
+    j = i
+    while j < len(toks):
+        w = toks[j][0]
+        nxt = toks[j + 1][0] if j + 1 < len(toks) else ""
+        if w in _UNITS and last in (None, "tens", "hundred", "scale", "and"):
+            if last == "tens" and _UNITS[w] >= 10:
+                break
+            current += _UNITS[w]
+            last = "unit"
+        elif w in _TENS and last in (None, "hundred", "scale", "and"):
+            current += _TENS[w]
+            last = "tens"
+        elif w[0].isdigit() and last is None and nxt in (*_SCALES, "hundred"):
+            current = Fraction(w)
+            last = "digits"
+        elif w in ("a", "an") and last is None and nxt in ("hundred", "dozen", *_SCALES):
+            current = Fraction(1)
+            last = "unit"
+        elif w == "hundred" and last in ("unit", "digits") and current < 100:
+            current *= 100
+            last = "hundred"
+        elif w == "dozen" and last in ("unit", "digits", "tens"):
+            current *= 12
+            last = "scale"
+        elif w in _SCALES and last in ("unit", "tens", "hundred", "digits"):
+            total += current * _SCALES[w]
+            current = Fraction(0)
+            last = "scale"
+        elif w == "and" and last in ("hundred", "scale") and (nxt in _UNITS or nxt in _TENS):
+            last = "and"
+        else:
+            break
+        if w not in ("and",):
+            words += 1
+        j += 1
+    if j == i or last in ("and", None) or (last == "digits"):
+        return None
+    return j, total + current, words
+
+
+def _parse_number_words(toks: list[tuple[str, int, int]], i: int) -> tuple[int, Fraction, int] | None:
+    """A number phrase from token i: a cardinal, a fraction ("three quarters", "a half"), or both
+    ("one and a half"), optionally followed by "percent"."""
+    w = toks[i][0]
+    if w not in _NUMBER_VOCAB and not w[0].isdigit():
+        return None
+    card = _cardinal(toks, i)
+    j, value, words = card if card is not None else (i, Fraction(0), 0)
+    # "<count> <fraction word>": three quarters, two thirds; "a/one half"
+    count_ok = card is not None and value == int(value) and 0 < value < 20
+    if j < len(toks) and toks[j][0] in _FRACTION_WORDS and count_ok and words <= 2:
+        value = value / _FRACTION_WORDS[toks[j][0]]
+        j, words = j + 1, words + 1
+    elif card is None and w in ("a", "an") and i + 1 < len(toks) and toks[i + 1][0] in _FRACTION_WORDS:
+        value, j, words = Fraction(1, _FRACTION_WORDS[toks[i + 1][0]]), i + 2, 2
+    elif card is not None and j + 2 < len(toks) and toks[j][0] == "and" and toks[j + 1][0] in ("a", "an", "one") \
+            and toks[j + 2][0] in _FRACTION_WORDS:
+        value, j, words = value + Fraction(1, _FRACTION_WORDS[toks[j + 2][0]]), j + 3, words + 2
+    elif card is None:
+        return None
+    if j < len(toks) and toks[j][0] == "percent":
+        j, words = j + 1, words + 1
+    return j, value, words
+
+
+def number_word_leak(text: str, matcher: "AnswerMatcher") -> bool:
+    """Whether `text` writes a numeric answer in words."""
+    if matcher.value is None:
+        return False
+    target = abs(matcher.value)
+    present = _NUMBER_WORD_GATE.intersection(_LETTERS.findall(text.lower()))
+    if present <= _SMALL_WORDS:
+        return False
+    for n in number_words(text):
+        if n.words == 1 and n.value <= 2:
+            continue  # "one of them", "the two sides": not the answer
+        if n.value == target or (n.percent and n.value / 100 == target):
+            return True
+    return False
+
+
+# Arithmetic: spans of a plain-text rendering of the hint.
+_EXPR_MAX_TOKENS = 64
+_EXPR_MAX_BITS = 4096
+_EXPR_MAX_EXPONENT = 64
+_EXPR_TOKEN = re.compile(
+    r"(?P<num>\d{1,3}(?:,\d{3})+(?:\.\d+)?(?![\d,])|\d+(?:\.\d+)?|\.\d+)(?P<pct>\s*%)?"
+    r"|(?P<op>\*\*|[-+*/^()])|(?P<sqrt>sqrt)|(?P<root>root(?P<n>\d))|(?P<other>\S)"
+)
+# A run of arithmetic characters (numbers, operators, parentheses, sqrt/rootN, spaces).
+_ARITH_SPAN = re.compile(r"(?:sqrt|root\d|[\d(]|\.(?=\d))(?:sqrt|root\d|[\d.,%+\-*/^()\s])*")
+_OP_WORDS = (
+    (re.compile(r"(?<=\d)\s+(?:times|x|X|multiplied\s+by)\s+(?=\d)"), " * "),
+    (re.compile(r"(?<=\d)\s+plus\s+(?=\d)"), " + "),
+    (re.compile(r"(?<=\d)\s+minus\s+(?=\d)"), " - "),
+    (re.compile(r"(?<=\d)\s+(?:divided\s+by|over)\s+(?=\d)"), " / "),
+    (re.compile(r"(?<=\d)\s+squared\b"), "^2"),
+    (re.compile(r"(?<=\d)\s+cubed\b"), "^3"),
+)
+_OP_WORD_GATE = frozenset("times x multiplied plus minus divided over squared cubed".split())
+_LATEX_OPS = re.compile(r"\\(?:times|cdot|ast)(?![A-Za-z])|[×·∗⋅]")
+_LATEX_DIV = re.compile(r"\\div(?![A-Za-z])|÷")
+_LATEX_FRAC = re.compile(r"\\[dt]?frac\s*\{([^{}]*)\}\s*\{([^{}]*)\}")
+_LATEX_ROOT = re.compile(r"\\sqrt\s*\[\s*(\d)\s*\]\s*\{([^{}]*)\}")
+_LATEX_SQRT = re.compile(r"\\sqrt\s*\{([^{}]*)\}|\\sqrt\s*(\d+)|√\s*\(?(\d+)\)?")
+# Something to compute: an operator between digits, a root or fraction, 2(9) / (2)(9).
+_DIGIT_OP = re.compile(r"[\d)}]\s*(?:[-+*/^×·÷(]|\\times|\\cdot|\\div)|\\sqrt|√|\\[dt]?frac")
+
+
+def _plain_arithmetic(text: str) -> str:
+    """`text` with LaTeX and operator words turned into plain arithmetic (number words as digits)."""
+    t = _clean_latex(text).replace("$", " ")
+    words = set(_LETTERS.findall(t.lower()))
+    spelled = _NUMBER_WORD_GATE.intersection(words)
+    if spelled and not (spelled <= _SMALL_WORDS and _OP_WORD_GATE.isdisjoint(words)):
+        for n in reversed(number_words(t)):
+            v = n.value / 100 if n.percent else n.value
+            rendered = str(v.numerator) if v.denominator == 1 else f"({v.numerator}/{v.denominator})"
+            t = t[: n.start] + rendered + t[n.end :]
+    if "\\" in t or "√" in t or "×" in t or "·" in t or "÷" in t:
+        t = _LATEX_DIV.sub(" / ", _LATEX_OPS.sub(" * ", t))
+        for _ in range(4):  # nested \frac / \sqrt, innermost first
+            t2 = _LATEX_ROOT.sub(r" root\1(\2) ", t)
+            t2 = _LATEX_FRAC.sub(r"((\1)/(\2))", t2)
+            t2 = _LATEX_SQRT.sub(lambda m: f" sqrt({m.group(1) or m.group(2) or m.group(3)}) ", t2)
+            if t2 == t:
+                break
+            t = t2
+        t = t.replace("{", "(").replace("}", ")")
+    if not _OP_WORD_GATE.isdisjoint(words):
+        for pattern, repl in _OP_WORDS:
+            t = pattern.sub(repl, t)
+    return t
+
+
+class _TooBig(Exception):
+    pass
+
+
+def _check_size(v: Fraction) -> Fraction:
+    if v.numerator.bit_length() > _EXPR_MAX_BITS or v.denominator.bit_length() > _EXPR_MAX_BITS:
+        raise _TooBig
+    return v
+
+
+def _exact_root(v: Fraction, n: int) -> Fraction | None:
+    """The exact n-th root of a rational, or None when it is irrational (or v < 0 for even n)."""
+    if v < 0:
+        if n % 2 == 0:
+            return None
+        r = _exact_root(-v, n)
+        return -r if r is not None else None
+
+    def iroot(x: int) -> int | None:
+        r = round(x ** (1.0 / n)) if x < 2**1000 else int(x ** (1.0 / n))
+        for c in (r - 1, r, r + 1):
+            if c >= 0 and c**n == x:
+                return c
+        return None
+
+    a, b = iroot(v.numerator), iroot(v.denominator)
+    return Fraction(a, b) if a is not None and b is not None else None
+
+
+class _Parser:
+    """Recursive descent over arithmetic tokens; every value an exact Fraction (None: not a rational)."""
+
+    def __init__(self, toks: list[tuple[str, object]]):
+        self.toks = toks
+        self.i = 0
+
+    def peek(self) -> tuple[str, object] | None:
+        return self.toks[self.i] if self.i < len(self.toks) else None
+
+    def take(self, kind: str, value: object = None) -> bool:
+        t = self.peek()
+        if t is not None and t[0] == kind and (value is None or t[1] == value):
+            self.i += 1
+            return True
+        return False
+
+    def expr(self) -> Fraction | None:
+        v = self.term()
+        while True:
+            if self.take("op", "+"):
+                w = self.term()
+                v = None if v is None or w is None else _check_size(v + w)
+            elif self.take("op", "-"):
+                w = self.term()
+                v = None if v is None or w is None else _check_size(v - w)
+            else:
+                return v
+
+    def term(self) -> Fraction | None:
+        v = self.unary()
+        while True:
+            t = self.peek()
+            if self.take("op", "*"):
+                w = self.unary()
+                v = None if v is None or w is None else _check_size(v * w)
+            elif self.take("op", "/"):
+                w = self.unary()
+                v = None if v is None or w is None or w == 0 else _check_size(v / w)
+            elif t is not None and (t == ("op", "(") or t[0] in ("sqrt", "root")):  # 2(9), 3 sqrt(4): implicit product
+                w = self.unary()
+                v = None if v is None or w is None else _check_size(v * w)
+            else:
+                return v
+
+    def unary(self) -> Fraction | None:
+        if self.take("op", "-"):
+            v = self.unary()
+            return None if v is None else -v
+        if self.take("op", "+"):
+            return self.unary()
+        return self.power()
+
+    def power(self) -> Fraction | None:
+        base = self.atom()
+        if self.take("op", "^") or self.take("op", "**"):
+            exp = self.unary()  # right-associative: 2^3^2 = 2^9
+            if base is None or exp is None:
+                return None
+            if exp.denominator != 1:
+                root = _exact_root(base, exp.denominator) if exp.denominator <= 10 else None
+                if root is None:
+                    return None
+                base, exp = root, Fraction(exp.numerator)
+            e = int(exp)
+            if abs(e) > _EXPR_MAX_EXPONENT or (base.numerator.bit_length() + base.denominator.bit_length()) * abs(e) > 2 * _EXPR_MAX_BITS:
+                raise _TooBig
+            if base == 0 and e < 0:
+                return None
+            return _check_size(base**e)
+        return base
+
+    def atom(self) -> Fraction | None:
+        t = self.peek()
+        if t is None:
+            raise SyntaxError
+        kind, value = t
+        if kind == "num":
+            self.i += 1
+            return value  # type: ignore[return-value]
+        if self.take("op", "("):
+            v = self.expr()
+            if not self.take("op", ")"):
+                raise SyntaxError
+            return v
+        if kind in ("sqrt", "root"):
+            self.i += 1
+            v = self.atom() if self.peek() != ("op", "(") else self.atom()
+            return None if v is None else _exact_root(v, 2 if kind == "sqrt" else int(value))  # type: ignore[arg-type]
+        raise SyntaxError
+
+
+def _arithmetic_runs(text: str) -> list[list[tuple[str, object]]]:
+    """The runs of arithmetic in `text` worth evaluating: spans of numbers and operators with at least
+    one operation. A span that an operator or a letter joins to a variable (``2*2^{n-3}``, ``x+2*9``,
+    ``2*9x``) is part of a larger expression and is skipped."""
+    runs: list[list[tuple[str, object]]] = []
+    for m in _ARITH_SPAN.finditer(text):
+        span = m.group(0)
+        if not _HAS_DIGIT.search(span):
+            continue
+        a = m.start()
+        stripped = span.rstrip()
+        tail = a + len(stripped)
+        before = text[a - 1] if a > 0 else " "
+        after = text[tail] if tail < len(text) else " "
+        # a variable glued to the run ("9x", "x2"), or an operator reaching out to one ("x + 2*9", "2*2^(n")
+        if before.isalpha() or before == "\\" or after.isalpha():
+            continue
+        pre = text[:a].rstrip()
+        if pre[-1:] in ("*", "/", "^", "+", "-") and pre[:-1].rstrip()[-1:].isalnum():
+            continue
+        if stripped.rstrip(".,;:!?")[-1:] in ("*", "/", "^", "+", "-", "(") and text[tail:].lstrip()[:1].isalpha():
+            continue
+        run = _tokens(stripped.rstrip(".,;:!?").rstrip())
+        if run:
+            runs.append(run)
+    return runs
+
+
+def _tokens(span: str) -> list[tuple[str, object]] | None:
+    """Tokens of one arithmetic span, trimmed of prose punctuation; None when there is nothing to compute."""
+    cur: list[tuple[str, object]] = []
+    for m in _EXPR_TOKEN.finditer(span):
+        if m.group("num") is not None:
+            digits = m.group("num").replace(",", "")
+            if len(digits) > _MAX_DIGITS:
+                return None
+            v = Fraction("0" + digits if digits.startswith(".") else digits) if "." in digits else Fraction(int(digits))
+            if m.group("pct"):
+                v /= 100
+            cur.append(("num", v))
+        elif m.group("op") is not None:
+            cur.append(("op", "^" if m.group("op") == "**" else m.group("op")))
+        elif m.group("sqrt") is not None:
+            cur.append(("sqrt", 2))
+        elif m.group("root") is not None:
+            cur.append(("root", int(m.group("n"))))
+        else:
+            return None  # a stray '.' or ',' inside: a list or a sentence, not one expression
+        if len(cur) > _EXPR_MAX_TOKENS:
+            return None
+    while cur and cur[-1][0] == "op" and cur[-1][1] != ")":
+        cur.pop()  # "18 -" at the end of a clause
+    while cur and cur[0][0] == "op" and cur[0][1] in ("*", "/", "^", ")", "+"):
+        cur.pop(0)
+    # parentheses that do not pair up inside the span belong to the prose around it
+    depth, drop = 0, set()
+    for k, t in enumerate(cur):
+        if t == ("op", "("):
+            depth += 1
+        elif t == ("op", ")"):
+            if depth == 0:
+                drop.add(k)
+            else:
+                depth -= 1
+    if depth:
+        drop.update([k for k, t in enumerate(cur) if t == ("op", "(")][:depth])
+    run = [t for k, t in enumerate(cur) if k not in drop]
+    ops = sum(1 for kind, value in run if (kind == "op" and value not in ("(", ")")) or kind in ("sqrt", "root"))
+    ops += sum(1 for x, y in zip(run, run[1:]) if y == ("op", "(") and (x[0] == "num" or x == ("op", ")")))
+    nums = sum(1 for kind, _ in run if kind == "num")
+    if not nums or not ops or (nums == 1 and ops == 1 and run[0] == ("op", "-")):
+        return None
+    return run
+
+
+def expression_leak(text: str, matcher: "AnswerMatcher") -> bool:
+    """Whether some arithmetic in `text` evaluates exactly to a numeric answer."""
+    if matcher.value is None:
+        return False
+    if not _DIGIT_OP.search(text):
+        words = _LETTERS.findall(text.lower())
+        if _OP_WORD_GATE.isdisjoint(words) or _NUMBER_WORD_GATE.isdisjoint(words) and not _HAS_DIGIT.search(text):
+            return False
+    target = matcher.value
+    for run in _arithmetic_runs(_plain_arithmetic(text)):
+        p = _Parser(run)
+        try:
+            v = p.expr()
+        except (SyntaxError, _TooBig, ZeroDivisionError, OverflowError, ValueError):
+            continue
+        if p.i == len(run) and v is not None and v == target:
+            return True
+    return False
+
+
+_ANSWER_LABEL = re.compile(
+    r"^\s*(?:\*\*|__)?\s*(?:(?:the\s+)?final\s+answer|answer|ans|a|result|solution|sol|output)\s*(?:\*\*|__)?\s*[:=]\s*", re.I
+)
+_HINT_LABEL = re.compile(r"^\s*(?:\*\*|__)?\s*hint\s*(?:\*\*|__)?\s*[:=]\s*", re.I)
+_WRAPPERS = re.compile(r"\\boxed\s*\{|\\\(|\\\)|\\\[|\\\]|\$|\*\*|__|`")
+_BARE_VALUE = re.compile(
+    r"[-+]?\s*(?:\\\$|\$|€|£)?\s*(?:\d[\d,]*(?:\.\d+)?|\.\d+)\s*(?:%|\\%)?"  # 66, $1,200, 12.5%, .5
+    r"|[-+]?\s*\\[dt]?frac\s*\{[^{}]*\}\s*\{[^{}]*\}"  # \frac{1}{2}
+    r"|[-+]?\s*\d+\s*/\s*\d+"  # 1/2
+)
+_VARIABLE_IS = re.compile(r"[A-Za-z]\s*=\s*(.+)")  # x = 5 (a value, not "x = the number of eggs")
+_PROSE_WORD = re.compile(r"(?<![\\A-Za-z])[A-Za-z]{3,}")
+_LATEX_NAMES = re.compile(r"\\(?:begin|end)\s*\{[A-Za-z*]*\}?|\\[A-Za-z]+")  # \begin{pmatrix}, \frac: not prose
+_LEADING_VALUE = re.compile(r"[-+]?\s*(?:\\\$|\$|€|£)?\s*(?:\d[\d,]*(?:\.\d+)?|\.\d+)\s*(?:%|\\%)?")
+
+
+_THREE_WORDS = re.compile(r"[A-Za-z]{3,}[^A-Za-z\d]+[A-Za-z]{3,}[^A-Za-z\d]+[A-Za-z]{3,}")
+
+
+def answer_only(text: str) -> bool:
+    """Whether the hint is only an answer: ``A: 66``, ``Answer: twelve``, ``66``, ``$\\frac{1}{2}$``, ``x = 5``,
+    ``66 dollars``, ``Eighteen``, or arithmetic with no words around it."""
+    t = text.strip()
+    h = _HINT_LABEL.match(t)
+    if h:
+        t = t[h.end():]  # "Hint: ..." is judged by what follows
+    m = _ANSWER_LABEL.match(t)
+    if not m and _THREE_WORDS.search(t):
+        return False  # prose: the usual case, decided without the checks below
+    body = t[m.end():] if m else t
+    body = _WRAPPERS.sub(" ", body).replace("}", " ").strip().rstrip(".!;,").strip()
+    if not body:
+        return bool(m)
+    words = _PROSE_WORD.findall(_LATEX_NAMES.sub(" ", body))
+    if m and (len(body.split()) <= 4 or not words):
+        return True  # "A: 66", "Answer: 12 apples": an answer line, not a direction
+    spelled = number_words(body)
+    if len(spelled) == 1 and len((body[: spelled[0].start] + body[spelled[0].end :]).split()) <= 2:
+        return True  # "Eighteen", "twelve apples"
+    if not _HAS_DIGIT.search(body):
+        return False
+    head = _LEADING_VALUE.match(body)
+    if head and head.end() > 0 and len(body[head.end():].split()) <= 2:
+        return True  # "66", "66 dollars", "$1,200 in total"
+    if _BARE_VALUE.fullmatch(body):
+        return True
+    var = _VARIABLE_IS.fullmatch(body)
+    if var and not _PROSE_WORD.search(var.group(1)):
+        return True
+    return not words  # "2*9", "3^3 + 1": arithmetic with no prose at all
+
+
+def indirect_leak(text: str, matcher: "AnswerMatcher") -> bool:
+    """`expression_leak` or `number_word_leak`: the answer computed or spelled out."""
+    return expression_leak(text, matcher) or number_word_leak(text, matcher)

@@ -40,6 +40,7 @@ from pathlib import Path
 from typing import Any
 
 import polars as pl
+import pyarrow as pa
 import pyarrow.parquet as pq
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
@@ -56,10 +57,10 @@ class MineConfig(BaseModel):
 
     correct_col: str = Field("correct", description="Column holding raw correctness in [0, 1]. Never a shaped reward.")
     threshold: float = Field(0.0, ge=0.0, lt=1.0, description="A rollout counts as failed when correctness <= threshold.")
-    min_rollouts: int = Field(2, ge=1, description="Problems with fewer valid rollouts are not judged.")
-    k_failed: int = Field(2, ge=0, description="Failed responses kept per collapsed problem (deduplicated).")
+    min_rollouts: int = Field(2, ge=1, le=2**31 - 1, description="Problems with fewer valid rollouts are not judged.")
+    k_failed: int = Field(2, ge=0, le=10_000, description="Failed responses kept per collapsed problem (deduplicated).")
     failed_budget_chars: int = Field(
-        2000, ge=64, description="Each kept failed response is cut to this many characters, keeping mostly its end."
+        2000, ge=64, le=2**31 - 1, description="Each kept failed response is cut to this many characters, keeping mostly its end."
     )
 
     @field_validator("correct_col")
@@ -96,7 +97,9 @@ class MineStats:
         }
 
 
-QUARANTINE_REASONS = ("correct_missing", "correct_out_of_range", "duplicate_key")
+QUARANTINE_REASONS = (
+    "problem_id_missing", "round_invalid", "sample_idx_invalid", "correct_missing", "correct_out_of_range", "duplicate_key",
+)
 ROWS_PER_COUNT_PASS = 8_000_000  # one counting pass per this many rollouts: ~0.6 GiB of group-by state
 _MASK_BITS = 64  # sample indices [0, 64) of one round are counted by the mask
 _SEEDS = ((0x6D656E74, 0x6F72), (0x636F6C6C, 0x61707365), (0x68696E74, 0x73), (0x62756964, 0x6C64))
@@ -127,10 +130,20 @@ def _scan(path: str | list[str], correct_col: str) -> pl.LazyFrame:
     return lf
 
 
+_INT32_MAX = 2**31 - 1
+# A row's key: a problem id (not null, not empty) and round / sample_idx in [0, 2^31).
+_PID_OK = pl.col("problem_id").is_not_null() & (pl.col("problem_id").str.len_bytes() > 0)
+_ROUND_OK = pl.col("round").is_not_null() & (pl.col("round") >= 0) & (pl.col("round") <= _INT32_MAX)
+_IDX_OK = pl.col("sample_idx").is_not_null() & (pl.col("sample_idx") >= 0) & (pl.col("sample_idx") <= _INT32_MAX)
+_KEY_OK = _PID_OK & _ROUND_OK & _IDX_OK
+
+
 def _flags() -> tuple[pl.Expr, pl.Expr, pl.Expr]:
+    """(correctness, missing, valid); rows with an unusable key are neither missing nor valid."""
     c = pl.col("correct").cast(pl.Float64)
-    missing = c.is_null() | c.is_nan()
-    valid = ~missing & (c >= 0) & (c <= 1)
+    no_value = c.is_null() | c.is_nan()
+    missing = _KEY_OK & no_value
+    valid = _KEY_OK & ~no_value & (c >= 0) & (c <= 1)
     return c, missing, valid
 
 
@@ -161,6 +174,9 @@ def count_shard(path: str | list[str], cfg: MineConfig, attempt: int = 0, part: 
             round_min=pl.when(valid).then(pl.col("round")).min(),
             mask=pl.when(in_mask).then(bit).bitwise_or(),
             n_outside=(valid & ~in_mask).sum(),
+            n_no_pid=(~_PID_OK).sum(),
+            n_bad_round=(_PID_OK & ~_ROUND_OK).sum(),
+            n_bad_idx=(_PID_OK & _ROUND_OK & ~_IDX_OK).sum(),
             check_min=check.min(),
             check_max=check.max(),
         )
@@ -193,13 +209,18 @@ def reduce_counts(parts: Sequence[pl.DataFrame], cfg: MineConfig, stats: MineSta
         merged = parts[0]
     else:
         merged = pl.concat(parts, how="vertical").group_by("_k").agg(
-            pl.col("n", "n_valid", "n_missing", "n_outside").sum(),
+            pl.col("n", "n_valid", "n_missing", "n_outside", "n_no_pid", "n_bad_round", "n_bad_idx").sum(),
             pl.col("max_c", "round", "check_max").max(),
             pl.col("min_c", "round_min", "check_min").min(),
             pl.col("mask").bitwise_or(),
         )
     if merged.select((pl.col("check_min") != pl.col("check_max")).any()).item():
         raise _Collision
+    # Rows without a problem id all hash to one group (a null or empty id): counted, never a problem.
+    no_pid = merged.filter(pl.col("n_no_pid") == pl.col("n"))
+    if no_pid.height:
+        stats.quarantined["problem_id_missing"] += int(no_pid.get_column("n").sum())
+        merged = merged.filter(pl.col("n_no_pid") != pl.col("n"))
     simple = (pl.col("n_outside") == 0) & (pl.col("round") == pl.col("round_min"))
     merged = merged.with_columns(n_unique=pl.col("mask").fill_null(0).bitwise_count_ones().cast(pl.UInt32))
     hard = merged.filter(~simple.fill_null(True) & (pl.col("n_valid") > 0)).select("_k")
@@ -225,14 +246,19 @@ def reduce_counts(parts: Sequence[pl.DataFrame], cfg: MineConfig, stats: MineSta
     merged = merged.with_columns(kind=kind)
     totals = merged.select(
         pl.col("n_missing").sum(),
-        (pl.col("n") - pl.col("n_valid") - pl.col("n_missing")).sum(),
+        (pl.col("n") - pl.col("n_valid") - pl.col("n_missing") - pl.col("n_bad_round") - pl.col("n_bad_idx")).sum(),
         pl.col("n_dup").sum(),
         pl.col("n_unique").sum(),
+        pl.col("n_bad_round").sum(),
+        pl.col("n_bad_idx").sum(),
     ).row(0)
     stats.quarantined["correct_missing"] += int(totals[0] or 0)
     stats.quarantined["correct_out_of_range"] += int(totals[1] or 0)
     stats.quarantined["duplicate_key"] += int(totals[2] or 0)
     stats.rollouts += int(totals[3] or 0)
+    for reason, n in (("round_invalid", totals[4]), ("sample_idx_invalid", totals[5])):
+        if n:
+            stats.quarantined[reason] += int(n)
     counts = dict(merged.group_by("kind").len().iter_rows())
     stats.problems += merged.height
     stats.collapsed += counts.get("collapsed", 0)
@@ -349,7 +375,8 @@ def _sort(rows: pl.DataFrame, by: list[str], desc: list[bool], tie: str | None) 
 class _Assembler:
     """Merges shard results in shard order and releases each problem once all its valid rollouts were seen."""
 
-    def __init__(self, collapsed: pl.DataFrame, cfg: MineConfig):
+    def __init__(self, collapsed: pl.DataFrame, cfg: MineConfig, where: str = "rollouts"):
+        self.where = where
         # collapsed: every valid rollout failed, so a problem is complete once n_valid of them were seen
         self.need = collapsed.select("_k", "round", "n_rollouts", "n_valid")
         self.cfg = cfg
@@ -379,6 +406,12 @@ class _Assembler:
 
     def _rows(self, frames: dict[str, pl.DataFrame], done: pl.DataFrame) -> pl.DataFrame:
         info = frames["seen"].select("_k", "problem_id", "problem", "domain")
+        for col, fix in (("problem", "re-ingest the logs with --problems (or give the rollouts a prompt)"),
+                         ("domain", "set the domain column (math or code), e.g. re-ingest with --domain")):
+            bad = info.filter(pl.col(col).is_null())
+            if bad.height:
+                ids = bad.get_column("problem_id").head(3).to_list()
+                raise DataError(f"{self.where}: collapsed problem(s) {ids} have no {col} text in any rollout; {fix}")
         label = frames["labels"].select("_k", "label")
         failed = frames["picks"].group_by("_k", maintain_order=True).agg(pl.col("response").alias("failed"))
         return (
@@ -479,9 +512,17 @@ def mine_iter(
     check_dataset_files(paths, "rollouts")
     if cfg.correct_col != "correct":
         for p in paths:
-            names = read_parquet_schema(p).names
-            if cfg.correct_col not in names:
-                raise ConfigError(f"{p}: column {cfg.correct_col!r} (--correct-col) missing; found {names}")
+            schema = read_parquet_schema(p)
+            if cfg.correct_col not in schema.names:
+                raise ConfigError(f"{p}: column {cfg.correct_col!r} (--correct-col) missing; found {schema.names}")
+            found = schema.field(cfg.correct_col).type
+            if not (pa.types.is_integer(found) or pa.types.is_floating(found) or pa.types.is_boolean(found)):
+                textual = pa.types.is_string(found) or pa.types.is_large_string(found) or pa.types.is_string_view(found)
+                raise DataError(
+                    f"{p}: column {cfg.correct_col!r} (--correct-col) has type {'string' if textual else found}; "
+                    "correctness must be a number "
+                    "in [0, 1] (or a bool): pass a numeric column, or re-ingest with --map correct=<column>"
+                )
     files = [str(p) for p in paths]
     for attempt in range(len(_SEEDS)):
         try:
@@ -523,7 +564,7 @@ def _count(files: list[str], cfg: MineConfig, map_fn: Callable[..., list], attem
 def _chunks(files, collapsed, cfg, history, map_fn, batch, attempt) -> Iterator[pl.DataFrame]:
     if not collapsed.height:
         return
-    assembler = _Assembler(collapsed, cfg)
+    assembler = _Assembler(collapsed, cfg, files[0] if len(files) == 1 else f"{files[0]} (and {len(files) - 1} more)")
     keys = collapsed.select("_k")  # all a shard needs to find its collapsed rows
     if map_fn is serial_map:  # in-process: the next shard is mined in a thread while this one is assembled
         parts: Iterator[dict] = _threaded(failed_shard, files, keys, cfg, attempt)
@@ -583,19 +624,29 @@ def mine_to_dir(
 ) -> MineStats:
     """Mine and stream ``collapsed.parquet`` to disk (written atomically), then ``stats.json``."""
     from mentor.pipeline.faults import fault_point
-    from mentor.pipeline.io import parquet_writer_atomic, write_json_atomic
+    from mentor.pipeline.io import outside_output, parquet_writer_atomic, write_json_atomic
+    from mentor.pipeline.outdir import check_output_dir, staged_output_dir
 
+    check_output_dir(Path(out_dir))
+    sources = [str(f) for f in outside_output(resolve_inputs(sources), sources, out_dir)]
     mined = mine_iter(sources, cfg, history, map_fn)
-    out_dir = Path(out_dir)
-    # One writer thread: a chunk is compressed and written while the next shards are mined.
-    with parquet_writer_atomic(out_dir / "collapsed.parquet", "collapsed") as write, ThreadPoolExecutor(1) as writer:
-        writing = None
-        for chunk in mined.chunks:
+    # Both files are written into a fresh folder swapped in at the end: a kill or an error
+    # leaves the old collapsed.parquet and stats.json (a matching pair) or the new ones.
+    with staged_output_dir(out_dir, "mine", _owned) as staging:
+        # One writer thread: a chunk is compressed and written while the next shards are mined.
+        with parquet_writer_atomic(staging / "collapsed.parquet", "collapsed") as write, ThreadPoolExecutor(1) as writer:
+            writing = None
+            for chunk in mined.chunks:
+                if writing is not None:
+                    writing.result()
+                writing = writer.submit(write, chunk)
             if writing is not None:
                 writing.result()
-            writing = writer.submit(write, chunk)
-        if writing is not None:
-            writing.result()
-    fault_point("mine.after_collapsed")
-    write_json_atomic(mined.stats.as_dict() | {"config": cfg.model_dump()}, out_dir / "stats.json")
+        fault_point("mine.after_collapsed")
+        write_json_atomic(mined.stats.as_dict() | {"config": cfg.model_dump()}, staging / "stats.json")
     return mined.stats
+
+
+def _owned(name: str) -> bool:
+    """What mine (re)writes in its folder (and temporary files of earlier runs)."""
+    return name in ("collapsed.parquet", "stats.json") or (name.startswith(".") and name.endswith(".tmp"))

@@ -65,18 +65,12 @@ from mentor.pipeline.io import (
     write_parquet_atomic,
 )
 from mentor.pipeline.llm import Backend, GenRequest
+from mentor.pipeline.prompts import HINT_TEMPLATE, INSTRUCTIONS
 from mentor.pipeline.schemas import SCHEMA_VERSION, check_schema, parse_prompt_label
 
 log = logging.getLogger(__name__)
 
 SOURCE = "mentor-rollout"
-# The same layout `mentor build` writes by default (stages do not import each
-# other, so the defaults are repeated here; keep them in step with build).
-HINT_TEMPLATE = "Hint: {hint}\n\n{problem}"
-INSTRUCTIONS = {
-    "math": "Please reason step by step, and put your final answer within \\boxed{}.",
-    "code": "Write the complete solution in Python inside one ```python code block.",
-}
 UNHINTED = "unhinted"
 
 

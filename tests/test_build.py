@@ -532,9 +532,10 @@ def test_empty_hints_and_several_hints_per_problem(tmp_path):
     assert st.hinted_rows == 0 and st.hints_skipped_status == 3
 
 
-def test_a_failed_write_leaves_no_partial_file_and_no_manifest(tmp_path, monkeypatch, gsm8k_hints):
+def test_a_failed_write_leaves_the_old_build_whole(tmp_path, monkeypatch, gsm8k_hints):
     out = tmp_path / "p"
     build(BuildConfig(base="gsm8k", shard_rows=300), out)
+    before = {p.name: p.read_bytes() for p in out.iterdir()}
     import mentor.stages.build as b
 
     calls = {"n": 0}
@@ -550,11 +551,9 @@ def test_a_failed_write_leaves_no_partial_file_and_no_manifest(tmp_path, monkeyp
     monkeypatch.setattr(b.pq.ParquetWriter, "write_table", flaky)
     with pytest.raises(OSError, match="disk full"):
         build(BuildConfig(base="gsm8k", hints=[str(gsm8k_hints)], shard_rows=300), out)
-    # The commit point (manifest.json) is gone, no temporary file is left, every shard is whole.
-    assert not (out / "manifest.json").exists()
-    assert not [p for p in out.iterdir() if p.name.startswith(".")]
-    for shard in out.glob("part-*.parquet"):
-        assert pq.ParquetFile(shard).metadata.num_rows > 0
+    # The old build is there byte for byte; no temporary file or folder is left, inside or beside it.
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == before
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]
 
 
 def test_end_to_end_with_fake_hint_stage(tmp_path, gsm8k_collapsed):

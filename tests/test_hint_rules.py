@@ -159,7 +159,8 @@ def test_check_hint_cli():
     runner = CliRunner()
     r = runner.invoke(cli, ["check-hint", "--answer", r"\frac{14}{3}", "It is 4 2/3."])
     assert r.exit_code == 1
-    assert json.loads(r.output) == {"ok": False, "violations": ["answer_leak"]}
+    # A bare statement of the value is also only an answer (answer_only).
+    assert json.loads(r.output) == {"ok": False, "violations": ["answer_leak", "answer_only"]}
     r = runner.invoke(cli, ["check-hint", "--answer", "18", "Count the eggs she eats and bakes first."])
     assert r.exit_code == 0
     assert json.loads(r.output) == {"ok": True, "violations": []}

@@ -36,7 +36,8 @@ def test_real_counts_and_outputs(bundled_rollouts, tmp_path):
     assert res.exit_code == 0, res.output
     stats = json.loads((tmp_path / "stats.json").read_text())
     assert (stats["rollouts"], stats["problems"], stats["collapsed"], stats["all_correct"], stats["mixed"]) == (5276, 1319, 432, 156, 731)
-    assert stats["quarantined"] == {"correct_missing": 0, "correct_out_of_range": 0, "duplicate_key": 0}
+    assert stats["quarantined"] == {"problem_id_missing": 0, "round_invalid": 0, "sample_idx_invalid": 0,
+                                    "correct_missing": 0, "correct_out_of_range": 0, "duplicate_key": 0}
     t = pq.read_table(tmp_path / "collapsed.parquet")
     assert t.schema.remove_metadata().equals(COLLAPSED)
     df = pl.from_arrow(t)

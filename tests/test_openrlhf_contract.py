@@ -169,8 +169,14 @@ def test_reward_file_through_single_turn_agent_executor(tokenizer, tmp_path, mon
     # Responses are the generated text only (prompt and EOS token removed).
     assert set(df["response"]) == {text for _, _, text, _, _ in cases}
     ended = dict(zip(df["response"], df["truncated"]))
-    assert ended[r"Let me think about x = 5 and"] is None  # no EOS: truncation not known for sure
+    assert ended[r"Let me think about x = 5 and"] is True  # no end-of-turn token in the query: cut at the limit
     assert ended[r"So the answer is \boxed{5}."] is False
+    # Without --problems, the original problem text comes back by id (never the chat-templated prompt with its hint).
+    texts = {}
+    for name in ("math500_problems.parquet", "humaneval_problems.parquet"):
+        texts.update(pl.read_parquet(bundled(name)).select("problem_id", "problem").iter_rows())
+    assert all(row["problem"] == texts[row["problem_id"]] for row in df.iter_rows(named=True))
+    assert json.loads((tmp_path / "ro" / "stats.json").read_text())["problem_missing"] == 0
 
 
 def test_reward_func_never_raises():

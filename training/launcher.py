@@ -28,14 +28,19 @@ from __future__ import annotations
 
 import ast
 import argparse
+import builtins
+import contextlib
 import datetime as _dt
 import importlib.util
+import io
 import logging
 import os
 import shlex
 import subprocess
 import sys
 import time
+import traceback
+import types
 from collections import deque
 from pathlib import Path
 from typing import Any
@@ -265,15 +270,85 @@ def openrlhf_parser() -> argparse.ArgumentParser:
     return ns["parser"]
 
 
-def check_with_openrlhf(cmd: list[str]) -> None:
-    """Parse `cmd`'s flags with OpenRLHF's parser; ConfigError with its message if it rejects them."""
-    parser = openrlhf_parser()
-    errors: list[str] = []
-    parser.error = lambda message: errors.append(message) or (_ for _ in ()).throw(SystemExit(2))  # type: ignore[method-assign]
+def _openrlhf_module() -> tuple[str, ast.Module, ast.If]:
+    spec = importlib.util.find_spec("openrlhf.cli.train_ppo_ray")
+    if spec is None or not spec.origin:
+        raise ConfigError("openrlhf is not installed; pip install --no-deps openrlhf==0.11.2")
+    tree = ast.parse(Path(spec.origin).read_text(), filename=spec.origin)
+    main = next((n for n in tree.body if isinstance(n, ast.If) and "__main__" in ast.unparse(n.test)), None)
+    if main is None:
+        raise ConfigError(f"{spec.origin}: no __main__ block; is this OpenRLHF 0.11.x?")
+    return spec.origin, tree, main
+
+
+class _Missing(types.ModuleType):
+    """Stands in for a module the dry run cannot import here (ray, modelscope): every attribute is a no-op."""
+
+    def __getattr__(self, name: str):
+        if name.startswith("__"):
+            raise AttributeError(name)
+        return lambda *a, **k: None
+
+
+def check_with_openrlhf(cmd: list[str]) -> tuple[Any, list[str]]:
+    """Run OpenRLHF's own launch checks on `cmd`'s flags; returns (the arguments it would train
+    with, the notes it printed). `ConfigError` with OpenRLHF's message when it rejects them.
+
+    The whole ``if __name__ == "__main__"`` block of ``openrlhf.cli.train_ppo_ray`` runs
+    (its parser, then every post-parse check and adjustment), with ``train`` replaced by a
+    function that keeps the parsed arguments. The module's imports that need a GPU stack
+    (ray, vLLM) are skipped: only ``train`` uses them.
+    """
+    origin, tree, main = _openrlhf_module()
+    ns: dict[str, Any] = {"__name__": "__main__", "__file__": origin, "__builtins__": builtins}
+    for stmt in tree.body:
+        if stmt is main:
+            continue
+        try:
+            exec(compile(ast.Module(body=[stmt], type_ignores=[]), origin, "exec"), ns)  # noqa: S102 - OpenRLHF's own code
+        except ImportError:
+            if not isinstance(stmt, (ast.Import, ast.ImportFrom)):
+                raise
+    captured: list[Any] = []
+    ns["train"] = captured.append
+    real_import = builtins.__import__
+
+    def tolerant_import(name, globals=None, locals=None, fromlist=(), level=0):
+        try:
+            return real_import(name, globals, locals, fromlist, level)
+        except ImportError:
+            return _Missing(name)  # e.g. modelscope for --use_ms: not needed to check the flags
+
+    ns["__builtins__"] = dict(vars(builtins), __import__=tolerant_import)
+    out, err = io.StringIO(), io.StringIO()
+    argv = sys.argv
+    sys.argv = [origin, *cmd[3:]]
     try:
-        parser.parse_args(cmd[3:])
-    except SystemExit:
-        raise ConfigError(f"OpenRLHF's train_ppo_ray parser rejects the command: {'; '.join(errors)}") from None
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            exec(compile(ast.Module(body=main.body, type_ignores=[]), origin, "exec"), ns)  # noqa: S102
+    except SystemExit as exc:
+        if exc.code not in (0, None) or not captured:
+            lines = [ln for ln in err.getvalue().splitlines() if ln.strip()]
+            said = next((ln.split("error:", 1)[1].strip() for ln in reversed(lines) if "error:" in ln), None)
+            raise ConfigError(f"OpenRLHF's train_ppo_ray rejects the command: {said or (lines[-1] if lines else exc.code)}") from None
+    except AssertionError as exc:
+        raise ConfigError(f"OpenRLHF's train_ppo_ray rejects the command: {_assertion_text(exc, origin)}") from None
+    except Exception as exc:  # its checks raise other errors too (ValueError from a conversion, ...)
+        raise ConfigError(f"OpenRLHF's train_ppo_ray rejects the command: {type(exc).__name__}: {exc}") from None
+    finally:
+        sys.argv = argv
+    if not captured:
+        raise ConfigError("OpenRLHF's train_ppo_ray did not reach train() with this command; run it by hand to see why")
+    notes = [ln for ln in (out.getvalue() + err.getvalue()).splitlines() if ln.strip()]
+    return captured[0], notes
+
+
+def _assertion_text(exc: AssertionError, origin: str) -> str:
+    """An assertion's message, or the failing line of OpenRLHF's source when it has none."""
+    if str(exc):
+        return str(exc)
+    frames = [f for f in traceback.extract_tb(exc.__traceback__) if f.filename == origin]
+    return f"assertion failed at {origin}:{frames[-1].lineno}: {frames[-1].line}" if frames else "an assertion failed"
 
 
 # --------------------------------------------------------------------------- running

@@ -36,7 +36,9 @@ except Exception:  # pragma: no cover - only without mentor installed
 def _one(query, prompt, label) -> tuple[float, bool]:
     response, ended = split_query(query if isinstance(query, str) else str(query), prompt if isinstance(prompt, str) else "")
     target = target_from_label(label, prompt if isinstance(prompt, str) else "")
-    reward = score_and_log(target, response, prompt or "", "openrlhf", truncated=False if ended else None, beside=__file__)
+    # OpenRLHF decodes queries with special tokens kept, so a response without the end-of-turn
+    # token was cut at the generation limit: truncated.
+    reward = score_and_log(target, response, prompt or "", "openrlhf", truncated=not ended, beside=__file__)
     return reward, ended
 
 

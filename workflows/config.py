@@ -7,10 +7,11 @@ build. Unknown keys are rejected; errors name the key and the file.
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from mentor.pipeline.errors import ConfigError
 from mentor.pipeline.io import read_yaml_mapping
@@ -18,6 +19,9 @@ from mentor.stages.mine import MineConfig
 from mentor.stages.rollout import RolloutConfig
 
 PACKAGED = Path(__file__).resolve().parent
+# One folder name: no path separator, no "..", no leading dot, dash or space, none of the
+# characters Windows refuses, no control characters; at most 100 characters.
+_SAFE_NAME = re.compile(r"[^./\\\s\-:*?\"<>|\x00-\x1f][^/\\:*?\"<>|\x00-\x1f]{0,99}")
 
 
 class _Strict(BaseModel):
@@ -106,12 +110,23 @@ class Workflow(_Strict):
     domain: Literal["math", "code"] = Field("math", description="Domain of the problems.")
     base: str = Field(description="Base problem set (bundled name, file, or hf:NAME[:CONFIG]:SPLIT).")
     base_map: dict[str, str] = Field(default_factory=dict, description="Base-set column mapping canonical=column.")
-    rounds: int = Field(1, ge=1, description="Number of rounds.")
+    rounds: int = Field(1, ge=1, le=10_000, description="Number of rounds.")
     initial_rollouts: InitialRollouts | None = Field(None, description="Logs that stand in for round 0's training.")
     trainer: Trainer = Field(description="How each round's rollouts are produced.")
     mine: MineConfig = Field(default_factory=MineConfig, description="mine settings.")
     hint: HintSettings = Field(default_factory=HintSettings, description="hint settings.")
     build: dict[str, Any] = Field(default_factory=dict, description="BuildConfig fields other than base/hints/round.")
+
+    @field_validator("name")
+    @classmethod
+    def _safe_name(cls, v: str) -> str:
+        # The run folder is runs/<name>: a name must stay one folder inside the runs folder.
+        if not _SAFE_NAME.fullmatch(v) or ".." in v or v != v.strip() or v.endswith("."):
+            raise ValueError(
+                f"{v!r} is not a safe run name: one folder name (no '/', '\\', '..', absolute path, leading dot "
+                "or dash, control characters, or any of :*?\"<>|; at most 100 characters), e.g. gsm8k-hints"
+            )
+        return v
 
     @model_validator(mode="after")
     def _check(self) -> "Workflow":
@@ -135,7 +150,7 @@ def validate_workflow(data: dict[str, Any], where: str = "workflow") -> Workflow
         lines = []
         for e in exc.errors():
             key = ".".join(str(p) for p in e["loc"])
-            msg = "unknown key" if e["type"] == "extra_forbidden" else e["msg"]
+            msg = "unknown key" if e["type"] == "extra_forbidden" else e["msg"].removeprefix("Value error, ")
             lines.append(f"{key}: {msg}")
         raise ConfigError(f"{where}: " + "; ".join(lines)) from exc
     try:
@@ -172,7 +187,7 @@ def _prefixed(exc: ValidationError, prefix: str) -> ConfigError:
     lines = []
     for e in exc.errors():
         key = ".".join([prefix, *(str(p) for p in e["loc"])])
-        lines.append(f"{key}: {'unknown key' if e['type'] == 'extra_forbidden' else e['msg']}")
+        lines.append(f"{key}: {'unknown key' if e['type'] == 'extra_forbidden' else e['msg'].removeprefix('Value error, ')}")
     return ConfigError("; ".join(lines))
 
 

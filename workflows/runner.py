@@ -14,7 +14,6 @@ at any moment resumes to the same result.
 
 from __future__ import annotations
 
-import glob as globlib
 import hashlib
 import logging
 import os
@@ -30,7 +29,7 @@ import yaml
 
 from mentor.pipeline.errors import ConfigError, DataError, MentorError
 from mentor.pipeline.faults import fault_point
-from mentor.pipeline.io import atomic_path, read_json, sha256_file, write_parquet_atomic
+from mentor.pipeline.io import atomic_path, glob_files, read_json, sha256_file, write_parquet_atomic
 from mentor.pipeline.rundir import STAGES, RunDir, StageDir, inputs_key, stage_key
 from mentor.workflows.config import Workflow
 
@@ -84,9 +83,9 @@ class Runner:
     # ------------------------------------------------------------------ driver
 
     def run(self) -> list[tuple[int, str]]:
+        base_token = self._base_problems()  # validated before any stage runs (or the run folder is made)
         self.rd.path.mkdir(parents=True, exist_ok=True)
         self._save_workflow()
-        base_token = self._base_problems()
         n = self.opts.rounds or self.wf.rounds
         prompts_dir: Path | None = None
         prompts_token = ""
@@ -159,8 +158,12 @@ class Runner:
         path = self.rd.path / "base" / "problems.parquet"
         marker = self.rd.path / "base" / "_source.json"
         want = {"base": self.wf.base, "map": self.wf.base_map, "domain": self.wf.domain}
-        if not (path.exists() and marker.exists() and read_json(marker) == want):
+        if not (path.exists() and marker.exists() and _read_or_none(marker) == want):
+            from mentor.stages.build import BuildConfig, BuildStats, validate_base
+
             base = load_base(self.wf.base, self.wf.base_map, self.wf.domain)
+            # The checks build would make rounds later (duplicate ids, no usable rows, --strict drops).
+            validate_base(base, BuildConfig.model_validate(self.wf.build | {"base": self.wf.base}), BuildStats())
             write_parquet_atomic(base.frame, path, dataset="problems")
             from mentor.pipeline.io import write_json_atomic
 
@@ -278,7 +281,7 @@ class Runner:
         deadline = time.monotonic() + t.timeout_s
         last, stable_since = None, None
         while True:
-            files = sorted(globlib.glob(pattern, recursive=True))
+            files = sorted(map(str, glob_files(pattern)))  # bounded, and ends on symlink loops
             state = [(f, os.path.getsize(f), os.path.getmtime(f)) for f in files if os.path.isfile(f)]
             now = time.monotonic()
             if state and (sentinel.exists() if sentinel else False):
@@ -350,6 +353,14 @@ class Runner:
         )
         stats = build(cfg, sd.path)
         return {"rows": stats.rows, "hinted": stats.hinted_rows}
+
+
+def _read_or_none(path: Path) -> Any:
+    """A bookkeeping JSON file, or None when it no longer parses (it is then simply re-made)."""
+    try:
+        return read_json(path)
+    except ValueError:
+        return None
 
 
 # ---------------------------------------------------------------------- status
