@@ -318,6 +318,37 @@ def test_probe_facts_are_json():
     assert os.geteuid() != 0 or be.facts.get("uid") >= sandbox.UID_BASE
 
 
+# --------------------------------------------------------------------------- mentor setup-sandbox
+
+
+def test_setup_sandbox_reports_layers(monkeypatch):
+    from click.testing import CliRunner
+
+    from mentor.pipeline.cli import cli
+
+    res = CliRunner().invoke(cli, ["setup-sandbox", "--no-install"])
+    assert res.exit_code == 0, res.output
+    assert f"sandbox backend: {sandbox.backend().name}" in res.output and "rlimits" in res.output
+    # Where a layer is missing, --strict is an error naming it.
+    impl = sandbox._Legacy()
+    seen = sandbox._probe(impl)
+    monkeypatch.setattr(sandbox, "_BACKEND", sandbox.Backend(impl, sandbox._verified(*seen), seen[1]))
+    res = CliRunner().invoke(cli, ["setup-sandbox", "--no-install", "--strict"])
+    assert res.exit_code == 1 and "fsview" in res.output
+
+
+def test_setup_sandbox_install_plan(monkeypatch):
+    from mentor.pipeline import cmd_sandbox
+
+    monkeypatch.setattr(cmd_sandbox.shutil, "which", lambda name: "/usr/bin/bwrap" if name == "bwrap" else None)
+    assert cmd_sandbox.install_commands() == []  # already there
+    monkeypatch.setattr(cmd_sandbox.shutil, "which", lambda name: None)
+    assert cmd_sandbox.install_commands() is None  # no apt-get: the manual step is printed instead
+    monkeypatch.setattr(cmd_sandbox.shutil, "which", lambda name: "/usr/bin/apt-get" if name == "apt-get" else None)
+    monkeypatch.setattr(cmd_sandbox.os, "geteuid", lambda: 0)
+    plan = cmd_sandbox.install_commands()
+    assert plan[0][:3] == ["apt-get", "install", "-y"] and plan[1] == ["apt-get", "update"] and plan[-1] == plan[0]
+
 
 def test_works_in_a_process_holding_many_descriptors():
     """A trainer process may hold more than FD_SETSIZE (1024) descriptors; the pipes above it still work."""
