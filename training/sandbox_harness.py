@@ -169,8 +169,6 @@ class CandidateError(Exception):
 
 
 def role_tester(cfg, layers):
-    import traceback
-
     chan = _private_channel()
     chan.send({"hello": identity(), "layers": layers})
     init = chan.recv()
@@ -197,6 +195,8 @@ def role_tester(cfg, layers):
         exec(compile(init["tests"], "tests.py", "exec"), g)
         g["check"](candidate)
     except BaseException as exc:
+        import traceback  # only on failure: it is slow to import
+
         where = ""
         for frame in traceback.extract_tb(exc.__traceback__):
             if frame.filename in ("tests.py", "setup.py"):
