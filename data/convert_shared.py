@@ -6,7 +6,7 @@ Writes, beside this file:
 - ``gsm8k_rollouts.parquet``   real GSM8K rollout logs (4 model samples per problem), schema: rollouts
 - ``gsm8k_problems.parquet``   GSM8K test set, schema: problems (same problem_ids as the rollouts)
 - ``math500_problems.parquet`` MATH-500, schema: problems
-- ``humaneval_problems.parquet`` HumanEval, schema: problems (label = JSON tests + entry point)
+- ``humaneval_problems.parquet`` HumanEval, schema: problems (label = JSON tests + entry point + the prompt as setup)
 and copies each source's licence into ``licenses/``. Output is deterministic.
 """
 
@@ -74,7 +74,8 @@ def convert(shared: Path, out: Path = HERE) -> None:
             "problem_id": r["task_id"].lower(),
             "domain": "code",
             "problem": r["prompt"],
-            "label": code_label(r["test"], r["entry_point"], "humaneval"),
+            # The prompt travels as trusted setup: some tests call its helpers (poly, encode_cyclic).
+            "label": code_label(r["test"], r["entry_point"], "humaneval", setup=r["prompt"]),
             "data_source": "openai/humaneval",
         }
         for r in _jsonl(shared / "humaneval/HumanEval.jsonl.gz")

@@ -23,6 +23,7 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
     "hint": ("mentor.pipeline.cmd_hint", "hint", "Hint collapsed problems with four LLM agents on vLLM (attribution, generation, judgment, repair)."),
     "check-hint": ("mentor.pipeline.cmd_hint", "check_hint", "Run the hint rules (answer leak, full solution, ...) on one hint; exit 1 when it fails."),
     "setup-cpu": ("mentor.pipeline.cmd_hint", "setup_cpu", "Prepare a CPU machine for vLLM and convert the embedded SmolLM2 demo model."),
+    "setup-sandbox": ("mentor.pipeline.cmd_sandbox", "setup_sandbox", "Install bubblewrap (apt) where possible and print the code sandbox's layers."),
     "train": ("mentor.pipeline.cmd_train", "train", "Run one OpenRLHF GRPO round from round.yaml (--dry-run prints the command)."),
     "rollout": ("mentor.pipeline.cmd_train", "rollout", "Sample k responses per prompt with vLLM, verify them, write canonical rollouts."),
     "rescue": ("mentor.pipeline.cmd_train", "rescue", "Re-roll collapsed problems with and without their hints; report the rescue rate."),

@@ -17,7 +17,8 @@ Every dataset written by mentor carries ``mentor.schema_version`` and
 Labels. ``label`` in ROLLOUTS / COLLAPSED / PROBLEMS is the reference in its
 domain form: for ``math`` the reference answer as text (LaTeX allowed); for
 ``code`` a JSON object ``{"tests": str, "entry_point": str|null, "kind":
-"humaneval"|"stdio"}`` (see `code_label`). In PROMPTS the ``label`` is a JSON
+"humaneval"|"stdio", "setup": str}`` (``setup``, optional: trusted code the
+tests may call, e.g. a HumanEval prompt's helpers; see `code_label`). In PROMPTS the ``label`` is a JSON
 object with the reference plus ``problem_id``, ``hint_id`` and ``round``,
 because OpenRLHF passes only the label to the reward function.
 """
@@ -181,9 +182,17 @@ OPENRLHF_RECORD_OPTIONAL: dict[str, type | tuple[type, ...]] = {
 }
 
 
-def code_label(tests: str, entry_point: str | None, kind: str = "humaneval") -> str:
-    """The domain-form label of a code problem (a JSON string)."""
-    return json.dumps({"tests": tests, "entry_point": entry_point, "kind": kind}, sort_keys=True)
+def code_label(tests: str, entry_point: str | None, kind: str = "humaneval", setup: str | None = None) -> str:
+    """The domain-form label of a code problem (a JSON string).
+
+    `setup` is trusted code the verifier runs beside the tests, never beside the
+    candidate (HumanEval: the task's prompt, whose helpers such as ``poly`` some
+    tests call); see `mentor.training.code_verify`.
+    """
+    obj = {"tests": tests, "entry_point": entry_point, "kind": kind}
+    if setup is not None:
+        obj["setup"] = setup
+    return json.dumps(obj, sort_keys=True)
 
 
 def prompt_label(domain: str, reference: str | None, problem_id: str, hint_id: str | None, round_: int) -> str:

@@ -67,6 +67,7 @@ from mentor.pipeline.io import (
 from mentor.pipeline.llm import Backend, GenRequest
 from mentor.pipeline.prompts import HINT_TEMPLATE, INSTRUCTIONS
 from mentor.pipeline.schemas import SCHEMA_VERSION, check_schema, parse_prompt_label
+from mentor.training.verify import reference_of
 
 log = logging.getLogger(__name__)
 
@@ -151,7 +152,8 @@ def load_prompt_items(sources: Sequence[str], cfg: RolloutConfig) -> list[Prompt
             except (TypeError, ValueError) as exc:
                 raise DataError(f"{', '.join(map(str, paths))}: row {i}: column 'label' is not a mentor prompt label ({exc}); rebuild the prompts with mentor build") from exc
             domain = label.get("domain") or row["ability"]
-            ref = json.dumps({k: label.get(k) for k in ("tests", "entry_point", "kind")}, sort_keys=True) if domain == "code" else label.get("answer")
+            # The code reference keeps every key of the code label ("setup" included: trusted helpers of the tests).
+            ref = json.dumps(reference_of({**label, "domain": "code"}), sort_keys=True) if domain == "code" else label.get("answer")
             items.append(
                 PromptItem(
                     messages=[{"role": m["role"], "content": m["content"]} for m in row["prompt"]],

@@ -25,12 +25,13 @@ each way per check (well under a millisecond) and ~1 s per worker start.
 
 Code
 ----
-`verify_code` runs the response's code against the label's tests in
-`mentor.training.sandbox` (see its docstring for what it guarantees):
-``kind="humaneval"``: ``code + tests + check(entry_point)``; ``kind="stdio"``:
-``tests`` is a JSON list of ``{"input": str, "output": str}`` cases, each run
-with the input on stdin and the output compared line by line (trailing
-whitespace ignored). A response scores 1.0 only if every test passes.
+`verify_code` (in `mentor.training.code_verify`, whose docstring has the
+design) runs the response's code against the label's tests so that a pass is a
+message the candidate cannot forge: ``kind="humaneval"`` runs the candidate in
+a sandboxed worker that only answers calls with plain data, and the tests in a
+second sandbox (the tester) that alone can report the pass, with a nonce;
+``kind="stdio"`` runs each ``{"input", "output"}`` case as a program and
+compares its output here. A response scores 1.0 only if every test passes.
 """
 
 from __future__ import annotations
@@ -45,9 +46,8 @@ import subprocess
 import sys
 import threading
 import time
-from dataclasses import dataclass
 
-from mentor.training.sandbox import SandboxLimits, run_python
+from mentor.training.code_verify import CODE_PRELUDE, CodeOutcome, extract_code, run_code_tests, verify_code
 
 log = logging.getLogger(__name__)
 
@@ -257,85 +257,10 @@ def verify_math(response: str, reference: str) -> float:
     return 1.0 if math_pool().check(reference, answer) else 0.0
 
 
-# --------------------------------------------------------------------------- code
+# --------------------------------------------------------------------------- code (see code_verify)
 
-_FENCE = re.compile(r"```[ \t]*([A-Za-z0-9_+-]*)[^\n]*\n(.*?)```", re.DOTALL)
-# Imports HumanEval prompts (and most graders) provide; a response that writes
-# only the function still runs.
-CODE_PRELUDE = (
-    "from typing import *\n"
-    "import math, re, string, itertools, functools, collections, heapq, bisect, statistics\n"
-)
-
-
-def extract_code(response: str) -> str:
-    """The code in a response: the last python (or untagged) fenced block, else the whole text."""
-    text = _SPECIAL_TOKENS.sub("", response or "")
-    blocks = _FENCE.findall(text)
-    if not blocks and "```" in text:
-        # An unterminated fence (truncated response): take what follows it.
-        tail = text.rsplit("```", 1)[1]
-        blocks = [(tail.split("\n", 1)[0].strip(), tail.split("\n", 1)[1] if "\n" in tail else "")]
-    if blocks:
-        py = [code for lang, code in blocks if lang.lower() in ("python", "py", "python3", "")]
-        return (py or [blocks[-1][1]])[-1]
-    return text
-
-
-@dataclass
-class CodeOutcome:
-    passed: int
-    total: int
-    detail: str  # first failure (or "ok"), short
-
-    @property
-    def score(self) -> float:
-        return 1.0 if self.total and self.passed == self.total else 0.0
-
-
-def _compare_output(got: str, want: str) -> bool:
-    norm = lambda s: [ln.rstrip() for ln in s.strip().splitlines()]  # noqa: E731
-    return norm(got) == norm(want)
-
-
-def run_code_tests(response: str, label: dict, limits: SandboxLimits | None = None) -> CodeOutcome:
-    """Run the response's code against a code label ``{"tests", "entry_point", "kind"}``."""
-    code = extract_code(response)
-    kind = label.get("kind") or "humaneval"
-    tests = label.get("tests")
-    if not tests:
-        return CodeOutcome(0, 0, "label has no tests")
-    if kind == "humaneval":
-        entry = label.get("entry_point")
-        if not entry:
-            return CodeOutcome(0, 0, "label has no entry_point")
-        program = f"{CODE_PRELUDE}\n{code}\n\n{tests}\n\ncheck({entry})\n"
-        res = run_python(program, limits=limits)
-        if res.ok:
-            return CodeOutcome(1, 1, "ok")
-        why = "timeout" if res.timed_out else (res.stderr.strip().splitlines() or [f"exit {res.returncode}"])[-1]
-        return CodeOutcome(0, 1, why[:300])
-    if kind == "stdio":
-        cases = json.loads(tests) if isinstance(tests, str) else tests
-        if not isinstance(cases, list) or not cases:
-            return CodeOutcome(0, 0, "stdio tests must be a non-empty JSON list of {input, output}")
-        program = f"{CODE_PRELUDE}\n{code}\n"
-        for i, case in enumerate(cases):
-            res = run_python(program, stdin=str(case.get("input", "")), limits=limits)
-            if not res.ok:
-                why = "timeout" if res.timed_out else (res.stderr.strip().splitlines() or [f"exit {res.returncode}"])[-1]
-                return CodeOutcome(i, len(cases), f"case {i}: {why}"[:300])
-            if not _compare_output(res.stdout, str(case.get("output", ""))):
-                return CodeOutcome(i, len(cases), f"case {i}: wrong output")
-        return CodeOutcome(len(cases), len(cases), "ok")
-    return CodeOutcome(0, 0, f"unknown test kind {kind!r}")
-
-
-def verify_code(response: str, label: dict | str, limits: SandboxLimits | None = None) -> float:
-    """1.0 when the response's code passes every test of `label` (a dict or the code_label JSON)."""
-    if isinstance(label, str):
-        label = json.loads(label)
-    return run_code_tests(response, label, limits).score
+# The keys of a code label (`schemas.code_label`); "setup" only in labels that carry one.
+CODE_LABEL_KEYS = ("tests", "entry_point", "kind", "setup")
 
 
 # --------------------------------------------------------------------------- dispatcher
@@ -344,7 +269,7 @@ def verify_code(response: str, label: dict | str, limits: SandboxLimits | None =
 def reference_of(label: dict) -> str | dict | None:
     """The domain-form reference inside a parsed prompt label (math answer or code tests dict)."""
     if label.get("domain") == "code":
-        return {k: label.get(k) for k in ("tests", "entry_point", "kind")}
+        return {k: label.get(k) for k in CODE_LABEL_KEYS if k != "setup" or label.get(k) is not None}
     return label.get("answer")
 
 
@@ -372,6 +297,8 @@ def verify(domain: str, response: str, reference_label: str | dict | None) -> fl
 
 
 __all__ = [
+    "CODE_LABEL_KEYS",
+    "CODE_PRELUDE",
     "CodeOutcome",
     "MathVerifierPool",
     "extract_code",

@@ -6,8 +6,10 @@
   call from `--threads` threads, on MATH-500 references written in another
   equivalent form (half right, half wrong), with rollout logging on; reports
   calls/s, the p50/p99 latency and how many were scored correct;
-- code: HumanEval canonical solutions through the sandbox, from the same number
-  of threads; reports sandbox runs/s and p50 latency, and the layers in force.
+- code: HumanEval canonical solutions through `verify` (the code reward's
+  verifier: a worker and a tester sandbox per check, see docs/sandbox.md), from
+  the same number of threads; reports checks/s (``code_runs_per_s``), the p50
+  latency, how many passed, and the layers in force.
 
 No target is asserted: the figures show what one trainer process can score
 (the verifiers are CPU-bound; on a 2-core shared machine they depend on load,
@@ -73,7 +75,7 @@ def main() -> None:
     def code(task):
         t = time.perf_counter()
         ok = verify("code", "```python\n" + task["prompt"] + task["canonical_solution"] + "```",
-                    code_label(task["test"], task["entry_point"]))
+                    code_label(task["test"], task["entry_point"], setup=task["prompt"]))
         return time.perf_counter() - t, ok
 
     t0 = time.perf_counter()

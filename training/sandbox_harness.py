@@ -1,0 +1,261 @@
+"""The program that runs INSIDE each sandbox (standard library only).
+
+`mentor.training.sandbox` starts ``python -I -S -B -c SOURCE CONFIG`` where
+SOURCE is `mentor.training.plaincodec` followed by this file, so nothing here
+may import mentor. CONFIG (JSON, argv[1]) names the role and the rlimits; it
+holds nothing secret. Roles:
+
+``program``  run a stdin/stdout program (``/sandbox/main.py``, or ``main.py`` in
+             the work dir) as ``__main__``; its output is compared by the caller.
+``worker``   load the candidate's code as module ``solution``, then answer
+             ``{"a": args, "k": kwargs}`` call messages with ``{"ok": result}``
+             (plain data only) or ``{"raised": name, "msg": text}``. The
+             candidate's own prints go to /dev/null.
+``tester``   run the trusted setup (the task's prompt) and tests with
+             ``candidate`` bound to a proxy whose calls are forwarded to the
+             worker through the caller, and report ``{"done": "pass",
+             "nonce": N}`` only once ``check(candidate)`` has returned.
+``probe``    report what this process can see and do (used once per process
+             to check that the layers hold).
+
+Every role first sets the rlimits and sends a ``hello`` with its uid, effective
+capabilities and no_new_privs flag, before any untrusted code runs; the caller
+refuses to go on if the uid is 0. Messages are one JSON object per line on the
+original stdin/stdout (the worker and tester move them to private fds and put
+/dev/null on 0/1, so a stray ``print`` cannot break the framing).
+
+In the legacy backend (no bubblewrap) `legacy_setup` first builds what layers
+the kernel allows here: namespaces via unshare(2), a read-only filesystem, the
+uid drop, and an audit hook that is a tripwire only (see the sandbox module).
+"""
+
+import builtins
+import json
+import os
+import resource
+import sys
+
+try:  # inside the sandbox this file runs after plaincodec's source, which defines these
+    from_plain, to_plain, PlainError  # noqa: B018
+except NameError:  # imported as a module (tests, tools)
+    from mentor.training.plaincodec import PlainError, from_plain, to_plain
+
+MAX_LINE = 8 << 20
+
+
+class _Channel:
+    """Newline-delimited JSON objects on two raw fds."""
+
+    def __init__(self, rfd, wfd):
+        self.rfd, self.wfd, self.buf = rfd, wfd, b""
+
+    def send(self, obj):
+        data = (json.dumps(obj, separators=(",", ":"), allow_nan=False) + "\n").encode()
+        while data:
+            data = data[os.write(self.wfd, data):]
+
+    def recv(self):
+        while b"\n" not in self.buf:
+            if len(self.buf) > MAX_LINE:
+                return None
+            chunk = os.read(self.rfd, 1 << 16)
+            if not chunk:
+                return None
+            self.buf += chunk
+        line, _, self.buf = self.buf.partition(b"\n")
+        obj = json.loads(line)
+        return obj if type(obj) is dict else None
+
+
+def _private_channel():
+    """Move the message pipes off fds 0/1 (which become /dev/null)."""
+    rfd, wfd = os.dup(0), os.dup(1)
+    null = os.open("/dev/null", os.O_RDWR)
+    os.dup2(null, 0)
+    os.dup2(null, 1)
+    os.close(null)
+    sys.stdin = open(0, "r", closefd=False)
+    sys.stdout = open(1, "w", closefd=False)
+    return _Channel(rfd, wfd)
+
+
+def set_rlimits(cfg):
+    pairs = [
+        (resource.RLIMIT_CPU, cfg["cpu_seconds"]),
+        (resource.RLIMIT_AS, cfg["memory_bytes"]),
+        (resource.RLIMIT_FSIZE, cfg["file_bytes"]),
+        (resource.RLIMIT_NPROC, cfg["processes"]),
+        (resource.RLIMIT_NOFILE, cfg["open_files"]),
+        (resource.RLIMIT_CORE, 0),
+    ]
+    ok = True
+    for res, value in pairs:
+        try:
+            resource.setrlimit(res, (value, value))
+        except (ValueError, OSError):
+            ok = False
+    return ok
+
+
+def identity():
+    """Facts the caller checks before any untrusted code runs."""
+    caps, nnp = None, None
+    try:
+        with open("/proc/self/status") as fh:
+            for line in fh:
+                if line.startswith("CapEff:"):
+                    caps = int(line.split()[1], 16)
+                elif line.startswith("NoNewPrivs:"):
+                    nnp = int(line.split()[1])
+    except OSError:
+        pass
+    return {"uid": os.getuid(), "euid": os.geteuid(), "gid": os.getgid(), "groups": os.getgroups(),
+            "caps": caps, "nnp": nnp, "pid": os.getpid(), "prefix": sys.prefix}
+
+
+# --------------------------------------------------------------------------- roles
+
+
+def role_program(cfg, layers):
+    path = cfg.get("main") or "main.py"
+    with open(path, "rb") as fh:
+        src = fh.read()
+    sys.stderr.write("\x00MENTOR-SANDBOX-LAYERS " + json.dumps({"layers": layers, "id": identity()}) + "\n")
+    sys.stderr.flush()
+    sys.argv = ["main.py"]
+    g = {"__name__": "__main__", "__file__": "main.py", "__builtins__": builtins}
+    exec(compile(src, "main.py", "exec"), g)
+
+
+def role_worker(cfg, layers):
+    import types
+
+    chan = _private_channel()
+    chan.send({"hello": identity(), "layers": layers})
+    init = chan.recv()
+    if init is None:
+        return
+    mod = types.ModuleType("solution")
+    mod.__dict__["__builtins__"] = builtins
+    sys.modules["solution"] = mod
+    try:
+        exec(compile(init.get("prelude", "") + init["code"], "solution.py", "exec"), mod.__dict__)
+        fn = mod.__dict__.get(init["entry"])
+        if not callable(fn):
+            chan.send({"error": "the code defines no function named %r" % init["entry"]})
+            return
+    except BaseException as exc:  # the candidate's code failed to load: report it, stop
+        chan.send({"error": _describe(exc)})
+        return
+    chan.send({"ready": True})
+    while True:
+        msg = chan.recv()
+        if msg is None:
+            return
+        args, kwargs = from_plain(msg["a"]), from_plain(msg["k"])
+        try:
+            result = fn(*args, **kwargs)
+        except BaseException as exc:  # SystemExit too: it is the call's outcome, not ours
+            chan.send({"raised": _name(exc), "msg": _describe(exc)})
+            continue
+        try:
+            chan.send({"ok": to_plain(result)})
+        except (PlainError, ValueError, TypeError, RecursionError) as exc:
+            chan.send({"bad": str(exc)[:200]})
+
+
+class CandidateError(Exception):
+    """What a test sees when the candidate's function raised (the original type is in the message)."""
+
+
+def role_tester(cfg, layers):
+    chan = _private_channel()
+    chan.send({"hello": identity(), "layers": layers})
+    init = chan.recv()
+    if init is None:
+        return
+    nonce = init.pop("nonce")
+    calls = [0]
+
+    def candidate(*args, **kwargs):
+        calls[0] += 1
+        chan.send({"call": {"a": to_plain(args), "k": to_plain(kwargs)}})
+        reply = chan.recv()
+        if reply is None or "stop" in reply:
+            os._exit(3)  # the caller has given up on this run
+        if "ok" in reply:
+            return from_plain(reply["ok"])
+        raise CandidateError(str(reply.get("msg")))  # "TypeName: message", as the worker wrote it
+
+    candidate.__name__ = candidate.__qualname__ = init["entry"]
+    g = {"__name__": "__main__", "__builtins__": builtins}
+    try:
+        exec(compile(init.get("prelude", "") + (init.get("setup") or ""), "setup.py", "exec"), g)
+        g[init["entry"]] = candidate  # tests that name the function itself get the candidate too
+        exec(compile(init["tests"], "tests.py", "exec"), g)
+        g["check"](candidate)
+    except BaseException as exc:
+        import traceback  # only on failure: it is slow to import
+
+        where = ""
+        for frame in traceback.extract_tb(exc.__traceback__):
+            if frame.filename in ("tests.py", "setup.py"):
+                where = " (%s line %d)" % (frame.filename, frame.lineno)
+        chan.send({"done": "fail", "why": _describe(exc) + where, "calls": calls[0]})
+        return
+    chan.send({"done": "pass", "nonce": nonce, "calls": calls[0]})
+
+
+def role_probe(cfg, layers):
+    import socket
+
+    facts = identity()
+    facts["root_listing"] = sorted(os.listdir("/"))
+    facts["proc_pids"] = sorted(p for p in os.listdir("/proc") if p.isdigit())
+    try:
+        with open("/etc/shadow", "rb"):
+            facts["shadow_readable"] = True
+    except OSError:
+        facts["shadow_readable"] = False
+    s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    try:
+        s.connect(("192.0.2.1", 9))  # TEST-NET-1: no packet is sent for a UDP connect
+        facts["route"] = True
+    except OSError:
+        facts["route"] = False
+    finally:
+        s.close()
+    sys.stdout.write(json.dumps({"layers": layers, "facts": facts}) + "\n")
+
+
+def _name(exc):
+    try:
+        return str(type(exc).__name__)[:80]
+    except BaseException:
+        return "?"
+
+
+def _describe(exc):
+    try:
+        return ("%s: %s" % (_name(exc), exc))[:300]
+    except BaseException:
+        return _name(exc)
+
+
+ROLES = {"program": role_program, "worker": role_worker, "tester": role_tester, "probe": role_probe}
+
+
+def main():
+    cfg = json.loads(sys.argv[1])
+    layers = list(cfg.get("layers", []))
+    if cfg.get("legacy"):
+        layers = legacy_setup(cfg, layers)  # noqa: F821 - defined in sandbox_legacy's source
+    if set_rlimits(cfg):
+        layers.append("rlimits")
+    if os.getuid() == 0 or os.geteuid() == 0:
+        sys.stderr.write("mentor sandbox: refusing to run code as uid 0\n")
+        os._exit(125)
+    if cfg.get("legacy") and cfg.get("audit") and cfg["role"] != "probe":  # the probe observes the kernel's layers
+        install_audit_hook(os.path.realpath(os.getcwd()), cfg)  # noqa: F821
+        layers.append("audit")
+    ROLES[cfg["role"]](cfg, layers)
