@@ -31,9 +31,10 @@ from pathlib import Path
 from typing import Any
 
 from mentor.pipeline.io import config_hash, read_json, sha256_file, write_json_atomic
+from mentor.pipeline.stage import STATS_FILE, write_done
 
 STAGES = ("train", "ingest", "mine", "hint", "build")
-# Each stage writes into the folder named after the dataset it produces (DESIGN.md).
+# Each stage writes into the folder named after the dataset it produces.
 STAGE_DIRS = {"train": "train", "ingest": "rollouts", "mine": "collapsed", "hint": "hints", "build": "prompts"}
 
 
@@ -94,7 +95,7 @@ class StageDir:
 
     def finish(self, key: str, info: dict[str, Any]) -> None:
         """Mark done: the marker is the last thing written."""
-        write_json_atomic(info | {"key": key, "finished": time.time()}, self.done_dir / f"{key}.done")
+        write_done(self.done_dir / f"{key}.done", key, **info)
         (self.path / "_running.json").unlink(missing_ok=True)
 
     def fail(self, error: str) -> None:
@@ -126,7 +127,7 @@ class StageDir:
             return f"{f}: unreadable (the stage failed; its error message was lost)"
 
     def stats(self) -> dict[str, Any]:
-        f = self.path / "stats.json"
+        f = self.path / STATS_FILE
         try:
             return read_json(f) if f.exists() else {}
         except (OSError, ValueError):

@@ -21,8 +21,8 @@ this path, and is counted in the stats.
 
 Shards. `hint_shard(rows, cfg, backend)` is a pure function of its rows (the
 seeds of every request derive from problem ids, not positions); `hint_to_dir`
-splits the collapsed set into shards, runs them with a pluggable
-``map_fn(fn, items, *args)`` (in-process, or dask workers that each own one
+splits the collapsed set into shards, runs them with the stage's executor
+(`mentor.pipeline.executor`: in-process, or dask workers that each own one
 engine built from a picklable `BackendSpec`), writes each shard atomically
 with a done marker keyed by the shard's input hash and the config hash, and
 concatenates them into ``hints.parquet`` + ``stats.json``. A killed run
@@ -34,12 +34,13 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import re
 import time
 import zlib
 from collections import Counter
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
@@ -47,9 +48,11 @@ import pyarrow as pa
 from pydantic import BaseModel, ConfigDict, Field
 
 from mentor.pipeline.errors import ConfigError, EngineError
+from mentor.pipeline.executor import Executor, LocalExecutor
 from mentor.pipeline.ids import content_hash
 from mentor.pipeline.llm import Backend, GenRequest, GenResult
 from mentor.pipeline.schemas import HINTS, SCHEMA_VERSION, TRACE_ENTRY, schema_metadata
+from mentor.pipeline.stage import Stats, StatsLayout, read_done, write_done, write_stats
 from mentor.stages import hint_agents as agents
 from mentor.stages.hint_rules import Instructions, RuleContext, RuleLimits, check_hint, copies_instructions
 
@@ -145,44 +148,16 @@ def load_config(path: str | Path | None, **overrides: Any) -> HintConfig:
 # --------------------------------------------------------------------------- stats
 
 
-@dataclass
-class HintStats:
-    problems: int = 0
-    accepted: int = 0
-    repaired: int = 0
-    fallback: int = 0
-    engine_calls: int = 0
-    waves: int = 0
-    requests: int = 0
-    prompt_tokens: int = 0
-    completion_tokens: int = 0
-    retries: int = 0
-    refines: int = 0
-    judge_calls: int = 0
-    keyword_leaks: int = 0
-    keyword_invalid: int = 0
-    error_leaks: int = 0
-    copied_instructions: int = 0  # keywords / errors that repeat the attribution prompt, dropped
-    violations: Counter = field(default_factory=Counter)
-    parse_failures: Counter = field(default_factory=Counter)
-    truncated: Counter = field(default_factory=Counter)
-    requests_by_agent: Counter = field(default_factory=Counter)
-    shards: int = 0
-
-    def add(self, other: dict[str, Any]) -> None:
-        for k, v in other.items():
-            cur = getattr(self, k, None)
-            if isinstance(cur, Counter):
-                cur.update(v)
-            elif isinstance(cur, int):
-                setattr(self, k, cur + int(v))
-
-    def as_dict(self) -> dict[str, Any]:
-        d = {k: getattr(self, k) for k in self.__dataclass_fields__}
-        for k, v in d.items():
-            if isinstance(v, Counter):
-                d[k] = dict(sorted(v.items()))
-        return d
+HINT_STATS = StatsLayout(
+    counters=(
+        "problems", "accepted", "repaired", "fallback", "engine_calls", "waves", "requests", "prompt_tokens",
+        "completion_tokens", "retries", "refines", "judge_calls", "keyword_leaks", "keyword_invalid", "error_leaks",
+        "copied_instructions",  # keywords / errors that repeat the attribution prompt, dropped
+        "shards",
+    ),
+    groups={"violations": (), "parse_failures": (), "truncated": (), "requests_by_agent": ()},
+)
+HintStats = HINT_STATS  # HintStats() makes the empty counters of a hint run
 
 
 # --------------------------------------------------------------------------- one shard
@@ -232,7 +207,7 @@ class _Problem:
 class _Shard:
     """The per-shard machinery: templates, schemas and the state transitions."""
 
-    def __init__(self, cfg: HintConfig, templates: agents.Templates, stats: HintStats) -> None:
+    def __init__(self, cfg: HintConfig, templates: agents.Templates, stats: Stats) -> None:
         self.cfg = cfg
         self.t = templates
         self.st = stats
@@ -409,7 +384,7 @@ def hint_shard(
     rows: Sequence[dict] | pa.Table,
     cfg: HintConfig,
     backend: Backend,
-    stats: HintStats | None = None,
+    stats: Stats | None = None,
     progress: Callable[[int, int], None] | None = None,
     templates: agents.Templates | None = None,
 ) -> pa.Table:
@@ -515,13 +490,6 @@ def _to_table(problems: list[_Problem], model: str, prompt_version: str, cfg_has
 
 # --------------------------------------------------------------------------- shards on disk
 
-MapFn = Callable[..., list]
-
-
-def serial_map(fn: Callable, items: list, *args) -> list:
-    return [fn(item, *args) for item in items]
-
-
 @dataclass
 class ShardTask:
     """One shard's work, small enough to ship to a dask worker."""
@@ -536,21 +504,13 @@ class ShardTask:
 
 def shard_done(task: ShardTask) -> dict | None:
     """The done marker's content when the shard's output is complete, else None."""
-    done, shard = Path(task.done_path), Path(task.shard_path)
-    if done.is_file() and shard.is_file():
-        try:
-            marker = json.loads(done.read_text())
-        except ValueError:
-            return None
-        if marker.get("key") == task.key:
-            return marker
-    return None
+    return read_done(task.done_path, task.key) if Path(task.shard_path).is_file() else None
 
 
 def run_shard(task: ShardTask, cfg: HintConfig, backend_factory: Callable[[], Backend],
               progress: Callable[[int, int], None] | None = None) -> dict:
     """Hint one shard and write it (parquet first, then the done marker). Top-level: picklable for dask."""
-    from mentor.pipeline.io import write_json_atomic, write_parquet_atomic
+    from mentor.pipeline.io import write_parquet_atomic
 
     marker = shard_done(task)
     if marker is not None:  # e.g. a dask task retried after its worker died past the write
@@ -566,11 +526,34 @@ def run_shard(task: ShardTask, cfg: HintConfig, backend_factory: Callable[[], Ba
         ) from exc
     write_parquet_atomic(table, task.shard_path, dataset="hints")
     stats = st.as_dict()
-    write_json_atomic({"key": task.key, "index": task.index, "rows": table.num_rows, "stats": stats}, task.done_path)
+    write_done(task.done_path, task.key, index=task.index, rows=table.num_rows, stats=stats)
     from mentor.pipeline.faults import fault_point
 
     fault_point("hint.after_shard")
     return {"stats": stats, "reused": False}
+
+
+class _Ticker:
+    """``progress(problems, wave)`` for `run_shard`: moves the bar in the process that made it.
+
+    A task run elsewhere (a dask worker process) gets a copy that does nothing; the
+    bar then moves when the shard's result comes back.
+    """
+
+    _bars: dict[int, Any] = {}
+
+    def __init__(self, bar: Any) -> None:
+        self.pid, self.key = os.getpid(), id(bar)
+        self._bars[self.key] = bar
+
+    def __call__(self, n: int, wave: int) -> None:
+        bar = self._bars.get(self.key) if os.getpid() == self.pid else None
+        if bar is not None:
+            bar.update(n)
+            bar.set_postfix(wave=wave, refresh=False)
+
+    def close(self) -> None:
+        self._bars.pop(self.key, None)
 
 
 def input_hash(rows: list[dict]) -> str:
@@ -589,10 +572,10 @@ def hint_to_dir(
     out_dir: str | Path,
     cfg: HintConfig,
     backend_factory: Callable[[], Backend],
-    map_fn: MapFn = serial_map,
+    executor: Executor | None = None,
     sample: int | None = None,
     progress: bool = False,
-) -> HintStats:
+) -> Stats:
     """Hint a collapsed dataset into ``out_dir/hints.parquet`` and ``out_dir/stats.json``.
 
     Shards live in ``out_dir/_shards/<key>.parquet`` with ``<key>.done.json``
@@ -602,7 +585,7 @@ def hint_to_dir(
     """
     from tqdm.auto import tqdm
 
-    from mentor.pipeline.io import config_hash, read_table, resolve_inputs, write_json_atomic, write_parquet_atomic
+    from mentor.pipeline.io import config_hash, read_table, resolve_inputs, write_parquet_atomic
 
     sources = [collapsed_path] if isinstance(collapsed_path, (str, Path)) else list(collapsed_path)
     paths = resolve_inputs(sources)
@@ -630,26 +613,23 @@ def hint_to_dir(
     todo_ids = {t.index for t in todo}
     reused = [t for t in tasks if t.index not in todo_ids]
     for t in reused:
-        stats.add(shard_done(t)["stats"])  # type: ignore[index]
+        stats.merge(shard_done(t)["stats"])  # type: ignore[index]
     bar = tqdm(total=len(rows), desc="hint", unit="problem", disable=not progress, dynamic_ncols=True)
-    bar.update(sum(len(t.rows) for t in reused))
+    finished = sum(len(t.rows) for t in reused)
+    bar.update(finished)
+    ticker = _Ticker(bar)
     run_calls = 0
+    results = []
     try:
-        if todo and map_fn is serial_map:
-            def tick(n: int, wave: int) -> None:
-                bar.update(n)
-                bar.set_postfix(wave=wave, refresh=False)
-
-            results = [run_shard(t, cfg, backend_factory, tick) for t in todo]
-        elif todo:
-            results = map_fn(run_shard, todo, cfg, backend_factory)
-            bar.update(sum(len(t.rows) for t in todo))
-        else:
-            results = []
+        for task, result in zip(todo, (executor or LocalExecutor()).imap(run_shard, todo, cfg, backend_factory, ticker)):
+            results.append(result)
+            finished += len(task.rows)
+            bar.update(finished - bar.n)  # what the ticker could not show (a shard run elsewhere)
     finally:
+        ticker.close()
         bar.close()
     for r in results:
-        stats.add(r["stats"])
+        stats.merge(r["stats"])
         if not r["reused"]:
             run_calls += r["stats"]["engine_calls"]
     import pyarrow.parquet as pq
@@ -669,7 +649,7 @@ def hint_to_dir(
         "inputs": [str(p) for p in paths],
         "sample": sample,
     }
-    write_json_atomic(summary, out_dir / "stats.json")
+    write_stats(out_dir, summary)
     log.info("hinted %d problems: %d accepted, %d repaired, %d fallback, %d engine calls",
              stats.problems, stats.accepted, stats.repaired, stats.fallback, stats.engine_calls)
     return stats

@@ -23,7 +23,6 @@ import os
 import re
 from collections import Counter
 from collections.abc import Iterator
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import polars as pl
@@ -35,10 +34,10 @@ from mentor.pipeline.io import (
     outside_output,
     read_parquet_schema,
     resolve_inputs,
-    write_json_atomic,
     write_parquet_atomic,
 )
 from mentor.pipeline.outdir import check_output_dir, staged_output_dir
+from mentor.pipeline.stage import Stats, StatsLayout, write_stats
 from mentor.pipeline.schemas import (
     DOMAINS,
     OPENRLHF_RECORD_FIELDS,
@@ -55,44 +54,24 @@ GSM8K_MODELS = ("6b_finetuning", "6b_verification", "175b_finetuning", "175b_ver
 DEFAULT_MAX_RESPONSE_BYTES = 1 << 20  # responses above this are clipped (head + tail kept)
 
 
-@dataclass
-class IngestStats:
-    files: int = 0
-    rows_read: int = 0
-    rollouts: int = 0
-    problems: int = 0
-    response_clipped: int = 0
-    problem_recovered: int = 0  # problem text recovered from the prompt as sent (chat template, hint, instruction removed)
-    text_repaired: int = 0  # records whose strings held lone surrogates (replaced by U+FFFD)
-    problem_missing: int = 0  # no original problem text: `mine` falls back to the prompt as sent
-    quarantined: Counter = field(default_factory=Counter)
-    format: str = ""
-    warnings: list[str] = field(default_factory=list)
-
-    def warn(self, message: str) -> None:
-        log.warning("%s", message)
-        self.warnings.append(message)
-
-    def as_dict(self) -> dict:
-        return {
-            "format": self.format,
-            "files": self.files,
-            "rows_read": self.rows_read,
-            "rollouts": self.rollouts,
-            "problems": self.problems,
-            "response_clipped": self.response_clipped,
-            "problem_recovered": self.problem_recovered,
-            "problem_missing": self.problem_missing,
-            "text_repaired": self.text_repaired,
-            "quarantined": dict(sorted(self.quarantined.items())),
-            "quarantined_total": sum(self.quarantined.values()),
-        }
+INGEST_STATS = StatsLayout(
+    counters=(
+        "files", "rows_read", "rollouts", "problems", "response_clipped",
+        "problem_recovered",  # problem text recovered from the prompt as sent (chat template, hint, instruction removed)
+        "problem_missing",  # no original problem text: `mine` falls back to the prompt as sent
+        "text_repaired",  # records whose strings held lone surrogates (replaced by U+FFFD)
+    ),
+    groups={"quarantined": ()},
+    totals={"quarantined_total": "quarantined"},
+    values={"format": ""},
+    logger=__name__,
+)
 
 
 # --------------------------------------------------------------------------- JSONL reading
 
 
-def iter_jsonl(path: Path, stats: IngestStats | None = None) -> Iterator[tuple[int, dict | None, str | None]]:
+def iter_jsonl(path: Path, stats: Stats | None = None) -> Iterator[tuple[int, dict | None, str | None]]:
     """Yield (line number, record or None, problem) for each non-blank line.
 
     Non-UTF-8 bytes, a JSON array instead of JSON Lines and values nested deeper than
@@ -248,7 +227,7 @@ class _Quarantine(Exception):
         self.reason = reason
 
 
-def _rows_of(path: Path, stats: IngestStats, records: Iterator, make) -> list[dict]:
+def _rows_of(path: Path, stats: Stats, records: Iterator, make) -> list[dict]:
     """`make(lineno, rec)` for every record: rows kept, bad JSON lines and `_Quarantine`s counted."""
     rows = []
     for lineno, rec, problem in records:
@@ -276,7 +255,7 @@ def _table(rows: list[dict]) -> pa.Table:
     return pa.Table.from_pydict(cols, schema=pa.schema([f.with_nullable(True) for f in ROLLOUTS]))
 
 
-def read_gsm8k_example(path: Path, round_: int, domain: str, stats: IngestStats) -> pa.Table:
+def read_gsm8k_example(path: Path, round_: int, domain: str, stats: Stats) -> pa.Table:
     rows = []
     for lineno, rec, problem in iter_jsonl(path, stats):
         stats.rows_read += 1
@@ -316,7 +295,7 @@ def read_gsm8k_example(path: Path, round_: int, domain: str, stats: IngestStats)
     return _table(rows)
 
 
-def read_verl(path: Path, round_: int, domain: str, stats: IngestStats, seen: Counter | None = None) -> pa.Table:
+def read_verl(path: Path, round_: int, domain: str, stats: Stats, seen: Counter | None = None) -> pa.Table:
     """verl dump rows; `seen` numbers samples per problem across all files of one ingest."""
     seen = Counter() if seen is None else seen
     m = re.match(r"^(\d+)", path.stem)
@@ -348,7 +327,7 @@ def read_verl(path: Path, round_: int, domain: str, stats: IngestStats, seen: Co
     return _table(_rows_of(path, stats, iter_jsonl(path, stats), make))
 
 
-def read_openrlhf(path: Path, round_: int | None, domain: str, stats: IngestStats, seen: Counter | None = None) -> pa.Table:
+def read_openrlhf(path: Path, round_: int | None, domain: str, stats: Stats, seen: Counter | None = None) -> pa.Table:
     """Our reward files' records; a torn last line (killed writer) is quarantined.
 
     `seen` numbers samples per (problem, round) across all files of one ingest: the
@@ -397,7 +376,7 @@ def read_openrlhf(path: Path, round_: int | None, domain: str, stats: IngestStat
     return _table(rows)
 
 
-def read_jsonl_mapped(path: Path, round_: int, domain: str, mapping: dict[str, str], stats: IngestStats) -> pa.Table:
+def read_jsonl_mapped(path: Path, round_: int, domain: str, mapping: dict[str, str], stats: Stats) -> pa.Table:
     """Generic JSONL or Parquet with `mapping` canonical -> source column."""
     if path.suffix == ".parquet":
         df = pl.read_parquet(path)
@@ -491,7 +470,7 @@ def _require_mapped(path: Path, keys: set[str], mapping: dict[str, str]) -> None
         )
 
 
-def read_canonical(path: Path, round_: int | None, stats: IngestStats) -> pa.Table:
+def read_canonical(path: Path, round_: int | None, stats: Stats) -> pa.Table:
     schema = read_parquet_schema(path)
     problems = check_schema(schema, "rollouts")
     if problems:
@@ -553,7 +532,7 @@ def clip_text(text: str, max_bytes: int) -> str:
     return data[:head].decode("utf-8", "ignore") + marker + data[-tail:].decode("utf-8", "ignore")
 
 
-def clean_rollouts(table: pa.Table, stats: IngestStats, max_response_bytes: int, where: str) -> pa.Table:
+def clean_rollouts(table: pa.Table, stats: Stats, max_response_bytes: int, where: str) -> pa.Table:
     """Quarantine rows that cannot be used, clip oversized responses, conform to the schema.
 
     Reasons: ``problem_id_missing`` (null or blank), ``prompt_missing`` (neither the
@@ -613,7 +592,7 @@ def ingest(
     mapping: dict[str, str] | None = None,
     problems: str | None = None,
     max_response_bytes: int = DEFAULT_MAX_RESPONSE_BYTES,
-) -> IngestStats:
+) -> Stats:
     """Convert `sources` into ``out_dir/part-NNNNN.parquet`` + ``out_dir/stats.json``.
 
     All or nothing: the shards are written into a fresh folder beside `out_dir`
@@ -642,7 +621,7 @@ def ingest(
     named = {os.path.abspath(s) for s in sources}
     paths = [p for p in paths if p.name not in _BOOKKEEPING or os.path.abspath(p) in named]
     check_output_dir(Path(out_dir))
-    stats = IngestStats(format=fmt)
+    stats = INGEST_STATS(format=fmt)
     chosen = {p: (sniff_format(p) if fmt == "auto" else fmt) for p in paths}
     kinds = sorted(set(chosen.values()))
     stats.format = ",".join(kinds)
@@ -696,8 +675,7 @@ def ingest(
                 "the hint agents the prompt as sent (chat template and any old hint included); "
                 "pass --problems gsm8k|math500|humaneval|FILE"
             )
-        out = stats.as_dict() | {"schema_version": SCHEMA_VERSION, "shards": shards, "inputs": [str(p) for p in paths]}
-        write_json_atomic(out, staging / "stats.json")
+        write_stats(staging, stats, schema_version=SCHEMA_VERSION, shards=shards, inputs=[str(p) for p in paths])
     return stats
 
 
@@ -710,7 +688,7 @@ def _owned(name: str) -> bool:
     return name == "stats.json" or bool(_SHARD_NAME.match(name))
 
 
-def _drop_cross_shard_duplicates(table: pa.Table, seen: set, stats: IngestStats) -> pa.Table:
+def _drop_cross_shard_duplicates(table: pa.Table, seen: set, stats: Stats) -> pa.Table:
     keys = zip(
         table.column("problem_id").to_pylist(),
         table.column("round").to_pylist(),
@@ -787,7 +765,7 @@ class _Recovery:
             out.append(cur)
         return table.set_column(table.schema.get_field_index("problem"), "problem", pa.array(out, pa.string()))
 
-    def from_prompt(self, table: pa.Table, stats: IngestStats, kind: str) -> pa.Table:
+    def from_prompt(self, table: pa.Table, stats: Stats, kind: str) -> pa.Table:
         """`recover_problem` where the text is still missing; counts recovered and missing rows."""
         current = table.column("problem").to_pylist()
         if all(c is not None for c in current):

@@ -24,7 +24,7 @@ def test_demo_runs_one_round_on_real_rollouts(tmp_path):
     pytest.importorskip("vllm")
     run_dir = tmp_path / "demo"
     env = dict(os.environ, HF_HUB_OFFLINE="1")
-    cmd = [sys.executable, "-m", "mentor.pipeline.cli", "demo", "--run-dir", str(run_dir), "--sample", "2"]
+    cmd = [sys.executable, "-m", "mentor.cli", "demo", "--run-dir", str(run_dir), "--sample", "2"]
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=3000)
     assert proc.returncode == 0, proc.stderr[-4000:]
     stats = json.loads((run_dir / "round-000/collapsed/stats.json").read_text())

@@ -11,7 +11,7 @@ import pyarrow.parquet as pq
 import pytest
 from click.testing import CliRunner
 
-from mentor.pipeline.cli import cli
+from mentor.cli import cli
 from mentor.pipeline.errors import ConfigError
 from mentor.pipeline.llm import BackendSpec, FakeBackend, GenRequest, GenResult
 from mentor.pipeline.schemas import HINTS, check_schema
@@ -364,14 +364,13 @@ def test_cli_hint_fake(gsm8k_collapsed, tmp_path):
 
 
 def test_dask_workers_give_the_same_rows(gsm8k_collapsed, tmp_path):
-    from mentor.pipeline.cluster import dask_client, dask_map
-    from mentor.stages.hint import serial_map
+    from mentor.pipeline.executor import DaskExecutor, LocalExecutor, dask_client
 
     spec = BackendSpec("fake", options={"script": "mentor.stages.hint_agents:fake_script"})
     cfg = HintConfig(shard_size=20)
-    hint_to_dir(gsm8k_collapsed, tmp_path / "serial", cfg, spec, map_fn=serial_map, sample=60)
+    hint_to_dir(gsm8k_collapsed, tmp_path / "serial", cfg, spec, executor=LocalExecutor(), sample=60)
     with dask_client(workers=2) as client:
-        hint_to_dir(gsm8k_collapsed, tmp_path / "dask", cfg, spec, map_fn=dask_map(client), sample=60)
+        hint_to_dir(gsm8k_collapsed, tmp_path / "dask", cfg, spec, executor=DaskExecutor(client), sample=60)
     a = pq.read_table(tmp_path / "serial" / "hints.parquet")
     b = pq.read_table(tmp_path / "dask" / "hints.parquet")
     assert a.equals(b)

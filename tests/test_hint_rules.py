@@ -8,7 +8,7 @@ import polars as pl
 import pytest
 from click.testing import CliRunner
 
-from mentor.pipeline.cli import cli
+from mentor.cli import cli
 from mentor.stages.hint_rules import RuleLimits, check
 
 

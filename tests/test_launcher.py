@@ -12,7 +12,7 @@ import pytest
 import yaml
 from click.testing import CliRunner
 
-from mentor.pipeline.cli import cli
+from mentor.cli import cli
 from mentor.pipeline.errors import ConfigError
 from mentor.training.launcher import TrainConfig, TrainError, build_command, run_round
 

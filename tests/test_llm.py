@@ -152,8 +152,8 @@ def test_embedded_gguf_is_found_without_importing_the_package():
 def test_setup_cpu_runs_only_what_is_missing(monkeypatch):
     from click.testing import CliRunner
 
-    from mentor.pipeline import cmd_hint
-    from mentor.pipeline.cli import cli
+    from mentor.cli import hint as cmd_hint
+    from mentor.cli import cli
 
     installed = {"torchvision", "triton"}
     monkeypatch.setattr(cmd_hint, "installed", lambda d: d in installed)

@@ -11,7 +11,7 @@ import pyarrow.parquet as pq
 import pytest
 from click.testing import CliRunner
 
-from mentor.pipeline.cli import cli
+from mentor.cli import cli
 from mentor.pipeline.schemas import COLLAPSED
 from mentor.stages.mine import MineConfig, mine, truncate_keep_end
 
@@ -223,25 +223,25 @@ def test_scattered_layout_matches_reference_and_one_file(scattered, tmp_path):
     assert df.filter(pl.col("round") == 1).height == len(ids & set(t.filter(pl.col("round") == 1)["problem_id"]))
 
 
-def test_count_passes_and_hash_collisions_give_the_same_rows(scattered, monkeypatch):
-    import mentor.stages.mine as m
+def test_counting_in_parts_gives_the_same_counts(scattered, tmp_path):
+    """Problems counted a part at a time (each id hashes to one part; a null or empty id too) add up to one count."""
+    from mentor.stages.mine import count_part
 
-    d, _ = scattered
-    want, want_stats = mine([str(d)], MineConfig())
-    monkeypatch.setattr(m, "ROWS_PER_COUNT_PASS", 1000)  # 6 partitioned counting passes
-    got, stats = mine([str(d)], MineConfig())
-    assert got.equals(want) and stats.as_dict() == want_stats.as_dict()
-    real_key = m._key
-    calls = []
-
-    def colliding(attempt: int) -> pl.Expr:  # seeds 0 map every problem onto 7 keys
-        calls.append(attempt)
-        return real_key(attempt) % 7 if attempt == 0 else real_key(attempt)
-
-    monkeypatch.setattr(m, "_key", colliding)
-    got, stats = mine([str(d)], MineConfig())
-    assert 0 in calls and 1 in calls
-    assert got.equals(want) and stats.as_dict() == want_stats.as_dict()
+    _, t = scattered
+    t = t.with_columns(problem_id=pl.when(pl.int_range(pl.len()) % 97 == 0).then(None)
+                       .when(pl.int_range(pl.len()) % 89 == 0).then(pl.lit("")).otherwise("problem_id"))
+    files = []
+    for i, part in enumerate(t.with_columns(_n=pl.int_range(pl.len()) % 3).partition_by("_n", include_key=False)):
+        part.write_parquet(tmp_path / f"part-{i}.parquet")
+        files.append(str(tmp_path / f"part-{i}.parquet"))
+    whole = count_part(0, files, MineConfig())
+    parts = [count_part(p, files, MineConfig(), parts=5) for p in range(5)]
+    assert all(p["collapsed"].height for p in parts)  # the problems are spread over the parts
+    for key in ("kinds", "rows"):
+        assert {k: sum(p[key][k] for p in parts) for k in whole[key]} == whole[key]
+    assert whole["rows"]["problem_id_missing"] > 0
+    merged = pl.concat([p["collapsed"] for p in parts]).sort("problem_id")
+    assert merged.equals(whole["collapsed"].sort("problem_id"))
 
 
 def test_no_failed_kept_and_empty_responses(bundled_rollouts, tmp_path):

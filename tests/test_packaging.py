@@ -9,7 +9,7 @@ from pathlib import Path
 
 from click.testing import CliRunner
 
-from mentor.pipeline.cli import COMMANDS, cli
+from mentor.cli import COMMANDS, cli
 
 REPO = Path(__file__).resolve().parents[1]
 

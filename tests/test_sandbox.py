@@ -324,7 +324,7 @@ def test_probe_facts_are_json():
 def test_setup_sandbox_reports_layers(monkeypatch):
     from click.testing import CliRunner
 
-    from mentor.pipeline.cli import cli
+    from mentor.cli import cli
 
     res = CliRunner().invoke(cli, ["setup-sandbox", "--no-install"])
     assert res.exit_code == 0, res.output
@@ -338,7 +338,7 @@ def test_setup_sandbox_reports_layers(monkeypatch):
 
 
 def test_setup_sandbox_install_plan(monkeypatch):
-    from mentor.pipeline import cmd_sandbox
+    from mentor.cli import sandbox as cmd_sandbox
 
     monkeypatch.setattr(cmd_sandbox.shutil, "which", lambda name: "/usr/bin/bwrap" if name == "bwrap" else None)
     assert cmd_sandbox.install_commands() == []  # already there

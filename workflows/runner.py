@@ -319,14 +319,11 @@ class Runner:
         return {"rollouts": stats.rollouts, "problems": stats.problems}
 
     def _mine(self, r: int, history: list[str], sd: StageDir) -> dict:
-        from mentor.stages.mine import mine_to_dir, serial_map
+        from mentor.pipeline.executor import executor_for
+        from mentor.stages.mine import mine_to_dir
 
-        map_fn = serial_map
-        if self.opts.client is not None:
-            from mentor.pipeline.cluster import dask_map
-
-            map_fn = dask_map(self.opts.client)
-        stats = mine_to_dir([str(self.rd.stage(r, "ingest").path)], sd.path, self.wf.mine, history=history, map_fn=map_fn)
+        stats = mine_to_dir([str(self.rd.stage(r, "ingest").path)], sd.path, self.wf.mine, history=history,
+                            executor=executor_for(self.opts.client))
         return {"collapsed": stats.collapsed, "problems": stats.problems}
 
     def _hint(self, r: int, sd: StageDir) -> dict:
@@ -336,12 +333,11 @@ class Runner:
         h = self.wf.hint
         cfg = HintConfig.model_validate(h.config)
         spec = BackendSpec(h.backend.backend, h.backend.model, dict(h.backend.options))
-        kwargs: dict[str, Any] = {"sample": h.sample, "progress": self.opts.progress}
-        if self.opts.client is not None:
-            from mentor.pipeline.cluster import dask_map
+        from mentor.pipeline.executor import executor_for
 
-            kwargs["map_fn"] = dask_map(self.opts.client, resources=h.worker_resources)
-        stats = hint_to_dir(self.rd.stage(r, "mine").path / "collapsed.parquet", sd.path, cfg, spec, **kwargs).as_dict()
+        executor = executor_for(self.opts.client, resources=h.worker_resources)
+        stats = hint_to_dir(self.rd.stage(r, "mine").path / "collapsed.parquet", sd.path, cfg, spec, executor=executor,
+                            sample=h.sample, progress=self.opts.progress).as_dict()
         return {k: stats.get(k) for k in ("problems", "accepted", "repaired", "fallback", "engine_calls")}
 
     def _build(self, r: int, sd: StageDir) -> dict:

@@ -1,8 +1,9 @@
 """The `mentor` click group.
 
-Commands live in small modules (``mentor.pipeline.cmd_*``) and are imported
-only when invoked, so ``mentor --help`` stays fast and a user who only mines
-logs never imports an inference engine.
+Commands live in small modules (``mentor.cli.data``, ``.build``, ``.hint``,
+``.run``, ``.train``, ``.sandbox``), thin layers over the stages, imported only
+when invoked, so ``mentor --help`` stays fast and a user who only mines logs
+never imports an inference engine.
 """
 
 from __future__ import annotations
@@ -18,20 +19,20 @@ from mentor.pipeline.errors import MentorError
 
 # name -> (module, attribute, one-line help). Keep the help in step with the command.
 COMMANDS: dict[str, tuple[str, str, str]] = {
-    "ingest": ("mentor.pipeline.cmd_data", "ingest", "Convert rollout logs (canonical, verl, openrlhf, gsm8k-example, jsonl) into canonical rollout shards."),
-    "mine": ("mentor.pipeline.cmd_data", "mine", "Find collapsed problems (every rollout wrong) with a few failed responses."),
-    "hint": ("mentor.pipeline.cmd_hint", "hint", "Hint collapsed problems with four LLM agents on vLLM (attribution, generation, judgment, repair)."),
-    "check-hint": ("mentor.pipeline.cmd_hint", "check_hint", "Run the hint rules (answer leak, full solution, ...) on one hint; exit 1 when it fails."),
-    "setup-cpu": ("mentor.pipeline.cmd_hint", "setup_cpu", "Prepare a CPU machine for vLLM and convert the embedded SmolLM2 demo model."),
-    "setup-sandbox": ("mentor.pipeline.cmd_sandbox", "setup_sandbox", "Install bubblewrap (apt) where possible and print the code sandbox's layers."),
-    "train": ("mentor.pipeline.cmd_train", "train", "Run one OpenRLHF GRPO round from round.yaml (--dry-run prints the command)."),
-    "rollout": ("mentor.pipeline.cmd_train", "rollout", "Sample k responses per prompt with vLLM, verify them, write canonical rollouts."),
-    "rescue": ("mentor.pipeline.cmd_train", "rescue", "Re-roll collapsed problems with and without their hints; report the rescue rate."),
-    "build": ("mentor.pipeline.cmd_build", "build", "Build next-epoch prompt shards (base problems + hints) for OpenRLHF and verl."),
-    "run": ("mentor.pipeline.cmd_run", "run", "Run a round-by-round workflow (train -> ingest -> mine -> hint -> build); resumable."),
-    "status": ("mentor.pipeline.cmd_run", "status", "Show a run directory's state per round and stage: done/running/failed/pending, counts, errors."),
-    "demo": ("mentor.pipeline.cmd_run", "demo", "One round on the bundled real GSM8K rollouts with the embedded CPU model (mentor run gsm8k-demo)."),
-    "inspect": ("mentor.pipeline.cmd_build", "inspect", "Summarise rollouts, collapsed, hints, prompts, rescue outputs or a run directory."),
+    "ingest": ("mentor.cli.data", "ingest", "Convert rollout logs (canonical, verl, openrlhf, gsm8k-example, jsonl) into canonical rollout shards."),
+    "mine": ("mentor.cli.data", "mine", "Find collapsed problems (every rollout wrong) with a few failed responses."),
+    "hint": ("mentor.cli.hint", "hint", "Hint collapsed problems with four LLM agents on vLLM (attribution, generation, judgment, repair)."),
+    "check-hint": ("mentor.cli.hint", "check_hint", "Run the hint rules (answer leak, full solution, ...) on one hint; exit 1 when it fails."),
+    "setup-cpu": ("mentor.cli.hint", "setup_cpu", "Prepare a CPU machine for vLLM and convert the embedded SmolLM2 demo model."),
+    "setup-sandbox": ("mentor.cli.sandbox", "setup_sandbox", "Install bubblewrap (apt) where possible and print the code sandbox's layers."),
+    "train": ("mentor.cli.train", "train", "Run one OpenRLHF GRPO round from round.yaml (--dry-run prints the command)."),
+    "rollout": ("mentor.cli.train", "rollout", "Sample k responses per prompt with vLLM, verify them, write canonical rollouts."),
+    "rescue": ("mentor.cli.train", "rescue", "Re-roll collapsed problems with and without their hints; report the rescue rate."),
+    "build": ("mentor.cli.build", "build", "Build next-epoch prompt shards (base problems + hints) for OpenRLHF and verl."),
+    "run": ("mentor.cli.run", "run", "Run a round-by-round workflow (train -> ingest -> mine -> hint -> build); resumable."),
+    "status": ("mentor.cli.run", "status", "Show a run directory's state per round and stage: done/running/failed/pending, counts, errors."),
+    "demo": ("mentor.cli.run", "demo", "One round on the bundled real GSM8K rollouts with the embedded CPU model (mentor run gsm8k-demo)."),
+    "inspect": ("mentor.cli.build", "inspect", "Summarise rollouts, collapsed, hints, prompts, rescue outputs or a run directory."),
 }
 
 
@@ -106,7 +107,3 @@ def cli(verbose: int) -> None:
 def main() -> None:
     """Console entry point. Domain errors are one-line `Error: ...` with exit 1 (data) or 2 (usage/config)."""
     cli()
-
-
-if __name__ == "__main__":
-    main()

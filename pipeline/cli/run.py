@@ -9,7 +9,7 @@ from pathlib import Path
 
 import click
 
-from mentor.pipeline.cmd_data import cluster_options
+from mentor.cli.options import executor_options
 
 STAGE_CHOICE = click.Choice(["train", "ingest", "mine", "hint", "build"])
 
@@ -27,7 +27,7 @@ def _run(workflow: str, run_dir: str | None, rounds: int | None, from_stage: str
     if workers is None and scheduler is None:
         ctx = nullcontext(None)
     else:
-        from mentor.pipeline.cluster import dask_client
+        from mentor.pipeline.executor import dask_client
 
         ctx = dask_client(workers=workers, scheduler=scheduler)
     with ctx as client:
@@ -52,7 +52,7 @@ def _summary(run_dir: Path) -> None:
 @click.option("--only", type=STAGE_CHOICE, help="Run only this stage (its inputs must be done).")
 @click.option("--force", is_flag=True, help="Re-run every stage even if done.")
 @click.option("--sample", type=click.IntRange(1, 2**31 - 1), help="Hint only the first N collapsed problems (overrides hint.sample).")
-@cluster_options
+@executor_options
 def run(workflow, run_dir, rounds, from_stage, only, force, sample, workers, scheduler):
     """Run a round-by-round workflow (train -> ingest -> mine -> hint -> build); resumable."""
     out = _run(workflow, run_dir, rounds, from_stage, only, force, workers, scheduler, sample)

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import click
 
-from mentor.pipeline.cmd_data import parse_map
+from mentor.cli.options import parse_map
 from mentor.pipeline.errors import ConfigError
 
 
@@ -24,9 +24,9 @@ def _read_text(path: str | None, option: str) -> str | None:
 def _instructions(pairs: tuple[str, ...]) -> dict[str, str] | None:
     if not pairs:
         return None
-    from mentor.stages.build import DEFAULT_INSTRUCTIONS
+    from mentor.pipeline.prompts import INSTRUCTIONS
 
-    out = dict(DEFAULT_INSTRUCTIONS)
+    out = dict(INSTRUCTIONS)
     for pair in pairs:
         if "=" not in pair:
             raise click.BadParameter(f"{pair!r} is not DOMAIN=TEXT (e.g. 'math=Answer in \\boxed{{}}.', or 'math=' for none)", param_hint="--instruction")

@@ -4,49 +4,11 @@ from __future__ import annotations
 
 import json
 import logging
-from contextlib import nullcontext
 
 import click
 
+from mentor.cli.options import FiniteFloatRange, executor_options, parse_map
 from mentor.pipeline.errors import ConfigError
-
-
-class FiniteFloatRange(click.FloatRange):
-    """click.FloatRange that also rejects nan and inf (nan passes every comparison)."""
-
-    def convert(self, value, param, ctx):
-        import math
-
-        rv = super().convert(value, param, ctx)
-        if not math.isfinite(rv):
-            self.fail(f"{value!r} is not a finite number.", param, ctx)
-        return rv
-
-
-def parse_map(pairs: tuple[str, ...]) -> dict[str, str]:
-    """`--map canonical=source` pairs -> dict; a malformed pair is a usage error."""
-    out = {}
-    for pair in pairs:
-        if "=" not in pair:
-            raise click.BadParameter(f"{pair!r} is not canonical=column (e.g. correct=is_right)", param_hint="--map")
-        k, v = pair.split("=", 1)
-        out[k.strip()] = v.strip()
-    return out
-
-
-def cluster_options(f):
-    f = click.option("--scheduler", metavar="ADDRESS", help="Run on an existing dask.distributed scheduler.")(f)
-    f = click.option("--workers", type=click.IntRange(1, 4096), help="Run on a dask LocalCluster with N worker processes.")(f)
-    return f
-
-
-def cluster_map(workers: int | None, scheduler: str | None):
-    """(context manager, map_fn factory) for the chosen execution: local, LocalCluster or scheduler."""
-    if workers is None and scheduler is None:
-        return nullcontext(None)
-    from mentor.pipeline.cluster import dask_client
-
-    return dask_client(workers=workers, scheduler=scheduler)
 
 
 @click.command()
@@ -93,24 +55,19 @@ def ingest(sources, fmt, out_dir, round_, domain, maps, problems, max_response_b
 @click.option("--failed-budget", "failed_budget_chars", type=click.IntRange(64, 2**31 - 1), default=2000, show_default=True,
               help="Characters kept per failed response (mostly its end).")
 @click.option("--history", multiple=True, metavar="PATH", help="Earlier rounds' collapsed.parquet / hints.parquet (fills streak, previous_hints).")
-@cluster_options
+@executor_options
 def mine(rollouts, out_dir, correct_col, threshold, min_rollouts, k_failed, failed_budget_chars, history, workers, scheduler):
     """Find collapsed problems (every rollout wrong) with a few failed responses."""
     from pydantic import ValidationError
 
-    from mentor.stages.mine import MineConfig, mine_to_dir, serial_map
+    from mentor.pipeline.executor import open_executor
+    from mentor.stages.mine import MineConfig, mine_to_dir
 
     try:
         cfg = MineConfig(correct_col=correct_col, threshold=threshold, min_rollouts=min_rollouts,
                          k_failed=k_failed, failed_budget_chars=failed_budget_chars)
     except ValidationError as exc:
         raise ConfigError("; ".join(f"--{'-'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors())) from exc
-    with cluster_map(workers, scheduler) as client:
-        if client is None:
-            map_fn = serial_map
-        else:
-            from mentor.pipeline.cluster import dask_map
-
-            map_fn = dask_map(client)
-        stats = mine_to_dir(list(rollouts), out_dir, cfg, history=list(history), map_fn=map_fn)
+    with open_executor(workers, scheduler) as executor:
+        stats = mine_to_dir(list(rollouts), out_dir, cfg, history=list(history), executor=executor)
     click.echo(json.dumps(stats.as_dict(), sort_keys=True))

@@ -8,7 +8,7 @@ import sys
 
 import click
 
-from mentor.pipeline.cmd_data import FiniteFloatRange, cluster_options
+from mentor.cli.options import FiniteFloatRange, executor_options
 from mentor.pipeline.errors import ConfigError
 from mentor.pipeline.vllm_backend import installed  # a metadata lookup; vllm itself is imported lazily
 
@@ -29,13 +29,13 @@ from mentor.pipeline.vllm_backend import installed  # a metadata lookup; vllm it
 @click.option("--dtype", help="vLLM: weights dtype (auto, bfloat16, float16, float32).")
 @click.option("--enforce-eager/--no-enforce-eager", default=None, help="vLLM: skip graph capture / compile (default on CPU: on).")
 @click.option("--progress/--no-progress", default=True, show_default=True, help="Show a progress bar.")
-@cluster_options
+@executor_options
 def hint(collapsed, out_dir, backend, model, config_path, sample, seed, templates_dir, shard_size,
          tensor_parallel_size, gpu_memory_utilization, max_model_len, dtype, enforce_eager, progress, workers, scheduler):
     """Hint collapsed problems with four LLM agents (attribution, generation, judgment, repair)."""
-    from mentor.pipeline.cmd_data import cluster_map
+    from mentor.pipeline.executor import open_executor
     from mentor.pipeline.llm import BackendSpec
-    from mentor.stages.hint import hint_to_dir, load_config, serial_map
+    from mentor.stages.hint import hint_to_dir, load_config
 
     cfg = load_config(config_path, seed=seed, templates_dir=templates_dir, shard_size=shard_size)
     options: dict = {}
@@ -51,14 +51,8 @@ def hint(collapsed, out_dir, backend, model, config_path, sample, seed, template
 
         check_model(model)
     spec = BackendSpec(kind=backend, model=model, options=options)
-    with cluster_map(workers, scheduler) as client:
-        if client is None:
-            map_fn = serial_map
-        else:
-            from mentor.pipeline.cluster import dask_map
-
-            map_fn = dask_map(client)
-        stats = hint_to_dir(list(collapsed), out_dir, cfg, spec, map_fn=map_fn, sample=sample, progress=progress)
+    with open_executor(workers, scheduler) as executor:
+        stats = hint_to_dir(list(collapsed), out_dir, cfg, spec, executor=executor, sample=sample, progress=progress)
     click.echo(json.dumps(stats.as_dict(), sort_keys=True))
 
 

@@ -1,0 +1,188 @@
+"""The stage contract: counters, stats.json and done markers, the same for every stage.
+
+A stage (ingest, mine, hint, build) is one function that reads its inputs, maps
+its work over shards with an `mentor.pipeline.executor.Executor` (in this process
+or on dask: the stage never knows which), writes its outputs all or nothing
+(`mentor.pipeline.outdir.staged_output_dir`) and returns a `Stats`::
+
+    stats = mine_to_dir(sources, out_dir, cfg, executor=LocalExecutor())
+
+The CLI prints ``stats.as_dict()``; the workflow runner records a done marker
+(`write_done`) once the stage returned. Everything about a run is a plain file:
+``stats.json`` (`write_stats`) beside the outputs, ``_done/<key>.done`` markers.
+
+`Stats` holds counters by name (``rows``) and by reason within a group
+(``quarantined["duplicate_key"]``); two of them merge by summing, so per-shard
+stats add up to the stage's. A `StatsLayout` declares which counters a stage
+reports (so a zero is written as 0, not left out), its derived figures (a rate,
+a group's total) and its settings-like values (``round``, ``mode``).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections import Counter
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from mentor.pipeline.io import read_json, write_json_atomic
+
+STATS_FILE = "stats.json"
+
+
+@dataclass(frozen=True)
+class StatsLayout:
+    """What a stage counts; calling the layout makes an empty `Stats`.
+
+    - ``counters``: names always reported (0 until added to);
+    - ``groups``: counters by reason; a group maps to the reasons always
+      reported (an empty tuple: only the reasons that occurred, sorted);
+    - ``values``: settings-like entries with their defaults (set, not summed);
+    - ``ratios``: ``name -> (numerator, denominator)``, rounded to 6 places;
+    - ``totals``: ``name -> group``, the sum over the group's reasons;
+    - ``warnings``: whether ``as_dict`` lists the warnings;
+    - ``logger``: the logger `Stats.warn` logs to (the stage's module).
+    """
+
+    counters: tuple[str, ...] = ()
+    groups: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
+    values: Mapping[str, Any] = field(default_factory=dict)
+    ratios: Mapping[str, tuple[str, str]] = field(default_factory=dict)
+    totals: Mapping[str, str] = field(default_factory=dict)
+    warnings: bool = False
+    logger: str = "mentor"
+
+    def __call__(self, **values: Any) -> "Stats":
+        return Stats(self, **values)
+
+
+class Stats:
+    """A stage's counters: ``stats.rows += n``, ``stats.add("quarantined", reason="duplicate_key")``.
+
+    Attribute access reads and sets the counters, groups (a `Counter` per group)
+    and values the layout declares; any other name is an AttributeError, so a
+    misspelt counter fails loudly instead of counting nowhere.
+    """
+
+    def __init__(self, layout: StatsLayout, **values: Any) -> None:
+        unknown = sorted(set(values) - set(layout.values))
+        if unknown:
+            raise TypeError(f"unknown stats value(s) {unknown}")
+        object.__setattr__(self, "layout", layout)
+        object.__setattr__(self, "_counts", dict.fromkeys(layout.counters, 0))
+        object.__setattr__(self, "_groups", {g: Counter() for g in layout.groups})
+        object.__setattr__(self, "_values", dict(layout.values) | values)
+        object.__setattr__(self, "warnings", [])
+
+    # ------------------------------------------------------------------ access
+
+    def __getattr__(self, name: str) -> Any:
+        if not name.startswith("__"):  # (pickle and copy probe dunders before __dict__ is filled)
+            for store in ("_counts", "_groups", "_values"):
+                d = self.__dict__.get(store, {})
+                if name in d:
+                    return d[name]
+        raise AttributeError(f"stats have no counter {name!r}")
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        if name in self._counts:
+            self._counts[name] = int(value)
+        elif name in self._groups:
+            self._groups[name] = Counter(value)
+        elif name in self._values:
+            self._values[name] = value
+        else:
+            raise AttributeError(f"stats have no counter {name!r}")
+
+    def add(self, name: str, n: int = 1, reason: str | None = None) -> None:
+        """Add `n` to counter `name`, or to `reason` within group `name`."""
+        if reason is None:
+            self._counts[name] += int(n)
+        elif n:  # a reason is listed once it occurred (or when the layout fixes the group's reasons)
+            self._groups[name][reason] += int(n)
+
+    def warn(self, message: str) -> None:
+        """Record a warning (listed in stats.json where the layout says so) and log it."""
+        logging.getLogger(self.layout.logger).warning("%s", message)
+        self.warnings.append(message)
+
+    # ------------------------------------------------------------------ merging
+
+    def merge(self, other: "Stats | Mapping[str, Any]") -> "Stats":
+        """Add `other`'s counters and groups to these (a `Stats` or its ``as_dict()``); returns self.
+
+        Values are kept (they describe the run, not a shard); warnings are appended.
+        """
+        if isinstance(other, Stats):
+            counts, groups, warnings = other._counts, other._groups, other.warnings
+        else:
+            counts = {k: v for k, v in other.items() if k in self._counts}
+            groups = {k: v for k, v in other.items() if k in self._groups and isinstance(v, Mapping)}
+            warnings = []
+        for name, n in counts.items():
+            self._counts[name] = self._counts.get(name, 0) + int(n)
+        for name, reasons in groups.items():
+            self._groups.setdefault(name, Counter()).update({r: int(n) for r, n in reasons.items()})
+        self.warnings.extend(warnings)
+        return self
+
+    def __iadd__(self, other: "Stats | Mapping[str, Any]") -> "Stats":
+        return self.merge(other)
+
+    # ------------------------------------------------------------------ reporting
+
+    def as_dict(self) -> dict[str, Any]:
+        """The stats.json content: counters, groups, derived figures and values."""
+        out: dict[str, Any] = dict(self._counts)
+        for name, reasons in self._groups.items():
+            fixed = self.layout.groups.get(name, ())
+            out[name] = {r: reasons.get(r, 0) for r in fixed} if fixed else dict(sorted(reasons.items()))
+        for name, (num, den) in self.layout.ratios.items():
+            d = self._counts.get(den, 0)
+            out[name] = round(self._counts.get(num, 0) / d, 6) if d else 0.0
+        for name, group in self.layout.totals.items():
+            out[name] = sum(self._groups[group].values())
+        out.update(self._values)
+        if self.layout.warnings:
+            out["warnings"] = list(self.warnings)
+        return out
+
+    def __repr__(self) -> str:
+        return f"Stats({self.as_dict()!r})"
+
+
+def write_stats(folder: str | Path, stats: Stats | Mapping[str, Any], **extra: Any) -> Path:
+    """``folder/stats.json``: the stats (and `extra` entries beside them), written atomically."""
+    body = stats.as_dict() if isinstance(stats, Stats) else dict(stats)
+    return write_json_atomic(body | extra, Path(folder) / STATS_FILE)
+
+
+def write_done(path: str | Path, key: str, **info: Any) -> Path:
+    """A done marker at `path` for work keyed `key`: written last, after every output it vouches for."""
+    return write_json_atomic(info | {"key": key, "finished": time.time()}, path)
+
+
+def read_done(path: str | Path, key: str | None = None) -> dict[str, Any] | None:
+    """The marker's content when it exists, parses, and (if given) carries `key`; else None."""
+    path = Path(path)
+    if not path.is_file():
+        return None
+    try:
+        marker = read_json(path)
+    except ValueError:  # cut short or edited: the work is simply redone
+        return None
+    if not isinstance(marker, dict) or (key is not None and marker.get("key") != key):
+        return None
+    return marker
+
+
+def counts(stats: Stats, names: Iterable[str]) -> dict[str, Any]:
+    """A few entries of ``stats.as_dict()`` (what a done marker or a status line shows)."""
+    d = stats.as_dict()
+    return {n: d.get(n) for n in names}
+
+
+__all__ = ["STATS_FILE", "Stats", "StatsLayout", "counts", "read_done", "write_done", "write_stats"]
