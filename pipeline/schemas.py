@@ -1,6 +1,6 @@
 """The canonical Arrow schemas: the only place they are defined.
 
-Stages meet only through these datasets (see DESIGN.md):
+Stages meet only through these datasets:
 
 - ``ROLLOUTS``  one row per sampled trajectory (input of `mine`)
 - ``COLLAPSED`` one row per collapsed problem (output of `mine`, input of `hint`)
@@ -108,9 +108,7 @@ MESSAGE = pa.struct([pa.field("role", pa.string()), pa.field("content", pa.strin
 
 PROMPTS = pa.schema(
     [
-        # A message is never null, and saying so lets pyarrow's Parquet writer take
-        # the contents as polars' string views (it cannot slice string views under a
-        # nullable list element). Readers ignore nullability (schemas.compatible too).
+        # A message is never null (readers ignore nullability; schemas.compatible too).
         pa.field("prompt", pa.list_(pa.field("item", MESSAGE, nullable=False)), nullable=False),
         pa.field("label", pa.string(), nullable=False),  # JSON, see module docstring
         pa.field("data_source", pa.string(), nullable=False),  # verl
@@ -207,7 +205,8 @@ def prompt_label(domain: str, reference: str | None, problem_id: str, hint_id: s
         obj.update(json.loads(reference) if reference else {"tests": None, "entry_point": None, "kind": "humaneval"})
     else:
         obj["answer"] = reference
-    return json.dumps(obj, sort_keys=True, ensure_ascii=False)
+    # Compact, keys sorted: the text polars' struct.json_encode gives, which `mentor build` uses for math rows.
+    return json.dumps(obj, sort_keys=True, ensure_ascii=False, separators=(",", ":"))
 
 
 def parse_prompt_label(label: str) -> dict:

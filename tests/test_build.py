@@ -13,7 +13,7 @@ import pyarrow.parquet as pq
 import pytest
 from click.testing import CliRunner
 
-from mentor.pipeline.cli import cli
+from mentor.cli import cli
 from mentor.pipeline.errors import ConfigError, DataError
 from mentor.pipeline.ids import text_id
 from mentor.pipeline.io import sha256_file
@@ -536,10 +536,8 @@ def test_a_failed_write_leaves_the_old_build_whole(tmp_path, monkeypatch, gsm8k_
     out = tmp_path / "p"
     build(BuildConfig(base="gsm8k", shard_rows=300), out)
     before = {p.name: p.read_bytes() for p in out.iterdir()}
-    import mentor.stages.build as b
-
     calls = {"n": 0}
-    real = b.pq.ParquetWriter.write_table
+    real = pq.ParquetWriter.write_table
 
     def flaky(self, table, *args, **kw):
         # The third shard fails after its (temporary) file was opened.
@@ -548,7 +546,7 @@ def test_a_failed_write_leaves_the_old_build_whole(tmp_path, monkeypatch, gsm8k_
             raise OSError("disk full")
         return real(self, table, *args, **kw)
 
-    monkeypatch.setattr(b.pq.ParquetWriter, "write_table", flaky)
+    monkeypatch.setattr(pq.ParquetWriter, "write_table", flaky)
     with pytest.raises(OSError, match="disk full"):
         build(BuildConfig(base="gsm8k", hints=[str(gsm8k_hints)], shard_rows=300), out)
     # The old build is there byte for byte; no temporary file or folder is left, inside or beside it.
@@ -577,7 +575,7 @@ def test_end_to_end_with_fake_hint_stage(tmp_path, gsm8k_collapsed):
 
 def test_seeded_order_is_plain_splitmix64():
     """The shuffle key is reproducible from its definition alone (no library's RNG stream)."""
-    from mentor.stages.build import shuffle_key
+    from mentor.stages.build_render import shuffle_key
 
     m = 1 << 64
 
@@ -608,39 +606,6 @@ def test_mixed_domains_get_their_own_instruction_and_label(tmp_path):
         assert user.endswith("\n\n" + DEFAULT_INSTRUCTIONS[dom]) and row["ability"] == dom
         assert row["label"] == prompt_label(dom, ref["label"], ref["problem_id"], row["hint_id"], 2)
         assert user.startswith("Hint: Sort first.\n\n") == (ref["problem_id"] == pid)
-
-
-def test_bytes_do_not_depend_on_the_writer_threads(tmp_path, monkeypatch, gsm8k_hints):
-    import mentor.stages.build as b
-
-    cfg = BuildConfig(base="gsm8k", hints=[str(gsm8k_hints)], shard_rows=200, seed=3)
-    monkeypatch.setattr(b.os, "cpu_count", lambda: 1)
-    build(cfg, tmp_path / "one")
-    monkeypatch.setattr(b.os, "cpu_count", lambda: 6)
-    build(cfg, tmp_path / "six")
-    one = [p.read_bytes() for p in sorted((tmp_path / "one").glob("part-*.parquet"))]
-    six = [p.read_bytes() for p in sorted((tmp_path / "six").glob("part-*.parquet"))]
-    assert len(one) == 7 and one == six
-
-
-def test_shards_written_from_string_views_equal_a_plain_string_write(built, tmp_path):
-    """write_shard writes polars' string_view columns and stores the PROMPTS schema itself:
-    readers get plain strings, and the file is byte-identical to writing the table cast to PROMPTS."""
-    import mentor.stages.build as b
-
-    shard = sorted(built.glob("part-*.parquet"))[1]
-    table = pq.read_table(shard)
-    assert "view" not in str(table.schema)
-    plain = tmp_path / "plain.parquet"
-    pq.write_table(
-        table.cast(pa.schema(list(PROMPTS), metadata=table.schema.metadata)),
-        plain,
-        compression=b.PARQUET_COMPRESSION,
-        use_dictionary=b.DICTIONARY_COLUMNS,
-        write_statistics=b.STATISTICS_COLUMNS,
-    )
-    assert plain.read_bytes() == shard.read_bytes()
-    assert pl.read_parquet(shard).equals(pl.from_arrow(table))
 
 
 def test_rebuild_in_place_is_not_hidden_by_the_datasets_cache(tmp_path):

@@ -153,17 +153,16 @@ class Runner:
 
     def _base_problems(self) -> str:
         """The base set as a PROBLEMS Parquet in the run dir (read once; ingest and build use it)."""
-        from mentor.stages.build import load_base
+        from mentor.stages.build import BUILD_STATS
+        from mentor.stages.build_base import load_base, validate_base
 
         path = self.rd.path / "base" / "problems.parquet"
         marker = self.rd.path / "base" / "_source.json"
         want = {"base": self.wf.base, "map": self.wf.base_map, "domain": self.wf.domain}
         if not (path.exists() and marker.exists() and _read_or_none(marker) == want):
-            from mentor.stages.build import BuildConfig, BuildStats, validate_base
-
             base = load_base(self.wf.base, self.wf.base_map, self.wf.domain)
             # The checks build would make rounds later (duplicate ids, no usable rows, --strict drops).
-            validate_base(base, BuildConfig.model_validate(self.wf.build | {"base": self.wf.base}), BuildStats())
+            validate_base(base, bool(self.wf.build.get("strict", False)), BUILD_STATS())
             write_parquet_atomic(base.frame, path, dataset="problems")
             from mentor.pipeline.io import write_json_atomic
 
