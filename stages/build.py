@@ -50,17 +50,17 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from mentor.pipeline.io import atomic_path, resolve_inputs, sha256_file, write_manifest
 from mentor.pipeline.outdir import check_output_dir, staged_output_dir
-from mentor.pipeline.prompts import HINT_TEMPLATE, INSTRUCTIONS
+from mentor.pipeline.prompts import HINT_TEMPLATE, INSTRUCTIONS, PLACEHOLDER_RE, PLAIN_TEMPLATE
 from mentor.pipeline.schemas import DOMAINS, HINT_STATUSES, SCHEMA_VERSION
 from mentor.pipeline.stage import Stats, StatsLayout, write_stats
 from mentor.stages.build_base import PROBLEM_COLUMNS, load_base, load_hints, validate_base
-from mentor.stages.build_render import PLACEHOLDER_RE, prepare_rows
+from mentor.stages.build_render import prepare_rows
 from mentor.stages.build_write import DEFAULT_SHARD_ROWS, dataset_card, write_shards
 
 log = logging.getLogger(__name__)
 
 DEFAULT_TEMPLATE = HINT_TEMPLATE
-DEFAULT_PLAIN_TEMPLATE = "{problem}"
+DEFAULT_PLAIN_TEMPLATE = PLAIN_TEMPLATE
 DEFAULT_INSTRUCTIONS = INSTRUCTIONS
 
 BUILD_STATS = StatsLayout(

@@ -9,20 +9,17 @@ reference is itself JSON to merge; code sets are small).
 
 from __future__ import annotations
 
-import re
 from typing import TYPE_CHECKING
 
 import polars as pl
 
 from mentor.pipeline.errors import DataError
+from mentor.pipeline.prompts import INSTRUCTION_SEPARATOR, PLACEHOLDER_RE
 from mentor.pipeline.schemas import prompt_label
 from mentor.pipeline.stage import Stats
 
 if TYPE_CHECKING:
     from mentor.stages.build import BuildConfig
-
-PLACEHOLDER_RE = re.compile(r"\{(hint|problem|instruction)\}")
-
 
 # --------------------------------------------------------------------------- rows
 
@@ -95,11 +92,8 @@ def _code_labels(df: pl.DataFrame, round_: int, where: str) -> pl.Series:
 
 
 def fill_template(template: str, instruction: pl.Expr) -> pl.Expr:
-    """`template` per row: {hint} and {problem} from the columns, {instruction} the domain's.
-
-    Other braces stay literal (LaTeX is safe). A template without {instruction} gets
-    the instruction after a blank line, when there is one. Null where the hint is.
-    """
+    """`prompts.user_message` per row: {hint} and {problem} from the columns, {instruction}
+    the domain's; other braces stay literal (LaTeX is safe). Null where the hint is."""
     parts: list[pl.Expr] = []
     pos = 0
     for m in PLACEHOLDER_RE.finditer(template):
@@ -107,7 +101,7 @@ def fill_template(template: str, instruction: pl.Expr) -> pl.Expr:
         pos = m.end()
     parts.append(pl.lit(template[pos:]))
     if "{instruction}" not in template:
-        parts.append(pl.when(instruction == "").then(pl.lit("")).otherwise(pl.lit("\n\n") + instruction))
+        parts.append(pl.when(instruction == "").then(pl.lit("")).otherwise(pl.lit(INSTRUCTION_SEPARATOR) + instruction))
     return pl.concat_str(parts)
 
 
@@ -151,4 +145,4 @@ def render_exprs(rows: pl.DataFrame, cfg: BuildConfig, round_: int) -> list[pl.E
     ]
 
 
-__all__ = ["PLACEHOLDER_RE", "fill_template", "prepare_rows", "render_exprs", "shuffle_key"]
+__all__ = ["fill_template", "prepare_rows", "render_exprs", "shuffle_key"]

@@ -85,10 +85,14 @@ DESCRIPTIONS = {
 
 @dataclass(frozen=True)
 class RuleLimits:
-    """Bounds of an acceptable hint."""
+    """Bounds of an acceptable hint (the defaults of `mentor hint` and `mentor check-hint`).
 
-    max_chars: int = 500
-    max_sentences: int = 4
+    Three sentences: what the generation and repair prompts ask for ("one to three
+    short sentences") and what the ``too_long`` message says.
+    """
+
+    max_chars: int = 400
+    max_sentences: int = 3
     max_equations: int = 2
     max_steps: int = 2
 

@@ -37,6 +37,7 @@ from mentor.pipeline.io import (
     write_parquet_atomic,
 )
 from mentor.pipeline.outdir import check_output_dir, staged_output_dir
+from mentor.pipeline.prompts import HINT_PREFIX, INSTRUCTION_SEPARATOR, INSTRUCTIONS
 from mentor.pipeline.stage import Stats, StatsLayout, write_stats
 from mentor.pipeline.schemas import (
     DOMAINS,
@@ -837,18 +838,16 @@ def recover_problem(prompt: str | None, problem_id: str | None = None, hint_id: 
                 candidate = "\n\n".join(paras[i:j]).strip()
                 if candidate and text_id(candidate) == problem_id:
                     return candidate
-        if knows_hint or _SPECIAL.search(prompt) or user.startswith("Hint:"):
+        if knows_hint or _SPECIAL.search(prompt) or user.startswith(HINT_PREFIX):
             return None  # the id says the text is not in there as written
-    from mentor.pipeline.prompts import INSTRUCTIONS
-
-    hinted = user.startswith("Hint:") and "\n\n" in user
+    hinted = user.startswith(HINT_PREFIX) and "\n\n" in user
     if knows_hint and bool(hint_id) != hinted:
         return None  # a hint_id without mentor's hint block (a custom template), or the reverse
     if hinted:
         user = user.split("\n\n", 1)[1]
     for instruction in INSTRUCTIONS.values():
-        if instruction and user.endswith("\n\n" + instruction):
-            user = user[: -len(instruction) - 2]
+        if instruction and user.endswith(INSTRUCTION_SEPARATOR + instruction):
+            user = user[: -len(INSTRUCTION_SEPARATOR + instruction)]
             break
     user = user.strip()
     return user or None

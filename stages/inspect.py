@@ -395,16 +395,10 @@ def summarize_rescue(path: Path) -> dict[str, Any]:
 # --------------------------------------------------------------------------- run directories
 
 
-# Where each dataset lives in a round folder: DESIGN.md names the folders by
-# dataset (rollouts/, collapsed/, ...); the workflow runner names them by stage
-# (ingest/, mine/, ...). Both are read; any other folder holding the dataset
-# is the last resort (never rescue/, whose rollouts/ are the rescue re-rolls).
-STAGE_FOLDERS = {
-    "rollouts": ("rollouts", "ingest"),
-    "collapsed": ("collapsed", "mine"),
-    "hints": ("hints", "hint"),
-    "prompts": ("prompts", "build"),
-}
+# A round folder holds each dataset in the folder named after it (rollouts/, collapsed/,
+# hints/, prompts/: `rundir.STAGE_DIRS`); any other folder holding the dataset is the last
+# resort (never rescue/, whose rollouts/ are the rescue re-rolls, nor train/).
+ROUND_DATASETS = ("rollouts", "collapsed", "hints", "prompts")
 
 
 def _files_of(folder: Path, dataset: str) -> list[Path]:
@@ -419,11 +413,10 @@ def _files_of(folder: Path, dataset: str) -> list[Path]:
 
 def _round_dataset(round_dir: Path, dataset: str) -> tuple[Path | None, list[Path]]:
     """(folder, parquet files) of `dataset` in one round folder; (None, []) when absent."""
-    for name in STAGE_FOLDERS[dataset]:
-        files = _files_of(round_dir / name, dataset)
-        if files:
-            return round_dir / name, files
-    known = {n for names in STAGE_FOLDERS.values() for n in names} | {"rescue", "train"}
+    files = _files_of(round_dir / dataset, dataset)
+    if files:
+        return round_dir / dataset, files
+    known = {*ROUND_DATASETS, "rescue", "train"}
     for child in sorted(round_dir.iterdir()):
         if child.is_dir() and child.name not in known and not child.name.startswith(("_", ".")):
             files = _files_of(child, dataset)

@@ -58,15 +58,16 @@ from mentor.pipeline.ids import content_hash
 from mentor.pipeline.io import (
     config_hash,
     read_dataset,
-    read_json,
     read_parquet_schema,
     resolve_inputs,
     write_json_atomic,
     write_parquet_atomic,
 )
 from mentor.pipeline.llm import Backend, GenRequest
+from mentor.pipeline import prompts
 from mentor.pipeline.prompts import HINT_TEMPLATE, INSTRUCTIONS
 from mentor.pipeline.schemas import SCHEMA_VERSION, check_schema, parse_prompt_label
+from mentor.pipeline.stage import read_done, write_done, write_stats
 from mentor.training.verify import reference_of
 
 log = logging.getLogger(__name__)
@@ -113,9 +114,7 @@ class PromptItem:
 
 
 def user_message(problem: str, domain: str, cfg: RolloutConfig, hint: str | None = None) -> str:
-    body = cfg.hint_template.replace("{hint}", hint).replace("{problem}", problem) if hint else problem
-    instruction = cfg.instructions.get(domain, "")
-    return f"{body}\n\n{instruction}" if instruction else body
+    return prompts.user_message(problem, cfg.instructions.get(domain, ""), hint or None, cfg.hint_template)
 
 
 # --------------------------------------------------------------------------- reading prompts
@@ -339,17 +338,16 @@ def run_shards(
         marker = done_dir / f"{part.stem}.json"
         names.add(part.name)
         out.shards += 1
-        if part.is_file() and marker.is_file():
-            done = read_json(marker)
-            if done.get("key") == key:
-                rows = pl.read_parquet(part).to_dicts()
-                for r, extra in zip(rows, done["tokens"]):
-                    r["_prompt_tokens"], r["_completion_tokens"] = extra
-                out.rows.extend(rows)
-                out.prompt_tokens += done["prompt_tokens"]
-                out.completion_tokens += done["completion_tokens"]
-                out.model = out.model or done.get("model")
-                continue
+        done = read_done(marker, key) if part.is_file() else None
+        if done is not None:
+            rows = pl.read_parquet(part).to_dicts()
+            for r, extra in zip(rows, done["tokens"]):
+                r["_prompt_tokens"], r["_completion_tokens"] = extra
+            out.rows.extend(rows)
+            out.prompt_tokens += done["prompt_tokens"]
+            out.completion_tokens += done["completion_tokens"]
+            out.model = out.model or done.get("model")
+            continue
         if engine is None:
             engine = backend()  # type: ignore[operator]
         try:
@@ -363,9 +361,8 @@ def run_shards(
         pt = sum(r["_prompt_tokens"] for r in rows)
         ct = sum(r["_completion_tokens"] for r in rows)
         out.model = getattr(engine, "model", None)
-        write_json_atomic({"key": key, "index": index, "rows": len(rows), "prompt_tokens": pt, "completion_tokens": ct,
-                           "tokens": [[r["_prompt_tokens"], r["_completion_tokens"]] for r in rows], "model": out.model},
-                          marker)
+        write_done(marker, key, index=index, rows=len(rows), prompt_tokens=pt, completion_tokens=ct,
+                   tokens=[[r["_prompt_tokens"], r["_completion_tokens"]] for r in rows], model=out.model)
         from mentor.pipeline.faults import fault_point
 
         fault_point(f"{stage}.after_shard")
@@ -415,7 +412,7 @@ def rollout_to_dir(sources: Sequence[str], out_dir: str | Path, cfg: RolloutConf
         "inputs": [str(s) for s in sources],
         "config": cfg.model_dump(mode="json"),
     }
-    write_json_atomic(stats, out_dir / "stats.json")
+    write_stats(out_dir, stats)
     return stats
 
 

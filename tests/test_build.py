@@ -258,6 +258,23 @@ def test_user_template_file_and_instruction_placement(tmp_path, gsm8k_hints):
     assert r.exit_code == 2 and "{hint}" in r.output
 
 
+@pytest.mark.parametrize("template", ["Hint: {hint}\n\n{problem}", "{problem}\n\n{instruction}\n\n(A teacher's hint: {hint}) \\boxed{}",
+                                      "{instruction} {hint} {problem}"])
+def test_user_messages_are_the_shared_layout(tmp_path, gsm8k_hints, template):
+    """What build writes is `prompts.user_message`, the function rollout and rescue sample with."""
+    from mentor.data import bundled
+    from mentor.pipeline.prompts import user_message
+
+    out = tmp_path / "o"
+    build(BuildConfig(base="gsm8k", hints=[str(gsm8k_hints)], template=template, mode="both"), out)
+    hints = {r["problem_id"]: r["hint"] for r in pl.read_parquet(gsm8k_hints).iter_rows(named=True)}
+    problems = dict(pl.read_parquet(bundled("gsm8k_problems.parquet")).select("problem_id", "problem").iter_rows())
+    for row in read_prompts(out).iter_rows(named=True):
+        hint = hints[row["problem_id"]] if row["hint_id"] else None
+        want = user_message(problems[row["problem_id"]], DEFAULT_INSTRUCTIONS["math"], hint, template)
+        assert row["prompt"][-1]["content"] == want
+
+
 # --------------------------------------------------------------------------- how the trainers load them
 
 

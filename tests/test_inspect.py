@@ -51,7 +51,7 @@ def hints_table(ids: list[str], round_: int, prefix: str = "") -> pa.Table:
 
 @pytest.fixture(scope="module")
 def run_dir(tmp_path_factory, bundled_rollouts) -> dict:
-    """runs/demo with two rounds (DESIGN.md layout):
+    """runs/demo with two rounds (the run-directory layout of `mentor.pipeline.rundir`):
 
     round-000: the real GSM8K rollouts, their collapsed set (432), hints for 10
                collapsed problems, the prompts built from them;
@@ -230,20 +230,6 @@ def test_problem_in_one_dataset(bundled_rollouts):
     assert h["kind"] == "rollouts" and h["history"][0]["round"] == 0 and len(h["history"][0]["correct"]) == 4
     with pytest.raises(DataError, match="not found"):
         problem_history(bundled_rollouts, "p-nope")
-
-
-def test_workflow_runner_layout_is_read_too(run_dir, tmp_path):
-    """The runner names round folders by stage (ingest/, mine/, hint/, build/): same summary."""
-    src = run_dir["root"] / "round-000"
-    dst = tmp_path / "run" / "round-000"
-    for a, b in (("rollouts", "ingest"), ("collapsed", "mine"), ("hints", "hint"), ("prompts", "build")):
-        shutil.copytree(src / a, dst / b)
-    (dst / "train").mkdir()
-    build(BuildConfig(base="gsm8k", round=0), tmp_path / "run" / "base-prompts")
-    s = inspect_path(tmp_path / "run")
-    row = s["rounds"][0]
-    assert row["collapsed"] == 432 and row["hints"] == N_HINTED and row["prompts"] == 1319 and row["problems"] == 1319
-    assert s["base_prompts"] == {"rows": 1319, "problems": 1319, "rounds": [0]}
 
 
 def test_errors(tmp_path):

@@ -34,8 +34,10 @@ def test_wheel_maps_folders_into_the_mentor_namespace(tmp_path):
     names = zipfile.ZipFile(wheel).namelist()
     tops = {n.split("/")[0] for n in names}
     assert tops <= {"mentor", f"{wheel.name.split('-')[0]}-{wheel.name.split('-')[1]}.dist-info"}, tops
-    for pkg in ("pipeline", "stages", "training", "workflows", "data"):
+    for pkg in ("cli", "pipeline", "stages", "training", "workflows", "data"):
         assert f"mentor/{pkg}/__init__.py" in names
+    # The command line is its own package beside the core, not a part of mentor.pipeline.
+    assert "mentor/cli/__main__.py" in names and not any(n.startswith("mentor/pipeline/cli") for n in names)
     assert "mentor/data/gsm8k_rollouts.parquet" in names
     assert not any(n.startswith("mentor/tests") for n in names)
 
@@ -47,3 +49,15 @@ def test_generic_names_not_importable_outside_the_repo(tmp_path):
     )
     out = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
+
+
+def test_help_imports_no_stage_and_no_engine(tmp_path):
+    """`mentor --help` lists the commands without importing a command module, a stage, polars or vLLM."""
+    code = (
+        "import sys; from mentor.cli import cli\n"
+        "try:\n    cli(['--help'], standalone_mode=False)\nexcept SystemExit:\n    pass\n"
+        "print([m for m in sys.modules if m.split('.')[0] in ('polars', 'pyarrow', 'vllm', 'torch', 'distributed')"
+        " or m.startswith(('mentor.stages', 'mentor.cli.'))])"
+    )
+    out = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, check=True)
+    assert out.stdout.strip().splitlines()[-1] == "[]"

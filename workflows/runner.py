@@ -10,6 +10,11 @@ its done marker for the current key is missing; the key hashes the stage's
 config and the fingerprints of what it reads, so a re-run skips finished
 work, a changed config re-runs that stage and what follows, and a run killed
 at any moment resumes to the same result.
+
+Each stage is called through the stage contract (`mentor.pipeline.stage`): it
+gets the run's executor (this process, or the dask cluster of ``--workers`` /
+``--scheduler``), writes its outputs and stats.json, returns its `Stats`; the
+runner then writes the done marker (`StageDir.finish`) with a few of the counts.
 """
 
 from __future__ import annotations
@@ -28,9 +33,11 @@ from typing import Any
 import yaml
 
 from mentor.pipeline.errors import ConfigError, DataError, MentorError
+from mentor.pipeline.executor import executor_for
 from mentor.pipeline.faults import fault_point
 from mentor.pipeline.io import atomic_path, glob_files, read_json, sha256_file, write_parquet_atomic
 from mentor.pipeline.rundir import STAGES, RunDir, StageDir, inputs_key, stage_key
+from mentor.pipeline.stage import counts
 from mentor.workflows.config import Workflow
 
 log = logging.getLogger(__name__)
@@ -44,7 +51,7 @@ class RunOptions:
     from_stage: str | None = None  # re-run this stage and the later ones (every selected round)
     only: str | None = None  # re-run just this stage (its inputs must be done), in every selected round
     force: bool = False
-    client: Any = None  # a dask.distributed Client: mine and hint shards run on its cluster; None = in-process
+    client: Any = None  # a dask.distributed Client: mine and hint shards run on its cluster (DaskExecutor); None = here
     progress: bool = True
 
     def __post_init__(self) -> None:
@@ -315,15 +322,14 @@ class Runner:
             sources = [str(logs)]
         stats = ingest(sources, sd.path, fmt=cfg["format"], round_=r, domain=self.wf.domain,
                        mapping=cfg.get("map") or {}, problems=str(self.problems_path))
-        return {"rollouts": stats.rollouts, "problems": stats.problems}
+        return counts(stats, ("rollouts", "problems"))
 
     def _mine(self, r: int, history: list[str], sd: StageDir) -> dict:
-        from mentor.pipeline.executor import executor_for
         from mentor.stages.mine import mine_to_dir
 
         stats = mine_to_dir([str(self.rd.stage(r, "ingest").path)], sd.path, self.wf.mine, history=history,
                             executor=executor_for(self.opts.client))
-        return {"collapsed": stats.collapsed, "problems": stats.problems}
+        return counts(stats, ("collapsed", "problems"))
 
     def _hint(self, r: int, sd: StageDir) -> dict:
         from mentor.pipeline.llm import BackendSpec
@@ -332,12 +338,11 @@ class Runner:
         h = self.wf.hint
         cfg = HintConfig.model_validate(h.config)
         spec = BackendSpec(h.backend.backend, h.backend.model, dict(h.backend.options))
-        from mentor.pipeline.executor import executor_for
-
+        # On a GPU cluster each hint task needs the workers' GPU resource (one engine per worker).
         executor = executor_for(self.opts.client, resources=h.worker_resources)
         stats = hint_to_dir(self.rd.stage(r, "mine").path / "collapsed.parquet", sd.path, cfg, spec, executor=executor,
-                            sample=h.sample, progress=self.opts.progress).as_dict()
-        return {k: stats.get(k) for k in ("problems", "accepted", "repaired", "fallback", "engine_calls")}
+                            sample=h.sample, progress=self.opts.progress)
+        return counts(stats, ("problems", "accepted", "repaired", "fallback", "engine_calls"))
 
     def _build(self, r: int, sd: StageDir) -> dict:
         from mentor.stages.build import BuildConfig, build
@@ -346,8 +351,7 @@ class Runner:
         cfg = BuildConfig.model_validate(
             self.wf.build | {"base": str(self.problems_path), "hints": [str(hints)] if hints.exists() else [], "round": r + 1}
         )
-        stats = build(cfg, sd.path)
-        return {"rows": stats.rows, "hinted": stats.hinted_rows}
+        return counts(build(cfg, sd.path), ("rows", "hinted_rows"))
 
 
 def _read_or_none(path: Path) -> Any:

@@ -11,6 +11,7 @@ import click
 from mentor.cli.options import FiniteFloatRange, executor_options
 from mentor.pipeline.errors import ConfigError
 from mentor.pipeline.vllm_backend import installed  # a metadata lookup; vllm itself is imported lazily
+from mentor.stages.hint_rules import RuleLimits  # plain Python: the rules' defaults show in --help
 
 
 @click.command()
@@ -63,11 +64,13 @@ def hint(collapsed, out_dir, backend, model, config_path, sample, seed, template
 @click.option("--problem", default="", help="The problem text (enables the restatement check).")
 @click.option("--entry-point", help="Code: the function a hint must not define.")
 @click.option("--previous", multiple=True, help="An earlier round's hint (repeatable): identical hints are rejected.")
-@click.option("--max-chars", type=click.IntRange(1, 2**31 - 1), default=400, show_default=True, help="Longest acceptable hint.")
-@click.option("--max-sentences", type=click.IntRange(1, 2**31 - 1), default=4, show_default=True, help="Most sentences in a hint.")
+@click.option("--max-chars", type=click.IntRange(1, 2**31 - 1), default=RuleLimits.max_chars, show_default=True,
+              help="Longest acceptable hint (the hint stage's default).")
+@click.option("--max-sentences", type=click.IntRange(1, 2**31 - 1), default=RuleLimits.max_sentences, show_default=True,
+              help="Most sentences in a hint (the hint stage's default).")
 def check_hint(hint_text, domain, answer, problem, entry_point, previous, max_chars, max_sentences):
     """Run the hint rules alone; print {"ok", "violations"}; exit 0 when ok, 1 when not."""
-    from mentor.stages.hint_rules import RuleLimits, check
+    from mentor.stages.hint_rules import check
 
     if domain == "math" and not answer:
         raise ConfigError("--answer is required for --domain math (the reference answer the hint must not reveal)")

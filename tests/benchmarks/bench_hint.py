@@ -3,8 +3,8 @@
 (a) orchestration: `hint_shard` over 100,000 collapsed problems (the real GSM8K
     collapsed rows, repeated with distinct ids) with a zero-latency fake
     backend; a quarter of the problems leak the answer once and go through a
-    repair, so rules, judgment and repair paths are all exercised.
-    Target: >= 50,000 problems/s.
+    repair, so rules, judgment and repair paths are all exercised. No target:
+    real runs are bound by the engine (see (b)).
     Also a floor under the issue's design, over the same rows: only the three
     requests every problem needs (attribution, generation, judgment), each
     built by the agents' message builders into one `GenRequest`, answered by
@@ -73,7 +73,6 @@ def bench_orchestration(base: list[dict], n: int) -> dict:
         "a_accepted": st.accepted,
         "a_repaired": st.repaired,
         "a_fallback": st.fallback,
-        "a_target_problems_per_s": 50_000,
     }
 
 

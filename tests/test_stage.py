@@ -1,0 +1,92 @@
+"""The stage contract: Stats counters merge by summing, stats.json and done markers, executors."""
+
+from __future__ import annotations
+
+import json
+import pickle
+
+import pytest
+
+from mentor.pipeline.executor import LocalExecutor
+from mentor.pipeline.stage import StatsLayout, read_done, write_done, write_stats
+
+LAYOUT = StatsLayout(
+    counters=("rows", "kept"),
+    groups={"dropped": ("empty", "too_long"), "seen": ()},
+    values={"round": 0},
+    ratios={"kept_share": ("kept", "rows")},
+    totals={"dropped_total": "dropped"},
+)
+
+
+def test_counters_by_reason_merge_by_summing():
+    a, b = LAYOUT(round=2), LAYOUT()
+    a.rows += 10
+    a.kept = 7
+    a.add("dropped", 2, reason="empty")
+    a.add("seen", reason="x")
+    b.add("rows", 5)
+    b.add("kept", 5)
+    b.dropped["too_long"] += 1
+    b.add("seen", 0, reason="never")  # a zero does not list a reason
+    a += b
+    assert a.as_dict() == {
+        "rows": 15, "kept": 12, "dropped": {"empty": 2, "too_long": 1}, "seen": {"x": 1},
+        "kept_share": 0.8, "dropped_total": 3, "round": 2,
+    }
+    # The ``as_dict()`` of a shard (e.g. read back from its done marker) merges the same way.
+    a.merge(b.as_dict())
+    assert (a.rows, a.kept, dict(a.dropped), a.round) == (20, 17, {"empty": 2, "too_long": 2}, 2)
+    assert pickle.loads(pickle.dumps(a)).as_dict() == a.as_dict()
+
+
+def test_a_misspelt_counter_fails_loudly():
+    s = LAYOUT()
+    with pytest.raises(AttributeError, match="rowz"):
+        s.rowz += 1
+    with pytest.raises(AttributeError):
+        _ = s.nothing
+    with pytest.raises(TypeError, match="unknown stats value"):
+        LAYOUT(mode="x")
+    assert LAYOUT().as_dict()["kept_share"] == 0.0  # no rows: no division by zero
+
+
+def test_stats_file_and_done_markers(tmp_path):
+    s = LAYOUT()
+    s.rows = 3
+    write_stats(tmp_path, s, config={"k": 1})
+    assert json.loads((tmp_path / "stats.json").read_text())["rows"] == 3
+    marker = tmp_path / "_done" / "abc.done"
+    write_done(marker, "abc", rows=3)
+    assert read_done(marker, "abc")["rows"] == 3
+    assert read_done(marker, "other") is None  # another key: not done
+    marker.write_text('{"key": "ab')  # cut short by a kill: not done, redone
+    assert read_done(marker, "abc") is None
+    assert read_done(tmp_path / "missing.done") is None
+
+
+def test_local_executor_keeps_item_order_and_streams():
+    seen = []
+
+    def task(x: int, k: int) -> int:
+        seen.append(x)
+        return x * k
+
+    ex = LocalExecutor()
+    assert ex.map(task, [3, 1, 2], 10) == [30, 10, 20]
+    it = ex.imap(task, iter([5, 6]), 2)
+    assert seen == [3, 1, 2]  # nothing runs before the first result is asked for
+    assert next(it) == 10 and seen[-1] == 5
+    assert list(it) == [12]
+
+
+def test_dask_executor_gives_results_in_item_order():
+    pytest.importorskip("distributed")
+    from mentor.pipeline.executor import DaskExecutor, dask_client
+
+    # A builtin as the task: dask workers import it by name (this test module is not importable there).
+    with dask_client(workers=2) as client:
+        ex = DaskExecutor(client, window=2)
+        assert ex.map(pow, range(6), 2) == [x**2 for x in range(6)]
+        assert list(ex.imap(pow, iter(range(7)), 3)) == [x**3 for x in range(7)]
+        assert ex.map(pow, [], 2) == [] and list(ex.imap(pow, [], 2)) == []
