@@ -77,9 +77,9 @@ class TokenLimits(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     attribution: int = Field(200, ge=16, description="max_tokens of an attribution call.")
-    generation: int = Field(160, ge=16, description="max_tokens of a generation call.")
+    generation: int = Field(360, ge=16, description="max_tokens of a generation call (reasoning + hint).")
     judgment: int = Field(120, ge=16, description="max_tokens of a judgment call.")
-    repair: int = Field(160, ge=16, description="max_tokens of a repair call.")
+    repair: int = Field(360, ge=16, description="max_tokens of a repair call (reasoning + hint).")
 
 
 class HintConfig(BaseModel):
@@ -89,8 +89,12 @@ class HintConfig(BaseModel):
 
     max_retry: int = Field(2, ge=0, description="Regenerations from the keywords after the refines are spent (the method's Max Retry).")
     max_refine: int = Field(2, ge=0, description="Repair rounds per generated hint (the method's Max Refine).")
-    judge_threshold: float = Field(6.0, ge=1, le=10, description="A hint that passes the rules is accepted when the judge's score (1-10) reaches this.")
+    judge_threshold: float = Field(7.0, ge=1, le=10, description="A hint that passes the rules is accepted when the judge's score (1-10) reaches this.")
     llm_judge: bool = Field(True, description="Ask the LLM judge after the rules pass (off: the rules alone decide).")
+    judge_correctness: bool = Field(True, description="The judge first states whether every statement and calculation of the hint "
+                                    "is correct; a hint judged incorrect is rejected whatever its score.")
+    reasoning_chars: int = Field(600, ge=0, description="Room for the generation and repair agents to work the problem out "
+                                 "(towards the reference answer) before they write the hint; kept in the trace, never in the hint. 0: off.")
     attribution: bool = Field(True, description="Run the Attribution agent (off: the hint is generated from the problem alone, "
                               "the method's 'without Attribution' ablation).")
     generation: bool = Field(True, description="Run the Generation agent (off: the hint is the keyword template filled with the "
@@ -238,7 +242,7 @@ class _Shard:
         self.st = stats
         self.attr_schema = agents.attribution_schema(cfg.max_keywords, cfg.keyword_chars, cfg.error_chars)
         self.hint_schemas: dict[int, dict] = {}
-        self.judge_schema = agents.judgment_schema(cfg.feedback_chars)
+        self.judge_schema = agents.judgment_schema(cfg.feedback_chars, cfg.judge_correctness)
         self.attr_instructions = Instructions.of(templates.texts["attribution_system"], templates.texts["attribution_user"])
         self.seed_prefix = f"{cfg.seed}|"
 
@@ -249,7 +253,7 @@ class _Shard:
         n = p.ctx.limits.max_chars
         s = self.hint_schemas.get(n)
         if s is None:
-            s = self.hint_schemas[n] = agents.hint_schema(n)
+            s = self.hint_schemas[n] = agents.hint_schema(n, self.cfg.reasoning_chars)
         return s
 
     # ------------------------------------------------------------------ requests
@@ -326,7 +330,9 @@ class _Shard:
                 self._reject(p, ["judge_parse_error"], None)
                 return
             p.score = parsed["score"]
-            if p.score >= p.threshold:
+            if parsed.get("correct") is False:
+                self._reject(p, ["judge_incorrect"], parsed["feedback"])
+            elif p.score >= p.threshold:
                 self._accept(p)
             else:
                 self._reject(p, ["judge_low_score"], parsed["feedback"])
