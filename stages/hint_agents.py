@@ -151,7 +151,7 @@ def judgment_schema(feedback_chars: int, correctness: bool = False) -> dict:
 
 # --------------------------------------------------------------------------- helpers
 
-_loads = json.loads
+
 
 
 def json_object(text: str) -> dict | None:
@@ -159,13 +159,13 @@ def json_object(text: str) -> dict | None:
     if not text:
         return None
     try:
-        obj = _loads(text)
+        obj = json.loads(text)
     except ValueError:
         i, j = text.find("{"), text.rfind("}")
         if i < 0 or j <= i:
             return None
         try:
-            obj = _loads(text[i : j + 1])
+            obj = json.loads(text[i : j + 1])
         except ValueError:
             return None
     return obj if isinstance(obj, dict) else None
