@@ -215,6 +215,7 @@ def run(args: argparse.Namespace) -> list[dict]:
           flush=True)
     if collapsed.height == 0:
         raise SystemExit("no problem stayed collapsed: nothing to rescue")
+    close_backends()  # an idle vLLM CPU engine still spins: stop the policy's while the hinter runs
 
     # 2. hints per arm
     arm_files: dict[str, list[str]] = {}
