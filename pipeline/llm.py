@@ -186,6 +186,22 @@ def resolve_callable(spec: str) -> Callable:
 _ENGINES: dict[str, Backend] = {}
 
 
+def _exit_on_sigterm() -> None:
+    """Make SIGTERM (kill, a scheduler's cancel) exit through atexit, so the engine's processes are stopped too.
+
+    By default SIGTERM ends Python without running atexit, and vLLM's engine
+    processes outlive their parent. Only where nobody installed a handler.
+    """
+    import signal
+    import threading
+
+    if threading.current_thread() is threading.main_thread() and signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:
+        def handler(signum, frame):  # noqa: ARG001
+            raise SystemExit(128 + signum)
+
+        signal.signal(signal.SIGTERM, handler)
+
+
 def close_backends() -> None:
     """Stop every engine this process started (registered at exit; call it to free memory between models)."""
     while _ENGINES:
@@ -230,6 +246,7 @@ def make_backend(kind: str, model: str | None = None, **options: Any) -> Backend
             import atexit
 
             atexit.register(close_backends)
+            _exit_on_sigterm()
         _ENGINES[key] = engine
     return engine
 

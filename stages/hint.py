@@ -13,8 +13,11 @@ problems. A problem's path through the waves:
                                    v
                        regenerate (up to max_retry) ... -> safe fallback
 
-Rules run locally between waves (no engine call); only a hint that passes
-them is sent to the LLM judge. Bad model output (invalid JSON, empty text,
+The phases are `Phase`; each agent is one declared `Agent` record (token
+limit, sampling, schema, message builder), so a request is built in one line;
+every phase change happens in `_Shard.transition`, whose table is the state
+machine above. Rules run locally between waves (no engine call); only a hint
+that passes them is sent to the LLM judge. Bad model output (invalid JSON, empty text,
 truncation, a hint in another language, keywords that are the answer, a
 failed trajectory that carries instructions) only ever moves a problem along
 this path, and is counted in the stats.
@@ -40,9 +43,10 @@ import time
 import zlib
 from collections import Counter
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from enum import Enum
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, NamedTuple
 
 import pyarrow as pa
 from pydantic import BaseModel, ConfigDict, Field
@@ -80,9 +84,9 @@ class TokenLimits(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     attribution: int = Field(200, ge=16, description="max_tokens of an attribution call.")
-    generation: int = Field(160, ge=16, description="max_tokens of a generation call.")
+    generation: int = Field(360, ge=16, description="max_tokens of a generation call (reasoning + hint).")
     judgment: int = Field(120, ge=16, description="max_tokens of a judgment call.")
-    repair: int = Field(160, ge=16, description="max_tokens of a repair call.")
+    repair: int = Field(360, ge=16, description="max_tokens of a repair call (reasoning + hint).")
 
 
 class HintConfig(BaseModel):
@@ -92,8 +96,12 @@ class HintConfig(BaseModel):
 
     max_retry: int = Field(2, ge=0, description="Regenerations from the keywords after the refines are spent (the method's Max Retry).")
     max_refine: int = Field(2, ge=0, description="Repair rounds per generated hint (the method's Max Refine).")
-    judge_threshold: float = Field(6.0, ge=1, le=10, description="A hint that passes the rules is accepted when the judge's score (1-10) reaches this.")
+    judge_threshold: float = Field(7.0, ge=1, le=10, description="A hint that passes the rules is accepted when the judge's score (1-10) reaches this.")
     llm_judge: bool = Field(True, description="Ask the LLM judge after the rules pass (off: the rules alone decide).")
+    judge_correctness: bool = Field(True, description="The judge first states whether every statement and calculation of the hint "
+                                    "is correct; a hint judged incorrect is rejected whatever its score.")
+    reasoning_chars: int = Field(600, ge=0, description="Room for the generation and repair agents to work the problem out "
+                                 "(towards the reference answer) before they write the hint; kept in the trace, never in the hint. 0: off.")
     attribution: bool = Field(True, description="Run the Attribution agent (off: the hint is generated from the problem alone, "
                               "the method's 'without Attribution' ablation).")
     generation: bool = Field(True, description="Run the Generation agent (off: the hint is the keyword template filled with the "
@@ -162,199 +170,292 @@ HintStats = HINT_STATS  # HintStats() makes the empty counters of a hint run
 
 # --------------------------------------------------------------------------- one shard
 
-_to_json = json.JSONEncoder(ensure_ascii=False).encode  # one encoder, not one per call
-_RULES_OK = _to_json({"ok": True, "violations": []})
-ATTR, GEN, JUDGE, REPAIR, DONE = range(5)
-_LETTER = re.compile(r"[^\W\d_]")
-AGENT = ("attribution", "generation", "judgment", "repair", "done")
+
+class Phase(Enum):
+    """Where a problem is on its way through the agents; each phase but DONE is one request per wave."""
+
+    ATTRIBUTION = "attribution"
+    GENERATION = "generation"
+    JUDGMENT = "judgment"
+    REPAIR = "repair"
+    DONE = "done"
 
 
+class TraceEntry(NamedTuple):
+    """One step of a problem's trace: a model call, a rule verdict or the fallback (schema TRACE_ENTRY)."""
+
+    agent: str  # attribution | generation | judgment | repair | rules | fallback
+    attempt: int
+    raw: str | None
+    parsed: str | None  # JSON of the parsed fields (None: the output did not parse)
+    finish_reason: str | None
+    prompt_tokens: int
+    completion_tokens: int
+
+
+@dataclass
 class _Problem:
-    __slots__ = (
-        "i", "row", "pid", "ctx", "max_retry", "max_refine", "threshold", "keywords", "error",
-        "phase", "retry", "refine", "refines", "cand_no", "candidate", "last_violations", "feedback",
-        "rejected", "seen", "score", "hint", "status", "trace",
-    )  # fmt: skip
+    """The state of one problem in a shard."""
 
-    def __init__(self, i: int, row: dict, settings: dict) -> None:
-        self.i = i
-        self.row = row
-        self.pid = row["problem_id"]
-        domain = row.get("domain") or "math"
-        self.max_retry, self.max_refine, self.threshold, limits = settings[domain] if domain in settings else settings["math"]
-        self.ctx = RuleContext(
-            domain=domain,
-            answer=row.get("label"),
-            problem=row.get("problem") or "",
-            previous_hints=tuple(row.get("previous_hints") or ()),
-            limits=limits,
-        )
-        self.keywords: list[str] = []
-        self.error: str | None = None
-        self.phase = ATTR
-        self.retry = self.refine = self.refines = self.cand_no = 0
-        self.candidate: str | None = None
-        self.last_violations: list[str] = []
-        self.feedback: str | None = None
-        self.rejected: list[str] = []
-        self.seen: dict[str, None] = {}  # ordered set of violation names
-        self.score: float | None = None
-        self.hint = ""
-        self.status = ""
-        self.trace: list[tuple] = []
+    i: int
+    row: dict
+    ctx: RuleContext
+    max_retry: int
+    max_refine: int
+    threshold: float
+    phase: Phase = Phase.ATTRIBUTION
+    keywords: list[str] = field(default_factory=list)
+    error: str | None = None
+    retry: int = 0  # regenerations used
+    refine: int = 0  # repairs of the current candidate
+    refines: int = 0  # repairs in all
+    cand_no: int = 0  # candidates produced so far (generation + repair)
+    candidate: str | None = None
+    last_violations: list[str] = field(default_factory=list)
+    feedback: str | None = None
+    rejected: list[str] = field(default_factory=list)  # why the last regenerated candidate was rejected
+    seen: dict[str, None] = field(default_factory=dict)  # ordered set of every violation
+    score: float | None = None
+    hint: str = ""
+    status: str = ""
+    trace: list[TraceEntry] = field(default_factory=list)
+
+    @property
+    def pid(self) -> str:
+        return self.row["problem_id"]
+
+
+@dataclass(frozen=True)
+class Agent:
+    """One agent, declared: its token limit, sampling, output schema, request attempt number and message builder.
+
+    Its output is read by the matching ``agents.parse_*`` in `_Shard.consume`.
+    """
+
+    name: str
+    max_tokens: Callable[[HintConfig], int]
+    sampling: Callable[[HintConfig], tuple[float, float]]  # temperature, top_p
+    schema: Callable[[_Shard, _Problem], dict]
+    attempt: Callable[[_Problem], int]
+    messages: Callable[[_Shard, _Problem], list[dict]]
+
+
+def _analysis(cfg: HintConfig) -> tuple[float, float]:
+    return cfg.analysis_temperature, 1.0
+
+
+def _creative(cfg: HintConfig) -> tuple[float, float]:
+    return cfg.temperature, cfg.top_p
+
+
+AGENTS: dict[Phase, Agent] = {
+    Phase.ATTRIBUTION: Agent(
+        "attribution", lambda c: c.max_tokens.attribution, _analysis, lambda s, p: s.attr_schema, lambda p: 0,
+        lambda s, p: agents.attribution_messages(p.row, s.t, s.cfg.max_failed, s.cfg.failed_chars)),
+    Phase.GENERATION: Agent(
+        "generation", lambda c: c.max_tokens.generation, _creative, lambda s, p: s.hint_schema(p), lambda p: p.cand_no,
+        lambda s, p: agents.generation_messages(p.row, p.keywords, p.error, s.t, p.rejected if p.retry else None,
+                                                diagnosis=s.cfg.attribution)),
+    Phase.JUDGMENT: Agent(
+        "judgment", lambda c: c.max_tokens.judgment, _analysis, lambda s, p: s.judge_schema, lambda p: p.cand_no - 1,
+        lambda s, p: agents.judgment_messages(p.row, p.candidate or "", s.t)),
+    Phase.REPAIR: Agent(
+        "repair", lambda c: c.max_tokens.repair, _creative, lambda s, p: s.hint_schema(p), lambda p: p.cand_no,
+        lambda s, p: agents.repair_messages(p.row, p.candidate or "", p.last_violations, p.feedback, s.t)),
+}
+
+def _to_json(obj: Any) -> str:
+    return json.dumps(obj, ensure_ascii=False)
+
+
+_LETTER = re.compile(r"[^\W\d_]")
 
 
 class _Shard:
-    """The per-shard machinery: templates, schemas and the state transitions."""
+    """The per-shard machinery: templates, schemas, requests, and the transitions between phases."""
 
     def __init__(self, cfg: HintConfig, templates: agents.Templates, stats: Stats) -> None:
         self.cfg = cfg
         self.t = templates
         self.st = stats
         self.attr_schema = agents.attribution_schema(cfg.max_keywords, cfg.keyword_chars, cfg.error_chars)
-        self.hint_schemas: dict[int, dict] = {}
-        self.judge_schema = agents.judgment_schema(cfg.feedback_chars)
+        self.judge_schema = agents.judgment_schema(cfg.feedback_chars, cfg.judge_correctness)
         self.attr_instructions = Instructions.of(templates.texts["attribution_system"], templates.texts["attribution_user"])
-        self.seed_prefix = f"{cfg.seed}|"
+        self.settings = {d: cfg.for_domain(d) for d in ("math", "code")}
 
-    def _seed(self, p: _Problem, agent: str, n: int) -> int:
-        return zlib.crc32(f"{self.seed_prefix}{p.pid}|{agent}|{n}".encode()) & 0x7FFFFFFF
+    def hint_schema(self, p: _Problem) -> dict:
+        return agents.hint_schema(p.ctx.limits.max_chars, self.cfg.reasoning_chars)
 
-    def _hint_schema(self, p: _Problem) -> dict:
-        n = p.ctx.limits.max_chars
-        s = self.hint_schemas.get(n)
-        if s is None:
-            s = self.hint_schemas[n] = agents.hint_schema(n)
-        return s
+    def problem(self, i: int, row: dict) -> _Problem:
+        domain = row.get("domain") or "math"
+        max_retry, max_refine, threshold, limits = self.settings.get(domain, self.settings["math"])
+        ctx = RuleContext(domain=domain, answer=row.get("label"), problem=row.get("problem") or "",
+                          previous_hints=tuple(row.get("previous_hints") or ()), limits=limits)
+        p = _Problem(i, row, ctx, max_retry, max_refine, threshold)
+        self.transition(p, "start")
+        return p
 
-    # ------------------------------------------------------------------ requests
+    # ------------------------------------------------------------------ the state machine
+
+    def transition(self, p: _Problem, event: str, violations: Sequence[str] = (), feedback: str | None = None) -> None:
+        """Every phase change, in one place.
+
+        ========================  ==============================================================
+        event                     next phase
+        ========================  ==============================================================
+        ``start``                 ATTRIBUTION; without attribution GENERATION; without either:
+                                  the fallback (generic hint, no engine call)
+        ``attributed``            GENERATION; without generation: the fallback (keyword hint)
+        ``passed_rules``          JUDGMENT; without the LLM judge: accepted
+        ``approved``              accepted (score >= threshold and not judged incorrect)
+        ``rejected``              REPAIR while refines are left for this candidate; else
+                                  GENERATION while retries are left (refines reset);
+                                  else the fallback
+        ========================  ==============================================================
+        """
+        cfg = self.cfg
+        if event == "start":
+            if cfg.attribution:
+                p.phase = Phase.ATTRIBUTION
+            elif cfg.generation:
+                p.phase = Phase.GENERATION
+            else:
+                self._fallback(p)
+        elif event == "attributed":
+            if cfg.generation:
+                p.phase = Phase.GENERATION
+            else:
+                self._fallback(p)
+        elif event == "passed_rules":
+            if cfg.llm_judge:
+                p.phase = Phase.JUDGMENT
+            else:
+                self._accept(p)
+        elif event == "approved":
+            self._accept(p)
+        elif event == "rejected":
+            for v in violations:
+                self.st.violations[v] += 1
+                p.seen[v] = None
+            p.last_violations = list(violations)
+            p.feedback = feedback
+            if p.candidate is not None and p.refine < p.max_refine:
+                p.refine += 1
+                p.refines += 1
+                p.phase = Phase.REPAIR
+            elif p.retry < p.max_retry:
+                p.retry += 1
+                p.refine = 0
+                p.candidate = None
+                p.score = None
+                p.rejected = [v for v in violations if v not in ("parse_error", "truncated")] or list(violations)
+                p.phase = Phase.GENERATION
+            else:
+                self._fallback(p)
+        else:  # pragma: no cover - a programming error
+            raise ValueError(f"unknown hint event {event!r}")
+
+    # ------------------------------------------------------------------ requests and results
 
     def request(self, p: _Problem) -> GenRequest:
-        cfg, t, phase = self.cfg, self.t, p.phase
-        agent = AGENT[phase]
-        if phase == ATTR:
-            msgs = agents.attribution_messages(p.row, t, cfg.max_failed, cfg.failed_chars)
-            return GenRequest(f"{p.i}:{agent}:0", msgs, cfg.max_tokens.attribution, cfg.analysis_temperature, 1.0,
-                              self._seed(p, agent, 0), self.attr_schema)
-        if phase == GEN:
-            msgs = agents.generation_messages(p.row, p.keywords, p.error, t, p.rejected if p.retry else None,
-                                              diagnosis=cfg.attribution)
-            return GenRequest(f"{p.i}:{agent}:{p.cand_no}", msgs, cfg.max_tokens.generation, cfg.temperature, cfg.top_p,
-                              self._seed(p, agent, p.cand_no), self._hint_schema(p))
-        if phase == JUDGE:
-            msgs = agents.judgment_messages(p.row, p.candidate or "", t)
-            n = p.cand_no - 1
-            return GenRequest(f"{p.i}:{agent}:{n}", msgs, cfg.max_tokens.judgment, cfg.analysis_temperature, 1.0,
-                              self._seed(p, agent, n), self.judge_schema)
-        msgs = agents.repair_messages(p.row, p.candidate or "", p.last_violations, p.feedback, t)
-        return GenRequest(f"{p.i}:{agent}:{p.cand_no}", msgs, cfg.max_tokens.repair, cfg.temperature, cfg.top_p,
-                          self._seed(p, agent, p.cand_no), self._hint_schema(p))
+        a = AGENTS[p.phase]
+        n = a.attempt(p)
+        temperature, top_p = a.sampling(self.cfg)
+        return GenRequest(f"{p.i}:{a.name}:{n}", a.messages(self, p), a.max_tokens(self.cfg), temperature, top_p,
+                          self._seed(p, a.name, n), a.schema(self, p))
 
-    # ------------------------------------------------------------------ results
+    def _seed(self, p: _Problem, agent: str, n: int) -> int:
+        return zlib.crc32(f"{self.cfg.seed}|{p.pid}|{agent}|{n}".encode()) & 0x7FFFFFFF
 
     def consume(self, p: _Problem, res: GenResult) -> None:
-        st, phase = self.st, p.phase
-        agent = AGENT[phase]
-        st.requests_by_agent[agent] += 1
-        truncated = res.finish_reason == "length"
-        if truncated:
-            st.truncated[agent] += 1
-        if phase == ATTR:
-            parsed = agents.parse_attribution(res.text, p.row, self.cfg.max_keywords, self.cfg.keyword_chars, self.cfg.error_chars)
-            self._trace(p, agent, 0, res, parsed)
-            if parsed is None:
-                st.parse_failures[agent] += 1
-            else:
-                leaks = p.ctx.matcher.leaks
-                # Keywords are concepts: one without a letter ("1.1.1", "2400") is noise, one that carries
-                # the answer would reach the generation prompt and the fallback hint.
-                worded = [k for k in parsed["keywords"] if _LETTER.search(k)]
-                kws = [k for k in worded if not leaks(k)]
-                st.keyword_invalid += len(parsed["keywords"]) - len(worded)
-                st.keyword_leaks += len(worded) - len(kws)
-                # A weak model parrots its instructions ("failed attempts", "the attempts are data to analyse").
-                own = [k for k in kws if not copies_instructions(k, self.attr_instructions, p.ctx.problem)]
-                st.copied_instructions += len(kws) - len(own)
-                p.keywords = own
-                err = parsed["error"]
-                if err and not _LETTER.search(err):
-                    st.keyword_invalid += 1  # "4000" is not a diagnosis
-                    err = None
-                if err and leaks(err):
-                    st.error_leaks += 1  # never let the answer reach the generation prompt
-                    err = None
-                if err and copies_instructions(err, self.attr_instructions, p.ctx.problem):
-                    st.copied_instructions += 1
-                    err = None
-                p.error = err
-            if self.cfg.generation:
-                p.phase = GEN
-            else:
-                self._fallback(p)  # no Generation agent: the keyword template (or the generic hint)
+        agent = AGENTS[p.phase].name
+        self.st.requests_by_agent[agent] += 1
+        if res.finish_reason == "length":
+            self.st.truncated[agent] += 1
+        if p.phase is Phase.ATTRIBUTION:
+            self._attributed(p, res)
+        elif p.phase is Phase.JUDGMENT:
+            self._judged(p, res)
+        else:
+            self._candidate(p, res)
+
+    def _attributed(self, p: _Problem, res: GenResult) -> None:
+        st, cfg = self.st, self.cfg
+        parsed = agents.parse_attribution(res.text, p.row, cfg.max_keywords, cfg.keyword_chars, cfg.error_chars)
+        self._trace(p, "attribution", 0, res, parsed)
+        if parsed is None:
+            st.parse_failures["attribution"] += 1
+        else:
+            leaks = p.ctx.matcher.leaks
+            # Keywords are concepts: one without a letter ("1.1.1", "2400") is noise, one that carries
+            # the answer would reach the generation prompt and the fallback hint.
+            worded = [k for k in parsed["keywords"] if _LETTER.search(k)]
+            kws = [k for k in worded if not leaks(k)]
+            st.keyword_invalid += len(parsed["keywords"]) - len(worded)
+            st.keyword_leaks += len(worded) - len(kws)
+            # A weak model parrots its instructions ("failed attempts", "the attempts are data to analyse").
+            own = [k for k in kws if not copies_instructions(k, self.attr_instructions, p.ctx.problem)]
+            st.copied_instructions += len(kws) - len(own)
+            p.keywords = own
+            err = parsed["error"]
+            if err and not _LETTER.search(err):
+                st.keyword_invalid += 1  # "4000" is not a diagnosis
+                err = None
+            if err and leaks(err):
+                st.error_leaks += 1  # never let the answer reach the generation prompt
+                err = None
+            if err and copies_instructions(err, self.attr_instructions, p.ctx.problem):
+                st.copied_instructions += 1
+                err = None
+            p.error = err
+        self.transition(p, "attributed")
+
+    def _judged(self, p: _Problem, res: GenResult) -> None:
+        self.st.judge_calls += 1
+        parsed = agents.parse_judgment(res.text, p.row, self.cfg.feedback_chars)
+        self._trace(p, "judgment", p.cand_no - 1, res, parsed)
+        if parsed is None:
+            self.st.parse_failures["judgment"] += 1
+            self.transition(p, "rejected", ["judge_parse_error"])
             return
-        if phase == JUDGE:
-            st.judge_calls += 1
-            parsed = agents.parse_judgment(res.text, p.row, self.cfg.feedback_chars)
-            self._trace(p, agent, p.cand_no - 1, res, parsed)
-            if parsed is None:
-                st.parse_failures[agent] += 1
-                self._reject(p, ["judge_parse_error"], None)
-                return
-            p.score = parsed["score"]
-            if p.score >= p.threshold:
-                self._accept(p)
-            else:
-                self._reject(p, ["judge_low_score"], parsed["feedback"])
-            return
-        # generation or repair: a new candidate
+        p.score = parsed["score"]
+        if parsed.get("correct") is False:
+            self.transition(p, "rejected", ["judge_incorrect"], parsed["feedback"])
+        elif p.score >= p.threshold:
+            self.transition(p, "approved")
+        else:
+            self.transition(p, "rejected", ["judge_low_score"], parsed["feedback"])
+
+    def _candidate(self, p: _Problem, res: GenResult) -> None:
+        """A generated or repaired hint: parse it, run the rules."""
+        agent = AGENTS[p.phase].name
         parsed = agents.parse_hint(res.text, p.row)
         n = p.cand_no
         p.cand_no += 1
         self._trace(p, agent, n, res, parsed)
         if parsed is None:
-            st.parse_failures[agent] += 1
-            self._reject(p, ["parse_error", "truncated"] if truncated else ["parse_error"], None)
+            self.st.parse_failures[agent] += 1
+            truncated = res.finish_reason == "length"
+            self.transition(p, "rejected", ["parse_error", "truncated"] if truncated else ["parse_error"])
             return
-        hint = parsed["hint"]
-        p.candidate = hint
-        violations = check_hint(hint, p.ctx)
-        p.trace.append(("rules", n, hint, _to_json({"ok": not violations, "violations": violations}) if violations else _RULES_OK,
-                        None, 0, 0))
+        p.candidate = parsed["hint"]
+        violations = check_hint(p.candidate, p.ctx)
+        p.trace.append(TraceEntry("rules", n, p.candidate, _to_json({"ok": not violations, "violations": violations}), None, 0, 0))
         if violations:
-            self._reject(p, violations, None)
-        elif self.cfg.llm_judge:
-            p.phase = JUDGE
+            self.transition(p, "rejected", violations)
         else:
-            self._accept(p)
+            self.transition(p, "passed_rules")
 
     def _trace(self, p: _Problem, agent: str, n: int, res: GenResult, parsed: dict | None) -> None:
-        p.trace.append((agent, n, res.text, None if parsed is None else _to_json(parsed),
-                        res.finish_reason, res.prompt_tokens, res.completion_tokens))
+        p.trace.append(TraceEntry(agent, n, res.text, None if parsed is None else _to_json(parsed),
+                                  res.finish_reason, res.prompt_tokens, res.completion_tokens))
 
-    def _reject(self, p: _Problem, violations: list[str], feedback: str | None) -> None:
-        for v in violations:
-            self.st.violations[v] += 1
-            p.seen[v] = None
-        p.last_violations = violations
-        p.feedback = feedback
-        if p.candidate is not None and p.refine < p.max_refine:
-            p.refine += 1
-            p.refines += 1
-            p.phase = REPAIR
-        elif p.retry < p.max_retry:
-            p.retry += 1
-            p.refine = 0
-            p.candidate = None
-            p.score = None
-            p.rejected = [v for v in violations if v not in ("parse_error", "truncated")] or violations
-            p.phase = GEN
-        else:
-            self._fallback(p)
+    # ------------------------------------------------------------------ endings
 
     def _accept(self, p: _Problem) -> None:
         p.hint = p.candidate or ""
         p.status = "accepted" if p.retry == 0 and p.refines == 0 else "repaired"
-        p.phase = DONE
+        p.phase = Phase.DONE
 
     def _fallback(self, p: _Problem) -> None:
         """A safe default: from the keywords when the rules pass it, else a generic one."""
@@ -376,8 +477,8 @@ class _Shard:
         p.hint = chosen[1]
         p.score = None
         p.status = "fallback"
-        p.phase = DONE
-        p.trace.append(("fallback", p.cand_no, chosen[1], json.dumps({"source": chosen[0], "rejected": rejected}), None, 0, 0))
+        p.phase = Phase.DONE
+        p.trace.append(TraceEntry("fallback", p.cand_no, chosen[1], json.dumps({"source": chosen[0], "rejected": rejected}), None, 0, 0))
 
 
 def hint_shard(
@@ -399,33 +500,23 @@ def hint_shard(
     st = stats if stats is not None else HintStats()
     t = templates or agents.Templates.load(cfg.templates_dir)
     shard = _Shard(cfg, t, st)
-    settings = {d: cfg.for_domain(d) for d in ("math", "code")}
-    problems = [_Problem(i, row, settings) for i, row in enumerate(rows)]
-    if not cfg.attribution:
-        for p in problems:
-            if cfg.generation:
-                p.phase = GEN
-            else:
-                shard._fallback(p)  # neither agent: the generic default hint, no engine call
-    calls0, pt0, ct0, = backend.calls, backend.prompt_tokens, backend.completion_tokens
-    pending = [p for p in problems if p.phase != DONE]
-    request, consume = shard.request, shard.consume
+    problems = [shard.problem(i, row) for i, row in enumerate(rows)]
+    calls0, pt0, ct0 = backend.calls, backend.prompt_tokens, backend.completion_tokens
+    pending = [p for p in problems if p.phase is not Phase.DONE]
     while pending:
         t0 = time.perf_counter()
-        results = backend.generate([request(p) for p in pending])
+        results = backend.generate([shard.request(p) for p in pending])
         st.waves += 1
         if log.isEnabledFor(logging.INFO):
-            agents_in_wave = Counter(AGENT[p.phase] for p in pending)
-            log.info("wave %d: %d requests %s in %.1f s", st.waves, len(pending), dict(agents_in_wave), time.perf_counter() - t0)
+            in_wave = Counter(p.phase.value for p in pending)
+            log.info("wave %d: %d requests %s in %.1f s", st.waves, len(pending), dict(in_wave), time.perf_counter() - t0)
         st.requests += len(pending)
-        nxt = []
         for p, res in zip(pending, results):
-            consume(p, res)
-            if p.phase != DONE:
-                nxt.append(p)
+            shard.consume(p, res)
+        still = [p for p in pending if p.phase is not Phase.DONE]
         if progress is not None:
-            progress(len(pending) - len(nxt), st.waves)
-        pending = nxt
+            progress(len(pending) - len(still), st.waves)
+        pending = still
     st.engine_calls += backend.calls - calls0
     st.prompt_tokens += backend.prompt_tokens - pt0
     st.completion_tokens += backend.completion_tokens - ct0
@@ -451,41 +542,27 @@ def row_config_hash(cfg: HintConfig, model: str) -> str:
 
 
 def _to_table(problems: list[_Problem], model: str, prompt_version: str, cfg_hash: str) -> pa.Table:
-    """Columns built directly (no per-row dicts): the trace is one flat struct array with offsets."""
-    n = len(problems)
-    offsets = [0]
-    flat: list[tuple] = []
-    for p in problems:
-        flat.extend(p.trace)
-        offsets.append(len(flat))
-    cols = list(zip(*flat)) if flat else [()] * TRACE_ENTRY.num_fields  # transpose in C
-    struct_types = [TRACE_ENTRY.field(i).type for i in range(TRACE_ENTRY.num_fields)]
-    entries = pa.StructArray.from_arrays(
-        [pa.array(c, type=ty) for c, ty in zip(cols, struct_types)],
-        fields=list(TRACE_ENTRY),
-    )
-    trace = pa.ListArray.from_arrays(pa.array(offsets, pa.int32()), entries)
+    trace = [[e._asdict() for e in p.trace] for p in problems]
     hints = [p.hint for p in problems]
-    pids = [p.pid for p in problems]
-    arrays = {
-        "problem_id": pa.array(pids, pa.string()),
-        "round": pa.array([int(p.row.get("round") or 0) for p in problems], pa.int32()),
-        "hint_id": pa.array([content_hash(pid, h) for pid, h in zip(pids, hints)], pa.string()),
-        "hint": pa.array(hints, pa.string()),
-        "keywords": pa.array([p.keywords for p in problems], pa.list_(pa.string())),
-        "error": pa.array([p.error for p in problems], pa.string()),
-        "status": pa.array([p.status for p in problems], pa.string()),
-        "retries": pa.array([p.retry for p in problems], pa.int32()),
-        "refines": pa.array([p.refines for p in problems], pa.int32()),
-        "judge_score": pa.array([p.score for p in problems], pa.float64()),
-        "violations": pa.array([list(p.seen) for p in problems], pa.list_(pa.string())),
+    columns = {
+        "problem_id": [p.pid for p in problems],
+        "round": [int(p.row.get("round") or 0) for p in problems],
+        "hint_id": [content_hash(p.pid, p.hint) for p in problems],
+        "hint": hints,
+        "keywords": [p.keywords for p in problems],
+        "error": [p.error for p in problems],
+        "status": [p.status for p in problems],
+        "retries": [p.retry for p in problems],
+        "refines": [p.refines for p in problems],
+        "judge_score": [p.score for p in problems],
+        "violations": [list(p.seen) for p in problems],
         "trace": trace,
-        "model": pa.array([model] * n, pa.string()),
-        "prompt_version": pa.array([prompt_version] * n, pa.string()),
-        "config_hash": pa.array([cfg_hash] * n, pa.string()),
+        "model": [model] * len(problems),
+        "prompt_version": [prompt_version] * len(problems),
+        "config_hash": [cfg_hash] * len(problems),
     }
     schema = pa.schema(list(HINTS), metadata=schema_metadata("hints"))
-    return pa.Table.from_arrays([arrays[f.name].cast(f.type) if not arrays[f.name].type.equals(f.type) else arrays[f.name] for f in HINTS], schema=schema)
+    return pa.Table.from_pydict(columns, schema=schema)
 
 
 # --------------------------------------------------------------------------- shards on disk

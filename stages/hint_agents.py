@@ -38,14 +38,14 @@ TEMPLATE_VARS: dict[str, frozenset[str]] = {
     "attribution_system": frozenset(),
     "attribution_user": frozenset({"problem", "answer", "failed"}),
     "generation_system": frozenset(),
-    "generation_user": frozenset({"problem", "diagnosis", "keywords", "error", "escalation", "retry"}),
+    "generation_user": frozenset({"problem", "answer", "diagnosis", "keywords", "error", "escalation", "retry"}),
     "generation_diagnosis": frozenset({"keywords", "error"}),
     "generation_escalation": frozenset({"previous_hint"}),
     "generation_retry": frozenset({"violations"}),
     "judgment_system": frozenset(),
     "judgment_user": frozenset({"problem", "answer", "hint"}),
     "repair_system": frozenset(),
-    "repair_user": frozenset({"problem", "hint", "violations", "feedback"}),
+    "repair_user": frozenset({"problem", "answer", "hint", "violations", "feedback"}),
     "fallback_keywords": frozenset({"keywords"}),
     "fallback_math": frozenset(),
     "fallback_code": frozenset(),
@@ -130,30 +130,28 @@ def attribution_schema(max_keywords: int, keyword_chars: int, error_chars: int) 
     }
 
 
-def hint_schema(max_chars: int) -> dict:
-    return {
-        "type": "object",
-        "properties": {"hint": {"type": "string", "minLength": 1, "maxLength": max_chars}},
-        "required": ["hint"],
-        "additionalProperties": False,
-    }
+def hint_schema(max_chars: int, reasoning_chars: int = 0) -> dict:
+    """``{"hint"}``, or ``{"reasoning", "hint"}``: the model works the problem out first, then writes the hint."""
+    props: dict = {}
+    if reasoning_chars:
+        props["reasoning"] = {"type": "string", "minLength": 1, "maxLength": reasoning_chars}
+    props["hint"] = {"type": "string", "minLength": 1, "maxLength": max_chars}
+    return {"type": "object", "properties": props, "required": list(props), "additionalProperties": False}
 
 
-def judgment_schema(feedback_chars: int) -> dict:
-    return {
-        "type": "object",
-        "properties": {
-            "score": {"type": "integer", "minimum": 1, "maximum": 10},
-            "feedback": {"type": "string", "minLength": 1, "maxLength": feedback_chars},
-        },
-        "required": ["score", "feedback"],
-        "additionalProperties": False,
-    }
+def judgment_schema(feedback_chars: int, correctness: bool = False) -> dict:
+    """``{"score", "feedback"}``; with `correctness` a ``"correct"`` verdict comes first."""
+    props: dict = {}
+    if correctness:
+        props["correct"] = {"type": "boolean"}
+    props["score"] = {"type": "integer", "minimum": 1, "maximum": 10}
+    props["feedback"] = {"type": "string", "minLength": 1, "maxLength": feedback_chars}
+    return {"type": "object", "properties": props, "required": list(props), "additionalProperties": False}
 
 
 # --------------------------------------------------------------------------- helpers
 
-_loads = json.loads
+
 
 
 def json_object(text: str) -> dict | None:
@@ -161,13 +159,13 @@ def json_object(text: str) -> dict | None:
     if not text:
         return None
     try:
-        obj = _loads(text)
+        obj = json.loads(text)
     except ValueError:
         i, j = text.find("{"), text.rfind("}")
         if i < 0 or j <= i:
             return None
         try:
-            obj = _loads(text[i : j + 1])
+            obj = json.loads(text[i : j + 1])
         except ValueError:
             return None
     return obj if isinstance(obj, dict) else None
@@ -260,6 +258,7 @@ def generation_messages(
     user = t.render(
         "generation_user",
         problem=row["problem"],
+        answer=reference_text(row),
         diagnosis=t.render("generation_diagnosis", keywords=kws, error=err) if diagnosis else "",
         keywords=kws,
         error=err,
@@ -270,7 +269,7 @@ def generation_messages(
 
 
 def parse_hint(text: str, row: dict | None = None, max_chars: int = 10_000) -> dict | None:
-    """``{"hint": str}`` or None (not JSON, no hint, or only whitespace)."""
+    """``{"hint": str}`` (plus the model's ``"reasoning"`` when it gave one) or None (not JSON, no hint, or blank)."""
     obj = json_object(text)
     if obj is None:
         return None
@@ -278,7 +277,12 @@ def parse_hint(text: str, row: dict | None = None, max_chars: int = 10_000) -> d
     if not isinstance(hint, str):
         return None
     hint = " ".join(hint.split())
-    return {"hint": hint[:max_chars]} if hint else None
+    if not hint:
+        return None
+    out = {"hint": hint[:max_chars]}
+    if isinstance(obj.get("reasoning"), str):
+        out["reasoning"] = obj["reasoning"]
+    return out
 
 
 # --------------------------------------------------------------------------- 3. judgment
@@ -302,7 +306,10 @@ def parse_judgment(text: str, row: dict | None = None, feedback_chars: int = 240
             return None
     if isinstance(score, bool) or not isinstance(score, (int, float)) or not 1 <= score <= 10:
         return None
-    return {"score": float(score), "feedback": _clean_str(obj.get("feedback"), feedback_chars) or ""}
+    out = {"score": float(score), "feedback": _clean_str(obj.get("feedback"), feedback_chars) or ""}
+    if isinstance(obj.get("correct"), bool):
+        out["correct"] = obj["correct"]
+    return out
 
 
 # --------------------------------------------------------------------------- 4. repair
@@ -312,7 +319,8 @@ def repair_messages(row: dict, hint: str, violations: list[str], feedback: str |
     from mentor.stages.hint_rules import DESCRIPTIONS
 
     reasons = "\n".join(f"- {DESCRIPTIONS.get(v, v)}" for v in violations) or "- (none given)"
-    user = t.render("repair_user", problem=row["problem"], hint=hint, violations=reasons, feedback=feedback or "(none)")
+    user = t.render("repair_user", problem=row["problem"], answer=reference_text(row), hint=hint, violations=reasons,
+                    feedback=feedback or "(none)")
     return [{"role": "system", "content": t.texts["repair_system"]}, {"role": "user", "content": user}]
 
 

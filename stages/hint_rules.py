@@ -80,6 +80,7 @@ DESCRIPTIONS = {
     "truncated": "the output was cut at the token limit",
     "judge_low_score": "the judge scored the hint below the threshold",
     "judge_parse_error": "the judge's output was not the requested JSON",
+    "judge_incorrect": "the judge found a statement or calculation in the hint that is wrong",
 }
 
 

@@ -98,3 +98,41 @@ def test_engine_failure_is_one_line_with_its_root_cause(tiny_model):
     assert log.is_file() and "Traceback" in log.read_text(errors="replace")
     # The engine's pages of traces went to the log, not to the terminal.
     assert "Traceback" not in r.stderr
+
+
+def test_sigterm_stops_the_engine_processes_too(tiny_model):
+    """`kill` of a mentor process must not leave vLLM's engine processes running (they used to outlive it)."""
+    import os
+    import signal
+    import time
+
+    import psutil
+
+    code = textwrap.dedent(f"""
+        import sys, time
+        from mentor.pipeline.llm import make_backend
+        if __name__ == "__main__":
+            make_backend("vllm", {str(tiny_model)!r}, max_model_len=1024)
+            print("ready", flush=True)
+            time.sleep(600)
+    """)
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "VLLM_CPU_KVCACHE_SPACE": "1"}
+    proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True, env=env)
+    children: list = []
+    try:
+        assert proc.stdout.readline().strip() == "ready"
+        children = psutil.Process(proc.pid).children(recursive=True)
+        assert children, "the engine runs in child processes"
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=120) == 128 + signal.SIGTERM
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and any(c.is_running() and c.status() != psutil.STATUS_ZOMBIE for c in children):
+            time.sleep(0.5)
+        assert not [c.pid for c in children if c.is_running() and c.status() != psutil.STATUS_ZOMBIE]
+    finally:
+        proc.kill()
+        for c in children:  # never leave an engine behind, even when the test fails
+            try:
+                c.kill()
+            except psutil.NoSuchProcess:
+                pass

@@ -215,26 +215,32 @@ def run(args: argparse.Namespace) -> list[dict]:
           flush=True)
     if collapsed.height == 0:
         raise SystemExit("no problem stayed collapsed: nothing to rescue")
+    close_backends()  # an idle vLLM CPU engine still spins: stop the policy's while the hinter runs
 
     # 2. hints per arm
     arm_files: dict[str, list[str]] = {}
     hint_info: dict[str, dict] = {}
     base = load_config(args.hint_config) if args.hint_config else HintConfig()
-    for arm in args.arms:
+    extra = dict(spec.split("=", 1) for spec in args.arm_config)
+
+    def hint_arm(cfg: HintConfig, out: Path) -> dict:
+        t1 = time.monotonic()
+        st = hint_to_dir(str(source), out, cfg, hinter).as_dict()
+        return {"tokens": st["prompt_tokens"] + st["completion_tokens"], "requests": st["requests"], "waves": st["waves"],
+                "accepted": st["accepted"], "repaired": st["repaired"], "fallback": st["fallback"],
+                "seconds": round(time.monotonic() - t1, 1),
+                "computed_now": read_json(out / "stats.json")["this_run"]["shards_computed"]}
+
+    for arm in [*args.arms, *extra]:
         out = work / "hints" / arm
-        if arm == "reference":
+        if arm in extra:
+            hint_info[arm] = hint_arm(load_config(extra[arm]), out)
+        elif arm == "reference":
             table, fell_back = reference_hints(collapsed, args.domain)
             write_parquet_atomic(table, out / "hints.parquet", dataset="hints")
             hint_info[arm] = {"tokens": 0, "reference_fell_back_to_generic": fell_back}
         else:
-            cfg = base.model_copy(update=ARM_CONFIG[arm])
-            t1 = time.monotonic()
-            st = hint_to_dir(str(source), out, cfg, hinter).as_dict()
-            stats = read_json(out / "stats.json")
-            hint_info[arm] = {"tokens": st["prompt_tokens"] + st["completion_tokens"], "requests": st["requests"],
-                              "waves": st["waves"], "accepted": st["accepted"], "repaired": st["repaired"],
-                              "fallback": st["fallback"], "seconds": round(time.monotonic() - t1, 1),
-                              "computed_now": stats["this_run"]["shards_computed"]}
+            hint_info[arm] = hint_arm(base.model_copy(update=ARM_CONFIG[arm]), out)
         arm_files[arm] = [str(out / "hints.parquet")]
     close_backends()  # the hinter's engine is not needed any more
 
@@ -245,7 +251,7 @@ def run(args: argparse.Namespace) -> list[dict]:
     report = pl.read_parquet(work / "rescue" / "rescue.parquet")
     answers = {r["problem_id"]: r for r in collapsed.iter_rows(named=True)}
     lines = []
-    names = ["unhinted", *args.arms]
+    names = ["unhinted", *args.arms, *extra]
     for arm in names:
         a = summary["arms"][arm]
         failing = None
@@ -320,6 +326,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--split", choices=("dev", "report", "all"), help="Default: report (math), all (code: 164 tasks, not tuned on).")
     p.add_argument("--arms", nargs="+", choices=ARMS, help=f"Default: {' '.join(DEFAULT_ARMS)} (--quick: {' '.join(QUICK_ARMS)}).")
     p.add_argument("--hint-config", help="A hint.yaml the arms start from (the defaults otherwise).")
+    p.add_argument("--arm-config", action="append", default=[], metavar="NAME=HINT.YAML",
+                   help="An extra arm hinted with this config (repeatable), e.g. a template variant to compare with full.")
     p.add_argument("--quick", action="store_true", help="A small setting for iterating (about 20 minutes on 2 cores).")
     p.add_argument("--work", default="runs/bench-rescue", help="Where every stage writes (resumable).")
     p.add_argument("--no-plot", action="store_true")
