@@ -10,7 +10,8 @@ per problem, ~1/3 collapsed, ~250-byte responses; then, each in its own process
   bare polars group-by for the collapsed ids, reading those problems' failed
   responses, writing an output of mine's size -- with no checks, no quarantine,
   no deduplication, no bounded memory;
-and prints one JSON line. The limit that holds is peak RSS <= 1 GiB
+and prints one JSON line (mine's wall and CPU seconds, peak RSS; the floor's
+parts; the 1-minute load average). The limit that holds is peak RSS <= 1 GiB
 (`rss_limit_mib`); wall time is reported against the floor, not held to a ratio.
 """
 
@@ -19,6 +20,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import resource
 import subprocess
 import sys
 import time
@@ -96,18 +98,21 @@ def generate(out: Path, rows: int, shards: int, k: int = 4) -> list[Path]:
     return paths
 
 
-def timed(cmd: list[str]) -> tuple[float, int, str]:
-    """Wall seconds, peak RSS (bytes) of the child and its own children, stdout."""
-    t0 = time.perf_counter()
+def _children_cpu() -> float:
+    r = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return r.ru_utime + r.ru_stime
+
+
+def timed(cmd: list[str]) -> tuple[float, float, int, str]:
+    """Wall seconds, CPU seconds (user+sys, all threads), peak RSS (bytes) of the child, stdout."""
+    c0, t0 = _children_cpu(), time.perf_counter()
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     out, err = proc.communicate()
-    wall = time.perf_counter() - t0
+    wall, cpu = time.perf_counter() - t0, _children_cpu() - c0
     if proc.returncode != 0:
         raise SystemExit(f"{cmd[:3]} failed: {err[-2000:]}")
-    import resource
-
     rss = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss * 1024  # max over children so far
-    return wall, rss, out
+    return wall, cpu, rss, out
 
 
 def main() -> None:
@@ -122,8 +127,8 @@ def main() -> None:
     mentor = [sys.executable, "-m", "mentor.cli", "mine", str(base / "rollouts"), "--out", str(base / "collapsed")]
     load = os.getloadavg()[0]
     # Mine runs first, so RUSAGE_CHILDREN's max is mine's own peak.
-    mine_s, mine_rss, _ = timed(mentor)
-    _, _, floor_out = timed([sys.executable, "-c", FLOOR, str(base / "collapsed" / "collapsed.parquet"), *files])
+    mine_s, mine_cpu, mine_rss, _ = timed(mentor)
+    _, _, _, floor_out = timed([sys.executable, "-c", FLOOR, str(base / "collapsed" / "collapsed.parquet"), *files])
     bare_s, read_s, write_s, collapsed_ids = floor_out.split()
     (base / "collapsed" / "collapsed.parquet.floor").unlink()
     floor_s = float(bare_s) + float(read_s) + float(write_s)
@@ -138,6 +143,7 @@ def main() -> None:
                 "collapsed": stats["collapsed"],
                 "mine_s": round(mine_s, 2),
                 "mine_rows_per_s": round(args.rows / mine_s),
+                "mine_cpu_s": round(mine_cpu, 2),  # user+sys of all its threads: less sensitive to load than wall time
                 "mine_peak_rss_mib": round(mine_rss / 2**20, 1),
                 "rss_limit_mib": 1024,
                 # bare group-by + reading the collapsed problems' failed responses + writing an output of mine's size
