@@ -14,7 +14,7 @@ verl without edits:
   ``extra_info {problem_id, hint_id, round, index}``;
 - convenience copies ``problem_id``, ``hint_id``, ``round`` for polars.
 
-Choices (documented in the README):
+Choices (documented in docs/cli.md and docs/data.md):
 
 - Row order: the base set's order (``--mode both``: a problem's unhinted row,
   then its hinted one). ``--seed S`` shuffles the rows by a splitmix64 key of
