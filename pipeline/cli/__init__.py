@@ -30,7 +30,7 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
     "rescue": ("mentor.cli.train", "rescue", "Re-roll collapsed problems with and without their hints; report the rescue rate."),
     "build": ("mentor.cli.build", "build", "Build next-epoch prompt shards (base problems + hints) for OpenRLHF and verl."),
     "run": ("mentor.cli.run", "run", "Run a round-by-round workflow (train -> ingest -> mine -> hint -> build); resumable."),
-    "status": ("mentor.cli.run", "status", "Show a run directory's state per round and stage: done/running/failed/pending, counts, errors."),
+    "status": ("mentor.cli.run", "status", "Show a run directory's state per round and stage: done/running/interrupted/failed/pending, counts, errors."),
     "demo": ("mentor.cli.run", "demo", "One round on the bundled real GSM8K rollouts with the embedded CPU model (mentor run gsm8k-demo)."),
     "inspect": ("mentor.cli.build", "inspect", "Summarise rollouts, collapsed, hints, prompts, rescue outputs or a run directory."),
 }

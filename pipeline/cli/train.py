@@ -13,7 +13,7 @@ from mentor.pipeline.errors import ConfigError
 @click.option("--config", "config_path", required=True, type=click.Path(dir_okay=False), help="The round's round.yaml (see training/launcher.py TrainConfig).")
 @click.option("--dry-run", is_flag=True, help="Print the exact trainer command and environment; run nothing.")
 @click.option("--check/--no-check", default=True, show_default=True,
-              help="Parse the command with OpenRLHF's own argument parser first (when openrlhf is installed).")
+              help="Check the command with OpenRLHF's own launch code first: its parser and checks (when openrlhf is installed).")
 def train(config_path, dry_run, check):
     """Run one OpenRLHF GRPO round (python -m openrlhf.cli.train_ppo_ray) from round.yaml."""
     from mentor.training.launcher import build_command, check_with_openrlhf, dry_run_text, load_config, run_round
