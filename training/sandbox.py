@@ -449,7 +449,9 @@ class _Running:
             elif self.launch.pidns_waiter:
                 proc.terminate()
             try:
-                proc.wait(timeout=2)
+                # A killed namespace always ends, but on a loaded machine the kernel can take seconds
+                # to kill and reap it; SIGKILLing bwrap before then would leave the init's zombie behind.
+                proc.wait(timeout=10)
             except subprocess.TimeoutExpired:
                 pass
         try:
