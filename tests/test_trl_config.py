@@ -116,3 +116,12 @@ def test_without_trl_the_error_says_how_to_install(round_dir, monkeypatch):
     monkeypatch.setitem(sys.modules, "trl", None)  # `import trl` now raises ImportError, as when it is not installed
     with pytest.raises(ConfigError, match=r"trainer kind trl needs the trl package .*pip install 'mentor\[trl\]'"):
         parse_config({"round_dir": str(round_dir), "max_steps": 1})
+    # A workflow file still loads (mentor's own fields checked), but `mentor run` stops before any stage.
+    from mentor.workflows.runner import Runner
+
+    wf = load_workflow("gsm8k-loop-cpu")
+    with pytest.raises(ConfigError, match="needs the trl package"):
+        Runner(wf, round_dir.parent / "no-trl-run").run()
+    assert not (round_dir.parent / "no-trl-run").exists()
+    with pytest.raises(ConfigError, match="limit: Input should be greater than or equal to 1"):
+        validate_workflow({"name": "t", "base": "gsm8k", "trainer": {"kind": "trl", "config": {"limit": 0}}})

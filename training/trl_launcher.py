@@ -117,14 +117,28 @@ def _errors(exc: ValidationError, prefix: str = "") -> str:
     )
 
 
-def parse_config(data: dict[str, Any], where: str = "round config") -> TrlTrainConfig:
-    """Validate mentor's fields and the GRPOConfig field names; `ConfigError` names the field."""
+def parse_config(data: dict[str, Any], where: str = "round config", require_trl: bool = True) -> TrlTrainConfig:
+    """Validate mentor's fields and the GRPOConfig field names; `ConfigError` names the field.
+
+    ``require_trl=False`` (loading a workflow file): without trl installed only mentor's
+    own fields are checked; the runner asks for trl before its first stage.
+    """
     try:
         cfg = TrlTrainConfig.model_validate(data)
     except ValidationError as exc:
         raise ConfigError(f"{where}: {_errors(exc)}") from exc
-    check_grpo_fields(cfg.grpo_fields, where)
+    if require_trl or trl_installed():
+        check_grpo_fields(cfg.grpo_fields, where)
     return cfg
+
+
+def trl_installed() -> bool:
+    import importlib.util
+
+    try:
+        return importlib.util.find_spec("trl") is not None
+    except (ImportError, ValueError):  # a None entry in sys.modules, a broken install
+        return False
 
 
 def load_config(path: str | os.PathLike) -> TrlTrainConfig:

@@ -197,7 +197,7 @@ def check_sections(wf: Workflow) -> None:
 
         if "kind" in wf.trainer.config:
             raise ConfigError("trainer.config.kind: set by trainer.kind; remove it")
-        parse_config(wf.trainer.config, "trainer.config")
+        parse_config(wf.trainer.config, "trainer.config", require_trl=False)
 
 
 def _prefixed(exc: ValidationError, prefix: str) -> ConfigError:

@@ -90,6 +90,11 @@ class Runner:
     # ------------------------------------------------------------------ driver
 
     def run(self) -> list[tuple[int, str]]:
+        if self.wf.trainer.kind == "trl":  # a missing trl must not surface only after round 0's hint stage
+            from mentor.training.trl_launcher import grpo_config_class, parse_config
+
+            grpo_config_class()
+            parse_config(self.wf.trainer.config, "trainer.config")
         base_token = self._base_problems()  # validated before any stage runs (or the run folder is made)
         self.rd.path.mkdir(parents=True, exist_ok=True)
         self._save_workflow()
