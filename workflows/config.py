@@ -66,6 +66,17 @@ class OpenRLHFTrainer(_Strict):
     config: dict[str, Any] = Field(default_factory=dict, description="The `mentor train` round config (see training/launcher.py).")
 
 
+class TrlTrainer(_Strict):
+    """One TRL GRPO round per mentor round, in its own process (`mentor train` with kind: trl)."""
+
+    kind: Literal["trl"]
+    config: dict[str, Any] = Field(
+        default_factory=dict,
+        description="mentor's TRL round settings (training/trl_launcher.py TrlTrainConfig: base_model, num_generations, "
+        "select, limit, cpu_threads, ...) and any trl.GRPOConfig field (max_steps, max_completion_length, use_vllm, ...).",
+    )
+
+
 class VerlTrainer(_Strict):
     """A verl run per round, launched by a user command."""
 
@@ -89,7 +100,7 @@ class ExternalTrainer(_Strict):
     poll_s: float = Field(5.0, gt=0, description="Polling interval.")
 
 
-Trainer = Annotated[OfflineTrainer | OpenRLHFTrainer | VerlTrainer | ExternalTrainer, Field(discriminator="kind")]
+Trainer = Annotated[OfflineTrainer | OpenRLHFTrainer | TrlTrainer | VerlTrainer | ExternalTrainer, Field(discriminator="kind")]
 
 
 class HintSettings(_Strict):
@@ -181,6 +192,12 @@ def check_sections(wf: Workflow) -> None:
             TrainConfig.model_validate(wf.trainer.config)
         except ValidationError as exc:
             raise _prefixed(exc, "trainer.config") from exc
+    if wf.trainer.kind == "trl":
+        from mentor.training.trl_launcher import parse_config
+
+        if "kind" in wf.trainer.config:
+            raise ConfigError("trainer.config.kind: set by trainer.kind; remove it")
+        parse_config(wf.trainer.config, "trainer.config", require_trl=False)
 
 
 def _prefixed(exc: ValidationError, prefix: str) -> ConfigError:

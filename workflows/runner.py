@@ -2,7 +2,7 @@
 
 Each round runs, in order:
 
-    train (OpenRLHF / verl / offline rollout / wait for an external trainer)
+    train (OpenRLHF / TRL / verl / offline rollout / wait for an external trainer)
       -> ingest -> mine (with earlier rounds as history) -> hint -> build
 
 in the run-directory layout of `mentor.pipeline.rundir`. A stage runs only if
@@ -90,6 +90,11 @@ class Runner:
     # ------------------------------------------------------------------ driver
 
     def run(self) -> list[tuple[int, str]]:
+        if self.wf.trainer.kind == "trl":  # a missing trl must not surface only after round 0's hint stage
+            from mentor.training.trl_launcher import grpo_config_class, parse_config
+
+            grpo_config_class()
+            parse_config(self.wf.trainer.config, "trainer.config")
         base_token = self._base_problems()  # validated before any stage runs (or the run folder is made)
         self.rd.path.mkdir(parents=True, exist_ok=True)
         self._save_workflow()
@@ -244,9 +249,24 @@ class Runner:
             outcome = run_round(cfg, round_=r, prompts=prompts, round_dir=self.rd.round_dir(r), train_dir=sd.path,
                                 rollout_dir=logs, prev_model=self._prev_model(r))
             return {"kind": "openrlhf", **outcome}
+        if t.kind == "trl":
+            return self._run_trl(r, prompts, sd, logs)
         if t.kind == "verl":
             return self._run_verl(r, prompts, sd, logs)
         return self._wait_external(r, sd)
+
+    def _run_trl(self, r: int, prompts: Path, sd: StageDir, logs: Path) -> dict:
+        from mentor.pipeline.llm import close_backends
+        from mentor.training.trl_launcher import parse_config, run_round
+
+        # The hint stage's vLLM engine would sit idle on the cores and the memory the trainer needs.
+        close_backends()
+        cfg = parse_config(self.wf.trainer.config, "trainer.config")
+        prev = self._prev_model(r)
+        # No earlier round trained a model (round 0 stood on existing logs): start from the base model.
+        outcome = run_round(cfg, start_from_base=prev is None, round_=r, prompts=prompts, round_dir=self.rd.round_dir(r),
+                            train_dir=sd.path, rollout_dir=logs, prev_model=prev)
+        return {"kind": "trl", **{k: outcome[k] for k in ("exit_code", "final_model", "prompts_used", "steps", "duration_s")}}
 
     def _prev_model(self, r: int) -> str | None:
         for j in range(r - 1, -1, -1):
@@ -307,7 +327,7 @@ class Runner:
     def _ingest_config(self, r: int) -> dict:
         if r == 0 and self.wf.initial_rollouts is not None:
             return {"format": self.wf.initial_rollouts.format, "map": self.wf.initial_rollouts.map, "round": r}
-        fmt = {"offline": "canonical", "openrlhf": "openrlhf", "verl": "openrlhf"}.get(self.wf.trainer.kind)
+        fmt = {"offline": "canonical", "openrlhf": "openrlhf", "trl": "openrlhf", "verl": "openrlhf"}.get(self.wf.trainer.kind)
         return {"format": fmt or self.wf.trainer.format, "round": r}
 
     def _ingest(self, r: int, logs: Path | None, sd: StageDir) -> dict:

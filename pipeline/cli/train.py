@@ -10,12 +10,18 @@ from mentor.pipeline.errors import ConfigError
 
 
 @click.command()
-@click.option("--config", "config_path", required=True, type=click.Path(dir_okay=False), help="The round's round.yaml (see training/launcher.py TrainConfig).")
-@click.option("--dry-run", is_flag=True, help="Print the exact trainer command and environment; run nothing.")
+@click.option("--config", "config_path", required=True, type=click.Path(dir_okay=False),
+              help="The round's round.yaml: OpenRLHF (training/launcher.py TrainConfig) or, with kind: trl, "
+                   "TRL (training/trl_launcher.py TrlTrainConfig + GRPOConfig fields).")
+@click.option("--dry-run", is_flag=True, help="Print the exact trainer command and environment (TRL: and the resolved GRPOConfig); run nothing.")
 @click.option("--check/--no-check", default=True, show_default=True,
-              help="Check the command with OpenRLHF's own launch code first: its parser and checks (when openrlhf is installed).")
+              help="Check the command with OpenRLHF's own launch code first: its parser and checks (when openrlhf is installed; OpenRLHF only).")
 def train(config_path, dry_run, check):
-    """Run one OpenRLHF GRPO round (python -m openrlhf.cli.train_ppo_ray) from round.yaml."""
+    """Run one GRPO round from round.yaml: OpenRLHF (python -m openrlhf.cli.train_ppo_ray), or TRL with kind: trl."""
+    from mentor.pipeline.io import read_yaml_mapping
+
+    if read_yaml_mapping(config_path, "round settings").get("kind") == "trl":
+        return _train_trl(config_path, dry_run)
     from mentor.training.launcher import build_command, check_with_openrlhf, dry_run_text, load_config, run_round
 
     cfg = load_config(config_path)
@@ -35,6 +41,17 @@ def train(config_path, dry_run, check):
         return
     outcome = run_round(cfg)
     click.echo(json.dumps({k: outcome[k] for k in ("round", "exit_code", "final_model", "log_file", "duration_s")}, sort_keys=True))
+
+
+def _train_trl(config_path, dry_run):
+    from mentor.training.trl_launcher import dry_run_text, load_config, run_round
+
+    cfg = load_config(config_path)
+    if dry_run:
+        click.echo(dry_run_text(cfg))
+        return
+    outcome = run_round(cfg)
+    click.echo(json.dumps({k: outcome[k] for k in ("round", "exit_code", "final_model", "log_file", "steps", "duration_s")}, sort_keys=True))
 
 
 def _policy_options(f):

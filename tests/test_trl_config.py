@@ -1,0 +1,127 @@
+"""`trainer: {kind: trl}` and `mentor train` with kind: trl: settings checked against TRL's own GRPOConfig.
+
+Fast (no model is loaded, nothing trains); needs the trl package (`pip install 'mentor[trl]'`).
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import yaml
+from click.testing import CliRunner
+
+pytest.importorskip("trl")
+
+from mentor.cli import cli  # noqa: E402
+from mentor.pipeline.errors import ConfigError, DataError  # noqa: E402
+from mentor.stages.build import BuildConfig, build  # noqa: E402
+from mentor.training.trl_launcher import (  # noqa: E402
+    parse_config,
+    resolve_grpo,
+    run_round,
+    select_prompts,
+)
+from mentor.workflows.config import load_workflow, validate_workflow  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def round_dir(tmp_path_factory):
+    """round-001 with `mentor build`'s unhinted GSM8K prompts (1,319 rows)."""
+    d = tmp_path_factory.mktemp("run") / "round-001"
+    build(BuildConfig(base="gsm8k", round=1), d / "prompts")
+    return d
+
+
+def _write(tmp_path, data) -> str:
+    p = tmp_path / "round.yaml"
+    p.write_text(yaml.safe_dump(data))
+    return str(p)
+
+
+def test_unknown_grpo_field_is_an_error_naming_it(tmp_path, round_dir):
+    with pytest.raises(ConfigError, match=r"lerning_rate: not a mentor trl setting nor a field of TRL .*GRPOConfig \(did you mean learning_rate\?\)"):
+        parse_config({"round_dir": str(round_dir), "lerning_rate": 1e-5})
+    with pytest.raises(ConfigError, match="output_dir is set by mentor"):
+        parse_config({"round_dir": str(round_dir), "output_dir": "/tmp/x"})
+    with pytest.raises(ConfigError, match="num_generations: Input should be greater than or equal to 2"):
+        parse_config({"round_dir": str(round_dir), "num_generations": 1})
+    # The CLI: exit 2, one line naming the file and the field, no traceback.
+    res = CliRunner().invoke(cli, ["train", "--config", _write(tmp_path, {"kind": "trl", "round_dir": str(round_dir), "max_step": 2})])
+    assert res.exit_code == 2, res.output
+    assert "round.yaml: max_step: not a mentor trl setting" in res.output and "max_steps" in res.output
+    assert "Traceback" not in res.output
+
+
+def test_trl_rejections_surface_as_config_errors(round_dir):
+    # TRL's GRPOConfig itself refuses a generation batch that holds no whole group.
+    cfg = parse_config({"round_dir": str(round_dir), "per_device_train_batch_size": 3, "num_generations": 4})
+    with pytest.raises(ConfigError, match="TRL's GRPOConfig rejects the settings: .*divisible"):
+        resolve_grpo(cfg)
+    with pytest.raises(ConfigError, match="TRL's GRPOConfig rejects"):
+        run_round(cfg)
+
+
+def test_cpu_defaults_and_user_fields(round_dir):
+    cfg = parse_config({"round_dir": str(round_dir), "max_steps": 3, "learning_rate": 2e-6, "num_generations": 2,
+                        "per_device_train_batch_size": 2})
+    args = resolve_grpo(cfg)
+    assert (args.num_generations, args.max_steps, args.learning_rate, args.num_train_epochs) == (2, 3, 2e-6, 1)
+    assert args.use_cpu and args.bf16 is False and args.gradient_checkpointing is False
+    assert args.report_to == []  # "none": no wandb/tensorboard reporting
+    assert args.output_dir == str(round_dir.resolve() / "train" / "ckpt")
+    # A field the user sets wins over mentor's CPU default.
+    assert resolve_grpo(parse_config({"round_dir": str(round_dir), "gradient_checkpointing": True})).gradient_checkpointing is True
+
+
+def test_dry_run_prints_the_resolved_grpo_config(tmp_path, round_dir):
+    path = _write(tmp_path, {"kind": "trl", "round": 0, "round_dir": str(round_dir), "limit": 3, "max_completion_length": 64,
+                             "per_device_train_batch_size": 4})
+    res = CliRunner().invoke(cli, ["train", "--config", path, "--dry-run"], catch_exceptions=False)
+    assert res.exit_code == 0, res.output
+    out = res.output
+    assert "# prompts: 3 prompt row(s)" in out
+    assert "export MENTOR_ROLLOUT_DIR=" in out and "export OMP_NUM_THREADS=1" in out
+    assert "-m mentor.training.trl_train" in out
+    resolved = json.loads(out.split("# GRPOConfig as TRL resolved it (every field)\n", 1)[1])
+    assert resolved["max_completion_length"] == 64 and resolved["num_generations"] == 4
+    assert resolved["bf16"] is False and resolved["use_cpu"] is True and resolved["gradient_checkpointing"] is False
+    assert len(resolved) > 150  # every field, not only the ones set
+    assert not (round_dir / "train").exists()  # a dry run writes nothing
+
+
+def test_select_hinted_on_unhinted_prompts_is_a_data_error(round_dir):
+    cfg = parse_config({"round_dir": str(round_dir), "select": "hinted"})
+    with pytest.raises(DataError, match="no rows left with select=hinted"):
+        select_prompts(cfg)
+    assert select_prompts(parse_config({"round_dir": str(round_dir), "select": "unhinted", "limit": 5})).height == 5
+
+
+def test_workflow_trainer_kind_trl():
+    wf = load_workflow("gsm8k-loop-cpu")
+    assert wf.trainer.kind == "trl" and wf.rounds == 2
+    assert parse_config(wf.trainer.config).select == "hinted"
+    base = {"name": "t", "base": "gsm8k", "trainer": {"kind": "trl", "config": {"max_stepz": 1}}}
+    with pytest.raises(ConfigError, match=r"workflow: trainer.config: max_stepz: not a mentor trl setting.*did you mean max_steps"):
+        validate_workflow(base)
+    with pytest.raises(ConfigError, match="trainer.config.kind: set by trainer.kind"):
+        validate_workflow(base | {"trainer": {"kind": "trl", "config": {"kind": "trl"}}})
+    with pytest.raises(ConfigError, match="trainer.config: limit: Input should be greater than or equal to 1"):
+        validate_workflow(base | {"trainer": {"kind": "trl", "config": {"limit": 0}}})
+
+
+def test_without_trl_the_error_says_how_to_install(round_dir, monkeypatch):
+    import sys
+
+    monkeypatch.setitem(sys.modules, "trl", None)  # `import trl` now raises ImportError, as when it is not installed
+    with pytest.raises(ConfigError, match=r"trainer kind trl needs the trl package .*pip install 'mentor\[trl\]'"):
+        parse_config({"round_dir": str(round_dir), "max_steps": 1})
+    # A workflow file still loads (mentor's own fields checked), but `mentor run` stops before any stage.
+    from mentor.workflows.runner import Runner
+
+    wf = load_workflow("gsm8k-loop-cpu")
+    with pytest.raises(ConfigError, match="needs the trl package"):
+        Runner(wf, round_dir.parent / "no-trl-run").run()
+    assert not (round_dir.parent / "no-trl-run").exists()
+    with pytest.raises(ConfigError, match="limit: Input should be greater than or equal to 1"):
+        validate_workflow({"name": "t", "base": "gsm8k", "trainer": {"kind": "trl", "config": {"limit": 0}}})

@@ -1,0 +1,176 @@
+"""Contract with the real TRL package: its GRPOTrainer calls mentor's reward on `mentor build` rows (CPU).
+
+1. In this process: TRL's own GRPOTrainer trains one step of a tiny random Llama
+   (SmolLM2's tokenizer and chat template) on a GSM8K and a HumanEval prompt row as
+   `mentor build` writes them. A spy around mentor's reward keeps what TRL passed;
+   the test checks the labels arrived, then scores a correct and a wrong math answer
+   and a correct and a wrong HumanEval solution with exactly the keyword arguments
+   TRL used (only the completions swapped), and ingests and mines the logged rollouts.
+2. Through `mentor train` (kind: trl): the same rows in a round folder, one step in
+   the trainer process; the final model, outcome.json and the rollout log.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+
+import polars as pl
+import pytest
+import yaml
+from click.testing import CliRunner
+
+trl = pytest.importorskip("trl")
+pytestmark = pytest.mark.trl
+
+from mentor.cli import cli  # noqa: E402
+from mentor.pipeline.io import write_parquet_atomic  # noqa: E402
+from mentor.pipeline.schemas import prompt_label  # noqa: E402
+from mentor.stages.build import BuildConfig, build  # noqa: E402
+from mentor.training.trl_reward import TrlReward  # noqa: E402
+
+HINT = "h-contract"
+GOOD_CODE = ("```python\nfrom typing import List\n\ndef has_close_elements(numbers: List[float], threshold: float) -> bool:\n"
+             "    return any(abs(a - b) < threshold for i, a in enumerate(numbers) for j, b in enumerate(numbers) if i != j)\n```")
+BAD_CODE = "```python\ndef has_close_elements(numbers, threshold):\n    return False\n```"
+
+
+@pytest.fixture(scope="module")
+def tiny_model(tmp_path_factory):
+    """A 2-layer random Llama with the embedded SmolLM2's tokenizer: real shapes, seconds per step."""
+    import torch
+    from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
+
+    from mentor.pipeline.models import ensure_embedded_model
+
+    try:
+        src = ensure_embedded_model()
+    except Exception as exc:  # the model package is part of the cpu extra
+        pytest.skip(f"embedded model unavailable: {exc}")
+    tok = AutoTokenizer.from_pretrained(str(src))
+    torch.manual_seed(0)
+    cfg = LlamaConfig(vocab_size=len(tok), hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                      num_key_value_heads=2, max_position_embeddings=2048, bos_token_id=tok.bos_token_id,
+                      eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id, tie_word_embeddings=True)
+    out = tmp_path_factory.mktemp("tiny-llama")
+    LlamaForCausalLM(cfg).save_pretrained(out)
+    tok.save_pretrained(out)
+    return str(out)
+
+
+@pytest.fixture(scope="module")
+def rows(tmp_path_factory) -> list[dict]:
+    """Row 0 of `mentor build` on GSM8K (its label given a hint id) and on HumanEval, round 1."""
+    out = []
+    for base in ("gsm8k", "humaneval"):
+        d = tmp_path_factory.mktemp(base) / "prompts"
+        build(BuildConfig(base=base, round=1), d)
+        out.append(pl.read_parquet(d / "*.parquet").row(0, named=True))
+    lab = json.loads(out[0]["label"])
+    out[0]["label"] = prompt_label("math", lab["answer"], lab["problem_id"], HINT, 1)
+    out[0]["hint_id"] = HINT
+    return out
+
+
+@pytest.fixture
+def one_thread():
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)  # TRL on a shared 2-core machine: 1 thread is the fast setting
+    yield
+    torch.set_num_threads(before)
+
+
+class Spy(TrlReward):
+    def __init__(self, *a, **k):
+        super().__init__(*a, **k)
+        self.calls: list[dict] = []
+
+    def __call__(self, **kwargs):
+        self.calls.append(kwargs)
+        return super().__call__(**kwargs)
+
+
+def _ingest_and_mine(tmp_path, log_dir, name):
+    res = CliRunner().invoke(cli, ["ingest", str(log_dir), "--out", str(tmp_path / f"{name}-ro"), "--problems", "gsm8k"],
+                             catch_exceptions=False)
+    assert res.exit_code == 0, res.output
+    assert "format: openrlhf" in res.output
+    res = CliRunner().invoke(cli, ["mine", str(tmp_path / f"{name}-ro"), "--out", str(tmp_path / f"{name}-mined")], catch_exceptions=False)
+    assert res.exit_code == 0, res.output
+    return pl.read_parquet(tmp_path / f"{name}-ro" / "*.parquet"), pl.read_parquet(tmp_path / f"{name}-mined" / "collapsed.parquet")
+
+
+def test_grpo_trainer_calls_mentor_reward(tiny_model, rows, tmp_path, monkeypatch, one_thread):
+    from datasets import Dataset
+    from transformers import AutoTokenizer
+    from trl import GRPOConfig, GRPOTrainer
+
+    monkeypatch.setenv("MENTOR_ROLLOUT_DIR", str(tmp_path / "log"))
+    tok = AutoTokenizer.from_pretrained(tiny_model)
+    args = GRPOConfig(output_dir=str(tmp_path / "ckpt"), use_cpu=True, bf16=False, gradient_checkpointing=False, num_generations=4,
+                      per_device_train_batch_size=8, max_completion_length=16, max_steps=1, report_to="none",
+                      save_strategy="no", logging_steps=1, seed=0)
+    spy = Spy(tokenizer=tok, max_completion_length=args.max_completion_length)
+    data = Dataset.from_list([{"prompt": r["prompt"], "label": r["label"]} for r in rows])
+    trainer = GRPOTrainer(model=tiny_model, reward_funcs=[spy], args=args, train_dataset=data, processing_class=tok)
+    trainer.train()
+
+    assert len(spy.calls) == 1
+    call = spy.calls[0]
+    # What TRL passes: 2 prompts x 4 generations, the label column as a keyword, token ids, the trainer state.
+    assert sorted(call["label"]) == sorted([rows[0]["label"]] * 4 + [rows[1]["label"]] * 4)
+    assert len(call["prompts"]) == len(call["completions"]) == len(call["completion_ids"]) == 8
+    assert call["prompts"][0][-1]["role"] == "user" and call["completions"][0][0]["role"] == "assistant"
+    assert isinstance(call["trainer_state"].global_step, int) and callable(call["log_metric"])
+    recs = [json.loads(line) for f in (tmp_path / "log").glob("trl-*.jsonl") for line in f.read_text().splitlines()]
+    assert [r["step"] for r in recs] == [0] * 8  # the optimizer steps done when the batch was scored
+
+    # The rollouts TRL produced were logged, ingest (no format of their own) and mine.
+    df, collapsed = _ingest_and_mine(tmp_path, tmp_path / "log", "train")
+    assert df.height == 8 and set(df["round"]) == {1}
+    assert df["source"].str.starts_with("trl:").all()
+    assert df.filter(pl.col("domain") == "math")["hint_id"].to_list() == [HINT] * 4
+    assert df["truncated"].null_count() == 0  # known for every rollout, from TRL's completion ids
+    assert df["prompt"].str.contains("<|im_start|>assistant", literal=True).all()  # as the model saw it (chat template)
+    assert df["correct"].sum() == 0 and collapsed.height == 2  # a random model solves nothing: both collapse
+
+    # The same call with known completions: the right reward for each.
+    monkeypatch.setenv("MENTOR_ROLLOUT_DIR", str(tmp_path / "log2"))
+    answer = json.loads(rows[0]["label"])["answer"]
+    swapped, want = [], []
+    for i, lab in enumerate(call["label"]):
+        math = lab == rows[0]["label"]
+        good = i % 2 == 0
+        text = (f"The answer is \\boxed{{{answer}}}." if good else "The answer is \\boxed{-1}.") if math else (GOOD_CODE if good else BAD_CODE)
+        swapped.append([{"role": "assistant", "content": text}])
+        want.append(1.0 if good else 0.0)
+    assert spy(**(call | {"completions": swapped})) == want
+    df2, collapsed2 = _ingest_and_mine(tmp_path, tmp_path / "log2", "swapped")
+    assert df2.height == 8 and df2["correct"].sum() == 4 and collapsed2.height == 0
+
+
+def test_mentor_train_kind_trl_one_step(tiny_model, rows, tmp_path):
+    round_dir = tmp_path / "run" / "round-001"
+    prompts = round_dir / "prompts"
+    write_parquet_atomic(pl.DataFrame(rows), prompts / "part-00000.parquet", dataset="prompts")
+    logs = round_dir / "train" / "logs"
+    logs.mkdir(parents=True)
+    (logs / "trl-stale-1-abc.jsonl").write_text('{"left": "by a killed attempt"}\n')
+    cfg = {"kind": "trl", "round": 1, "round_dir": str(round_dir), "actor_model": tiny_model, "rollout_log_dir": str(logs),
+           "select": "hinted", "max_steps": 1, "per_device_train_batch_size": 4, "max_completion_length": 16,
+           "save_strategy": "no", "logging_steps": 1}
+    (tmp_path / "round.yaml").write_text(yaml.safe_dump(cfg))
+    res = CliRunner().invoke(cli, ["train", "--config", str(tmp_path / "round.yaml")], catch_exceptions=False)
+    assert res.exit_code == 0, res.output + (round_dir / "train" / "train.log").read_text()[-3000:]
+    outcome = json.loads((round_dir / "train" / "outcome.json").read_text())
+    assert outcome["kind"] == "trl" and outcome["exit_code"] == 0 and outcome["steps"] == 1 and outcome["prompts_used"] == 1
+    assert outcome["final_model"] == str(round_dir / "train" / "model")
+    assert os.path.isfile(os.path.join(outcome["final_model"], "model.safetensors"))
+    assert outcome["env"]["OMP_NUM_THREADS"] == "1"
+    assert "rewards/mentor_correct/mean" in outcome["metrics"]
+    shards = sorted(logs.glob("*.jsonl"))
+    assert len(shards) == 1 and "stale" not in shards[0].name  # the killed attempt's shard is gone
+    recs = [json.loads(line) for line in shards[0].read_text().splitlines()]
+    assert len(recs) == 4 and {r["hint_id"] for r in recs} == {HINT} and {r["trainer"] for r in recs} == {"trl"}

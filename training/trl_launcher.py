@@ -1,0 +1,427 @@
+"""`mentor train` for ``kind: trl``: one TRL GRPO round from a `round.yaml`.
+
+The round runs in its own process (``python -m mentor.training.trl_train
+<train>/trl_round.json``): the thread settings must be in place before torch is
+imported, a vLLM engine the runner used for hints must not share the process,
+and a killed trainer takes nothing else down. Output goes to
+``<train>/train.log``, the outcome to ``<train>/outcome.json`` (the same keys as
+the OpenRLHF kind, plus ``kind``, ``trl_version``, ``prompts_used`` and the last
+logged metrics), the final model to ``<train>/model`` (renamed into place once
+saved), TRL's own checkpoints to ``<train>/ckpt``.
+
+Settings: every key of the round config that is not one of `TrlTrainConfig`'s
+own fields is a `trl.GRPOConfig` field, checked against the installed TRL's
+dataclass (an unknown name is an error naming it) and then built by
+``GRPOConfig(**fields)`` itself, so TRL's own checks run before anything starts.
+mentor's defaults on top of TRL's: ``num_generations`` = the group size (4),
+``num_train_epochs`` 1 (one pass over the round's prompts), ``report_to`` none,
+``output_dir`` the round's ckpt folder; without a GPU also ``use_cpu``, and
+``bf16`` and ``gradient_checkpointing`` off (TRL leaves bf16 on with use_cpu).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as _dt
+import difflib
+import json
+import logging
+import os
+import shlex
+import subprocess
+import sys
+import time
+from collections import deque
+from pathlib import Path
+from typing import Any, Literal
+
+import polars as pl
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from mentor.pipeline.errors import ConfigError, DataError
+from mentor.pipeline.io import read_json, read_yaml_mapping, resolve_inputs, write_json_atomic
+from mentor.training.launcher import OUTCOME, TrainError
+from mentor.training.rollout_log import ENV_DIR
+
+log = logging.getLogger(__name__)
+
+ROUND_FILE = "trl_round.json"
+INSTALL = "pip install 'mentor[trl]'"
+# GRPOConfig fields that mentor sets from the round layout; the config may not set them.
+_OWNED = {"output_dir": "round_dir / train_dir (TRL's checkpoints go to <train>/ckpt)"}
+
+
+class TrlTrainConfig(BaseModel):
+    """One TRL GRPO round. Keys other than these fields are `trl.GRPOConfig` fields."""
+
+    model_config = ConfigDict(extra="allow")
+
+    kind: Literal["trl"] = Field("trl", description="Selects the TRL trainer in a round.yaml (workflows give it as trainer.kind).")
+    round: int = Field(0, ge=0, description="Round number (0 = the first, trained from base_model).")
+    round_dir: str | None = Field(None, description="The round's directory; train/ is created inside.")
+    train_dir: str | None = Field(None, description="Where the trainer's outputs go (default: <round_dir>/train).")
+    base_model: str | None = Field(
+        None, description="HF folder or name of the base policy (round 0's model); none = the embedded SmolLM2-135M-Instruct."
+    )
+    actor_model: str | None = Field(None, description="Start from this model instead of the previous round's final model.")
+    previous_round_dir: str | None = Field(None, description="Previous round's directory (default: sibling round-<round-1:03d>).")
+    prompts: str | None = Field(None, description="Prompt shards from `mentor build` (default: <round_dir>/prompts).")
+    rollout_log_dir: str | None = Field(None, description="Where the reward logs rollouts (default: <round_dir>/rollouts/log).")
+    num_generations: int = Field(4, ge=2, description="GRPO group size: completions per prompt (GRPOConfig.num_generations).")
+    select: Literal["all", "hinted", "unhinted"] = Field(
+        "all", description="Which prompt rows to train on: all, only the hinted ones (hint_id set), or only the unhinted ones."
+    )
+    limit: int | None = Field(None, ge=1, description="Train on the first N selected prompt rows (in shard order).")
+    cpu_threads: int | None = Field(
+        1, ge=1, description="torch/OpenMP threads when training on CPU (1 was fastest on a shared 2-core machine); none = torch's choice."
+    )
+    python: str = Field(default_factory=lambda: sys.executable, description="Python of the trainer's environment.")
+    env: dict[str, str] = Field(default_factory=dict, description="Extra environment variables for the trainer.")
+
+    @property
+    def grpo_fields(self) -> dict[str, Any]:
+        return dict(self.model_extra or {})
+
+    @property
+    def round_path(self) -> Path:
+        if self.round_dir:
+            return Path(self.round_dir).resolve()
+        if self.train_dir:
+            return Path(self.train_dir).resolve().parent
+        raise ConfigError("the round config needs round_dir (runs/<name>/round-NNN) or train_dir")
+
+    @property
+    def train_path(self) -> Path:
+        return Path(self.train_dir).resolve() if self.train_dir else self.round_path / "train"
+
+    @property
+    def output_dir(self) -> Path:
+        return self.train_path / "model"
+
+    @property
+    def log_file(self) -> Path:
+        return self.train_path / "train.log"
+
+    @property
+    def prompt_sources(self) -> list[str]:
+        return self.prompts.split(",") if self.prompts else [str(self.round_path / "prompts")]
+
+    @property
+    def rollout_dir(self) -> Path:
+        return (Path(self.rollout_log_dir) if self.rollout_log_dir else self.round_path / "rollouts" / "log").resolve()
+
+
+def _errors(exc: ValidationError, prefix: str = "") -> str:
+    return "; ".join(
+        f"{prefix}{'.'.join(map(str, e['loc']))}: {'unknown key' if e['type'] == 'extra_forbidden' else e['msg']}" for e in exc.errors()
+    )
+
+
+def parse_config(data: dict[str, Any], where: str = "round config", require_trl: bool = True) -> TrlTrainConfig:
+    """Validate mentor's fields and the GRPOConfig field names; `ConfigError` names the field.
+
+    ``require_trl=False`` (loading a workflow file): without trl installed only mentor's
+    own fields are checked; the runner asks for trl before its first stage.
+    """
+    try:
+        cfg = TrlTrainConfig.model_validate(data)
+    except ValidationError as exc:
+        raise ConfigError(f"{where}: {_errors(exc)}") from exc
+    if require_trl or trl_installed():
+        check_grpo_fields(cfg.grpo_fields, where)
+    return cfg
+
+
+def trl_installed() -> bool:
+    import importlib.util
+
+    try:
+        return importlib.util.find_spec("trl") is not None
+    except (ImportError, ValueError):  # a None entry in sys.modules, a broken install
+        return False
+
+
+def load_config(path: str | os.PathLike) -> TrlTrainConfig:
+    path = Path(path)
+    return parse_config(read_yaml_mapping(path, "round settings"), str(path))
+
+
+def grpo_config_class():
+    try:
+        from trl import GRPOConfig
+    except ImportError as exc:
+        raise ConfigError(f"trainer kind trl needs the trl package ({exc}); {INSTALL}") from None
+    return GRPOConfig
+
+
+def check_grpo_fields(fields: dict[str, Any], where: str = "round config") -> None:
+    """Every key must be a field of the installed TRL's GRPOConfig (and not one mentor sets)."""
+    if not fields:
+        return
+    known = {f.name for f in dataclasses.fields(grpo_config_class()) if f.init}
+    for key in fields:
+        if key in _OWNED:
+            raise ConfigError(f"{where}: {key} is set by mentor; use {_OWNED[key]} instead")
+        if key not in known:
+            close = difflib.get_close_matches(key, sorted(known | set(TrlTrainConfig.model_fields)), n=1)
+            hint = f" (did you mean {close[0]}?)" if close else ""
+            raise ConfigError(f"{where}: {key}: not a mentor trl setting nor a field of TRL {trl_version()}'s GRPOConfig{hint}")
+
+
+def trl_version() -> str:
+    try:
+        from importlib.metadata import version
+
+        return version("trl")
+    except Exception:
+        return "(not installed)"
+
+
+def on_gpu() -> bool:
+    try:
+        import torch
+
+        return bool(torch.cuda.is_available())
+    except Exception:
+        return False
+
+
+def grpo_kwargs(cfg: TrlTrainConfig) -> dict[str, Any]:
+    """The GRPOConfig keyword arguments: mentor's defaults, then the config's own fields."""
+    user = cfg.grpo_fields
+    kw: dict[str, Any] = {
+        "output_dir": str(cfg.train_path / "ckpt"),
+        "num_generations": cfg.num_generations,
+        "num_train_epochs": 1,
+        "report_to": "none",
+    }
+    cpu = bool(user.get("use_cpu", not on_gpu()))
+    if cpu:
+        # TRL's defaults (bf16 unset -> True, gradient checkpointing on) are GPU settings.
+        kw |= {"use_cpu": True, "bf16": False, "gradient_checkpointing": False}
+    return kw | user
+
+
+def resolve_grpo(cfg: TrlTrainConfig):
+    """`GRPOConfig(**grpo_kwargs(cfg))`; TRL's own checks become a `ConfigError`."""
+    cls = grpo_config_class()
+    try:
+        return cls(**grpo_kwargs(cfg))
+    except (TypeError, ValueError, AssertionError) as exc:
+        raise ConfigError(f"TRL's GRPOConfig rejects the settings: {exc}") from None
+
+
+def actor_model(cfg: TrlTrainConfig, start_from_base: bool = False) -> str:
+    """The model this round starts from: explicit, base (round 0), or the previous round's final model."""
+    from mentor.pipeline.models import resolve_model
+
+    if cfg.actor_model:
+        return cfg.actor_model
+    if cfg.round == 0 or start_from_base:
+        return resolve_model(cfg.base_model)
+    prev = Path(cfg.previous_round_dir) if cfg.previous_round_dir else cfg.round_path.parent / f"round-{cfg.round - 1:03d}"
+    outcome = prev / "train" / OUTCOME
+    if not outcome.is_file():
+        raise ConfigError(
+            f"round {cfg.round} starts from round {cfg.round - 1}'s final model, but {outcome} does not exist; "
+            "train that round first, set previous_round_dir, or set actor_model"
+        )
+    rec = read_json(outcome)
+    if rec.get("exit_code") != 0 or not rec.get("final_model"):
+        raise ConfigError(f"{outcome}: round {cfg.round - 1} did not finish (exit code {rec.get('exit_code')}); rerun it or set actor_model")
+    return str(rec["final_model"])
+
+
+def select_prompts(cfg: TrlTrainConfig) -> pl.DataFrame:
+    """The round's prompt rows (``prompt``, ``label``) after `select` and `limit`."""
+    files = resolve_inputs(cfg.prompt_sources)
+    if not files:
+        raise ConfigError(f"prompts {', '.join(cfg.prompt_sources)}: no Parquet shards; run `mentor build` first")
+    from mentor.pipeline.io import scan_dataset
+
+    lf = scan_dataset([str(f) for f in files], "prompts")
+    if cfg.select == "hinted":
+        lf = lf.filter(pl.col("hint_id").is_not_null())
+    elif cfg.select == "unhinted":
+        lf = lf.filter(pl.col("hint_id").is_null())
+    if cfg.limit:
+        lf = lf.head(cfg.limit)
+    df = lf.select("prompt", "label").collect()
+    if df.height == 0:
+        raise DataError(f"prompts {', '.join(map(str, files))}: no rows left with select={cfg.select}; "
+                        "choose select: all, or build with hints")
+    return df
+
+
+def with_overrides(cfg: TrlTrainConfig, round_: int | None = None, prompts: str | os.PathLike | None = None,
+                   round_dir: str | os.PathLike | None = None, train_dir: str | os.PathLike | None = None,
+                   rollout_dir: str | os.PathLike | None = None, prev_model: str | None = None) -> TrlTrainConfig:
+    """A copy of `cfg` with the settings a workflow runner decides per round."""
+    upd: dict[str, Any] = {}
+    for key, value in (("round", round_), ("prompts", prompts), ("round_dir", round_dir), ("train_dir", train_dir),
+                       ("rollout_log_dir", rollout_dir)):
+        if value is not None:
+            upd[key] = value if key == "round" else str(value)
+    if prev_model and not cfg.actor_model:
+        upd["actor_model"] = prev_model
+    data = cfg.model_dump() | upd
+    return TrlTrainConfig.model_validate(data)
+
+
+def round_spec(cfg: TrlTrainConfig, start_from_base: bool = False) -> dict[str, Any]:
+    """What the trainer process needs (written to <train>/trl_round.json)."""
+    grpo = grpo_kwargs(cfg)
+    return {
+        "round": cfg.round,
+        "model": actor_model(cfg, start_from_base),
+        "prompts": [str(Path(p).resolve()) if Path(p).exists() else p for p in cfg.prompt_sources],
+        "select": cfg.select,
+        "limit": cfg.limit,
+        "rollout_dir": str(cfg.rollout_dir),
+        "final_model": str(cfg.output_dir),
+        "cpu_threads": cfg.cpu_threads if grpo.get("use_cpu") else None,
+        "grpo": grpo,
+    }
+
+
+def build_command(cfg: TrlTrainConfig) -> list[str]:
+    return [cfg.python, "-m", "mentor.training.trl_train", str(cfg.train_path / ROUND_FILE)]
+
+
+def build_env(cfg: TrlTrainConfig, spec: dict[str, Any]) -> dict[str, str]:
+    env = {ENV_DIR: str(cfg.rollout_dir)}
+    if spec.get("cpu_threads"):
+        n = str(spec["cpu_threads"])
+        env |= {"OMP_NUM_THREADS": n, "MKL_NUM_THREADS": n}
+    return env | cfg.env
+
+
+def dry_run_text(cfg: TrlTrainConfig, start_from_base: bool = False) -> str:
+    """The command, its environment, the prompts it would use and the resolved GRPOConfig."""
+    spec = round_spec(cfg, start_from_base)
+    args = resolve_grpo(cfg)
+    try:
+        rows = select_prompts(cfg).height
+        prompts = f"{rows} prompt row(s) from {', '.join(spec['prompts'])} (select {cfg.select}, limit {cfg.limit})"
+    except (ConfigError, DataError) as exc:
+        prompts = f"not readable yet: {exc}"
+    resolved = args.to_dict()
+    lines = [
+        f"# TRL {trl_version()} GRPO round {cfg.round}",
+        f"# model: {spec['model']}",
+        f"# prompts: {prompts}",
+        f"# final model: {spec['final_model']}",
+        "# environment",
+        *(f"export {k}={shlex.quote(v)}" for k, v in build_env(cfg, spec).items()),
+        "# command",
+        shlex.join(build_command(cfg)),
+        "# GRPOConfig fields set by mentor or the config",
+        json.dumps(spec["grpo"], indent=2, sort_keys=True, default=str),
+        "# GRPOConfig as TRL resolved it (every field)",
+        json.dumps(resolved, indent=2, sort_keys=True, default=str),
+    ]
+    return "\n".join(lines)
+
+
+def _tail(path: Path, n: int = 40) -> str:
+    try:
+        with open(path, "rb") as fh:
+            return b"".join(deque(fh, maxlen=n)).decode("utf-8", "replace")
+    except OSError:
+        return ""
+
+
+def _die_with_parent() -> None:
+    """Linux: the trainer gets SIGKILL when mentor dies (kill -9 included), so no orphan keeps
+    writing into the round's log while a rerun starts a new trainer."""
+    try:
+        import ctypes
+        import signal
+
+        ctypes.CDLL(None, use_errno=True).prctl(1, int(signal.SIGKILL))  # PR_SET_PDEATHSIG
+    except Exception:  # not Linux: a kill of mentor alone leaves the trainer running (kill its group)
+        pass
+
+
+def _clear_stale_logs(directory: Path) -> int:
+    """Shards a killed attempt of this round left: the rerun logs its rollouts afresh."""
+    stale = sorted(directory.glob("trl-*.jsonl")) if directory.is_dir() else []
+    for f in stale:
+        f.unlink()
+    return len(stale)
+
+
+def run_round(cfg: TrlTrainConfig, start_from_base: bool = False, **overrides: Any) -> dict[str, Any]:
+    """Run one TRL round; record the outcome; raise TrainError on failure."""
+    if overrides:
+        cfg = with_overrides(cfg, **overrides)
+    resolve_grpo(cfg)  # TRL's own checks before anything starts
+    spec = round_spec(cfg, start_from_base)
+    rows = select_prompts(cfg).height
+    cfg.train_path.mkdir(parents=True, exist_ok=True)
+    cfg.rollout_dir.mkdir(parents=True, exist_ok=True)
+    stale = _clear_stale_logs(cfg.rollout_dir)
+    write_json_atomic(cfg.model_dump(mode="json"), cfg.train_path / "config.json")
+    write_json_atomic(spec, cfg.train_path / ROUND_FILE)
+    cmd = build_command(cfg)
+    extra_env = build_env(cfg, spec)
+    started = time.time()
+    log.info("TRL round %d: %d prompt row(s) x %d generations, model %s", cfg.round, rows, cfg.num_generations, spec["model"])
+    with open(cfg.log_file, "ab") as fh:
+        fh.write(f"\n# mentor train (trl) round {cfg.round} at {_dt.datetime.now().isoformat()}\n# {shlex.join(cmd)}\n".encode())
+        if stale:
+            fh.write(f"# removed {stale} rollout shard(s) of an earlier, unfinished attempt\n".encode())
+        fh.flush()
+        try:
+            code = subprocess.run(cmd, stdout=fh, stderr=subprocess.STDOUT, env=dict(os.environ) | extra_env, check=False,
+                                  preexec_fn=_die_with_parent if sys.platform.startswith("linux") else None).returncode
+        except OSError as exc:
+            code = 127
+            fh.write(f"cannot start {cmd[0]}: {exc}\n".encode())
+    final = cfg.output_dir if code == 0 and (cfg.output_dir / "config.json").is_file() else None
+    metrics_file = cfg.train_path / "metrics.json"
+    metrics = read_json(metrics_file) if code == 0 and metrics_file.is_file() else {}
+    outcome = {
+        "kind": "trl",
+        "trl_version": trl_version(),
+        "round": cfg.round,
+        "exit_code": code,
+        "ok": code == 0,
+        "log_file": str(cfg.log_file),
+        "final_model": str(final) if final else None,
+        "actor_model": spec["model"],
+        "rollout_log_dir": str(cfg.rollout_dir),
+        "prompts_used": rows,
+        "steps": metrics.get("global_step"),
+        "metrics": metrics.get("last_log"),
+        "command": cmd,
+        "env": extra_env,
+        "started": started,
+        "duration_s": round(time.time() - started, 3),
+    }
+    if code == 0 and final is None:
+        outcome["warning"] = f"the trainer exited 0 but {cfg.output_dir} holds no model"
+    write_json_atomic(outcome, cfg.train_path / OUTCOME)
+    if code != 0 or final is None:
+        raise TrainError(
+            f"the TRL trainer exited with code {code} (round {cfg.round}); full log: {cfg.log_file}\n"
+            f"--- last lines ---\n{_tail(cfg.log_file)}"
+        )
+    return outcome
+
+
+__all__ = [
+    "TrlTrainConfig",
+    "actor_model",
+    "build_command",
+    "check_grpo_fields",
+    "dry_run_text",
+    "grpo_kwargs",
+    "load_config",
+    "parse_config",
+    "resolve_grpo",
+    "round_spec",
+    "run_round",
+    "select_prompts",
+    "with_overrides",
+]

@@ -1,0 +1,75 @@
+"""The TRL trainer process of one round: ``python -m mentor.training.trl_train <train>/trl_round.json``.
+
+`mentor.training.trl_launcher.run_round` writes the round file and starts this
+module with ``MENTOR_ROLLOUT_DIR`` (and, on CPU, ``OMP_NUM_THREADS``) set. It
+loads the selected prompt rows, builds TRL's ``GRPOConfig`` and ``GRPOTrainer``
+with mentor's reward function, trains, saves the final model into a temporary
+folder renamed to ``<train>/model`` once complete, and writes
+``<train>/metrics.json`` (TRL's log history).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shutil
+import sys
+from pathlib import Path
+
+
+def _threads(n: int | None) -> None:
+    if n:
+        import torch
+
+        torch.set_num_threads(int(n))
+
+
+def main(argv: list[str]) -> int:
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    if len(argv) != 1:
+        print("usage: python -m mentor.training.trl_train TRAIN_DIR/trl_round.json", file=sys.stderr)
+        return 2
+    spec_path = Path(argv[0])
+    spec = json.loads(spec_path.read_text())
+    _threads(spec.get("cpu_threads"))
+
+    from datasets import Dataset
+    from transformers import AutoTokenizer
+    from trl import GRPOConfig, GRPOTrainer
+
+    from mentor.pipeline.io import write_json_atomic
+    from mentor.training.reward_core import STATS
+    from mentor.training.trl_launcher import TrlTrainConfig, select_prompts
+    from mentor.training.trl_reward import make_reward
+
+    cfg = TrlTrainConfig.model_validate(json.loads((spec_path.parent / "config.json").read_text()))
+    rows = select_prompts(cfg).to_dicts()
+    dataset = Dataset.from_list(rows)  # columns prompt (chat messages) and label (mentor's JSON label)
+    args = GRPOConfig(**spec["grpo"])
+    tokenizer = AutoTokenizer.from_pretrained(spec["model"])
+    reward = make_reward(tokenizer, args.max_completion_length)
+    trainer = GRPOTrainer(model=spec["model"], reward_funcs=[reward], args=args, train_dataset=dataset, processing_class=tokenizer)
+    logging.getLogger(__name__).info("training on %d prompt row(s) from %s", len(rows), spec["model"])
+    trainer.train()
+
+    final = Path(spec["final_model"])
+    tmp = final.with_name(f".{final.name}.tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    trainer.save_model(str(tmp))
+    shutil.rmtree(final, ignore_errors=True)
+    os.replace(tmp, final)
+    history = trainer.state.log_history
+    # The last step's metrics (reward, completion lengths, clipped ratio), not the closing summary.
+    last = next((h for h in reversed(history) if "reward" in h), history[-1] if history else None)
+    write_json_atomic(
+        {"global_step": trainer.state.global_step, "last_log": last, "log_history": history,
+         "reward_stats": dict(STATS)},
+        spec_path.parent / "metrics.json",
+    )
+    logging.getLogger(__name__).info("saved the final model to %s; reward stats %s", final, dict(STATS))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
