@@ -147,23 +147,28 @@ def load_config(path: str | os.PathLike) -> TrainConfig:
         raise ConfigError(f"{path}: {detail}") from exc
 
 
+def previous_final_model(round_: int, round_path: Path, previous_round_dir: str | None) -> str:
+    """Round ``round_ - 1``'s final model, from its train/outcome.json (a ConfigError when it has none)."""
+    prev = Path(previous_round_dir) if previous_round_dir else round_path.parent / f"round-{round_ - 1:03d}"
+    outcome = prev / "train" / OUTCOME
+    if not outcome.is_file():
+        raise ConfigError(
+            f"round {round_} starts from round {round_ - 1}'s final model, but {outcome} does not exist; "
+            "train that round first, set previous_round_dir, or set actor_model"
+        )
+    rec = read_json(outcome)
+    if rec.get("exit_code") != 0 or not rec.get("final_model"):
+        raise ConfigError(f"{outcome}: round {round_ - 1} did not finish (exit code {rec.get('exit_code')}); rerun it or set actor_model")
+    return str(rec["final_model"])
+
+
 def actor_model(cfg: TrainConfig) -> str:
     """The model this round starts from: explicit, base (round 0), or the previous round's final model."""
     if cfg.actor_model:
         return cfg.actor_model
     if cfg.round == 0:
         return cfg.base_model
-    prev = Path(cfg.previous_round_dir) if cfg.previous_round_dir else cfg.round_path.parent / f"round-{cfg.round - 1:03d}"
-    outcome = prev / "train" / OUTCOME
-    if not outcome.is_file():
-        raise ConfigError(
-            f"round {cfg.round} starts from round {cfg.round - 1}'s final model, but {outcome} does not exist; "
-            "train that round first, set previous_round_dir, or set actor_model"
-        )
-    rec = read_json(outcome)
-    if rec.get("exit_code") != 0 or not rec.get("final_model"):
-        raise ConfigError(f"{outcome}: round {cfg.round - 1} did not finish (exit code {rec.get('exit_code')}); rerun it or set actor_model")
-    return str(rec["final_model"])
+    return previous_final_model(cfg.round, cfg.round_path, cfg.previous_round_dir)
 
 
 # Flags mentor sets itself; extra_args may not repeat them (say which field to use instead).
@@ -377,8 +382,13 @@ def with_overrides(
     train_dir: str | os.PathLike | None = None,
     rollout_dir: str | os.PathLike | None = None,
     prev_model: str | None = None,
+    start_from_base: bool = False,
 ) -> TrainConfig:
-    """A copy of `cfg` with the settings a workflow runner decides per round."""
+    """A copy of `cfg` with the settings a workflow runner decides per round.
+
+    `start_from_base`: no earlier round trained a model (round 0 stood on existing
+    logs), so this round starts from `base_model`.
+    """
     upd: dict[str, Any] = {}
     if round_ is not None:
         upd["round"] = round_
@@ -392,14 +402,16 @@ def with_overrides(
         upd["rollout_log_dir"] = str(rollout_dir)
     if prev_model and not cfg.actor_model and (round_ if round_ is not None else cfg.round) > 0:
         upd["actor_model"] = prev_model
+    elif start_from_base and not cfg.actor_model:
+        upd["actor_model"] = cfg.base_model
     return cfg.model_copy(update=upd)
 
 
 def run_round(cfg: TrainConfig, **overrides: Any) -> dict[str, Any]:
     """Run the trainer for one round; record the outcome; raise TrainError on failure.
 
-    `overrides` (round_, prompts, round_dir, train_dir, rollout_dir, prev_model)
-    are applied with `with_overrides` (for the workflow runner).
+    `overrides` (round_, prompts, round_dir, train_dir, rollout_dir, prev_model,
+    start_from_base) are applied with `with_overrides` (for the workflow runner).
     """
     if overrides:
         cfg = with_overrides(cfg, **overrides)

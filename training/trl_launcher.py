@@ -40,7 +40,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from mentor.pipeline.errors import ConfigError, DataError
 from mentor.pipeline.io import read_json, read_yaml_mapping, resolve_inputs, write_json_atomic
-from mentor.training.launcher import OUTCOME, TrainError
+from mentor.training.launcher import OUTCOME, TrainError, previous_final_model
 from mentor.training.rollout_log import ENV_DIR
 
 log = logging.getLogger(__name__)
@@ -219,17 +219,7 @@ def actor_model(cfg: TrlTrainConfig, start_from_base: bool = False) -> str:
         return cfg.actor_model
     if cfg.round == 0 or start_from_base:
         return resolve_model(cfg.base_model)
-    prev = Path(cfg.previous_round_dir) if cfg.previous_round_dir else cfg.round_path.parent / f"round-{cfg.round - 1:03d}"
-    outcome = prev / "train" / OUTCOME
-    if not outcome.is_file():
-        raise ConfigError(
-            f"round {cfg.round} starts from round {cfg.round - 1}'s final model, but {outcome} does not exist; "
-            "train that round first, set previous_round_dir, or set actor_model"
-        )
-    rec = read_json(outcome)
-    if rec.get("exit_code") != 0 or not rec.get("final_model"):
-        raise ConfigError(f"{outcome}: round {cfg.round - 1} did not finish (exit code {rec.get('exit_code')}); rerun it or set actor_model")
-    return str(rec["final_model"])
+    return previous_final_model(cfg.round, cfg.round_path, cfg.previous_round_dir)
 
 
 def select_prompts(cfg: TrlTrainConfig) -> pl.DataFrame:

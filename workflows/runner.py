@@ -246,8 +246,10 @@ class Runner:
             from mentor.training.launcher import TrainConfig, run_round
 
             cfg = TrainConfig.model_validate(t.config)
+            prev = self._prev_model(r)
+            # No earlier round trained a model (round 0 stood on existing logs): start from the base model.
             outcome = run_round(cfg, round_=r, prompts=prompts, round_dir=self.rd.round_dir(r), train_dir=sd.path,
-                                rollout_dir=logs, prev_model=self._prev_model(r))
+                                rollout_dir=logs, prev_model=prev, start_from_base=prev is None)
             return {"kind": "openrlhf", **outcome}
         if t.kind == "trl":
             return self._run_trl(r, prompts, sd, logs)
