@@ -61,7 +61,38 @@ class TrainError(MentorError):
     """The trainer exited with an error (exit 1); the message carries the log's tail."""
 
 
-class TrainConfig(BaseModel):
+class RoundPaths:
+    """The folders of one round, derived from ``round_dir`` / ``train_dir`` / ``rollout_log_dir``.
+
+    Absolute: Ray workers and the TRL trainer process do not share the launcher's working directory.
+    """
+
+    @property
+    def round_path(self) -> Path:
+        if self.round_dir:
+            return Path(self.round_dir).resolve()
+        if self.train_dir:
+            return Path(self.train_dir).resolve().parent
+        raise ConfigError("the round config needs round_dir (runs/<name>/round-NNN) or train_dir")
+
+    @property
+    def train_path(self) -> Path:
+        return Path(self.train_dir).resolve() if self.train_dir else self.round_path / "train"
+
+    @property
+    def output_dir(self) -> Path:
+        return self.train_path / "model"
+
+    @property
+    def log_file(self) -> Path:
+        return self.train_path / "train.log"
+
+    @property
+    def rollout_dir(self) -> Path:
+        return (Path(self.rollout_log_dir) if self.rollout_log_dir else self.round_path / "rollouts" / "log").resolve()
+
+
+class TrainConfig(RoundPaths, BaseModel):
     """One training round (`round.yaml`)."""
 
     model_config = ConfigDict(extra="forbid")
@@ -96,33 +127,9 @@ class TrainConfig(BaseModel):
     python: str = Field(default_factory=lambda: sys.executable, description="Python of the trainer's environment.")
     env: dict[str, str] = Field(default_factory=dict, description="Extra environment variables for the trainer.")
 
-    # -- derived paths
-    @property
-    def train_path(self) -> Path:
-        # Absolute: Ray workers do not share the launcher's working directory.
-        if self.train_dir:
-            return Path(self.train_dir).resolve()
-        return self.round_path / "train"
-
-    @property
-    def round_path(self) -> Path:
-        if self.round_dir:
-            return Path(self.round_dir).resolve()
-        if self.train_dir:
-            return Path(self.train_dir).resolve().parent
-        raise ConfigError("the round config needs round_dir (runs/<name>/round-NNN) or train_dir")
-
     @property
     def ckpt_path(self) -> Path:
         return self.train_path / "ckpt"
-
-    @property
-    def output_dir(self) -> Path:
-        return self.train_path / "model"
-
-    @property
-    def log_file(self) -> Path:
-        return self.train_path / "train.log"
 
     @property
     def prompt_dataset(self) -> str:
@@ -130,10 +137,6 @@ class TrainConfig(BaseModel):
             return str(self.round_path / "prompts")
         parts = [str(Path(p).resolve()) if Path(p).exists() else p for p in self.prompts.split(",")]
         return ",".join(parts)
-
-    @property
-    def rollout_dir(self) -> Path:
-        return (Path(self.rollout_log_dir) if self.rollout_log_dir else self.round_path / "rollouts" / "log").resolve()
 
 
 def load_config(path: str | os.PathLike) -> TrainConfig:
@@ -359,7 +362,7 @@ def _assertion_text(exc: AssertionError, origin: str) -> str:
 # --------------------------------------------------------------------------- running
 
 
-def _tail(path: Path, n: int = 40) -> str:
+def log_tail(path: Path, n: int = 40) -> str:
     try:
         with open(path, "rb") as fh:
             return b"".join(deque(fh, maxlen=n)).decode("utf-8", "replace")
@@ -407,6 +410,25 @@ def with_overrides(
     return cfg.model_copy(update=upd)
 
 
+def outcome_record(cfg: RoundPaths, code: int, final: Path | None, actor: str, cmd: list[str], env: dict[str, str],
+                   started: float, **extra: Any) -> dict[str, Any]:
+    """The round's outcome.json: what ran, from which model, and where the final model is (None on failure)."""
+    return {
+        "round": cfg.round,
+        "exit_code": code,
+        "ok": code == 0,
+        "log_file": str(cfg.log_file),
+        "final_model": str(final) if final else None,
+        "actor_model": actor,
+        "rollout_log_dir": str(cfg.rollout_dir),
+        **extra,
+        "command": cmd,
+        "env": env,
+        "started": started,
+        "duration_s": round(time.time() - started, 3),
+    }
+
+
 def run_round(cfg: TrainConfig, **overrides: Any) -> dict[str, Any]:
     """Run the trainer for one round; record the outcome; raise TrainError on failure.
 
@@ -434,26 +456,14 @@ def run_round(cfg: TrainConfig, **overrides: Any) -> dict[str, Any]:
         with open(cfg.log_file, "a") as fh:
             fh.write(f"cannot start {cmd[0]}: {exc}\n")
     final = cfg.output_dir if code == 0 and cfg.output_dir.exists() else None
-    outcome = {
-        "round": cfg.round,
-        "exit_code": code,
-        "ok": code == 0,
-        "log_file": str(cfg.log_file),
-        "final_model": str(final) if final else None,
-        "actor_model": cmd[cmd.index("--actor.model_name_or_path") + 1],
-        "rollout_log_dir": str(cfg.rollout_dir),
-        "command": cmd,
-        "env": extra_env,
-        "started": started,
-        "duration_s": round(time.time() - started, 3),
-    }
+    outcome = outcome_record(cfg, code, final, cmd[cmd.index("--actor.model_name_or_path") + 1], cmd, extra_env, started)
     if code == 0 and final is None:
         outcome["warning"] = f"the trainer exited 0 but {cfg.output_dir} does not exist"
     write_json_atomic(outcome, cfg.train_path / OUTCOME)
     if code != 0:
         raise TrainError(
             f"the trainer exited with code {code} (round {cfg.round}); full log: {cfg.log_file}\n"
-            f"--- last lines ---\n{_tail(cfg.log_file)}"
+            f"--- last lines ---\n{log_tail(cfg.log_file)}"
         )
     return outcome
 

@@ -31,7 +31,6 @@ import shlex
 import subprocess
 import sys
 import time
-from collections import deque
 from pathlib import Path
 from typing import Any, Literal
 
@@ -40,7 +39,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from mentor.pipeline.errors import ConfigError, DataError
 from mentor.pipeline.io import read_json, read_yaml_mapping, resolve_inputs, write_json_atomic
-from mentor.training.launcher import OUTCOME, TrainError, previous_final_model
+from mentor.training.launcher import OUTCOME, RoundPaths, TrainError, log_tail, outcome_record, previous_final_model
 from mentor.training.rollout_log import ENV_DIR
 
 log = logging.getLogger(__name__)
@@ -51,7 +50,7 @@ INSTALL = "pip install 'mentor[trl]'"
 _OWNED = {"output_dir": "round_dir / train_dir (TRL's checkpoints go to <train>/ckpt)"}
 
 
-class TrlTrainConfig(BaseModel):
+class TrlTrainConfig(RoundPaths, BaseModel):
     """One TRL GRPO round. Keys other than these fields are `trl.GRPOConfig` fields."""
 
     model_config = ConfigDict(extra="allow")
@@ -83,32 +82,8 @@ class TrlTrainConfig(BaseModel):
         return dict(self.model_extra or {})
 
     @property
-    def round_path(self) -> Path:
-        if self.round_dir:
-            return Path(self.round_dir).resolve()
-        if self.train_dir:
-            return Path(self.train_dir).resolve().parent
-        raise ConfigError("the round config needs round_dir (runs/<name>/round-NNN) or train_dir")
-
-    @property
-    def train_path(self) -> Path:
-        return Path(self.train_dir).resolve() if self.train_dir else self.round_path / "train"
-
-    @property
-    def output_dir(self) -> Path:
-        return self.train_path / "model"
-
-    @property
-    def log_file(self) -> Path:
-        return self.train_path / "train.log"
-
-    @property
     def prompt_sources(self) -> list[str]:
         return self.prompts.split(",") if self.prompts else [str(self.round_path / "prompts")]
-
-    @property
-    def rollout_dir(self) -> Path:
-        return (Path(self.rollout_log_dir) if self.rollout_log_dir else self.round_path / "rollouts" / "log").resolve()
 
 
 def _errors(exc: ValidationError, prefix: str = "") -> str:
@@ -313,14 +288,6 @@ def dry_run_text(cfg: TrlTrainConfig, start_from_base: bool = False) -> str:
     return "\n".join(lines)
 
 
-def _tail(path: Path, n: int = 40) -> str:
-    try:
-        with open(path, "rb") as fh:
-            return b"".join(deque(fh, maxlen=n)).decode("utf-8", "replace")
-    except OSError:
-        return ""
-
-
 def _die_with_parent() -> None:
     """Linux: the trainer gets SIGKILL when mentor dies (kill -9 included), so no orphan keeps
     writing into the round's log while a rerun starts a new trainer."""
@@ -371,31 +338,17 @@ def run_round(cfg: TrlTrainConfig, start_from_base: bool = False, **overrides: A
     final = cfg.output_dir if code == 0 and (cfg.output_dir / "config.json").is_file() else None
     metrics_file = cfg.train_path / "metrics.json"
     metrics = read_json(metrics_file) if code == 0 and metrics_file.is_file() else {}
-    outcome = {
-        "kind": "trl",
-        "trl_version": trl_version(),
-        "round": cfg.round,
-        "exit_code": code,
-        "ok": code == 0,
-        "log_file": str(cfg.log_file),
-        "final_model": str(final) if final else None,
-        "actor_model": spec["model"],
-        "rollout_log_dir": str(cfg.rollout_dir),
-        "prompts_used": rows,
-        "steps": metrics.get("global_step"),
-        "metrics": metrics.get("last_log"),
-        "command": cmd,
-        "env": extra_env,
-        "started": started,
-        "duration_s": round(time.time() - started, 3),
-    }
+    outcome = {"kind": "trl", "trl_version": trl_version()} | outcome_record(
+        cfg, code, final, spec["model"], cmd, extra_env, started,
+        prompts_used=rows, steps=metrics.get("global_step"), metrics=metrics.get("last_log"),
+    )
     if code == 0 and final is None:
         outcome["warning"] = f"the trainer exited 0 but {cfg.output_dir} holds no model"
     write_json_atomic(outcome, cfg.train_path / OUTCOME)
     if code != 0 or final is None:
         raise TrainError(
             f"the TRL trainer exited with code {code} (round {cfg.round}); full log: {cfg.log_file}\n"
-            f"--- last lines ---\n{_tail(cfg.log_file)}"
+            f"--- last lines ---\n{log_tail(cfg.log_file)}"
         )
     return outcome
 
