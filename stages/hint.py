@@ -58,7 +58,7 @@ from mentor.pipeline.llm import Backend, GenRequest, GenResult
 from mentor.pipeline.schemas import HINTS, SCHEMA_VERSION, TRACE_ENTRY, schema_metadata
 from mentor.pipeline.stage import Stats, StatsLayout, read_done, write_done, write_stats
 from mentor.stages import hint_agents as agents
-from mentor.stages.hint_rules import Instructions, RuleContext, RuleLimits, check_hint, copies_instructions
+from mentor.stages.hint_rules import Instructions, RuleContext, RuleLimits, check_hint, copies_instructions, trim_to_rules
 
 log = logging.getLogger(__name__)
 
@@ -100,6 +100,9 @@ class HintConfig(BaseModel):
     llm_judge: bool = Field(True, description="Ask the LLM judge after the rules pass (off: the rules alone decide).")
     judge_correctness: bool = Field(True, description="The judge first states whether every statement and calculation of the hint "
                                     "is correct; a hint judged incorrect is rejected whatever its score.")
+    trim_hints: bool = Field(True, description="A hint rejected only for what follows its first sentences (too long, the answer, "
+                             "the worked solution) is cut back to its longest leading run of whole sentences that passes the rules, "
+                             "and goes on to the judge; off: such a hint goes to repair.")
     reasoning_chars: int = Field(600, ge=0, description="Room for the generation and repair agents to work the problem out "
                                  "(towards the reference answer) before they write the hint; kept in the trace, never in the hint. 0: off.")
     attribution: bool = Field(True, description="Run the Attribution agent (off: the hint is generated from the problem alone, "
@@ -161,6 +164,7 @@ HINT_STATS = StatsLayout(
         "problems", "accepted", "repaired", "fallback", "engine_calls", "waves", "requests", "prompt_tokens",
         "completion_tokens", "retries", "refines", "judge_calls", "keyword_leaks", "keyword_invalid", "error_leaks",
         "copied_instructions",  # keywords / errors that repeat the attribution prompt, dropped
+        "trimmed",  # candidates cut back to the leading sentences that pass the rules
         "shards",
     ),
     groups={"violations": (), "parse_failures": (), "truncated": (), "requests_by_agent": ()},
@@ -184,7 +188,7 @@ class Phase(Enum):
 class TraceEntry(NamedTuple):
     """One step of a problem's trace: a model call, a rule verdict or the fallback (schema TRACE_ENTRY)."""
 
-    agent: str  # attribution | generation | judgment | repair | rules | fallback
+    agent: str  # attribution | generation | judgment | repair | rules | trim | fallback
     attempt: int
     raw: str | None
     parsed: str | None  # JSON of the parsed fields (None: the output did not parse)
@@ -216,6 +220,7 @@ class _Problem:
     rejected: list[str] = field(default_factory=list)  # why the last regenerated candidate was rejected
     seen: dict[str, None] = field(default_factory=dict)  # ordered set of every violation
     score: float | None = None
+    trimmed: bool = False  # the accepted candidate was cut back by `trim_to_rules`
     hint: str = ""
     status: str = ""
     trace: list[TraceEntry] = field(default_factory=list)
@@ -441,6 +446,13 @@ class _Shard:
         p.candidate = parsed["hint"]
         violations = check_hint(p.candidate, p.ctx)
         p.trace.append(TraceEntry("rules", n, p.candidate, _to_json({"ok": not violations, "violations": violations}), None, 0, 0))
+        trimmed = trim_to_rules(p.candidate, p.ctx, violations) if self.cfg.trim_hints else None
+        if trimmed:
+            self.st.trimmed += 1
+            p.trace.append(TraceEntry("trim", n, trimmed, _to_json({"ok": True, "cut": violations}), None, 0, 0))
+            p.candidate, p.trimmed, violations = trimmed, True, []
+        else:
+            p.trimmed = False
         if violations:
             self.transition(p, "rejected", violations)
         else:
@@ -454,7 +466,7 @@ class _Shard:
 
     def _accept(self, p: _Problem) -> None:
         p.hint = p.candidate or ""
-        p.status = "accepted" if p.retry == 0 and p.refines == 0 else "repaired"
+        p.status = "accepted" if p.retry == 0 and p.refines == 0 and not p.trimmed else "repaired"
         p.phase = Phase.DONE
 
     def _fallback(self, p: _Problem) -> None:

@@ -43,6 +43,7 @@ import json
 import re
 import threading
 import unicodedata
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from fractions import Fraction
 from functools import lru_cache
@@ -70,6 +71,7 @@ DESCRIPTIONS = {
     "full_solution": "the hint works out the solution step by step; give only the key idea",
     "restates_problem": "the hint only restates the problem; name the idea the solver is missing",
     "restates_numbers": "the hint repeats the problem's numbers; name the relation or first step instead of the data",
+    "mentions_pipeline": "the hint talks about the reference answer or an earlier hint, which the solver never sees; address the problem itself",
     "list_header": "the hint is only a lead-in ('Here is the breakdown:'); write the hint itself",
     "solution_code": "the hint contains the solution code; describe the approach in words",
     "repeats_previous_hint": "the hint repeats an earlier hint; go one step further",
@@ -594,6 +596,10 @@ def _list_header(text: str) -> bool:
     return len(words) <= 10 and bool(_LEAD_IN.match(t.rstrip(".!")))
 
 
+# The agents see the reference answer and rejected hints; the solver sees neither.
+_PIPELINE = re.compile(r"\b(reference (answer|solution)|(rejected|previous|earlier|original) hint|the student'?s? attempts?)\b", re.I)
+
+
 def check_hint(hint: str, ctx: RuleContext) -> list[str]:
     """The names of every rule `hint` violates (empty list: it passes)."""
     text = hint.strip() if hint else ""
@@ -621,6 +627,8 @@ def check_hint(hint: str, ctx: RuleContext) -> list[str]:
         out.append("restates_numbers")
     if _list_header(text):
         out.append("list_header")
+    if ("reference" in low or "hint" in low or "attempt" in low) and _PIPELINE.search(text):
+        out.append("mentions_pipeline")
     if ctx.domain == "code" and (
         (ctx._def_re is not None and ctx._def_re.search(text))
         or (_CODE_FENCE.search(text) and re.search(r"\bdef\s+\w+\s*\(|\breturn\b", text))
@@ -634,6 +642,32 @@ def check_hint(hint: str, ctx: RuleContext) -> list[str]:
     ):
         out.append("wrong_language")
     return out
+
+
+# A rambling model writes a good first sentence and then the whole solution: the rules reject the
+# hint for what comes after. These are the violations that dropping trailing sentences can cure.
+TRIMMABLE = frozenset({"too_long", "answer_leak", "final_answer_line", "full_solution", "answer_only", "restates_numbers",
+                       "mentions_pipeline"})
+MIN_TRIMMED_WORDS = 8
+
+
+def trim_to_rules(hint: str, ctx: RuleContext, violations: Sequence[str]) -> str | None:
+    """The longest run of `hint`'s leading whole sentences that passes every rule, or None.
+
+    Only for hints rejected for trimmable reasons alone (a restated problem or solution code is not cured
+    by cutting), and only when the kept part has at least MIN_TRIMMED_WORDS words.
+    """
+    if not violations or not set(violations) <= TRIMMABLE:
+        return None
+    text = hint.strip()
+    ends = [m.end() for m in _SENT_END.finditer(text)]
+    for end in reversed(ends):
+        head = text[:end].strip()
+        if head == text or len(_WORD.findall(head.lower())) < MIN_TRIMMED_WORDS:
+            continue
+        if not check_hint(head, ctx):
+            return head
+    return None
 
 
 @dataclass

@@ -438,3 +438,29 @@ def test_attribution_that_parrots_its_instructions_is_dropped():
     assert st.copied_instructions == 3
     gen = next(r for call in fake.log for r in call if agent_of(r)[0] == "generation")
     assert "data to analyse" not in gen.messages[-1]["content"]
+
+
+RAMBLE = json.dumps({"hint": "Count the eggs left after breakfast and baking before you think about money. "
+                             "That is 16 - 3 - 4 = 9 eggs, and 9 * 2 = 18 dollars, so the answer is 18."})
+
+
+def test_a_rambling_hint_is_cut_back_to_the_sentences_that_pass_and_then_judged():
+    """A small hinter writes a good first sentence and then the solution (seen with the 1.5B on GSM8K dev)."""
+    fake = scripted(generation=RAMBLE)
+    (row,), st = run([ROW], fake)
+    assert row["hint"] == "Count the eggs left after breakfast and baking before you think about money."
+    assert row["status"] == "repaired" and (row["retries"], row["refines"]) == (0, 0)
+    assert [e["agent"] for e in row["trace"]] == ["attribution", "generation", "rules", "trim", "judgment"]
+    judged = next(r for call in fake.log for r in call if agent_of(r)[0] == "judgment")
+    assert row["hint"] in judged.messages[-1]["content"] and "answer is 18" not in judged.messages[-1]["content"]
+    assert st.trimmed == 1 and st.waves == 3
+    # Off: the same hint goes to repair.
+    (row,), st = run([ROW], scripted(generation=RAMBLE), trim_hints=False)
+    assert row["status"] == "repaired" and row["refines"] == 1 and st.trimmed == 0
+    assert row["hint"] == json.loads(GOOD2)["hint"]
+
+
+def test_a_hint_whose_first_sentence_leaks_is_not_trimmed():
+    fake = scripted(generation=LEAK, repair=GOOD2)
+    (row,), st = run([ROW], fake)
+    assert st.trimmed == 0 and row["refines"] == 1 and row["hint"] == json.loads(GOOD2)["hint"]

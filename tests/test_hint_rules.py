@@ -222,3 +222,32 @@ def test_restated_numbers_rule_spares_real_first_steps(gsm8k, shared_data):
         if {"restates_numbers", "list_header"} & set(v):
             flagged.append((steps[row["problem_id"]], v))
     assert len(flagged) <= 0.01 * len(gsm8k), flagged[:10]
+
+
+def test_trim_keeps_the_leading_sentences_that_pass(gsm8k):
+    """Hints the 1.5B hinter wrote on the dev split: a true first step, then the rest of the solution."""
+    from mentor.stages.hint_rules import RuleContext, check_hint, trim_to_rules
+
+    kyle = next(r for r in gsm8k if r["label"] == "26" and "Kyle" in r["problem"])
+    ctx = RuleContext(domain="math", answer="26", problem=kyle["problem"])
+    hint = "To find the original price, divide the discounted price by 0.75. The original price is $26."
+    v = check_hint(hint, ctx)
+    assert "answer_leak" in v
+    assert trim_to_rules(hint, ctx, v) == "To find the original price, divide the discounted price by 0.75."
+    # Nothing to keep: the first sentence leaks already, or what is left is too short to be a hint.
+    leak_first = "The original price is $26, since 19.50 / 0.75 = 26. Check it against the discount."
+    assert trim_to_rules(leak_first, ctx, check_hint(leak_first, ctx)) is None
+    short = "Divide by 0.75. The original price is $26."
+    assert trim_to_rules(short, ctx, check_hint(short, ctx)) is None
+    # A violation cutting cannot cure is left to the repair agent.
+    assert trim_to_rules(hint, ctx, ["wrong_language"]) is None
+    assert trim_to_rules(hint, ctx, []) is None
+
+
+def test_hints_that_talk_about_the_pipeline_are_caught():
+    """The solver never sees the reference answer or the rejected hint the agents are shown."""
+    for hint in ["The reference answer provides the answer to the problem.",
+                 "The rejected hint is incorrect because it contradicts the reference answer.",
+                 "Unlike the previous hint, first count the eggs she sells."]:
+        assert "mentions_pipeline" in _v(hint, "18"), hint
+    assert _v("Count the eggs she sells before you price them; the hint is in the word 'remainder'.", "18") == []
