@@ -447,12 +447,11 @@ class _Shard:
         violations = check_hint(p.candidate, p.ctx)
         p.trace.append(TraceEntry("rules", n, p.candidate, _to_json({"ok": not violations, "violations": violations}), None, 0, 0))
         trimmed = trim_to_rules(p.candidate, p.ctx, violations) if self.cfg.trim_hints else None
-        if trimmed:
+        p.trimmed = trimmed is not None
+        if trimmed is not None:
             self.st.trimmed += 1
             p.trace.append(TraceEntry("trim", n, trimmed, _to_json({"ok": True, "cut": violations}), None, 0, 0))
-            p.candidate, p.trimmed, violations = trimmed, True, []
-        else:
-            p.trimmed = False
+            p.candidate, violations = trimmed, []
         if violations:
             self.transition(p, "rejected", violations)
         else:

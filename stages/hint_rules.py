@@ -597,7 +597,7 @@ def _list_header(text: str) -> bool:
 
 
 # The agents see the reference answer and rejected hints; the solver sees neither.
-_PIPELINE = re.compile(r"\b(reference (answer|solution)|(rejected|previous|earlier|original) hint|the student'?s? attempts?)\b", re.I)
+_PIPELINE = re.compile(r"\b(reference (answer|solution)|(rejected|previous|earlier|original) hint)\b", re.I)
 
 
 def check_hint(hint: str, ctx: RuleContext) -> list[str]:
@@ -627,7 +627,7 @@ def check_hint(hint: str, ctx: RuleContext) -> list[str]:
         out.append("restates_numbers")
     if _list_header(text):
         out.append("list_header")
-    if ("reference" in low or "hint" in low or "attempt" in low) and _PIPELINE.search(text):
+    if ("reference" in low or "hint" in low) and _PIPELINE.search(text):
         out.append("mentions_pipeline")
     if ctx.domain == "code" and (
         (ctx._def_re is not None and ctx._def_re.search(text))

@@ -461,6 +461,8 @@ def test_a_rambling_hint_is_cut_back_to_the_sentences_that_pass_and_then_judged(
 
 
 def test_a_hint_whose_first_sentence_leaks_is_not_trimmed():
-    fake = scripted(generation=LEAK, repair=GOOD2)
+    leak_first = json.dumps({"hint": "She makes $18 a day at the market. Count the eggs she sells before you price them."})
+    fake = scripted(generation=leak_first, repair=GOOD2)
     (row,), st = run([ROW], fake)
     assert st.trimmed == 0 and row["refines"] == 1 and row["hint"] == json.loads(GOOD2)["hint"]
+    assert "answer_leak" in row["violations"]

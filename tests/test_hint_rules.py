@@ -250,4 +250,6 @@ def test_hints_that_talk_about_the_pipeline_are_caught():
                  "The rejected hint is incorrect because it contradicts the reference answer.",
                  "Unlike the previous hint, first count the eggs she sells."]:
         assert "mentions_pipeline" in _v(hint, "18"), hint
-    assert _v("Count the eggs she sells before you price them; the hint is in the word 'remainder'.", "18") == []
+    for fine in ["Count the eggs she sells before you price them; the hint is in the word 'remainder'.",
+                 "Count how many problems the students attempt before you work out the share they solve."]:
+        assert _v(fine, "18") == [], fine
