@@ -61,6 +61,7 @@ ARM_CONFIG = {
     "generic": {"attribution": False, "generation": False},
 }
 SETS = {"math": "gsm8k", "code": "humaneval"}
+SCREEN_SHARD = 160  # problems per screen shard (one engine call of 160 x --screen-k requests)
 
 
 def shared_data() -> Path:
@@ -201,8 +202,9 @@ def run(args: argparse.Namespace) -> list[dict]:
     problems = split_problems(args.domain, args.split, args.problems)
     write_parquet_atomic(problems, work / "problems.parquet", dataset="problems")
     sampling = dict(max_tokens=args.max_tokens, temperature=args.temperature, top_p=args.top_p)
+    # Shards of SCREEN_SHARD problems: a run with more --problems reuses the screen of a smaller one.
     screen = rollout_to_dir([str(work / "problems.parquet")], work / "screen",
-                            RolloutConfig(k=args.screen_k, seed=args.seed, **sampling), policy)
+                            RolloutConfig(k=args.screen_k, seed=args.seed, shard_size=SCREEN_SHARD, **sampling), policy)
     mine_to_dir([str(work / "screen")], work / "collapsed", MineConfig(min_rollouts=args.screen_k))
     collapsed = pl.read_parquet(work / "collapsed" / "collapsed.parquet")
     if args.max_collapsed:
