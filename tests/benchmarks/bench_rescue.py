@@ -317,7 +317,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--hinter", default="qwen2.5-coder-1.5b", help="Hint model for the four agents.")
     p.add_argument("--backend", choices=("vllm", "fake"), default="vllm", help="fake: plumbing only (tests).")
     p.add_argument("--fake-policy", default="mentor.stages.hint_agents:fake_script", help=argparse.SUPPRESS)
-    p.add_argument("--problems", type=int, help="Problems of the split to screen (default: 320 math, all code; --quick 60).")
+    p.add_argument("--problems", type=int, help="Problems of the split to screen (default: 400 math, 173 of them collapsed at 0/8 with the default models, all code; --quick 60).")
     p.add_argument("--max-collapsed", type=int, help="Keep at most this many collapsed problems (problem_id order).")
     p.add_argument("--screen-k", type=int, default=8, help="Samples of the collapse screen (collapsed = none right).")
     p.add_argument("--k", type=int, default=4, help="Re-rolls per problem and arm.")
@@ -331,14 +331,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--hint-config", help="A hint.yaml the arms start from (the defaults otherwise).")
     p.add_argument("--arm-config", action="append", default=[], metavar="NAME=HINT.YAML",
                    help="An extra arm hinted with this config (repeatable), e.g. a template variant to compare with full.")
-    p.add_argument("--quick", action="store_true", help="A small setting for iterating (about 20 minutes on 2 cores).")
+    p.add_argument("--quick", action="store_true", help="A small setting for iterating: 60 dev problems, arms generic full reference (30 to 40 minutes on 2 cores).")
     p.add_argument("--work", default="runs/bench-rescue", help="Where every stage writes (resumable).")
     p.add_argument("--no-plot", action="store_true")
     args = p.parse_args(argv)
     args.split = args.split or ("report" if args.domain == "math" else "all")
     args.arms = list(args.arms or (QUICK_ARMS if args.quick else DEFAULT_ARMS))
     if args.problems is None:
-        args.problems = 60 if args.quick else (320 if args.domain == "math" else None)
+        args.problems = 60 if args.quick else (400 if args.domain == "math" else None)
     if args.quick:
         args.work = str(Path(args.work) / "quick")
     return args
