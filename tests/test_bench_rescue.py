@@ -55,3 +55,19 @@ def test_paired_statistics(bench):
     assert bench.mcnemar_p(3, 3) == 1.0
     assert bench.reference_candidates("math", "Janet sells 16 - 3 - 4 = <<16-3-4=9>>9 duck eggs a day.\n#### 18") == [
         "A first step: Janet sells 16 - 3 - 4 = 9 duck eggs a day.", "A first step: Janet sells 16 - 3 - 4."]
+
+
+@pytest.mark.parametrize("spec, message", [
+    ("full=cfg.yaml", "arm 'full' is already in the run"),
+    ("unhinted=cfg.yaml", "arm 'unhinted' is already in the run"),
+    ("cfg.yaml", "expected NAME=HINT.YAML"),
+])
+def test_an_arm_config_that_collides_or_has_no_name_is_refused(bench, capsys, spec, message):
+    with pytest.raises(SystemExit):
+        bench.parse_args(["--arms", "generic", "full", "--arm-config", spec])
+    assert message in capsys.readouterr().err
+
+
+def test_an_arm_config_under_its_own_name_is_taken(bench):
+    args = bench.parse_args(["--arms", "generic", "--arm-config", "full=cfg.yaml"])
+    assert args.arms == ["generic"] and args.arm_config == ["full=cfg.yaml"]

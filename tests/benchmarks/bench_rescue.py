@@ -337,6 +337,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args = p.parse_args(argv)
     args.split = args.split or ("report" if args.domain == "math" else "all")
     args.arms = list(args.arms or (QUICK_ARMS if args.quick else DEFAULT_ARMS))
+    names = ["unhinted", *args.arms]
+    for spec in args.arm_config:
+        name, sep, path = spec.partition("=")
+        if not sep or not name or not path:
+            p.error(f"--arm-config {spec!r}: expected NAME=HINT.YAML")
+        if name in names:
+            p.error(f"--arm-config {spec!r}: arm {name!r} is already in the run; leave it out of --arms or pick another name")
+        names.append(name)
     if args.problems is None:
         args.problems = 60 if args.quick else (400 if args.domain == "math" else None)
     if args.quick:
