@@ -70,4 +70,10 @@ def test_an_arm_config_that_collides_or_has_no_name_is_refused(bench, capsys, sp
 
 def test_an_arm_config_under_its_own_name_is_taken(bench):
     args = bench.parse_args(["--arms", "generic", "--arm-config", "full=cfg.yaml"])
-    assert args.arms == ["generic"] and args.arm_config == ["full=cfg.yaml"]
+    assert args.arms == ["generic"] and args.arm_config == {"full": "cfg.yaml"}
+
+
+def test_two_arm_configs_under_one_name_are_refused(bench, capsys):
+    with pytest.raises(SystemExit):
+        bench.parse_args(["--arms", "generic", "--arm-config", "v=a.yaml", "--arm-config", "v=b.yaml"])
+    assert "arm 'v' is already in the run" in capsys.readouterr().err

@@ -223,7 +223,7 @@ def run(args: argparse.Namespace) -> list[dict]:
     arm_files: dict[str, list[str]] = {}
     hint_info: dict[str, dict] = {}
     base = load_config(args.hint_config) if args.hint_config else HintConfig()
-    extra = dict(spec.split("=", 1) for spec in args.arm_config)
+    extra = args.arm_config  # {name: hint.yaml}, checked by parse_args
 
     def hint_arm(cfg: HintConfig, out: Path) -> dict:
         t1 = time.monotonic()
@@ -337,14 +337,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args = p.parse_args(argv)
     args.split = args.split or ("report" if args.domain == "math" else "all")
     args.arms = list(args.arms or (QUICK_ARMS if args.quick else DEFAULT_ARMS))
-    names = ["unhinted", *args.arms]
+    extra: dict[str, str] = {}
     for spec in args.arm_config:
         name, sep, path = spec.partition("=")
         if not sep or not name or not path:
             p.error(f"--arm-config {spec!r}: expected NAME=HINT.YAML")
-        if name in names:
+        if name in ("unhinted", *args.arms, *extra):
             p.error(f"--arm-config {spec!r}: arm {name!r} is already in the run; leave it out of --arms or pick another name")
-        names.append(name)
+        extra[name] = path
+    args.arm_config = extra
     if args.problems is None:
         args.problems = 60 if args.quick else (400 if args.domain == "math" else None)
     if args.quick:
