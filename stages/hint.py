@@ -725,6 +725,11 @@ def hint_to_dir(
     parts = [pq.read_table(t.shard_path) for t in tasks]
     hints = pa.concat_tables(parts) if parts else HINTS.empty_table()
     write_parquet_atomic(hints, out_dir / "hints.parquet", dataset="hints")
+    # Shards of an earlier input or config are not part of this output (a killed run never gets here).
+    keep = {name for t in tasks for name in (Path(t.shard_path).name, Path(t.done_path).name)}
+    for stale in shard_dir.iterdir() if shard_dir.is_dir() else ():
+        if stale.name not in keep:
+            stale.unlink()
     summary = stats.as_dict() | {
         "this_run": {
             "engine_calls": run_calls,

@@ -341,10 +341,14 @@ def test_hint_to_dir_resume_and_rerun(gsm8k_collapsed, tmp_path):
     assert again.made == 0 and again.fake.calls == 0
     assert json.loads((out / "stats.json").read_text())["this_run"]["engine_calls"] == 0
     assert pq.read_table(out / "hints.parquet").equals(hints)
+    old_shards = sorted(p.name for p in (out / "_shards").iterdir())
     # A config change recomputes.
     changed = CountingFactory(scripted())
     hint_to_dir(gsm8k_collapsed, out, HintConfig(shard_size=40, seed=1), changed, sample=150)
     assert changed.fake.calls == 4 * 3
+    # ... and leaves only its own shards behind.
+    shards = sorted(p.name for p in (out / "_shards").iterdir())
+    assert len(shards) == 8 and not set(shards) & set(old_shards)
 
 
 def test_cli_hint_fake(gsm8k_collapsed, tmp_path):
