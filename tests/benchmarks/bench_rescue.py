@@ -61,7 +61,9 @@ ARM_CONFIG = {
     "generic": {"attribution": False, "generation": False},
 }
 SETS = {"math": "gsm8k", "code": "humaneval"}
-SCREEN_SHARD = 160  # problems per screen shard (one engine call of 160 x --screen-k requests)
+# Problems per screen shard (one engine call of N x --screen-k requests): GSM8K in 160s, so a larger
+# --problems reuses a smaller run's screen; HumanEval's 164 tasks in one.
+SCREEN_SHARD = {"math": 160, "code": 256}
 
 
 def shared_data() -> Path:
@@ -202,9 +204,8 @@ def run(args: argparse.Namespace) -> list[dict]:
     problems = split_problems(args.domain, args.split, args.problems)
     write_parquet_atomic(problems, work / "problems.parquet", dataset="problems")
     sampling = dict(max_tokens=args.max_tokens, temperature=args.temperature, top_p=args.top_p)
-    # Shards of SCREEN_SHARD problems: a run with more --problems reuses the screen of a smaller one.
-    screen = rollout_to_dir([str(work / "problems.parquet")], work / "screen",
-                            RolloutConfig(k=args.screen_k, seed=args.seed, shard_size=SCREEN_SHARD, **sampling), policy)
+    screen_cfg = RolloutConfig(k=args.screen_k, seed=args.seed, shard_size=SCREEN_SHARD[args.domain], **sampling)
+    screen = rollout_to_dir([str(work / "problems.parquet")], work / "screen", screen_cfg, policy)
     mine_to_dir([str(work / "screen")], work / "collapsed", MineConfig(min_rollouts=args.screen_k))
     collapsed = pl.read_parquet(work / "collapsed" / "collapsed.parquet")
     if args.max_collapsed:
