@@ -728,7 +728,7 @@ def hint_to_dir(
     # Shards of an earlier input or config are not part of this output (a killed run never gets here).
     keep = {name for t in tasks for name in (Path(t.shard_path).name, Path(t.done_path).name)}
     for stale in shard_dir.iterdir() if shard_dir.is_dir() else ():
-        if stale.name not in keep:
+        if stale.is_file() and stale.name not in keep:
             stale.unlink()
     summary = stats.as_dict() | {
         "this_run": {
