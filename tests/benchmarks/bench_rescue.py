@@ -318,7 +318,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--hinter", default="qwen2.5-coder-1.5b", help="Hint model for the four agents.")
     p.add_argument("--backend", choices=("vllm", "fake"), default="vllm", help="fake: plumbing only (tests).")
     p.add_argument("--fake-policy", default="mentor.stages.hint_agents:fake_script", help=argparse.SUPPRESS)
-    p.add_argument("--problems", type=int, help="Problems of the split to screen (default: 400 math, 173 of them collapsed at 0/8 with the default models, all code; --quick 60).")
+    p.add_argument("--problems", type=int, help="Problems of the split to screen (default: 400 math, 177 of them collapsed at 0/8 with the default models, all code; --quick 60).")
     p.add_argument("--max-collapsed", type=int, help="Keep at most this many collapsed problems (problem_id order).")
     p.add_argument("--screen-k", type=int, default=8, help="Samples of the collapse screen (collapsed = none right).")
     p.add_argument("--k", type=int, default=4, help="Re-rolls per problem and arm.")
