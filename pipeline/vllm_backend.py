@@ -97,6 +97,21 @@ def cpu_engine_defaults() -> dict[str, Any]:
     return {"enforce_eager": True, "enable_chunked_prefill": False}
 
 
+def slow_cpu_warning(capability: str) -> str | None:
+    """A warning for a CPU whose vector ISA makes vLLM's CPU engine much slower, else None.
+
+    ``capability`` is what ``torch.backends.cpu.get_cpu_capability()`` reports
+    (``AVX512``, ``AVX2``, ``DEFAULT``, ...). The costs in docs/benchmarks.md were
+    measured on AVX-512 cores; on AVX2-only cores (an AMD EPYC) the GSM8K screen
+    of bench_rescue had not finished its first 1,280 samples after 100 minutes,
+    against about 18 minutes there (3,200 samples in 44).
+    """
+    if not capability.upper().startswith("AVX2"):
+        return None
+    return (f"this CPU has no AVX-512 (torch reports {capability}): vLLM's CPU engine runs several times "
+            "slower than the costs in docs/benchmarks.md, which were measured on AVX-512 cores")
+
+
 def engine_log_path() -> Path:
     """Where the engine's processes write when the terminal is kept quiet.
 
@@ -187,6 +202,10 @@ class VLLMBackend(CountingBackend):
                 enforce_eager = defaults.pop("enforce_eager")
             for k, v in defaults.items():
                 engine_kwargs.setdefault(k, v)
+            import torch
+
+            if warning := slow_cpu_warning(torch.backends.cpu.get_cpu_capability()):
+                log.warning(warning)
             if engine_kwargs.get("enable_chunked_prefill"):
                 log.warning("enable_chunked_prefill=True on the CPU engine: seeded requests whose prompts get "
                             "chunked crash it (CPU Generator does not use offset)")
