@@ -117,15 +117,12 @@ def test_vllm_backend_module_is_the_only_vllm_import():
 
 def test_avx2_only_cpu_gets_the_slow_engine_warning():
     # The doc costs were measured on AVX-512; AVX2-only cores ran the screen >5x slower.
-    import torch
-
+    # Nothing was measured on other ISAs (torch's DEFAULT, ARM's SVE), so no claim there.
     from mentor.pipeline.vllm_backend import slow_cpu_warning
 
     assert slow_cpu_warning("AVX512") is None
-    assert slow_cpu_warning("DEFAULT") is None  # not an x86 vector ISA torch names: no claim
-    assert "no AVX-512" in slow_cpu_warning("AVX2")
-    here = torch.backends.cpu.get_cpu_capability()
-    assert (slow_cpu_warning(here) is None) == (here != "AVX2")
+    assert slow_cpu_warning("DEFAULT") is None
+    assert "torch reports AVX2" in slow_cpu_warning("AVX2")
 
 
 # --------------------------------------------------------------------------- embedded model, setup-cpu
