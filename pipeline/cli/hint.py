@@ -27,7 +27,7 @@ from mentor.stages.hint_rules import RuleLimits  # plain Python: the rules' defa
 @click.option("--tensor-parallel-size", type=click.IntRange(1, 1024), help="vLLM: GPUs per engine.")
 @click.option("--gpu-memory-utilization", type=FiniteFloatRange(0.0, 1.0, min_open=True), help="vLLM: share of GPU memory the engine may use.")
 @click.option("--max-model-len", type=click.IntRange(16, 1 << 24), help="vLLM: context length (default: the model's).")
-@click.option("--dtype", help="vLLM: weights dtype (auto, bfloat16, float16, float32).")
+@click.option("--dtype", help="vLLM: weights dtype (auto, bfloat16, float16, float32; auto is float32 on AVX2-only CPUs).")
 @click.option("--enforce-eager/--no-enforce-eager", default=None, help="vLLM: skip graph capture / compile (default on CPU: on).")
 @click.option("--progress/--no-progress", default=True, show_default=True, help="Show a progress bar.")
 @executor_options
