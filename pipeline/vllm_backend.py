@@ -117,7 +117,8 @@ def cpu_dtype(dtype: str, capability: str) -> tuple[str, str | None]:
         return dtype, None
     if dtype == "auto":
         return "float32", (f"this CPU has no AVX-512 (torch reports {capability}): the engine runs in float32, "
-                           "which was 4x faster here than bfloat16 (torch emulates it) on 32 requests")
+                           "4x faster here than bfloat16 (torch emulates it) on 32 requests, and still about 5x slower than "
+                           "the AVX-512 costs in docs/benchmarks.md")
     if dtype in ("bfloat16", "float16", "half"):
         return dtype, (f"dtype {dtype} on a CPU without AVX-512 (torch reports {capability}): torch emulates "
                        "16-bit floats here, 4x slower than float32 on 32 requests (the default, dtype auto, picks float32)")
@@ -211,7 +212,7 @@ class VLLMBackend(CountingBackend):
 
             dtype, note = cpu_dtype(dtype, torch.backends.cpu.get_cpu_capability())
             if note:
-                (log.info if dtype == "float32" else log.warning)(note)
+                log.warning(note)
             for k, v in cpu_env_defaults(dtype).items():
                 os.environ.setdefault(k, v)
             defaults = cpu_engine_defaults()
