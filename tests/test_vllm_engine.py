@@ -65,7 +65,7 @@ def _drive(model: Path, options: str) -> subprocess.CompletedProcess:
                 raise SystemExit(3)
             print(json.dumps({{"ids": [r.id for r in res], "finish": sorted({{r.finish_reason for r in res}}),
                               "completion": [r.completion_tokens for r in res], "prompt_tokens": backend.prompt_tokens,
-                              "calls": backend.calls}}))
+                              "calls": backend.calls, "dtype": str(backend.llm.model_config.dtype)}}))
     """)
     env = {**__import__("os").environ, "HF_HUB_OFFLINE": "1", "VLLM_CPU_KVCACHE_SPACE": "1"}
     return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=900, env=env)
@@ -82,6 +82,11 @@ def test_seeded_batch_that_chunks_finishes(tiny_model):
     assert set(out["finish"]) <= {"stop", "length"}
     # The batch really was larger than one default CPU step of 4096 tokens (so it would have chunked).
     assert out["prompt_tokens"] > 8 * 4096
+    # The tiny model is saved in bfloat16; AVX2-only cores run it in float32 (torch emulates 16-bit floats there).
+    import torch
+
+    avx2 = torch.backends.cpu.get_cpu_capability().upper().startswith("AVX2")
+    assert out["dtype"] == ("torch.float32" if avx2 else "torch.bfloat16")
 
 
 def test_engine_failure_is_one_line_with_its_root_cause(tiny_model):
