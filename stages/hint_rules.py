@@ -18,6 +18,9 @@ LLM judge. Each violation has a stable name (kept in the hint row's
                              operation or equation relating them
 - ``list_header``            only a lead-in with nothing after it ("Here's the
                              step-by-step breakdown:", "Let's solve it:")
+- ``starts_mid_sentence``    a lowercase first word ("cook the chicken. Since ..."):
+                             the model's reasoning ran on into the hint field
+- ``mentions_pipeline``      the reference answer or an earlier hint, which the solver never sees
 - ``solution_code``          (code) a function defining the entry point
 - ``repeats_previous_hint``  identical to a hint of an earlier round
 - ``wrong_language``         mostly non-Latin script for a Latin-script problem
@@ -57,6 +60,8 @@ RULE_VIOLATIONS = (
     "restates_problem",
     "restates_numbers",
     "list_header",
+    "starts_mid_sentence",
+    "mentions_pipeline",
     "solution_code",
     "repeats_previous_hint",
     "wrong_language",
@@ -73,6 +78,7 @@ DESCRIPTIONS = {
     "restates_numbers": "the hint repeats the problem's numbers; name the relation or first step instead of the data",
     "mentions_pipeline": "the hint talks about the reference answer or an earlier hint, which the solver never sees; address the problem itself",
     "list_header": "the hint is only a lead-in ('Here is the breakdown:'); write the hint itself",
+    "starts_mid_sentence": "the hint starts mid-sentence; write it as whole sentences that begin with a capital letter",
     "solution_code": "the hint contains the solution code; describe the approach in words",
     "repeats_previous_hint": "the hint repeats an earlier hint; go one step further",
     "wrong_language": "the hint is not in the language of the problem",
@@ -596,6 +602,20 @@ def _list_header(text: str) -> bool:
     return len(words) <= 10 and bool(_LEAD_IN.match(t.rstrip(".!")))
 
 
+# A first word in lowercase letters, followed by a space or punctuation (not "x", "gcd(", "don't", "x-axis").
+_LOWER_FIRST = re.compile(r"([a-z]{2,})(?=[\s,;:!?]|\.(?:\s|$)|$)")
+
+
+def _starts_mid_sentence(text: str, ctx: RuleContext) -> bool:
+    """A hint that opens in the middle of a sentence: the 1.5B hinter sometimes stops its JSON "reasoning"
+    mid-sentence and goes on in "hint" ("...the time it takes to" / "cook the chicken. Since ...").
+    In code a lowercase first word that the problem uses is an identifier ("nums may be empty")."""
+    m = _LOWER_FIRST.match(text)
+    if m is None:
+        return False
+    return not (ctx.domain == "code" and re.search(r"\b" + m.group(1) + r"\b", ctx.problem))
+
+
 # The agents see the reference answer and rejected hints; the solver sees neither.
 _PIPELINE = re.compile(r"\b(reference (answer|solution)|(rejected|previous|earlier|original) hint)\b", re.I)
 
@@ -627,6 +647,8 @@ def check_hint(hint: str, ctx: RuleContext) -> list[str]:
         out.append("restates_numbers")
     if _list_header(text):
         out.append("list_header")
+    if "a" <= text[0] <= "z" and _starts_mid_sentence(text, ctx):
+        out.append("starts_mid_sentence")
     if ("reference" in low or "hint" in low) and _PIPELINE.search(text):
         out.append("mentions_pipeline")
     if ctx.domain == "code" and (

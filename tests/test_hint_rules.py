@@ -205,7 +205,7 @@ def test_restated_numbers_and_list_headers_are_caught(gsm8k):
 
 
 def test_restated_numbers_rule_spares_real_first_steps(gsm8k, shared_data):
-    """The first step of every GSM8K reference solution (a strong, honest hint) passes the two new rules."""
+    """The first step of every GSM8K reference solution (a strong, honest hint) passes the three newer rules."""
     import re
 
     from mentor.pipeline.ids import text_id
@@ -219,7 +219,7 @@ def test_restated_numbers_rule_spares_real_first_steps(gsm8k, shared_data):
     flagged = []
     for row in gsm8k:
         v = check(steps[row["problem_id"]], "math", row["label"], problem=row["problem"]).violations
-        if {"restates_numbers", "list_header"} & set(v):
+        if {"restates_numbers", "list_header", "starts_mid_sentence"} & set(v):
             flagged.append((steps[row["problem_id"]], v))
     assert len(flagged) <= 0.01 * len(gsm8k), flagged[:10]
 
@@ -253,3 +253,26 @@ def test_hints_that_talk_about_the_pipeline_are_caught():
     for fine in ["Count the eggs she sells before you price them; the hint is in the word 'remainder'.",
                  "Count how many problems the students attempt before you work out the share they solve."]:
         assert _v(fine, "18") == [], fine
+
+
+def test_hints_that_start_mid_sentence_are_caught(gsm8k):
+    """The 1.5B hinter sometimes stops its JSON "reasoning" mid-sentence and goes on in "hint"; these three
+    fragments passed every other rule in the math report-split run (one was the only hint `full` let through)."""
+    from mentor.data import bundled
+
+    for fragment in ["cook the chicken. Since it takes 5 minutes less time to cook than it took to warm up the oil, "
+                     "we can subtract 5 minutes from the 28 minutes.",
+                     "original cost of the jogger jeans, which is $6 - $2 = $4.",
+                     "distance Polly can stand is not limited by the dragon's flames."]:
+        assert "starts_mid_sentence" in _v(fragment, "999"), fragment
+    for fine in ["Cook the chicken only after the oil is hot.", "x is the number of eggs left after breakfast.",
+                 "gcd(a, b) divides both numbers.", "x-values come first.",
+                 "A first step: 16 - 3 - 4 = 9 eggs are left to sell."]:
+        assert _v(fine, "999") == [], fine
+    # In code a lowercase first word from the prompt is an identifier, not a fragment.
+    task = pl.read_parquet(bundled("humaneval_problems.parquet")).row(0, named=True)
+    assert "numbers" in task["problem"]
+    assert check("numbers may hold two equal values; compare every pair once.", "code", task["label"],
+                 problem=task["problem"]).ok
+    assert "starts_mid_sentence" in check("pair of the numbers that are closer than the threshold.", "code",
+                                          task["label"], problem=task["problem"]).violations
