@@ -255,7 +255,7 @@ def test_hints_that_talk_about_the_pipeline_are_caught():
         assert _v(fine, "18") == [], fine
 
 
-def test_hints_that_start_mid_sentence_are_caught(gsm8k):
+def test_hints_that_start_mid_sentence_are_caught():
     """The 1.5B hinter sometimes stops its JSON "reasoning" mid-sentence and goes on in "hint"; these three
     fragments passed every other rule in the math report-split run (one was the only hint `full` let through)."""
     from mentor.data import bundled
