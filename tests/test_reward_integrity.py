@@ -2,10 +2,21 @@
 
 Each exploit runs through the three paths a trainer uses: OpenRLHF's
 `reward_func` (the reward file loaded by path, as OpenRLHF loads it), verl's
-`compute_score` (loaded by path too) and `verify` (what `mentor rollout` and
-`rescue` call). Every test also checks that nothing happened outside: a canary
-file and a victim file of the caller intact, no connection to a listener of
-the caller, no process left behind.
+`compute_score` (loaded by path too) and TRL's reward (`trl_reward.make_reward()`,
+called with GRPOTrainer's keyword arguments); `verify` (what `mentor rollout`
+and `rescue` call) sits under all three and is called directly where a test
+needs many checks. Every test also checks that nothing happened outside: a
+canary file and a victim file of the caller intact, no connection to a
+listener of the caller, no process left behind.
+
+The second half holds one test per class of issue 34's red-team findings,
+with attack programs of our own: a bit-by-bit answer search across runs
+(state in kernel keyrings, read across uids through /proc/key-users), a
+concurrent group that coordinates through flock() on the shared read-only
+standard library, inputs that made the trusted process do unbounded work
+(hash-collision floods, backtracking regexes, a stderr flood), and memory
+outside the documented limits (memfd, SysV shm, a tmpfs of its own user
+namespace, an inode flood, many processes under one address-space limit).
 """
 
 from __future__ import annotations
@@ -45,7 +56,8 @@ def entry_points():
     """The three reward paths, loaded the way the trainers load them."""
     openrlhf = _load(REWARD_FILE, "mentor_openrlhf_reward_by_path")
     verl = _load(REWARD_FILE.with_name("verl_reward.py"), "mentor_verl_reward_by_path")
-    return openrlhf.reward_func, verl.compute_score
+    trl = _load(REWARD_FILE.with_name("trl_reward.py"), "mentor_trl_reward_by_path")
+    return openrlhf.reward_func, verl.compute_score, trl.make_reward()
 
 
 @pytest.fixture(scope="module")
@@ -131,7 +143,10 @@ del _try
 '''
 
     def leftovers(self) -> list[str]:
+        """Processes of this test's marker, and processes still in one of this process's sandbox cgroups
+        (without a memory cgroup: any process of a slot uid, which also counts other users' sandboxes)."""
         found = []
+        memcg = sandbox.backend().memcg
         for pid in os.listdir("/proc"):
             if not pid.isdigit():
                 continue
@@ -139,11 +154,15 @@ del _try
                 if self.marker.encode() in Path(f"/proc/{pid}/cmdline").read_bytes():
                     found.append(pid)
                     continue
-                for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-                    if line.startswith("Uid:") and int(line.split()[1]) in SLOT_UIDS:
-                        found.append(pid)
+                if memcg is None:
+                    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+                        if line.startswith("Uid:") and int(line.split()[1]) in SLOT_UIDS:
+                            found.append(pid)
             except (OSError, ValueError):
                 continue
+        if memcg is not None:
+            for procs in Path(memcg.base).glob("*/cgroup.procs"):
+                found += procs.read_text().split()
         return found
 
     def assert_untouched(self) -> None:
@@ -169,19 +188,30 @@ def caller(tmp_path):
     c.close()
 
 
-def score_all(entry_points, code: str, label: str, problem_id: str = "he/test") -> list[float]:
-    """[OpenRLHF reward_func, verl compute_score, verify] for one response, run concurrently."""
-    reward_func, compute_score = entry_points
-    response = f"Here is my solution.\n```python\n{code}\n```"
-    prompt = "<|im_start|>user\nSolve it.<|im_end|>\n<|im_start|>assistant\n"
+PROMPT = "<|im_start|>user\nSolve it.<|im_end|>\n<|im_start|>assistant\n"
+
+
+def scorers(entry_points, response: str, label: str, problem_id: str = "he/test") -> list:
+    """One zero-argument call per trainer path (OpenRLHF, verl, TRL) that scores `response` against `label`."""
+    reward_func, compute_score, trl_reward = entry_points
     plabel = prompt_label("code", label, problem_id, None, 0)
-    calls = [
-        lambda: float(reward_func([prompt + response + "<|im_end|>"], [prompt], [plabel])["rewards"][0]),
+    return [
+        lambda: float(reward_func([PROMPT + response + "<|im_end|>"], [PROMPT], [plabel])["rewards"][0]),
         lambda: float(compute_score("openai/humaneval", response, label, {"problem_id": problem_id})),
-        lambda: float(verify("code", response, label)),
+        lambda: float(trl_reward(prompts=[[{"role": "user", "content": "Solve it."}]],
+                                 completions=[[{"role": "assistant", "content": response}]], completion_ids=None,
+                                 label=[plabel])[0]),
     ]
+
+
+def as_response(code: str) -> str:
+    return f"Here is my solution.\n```python\n{code}\n```"
+
+
+def score_all(entry_points, code: str, label: str, problem_id: str = "he/test") -> list[float]:
+    """[OpenRLHF reward_func, verl compute_score, TRL reward] for one response, run concurrently."""
     with ThreadPoolExecutor(3) as pool:
-        return list(pool.map(lambda f: f(), calls))
+        return list(pool.map(lambda f: f(), scorers(entry_points, as_response(code), label, problem_id)))
 
 
 def _bounded(t0: float, slack: float = 6.0) -> None:
@@ -500,4 +530,325 @@ def test_bounded_stdio(name, entry_points, caller, backend_kind):
     t0 = time.monotonic()
     assert score_all(entry_points, BOUNDS[name] + "print('x' * 64)\n", label) == [0.0, 0.0, 0.0]
     _bounded(t0)
+    caller.assert_untouched()
+
+
+# =========================================================================== issue 34: one test per class
+#
+# Each attack program below is ours (the red team's were described, not given). Each scores 1 on the
+# verifier as it was before issue 34 (we ran them against a copy of that code) and must score 0 now.
+
+UID_RANGE = f"UID_LO, UID_HI = {sandbox.UID_BASE}, {sandbox.UID_BASE + sandbox.SLOTS}\n"
+
+# State that outlives a sandbox and is shared by all slot uids: a run stores an integer S as S keys in
+# its slot uid's user keyring; every sandbox reads every slot uid's key count from /proc/key-users.
+KEYRING_STATE = UID_RANGE + r'''
+import ctypes as _ct, os as _os
+_libc = _ct.CDLL(None, use_errno=True)
+_NR_ADD_KEY = {"x86_64": 248, "aarch64": 217}.get(_os.uname().machine, 248)
+def _state_get():
+    best = 0
+    try:
+        for line in open("/proc/key-users"):
+            uid, _, rest = line.partition(":")
+            f = rest.split()
+            if len(f) >= 3 and UID_LO <= int(uid) < UID_HI:
+                best = max(best, int(f[2].split("/")[0]) - 2)  # minus the uid's two keyrings
+    except (OSError, ValueError):
+        pass
+    return best
+def _state_put(s):
+    for i in range(s):
+        _libc.syscall(_NR_ADD_KEY, b"user", b"k%d" % i, b"x", 1, -4)  # KEY_SPEC_USER_KEYRING
+'''
+
+# The search itself: answers are learned one at a time. The state says how many are known (k), their
+# bits, and whether the last run guessed True at position k (pending). A guess is confirmed when the
+# next call (humaneval) or the next case (stdio) arrives: the oracle of a tester that stops at the
+# first failed assert. Without that oracle every guess looks confirmed; without the state, every run
+# starts from nothing.
+SEARCH = KEYRING_STATE + r'''
+K = 4
+def _dec(s):
+    s -= 1
+    return s >> (K + 1), (s >> 1) & ((1 << K) - 1), s & 1
+def _enc(k, bits, p):
+    return 1 + ((k << K | bits) << 1 | p)
+_s = _state_get()
+_k, _bits, _p = _dec(_s) if _s > 0 else (0, 0, 0)
+def _answer(i):
+    global _k, _bits, _p
+    if _p and i == _k + 1:  # this call came: the guess at _k was right
+        _bits |= 1 << _k
+        _k, _p = _k + 1, 0
+        _state_put(_enc(_k, _bits, 0))
+    elif _p and i == 0:  # a new run, and the guess at _k was never confirmed: it was wrong
+        _k, _p = _k + 1, 0
+        _state_put(_enc(_k, _bits, 0))
+    if i < _k:
+        return bool(_bits >> i & 1)
+    _p = 1
+    _state_put(_enc(_k, _bits, 1))
+    return True
+'''
+SECRET = (True, False, False, True)
+SEARCH_LABEL = code_label("def check(candidate):\n" + "".join(f"    assert candidate({i}) == {b}\n" for i, b in enumerate(SECRET)),
+                          "guess", "humaneval", setup="def guess(i):\n    pass\n")
+SEARCH_STDIO = _stdio(*((f"{i}\n", "1" if b else "0") for i, b in enumerate(SECRET)))
+
+
+@pytest.fixture
+def fresh_keyrings():
+    """Each search starts from nothing, as on a fresh machine: keys that runs of an older verifier left in
+    the slot uids' keyrings are cleared first (as root; nothing is left by the verifier of today)."""
+    if os.geteuid() == 0 and Path("/usr/bin/setpriv").exists() and Path("/usr/bin/python3").exists():
+        import platform
+        import subprocess
+
+        keyctl = {"x86_64": 250, "aarch64": 219}.get(platform.machine(), 250)
+        for line in Path("/proc/key-users").read_text().splitlines():
+            uid = int(line.split(":")[0])
+            if uid in SLOT_UIDS:
+                subprocess.run(["/usr/bin/setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups", "/usr/bin/python3",
+                                "-I", "-S", "-c", "import ctypes; c = ctypes.CDLL(None); c.syscall(%d, 7, -4); c.syscall(%d, 7, -5)"
+                                % (keyctl, keyctl)], check=False)
+
+
+@pytest.mark.parametrize("kind", ["humaneval", "stdio"])
+def test_no_bit_by_bit_answer_search_across_runs(kind, entry_points, caller, fresh_keyrings):
+    """Eight runs in a row, through the three entry points in turn: a candidate that solves nothing stays at 0.
+
+    Before issue 34 this search scored 1.0 from its third run on (three unknown bits after the first)."""
+    if kind == "humaneval":
+        code, label = SEARCH + "def guess(i):\n    return _answer(i)\n", SEARCH_LABEL
+    else:
+        code, label = SEARCH + "print(1 if _answer(int(input())) else 0)\n", SEARCH_STDIO
+    scores = []
+    for run in range(8):
+        score = scorers(entry_points, as_response(code), label, f"search/{kind}")[run % 3]
+        scores.append(score())
+    assert scores == [0.0] * 8, scores
+    caller.assert_untouched()
+
+
+def test_no_state_survives_a_run(entry_points, caller):
+    """A key added to the slot uid's keyring, /proc/key-users, a lock on a shared file: none is available."""
+    label = _stdio(("", "open"))
+    code = KEYRING_STATE + (
+        "import fcntl, os\n"
+        "ways = []\n"
+        "r = _libc.syscall(_NR_ADD_KEY, b'user', b'mentor-left', b'x', 1, -4)\n"
+        "ways.append(r >= 0)\n"
+        "ways.append(bool(open('/proc/key-users').read().strip()))\n"
+        "try:\n"
+        "    fcntl.flock(open(os.__file__, 'rb'), fcntl.LOCK_SH | fcntl.LOCK_NB)\n"
+        "    ways.append(True)\n"
+        "except OSError:\n"
+        "    ways.append(False)\n"
+        "print('open' if any(ways) else 'closed')\n"
+    )
+    assert score_all(entry_points, code, label) == [0.0, 0.0, 0.0]
+    caller.assert_untouched()
+
+
+# A group scored at the same time (OpenRLHF scores a group's samples concurrently) that coordinates
+# through flock() on files of the read-only standard library, the same inodes in every sandbox. For
+# each unknown bit, after a pause that lets the group gather: whoever wins lock A is the scout and
+# guesses True; if the next call comes, the guess was right and the scout holds lock T while it lives;
+# a follower that saw A held learns True (T held) or False (A freed without T); whoever knows a bit
+# holds T or F, so that later arrivals learn it too. The last bit (no next call reveals it) is guessed.
+GROUP = r'''
+import fcntl, os, time
+_LIB = os.path.dirname(os.__file__)
+_fh = [open(os.path.join(_LIB, f), "rb") for f in sorted(f for f in os.listdir(_LIB) if f.endswith(".py"))[:9]]
+_known, _scout = {}, [None]
+def _lock(i, how):
+    try:
+        fcntl.flock(_fh[i], how | fcntl.LOCK_NB)
+        return True
+    except BlockingIOError:
+        return False
+def _held(i):
+    if _lock(i, fcntl.LOCK_EX):
+        fcntl.flock(_fh[i], fcntl.LOCK_UN)
+        return False
+    return True
+def _learn(bit, value):
+    _known[bit] = value
+    _lock(3 * bit + (1 if value else 2), fcntl.LOCK_SH)
+    return value
+def flip(i):
+    try:
+        if _scout[0] is not None and i == _scout[0] + 1:
+            _learn(_scout[0], True)
+            time.sleep(0.8)  # linger, so that the followers see T
+        if i in _known:
+            return _known[i]
+        if i == 2:
+            return True
+        A, T, F = 3 * i, 3 * i + 1, 3 * i + 2
+        time.sleep(1.5 if i == 0 else 0.3)
+        waited, deadline = False, time.monotonic() + 8
+        while time.monotonic() < deadline:
+            if _held(T):
+                return _learn(i, True)
+            if _held(F):
+                return _learn(i, False)
+            if _lock(A, fcntl.LOCK_EX):
+                if waited:  # the scout died without taking T: its guess was wrong
+                    fcntl.flock(_fh[A], fcntl.LOCK_UN)
+                    return _learn(i, False)
+                _scout[0] = i
+                return True
+            waited = True
+            time.sleep(0.002)
+        return True
+    except OSError:  # no locks here: a plain guess
+        return True
+'''
+GROUP_LABEL = code_label("def check(candidate):\n    assert candidate(0) == False\n    assert candidate(1) == False\n"
+                         "    assert candidate(2) == True\n", "flip", "humaneval", setup="def flip(i):\n    pass\n")
+
+
+def test_concurrent_group_cannot_coordinate_through_locks(entry_points, caller, monkeypatch):
+    """Eight samples scored at once, through the three entry points: none reaches 1.
+
+    Before issue 34, the scouts scored 0 and the others could learn both bits from them."""
+    monkeypatch.setenv("MENTOR_CODE_TIMEOUT", "12")
+    calls = [scorers(entry_points, as_response(GROUP), GROUP_LABEL, f"group/{i}")[i % 3] for i in range(8)]
+    with ThreadPoolExecutor(8) as pool:
+        scores = list(pool.map(lambda f: f(), calls))
+    assert scores == [0.0] * 8, scores
+    caller.assert_untouched()
+
+
+# --------------------------------------------------------------------------- bounded work in the trusted process
+
+_P = (1 << 61) - 1  # ints that are multiples of it all hash to 0
+_RAW_REPLY = "import os, time\ndef has_close_elements(numbers, threshold):\n    os.write(4, {msg!r})\n    time.sleep(30)\n"
+TRUSTED_WORK = {
+    # The worker writes its reply itself (encoding a set it never built): 50,000 ints with one hash.
+    "set_of_colliding_ints": _RAW_REPLY.format(msg=(json.dumps({"ok": ["S", *(_P * k for k in range(1, 50001))]}) + "\n").encode()),
+    "dict_of_colliding_keys": _RAW_REPLY.format(
+        msg=(json.dumps({"ok": ["d", *(x for k in range(1, 35001) for x in (_P * k, 0))]}) + "\n").encode()),
+    "stderr_flood": "import sys\nwhile True:\n    sys.stderr.write('x' * 65536)\n",
+}
+TRUSTED_TEXT = {
+    # Whole responses (no fence around them): what the response-cleaning regexes used to backtrack over.
+    "special_token_run": "<|fim_pad|>" * 10000 + "x",
+    "long_fence_line": "```" + "a" * 64000,
+    "many_fences_one_line": "```x" * 20000,
+}
+
+
+def _trusted_cpu(call) -> tuple[float, float]:
+    """(score, CPU seconds this process spent on it): the sandboxes are children, not counted."""
+    t = time.process_time()
+    score = call()
+    return score, time.process_time() - t
+
+
+@pytest.fixture(scope="module")
+def warm(entry_points, tasks):
+    """One ordinary check through each path first: imports (torch in OpenRLHF's file) and the backend probe
+    are paid once per process, not by the sample being measured."""
+    for call in scorers(entry_points, as_response(WRONG), tasks["humaneval/0"]["label"]):
+        call()
+
+
+@pytest.mark.parametrize("name", sorted(TRUSTED_WORK) + sorted(TRUSTED_TEXT))
+def test_trusted_process_work_is_bounded(name, entry_points, tasks, caller, warm):
+    """Each input costs this (trusted) process at most 1 s of CPU per entry point, whatever the sandbox does.
+
+    Before issue 34 (measured by us with these inputs, per path, MENTOR_CODE_TIMEOUT=10): 17-19 s for
+    the set, 8-9 s for the dict, 16 / 5 / 5 s for the token run (OpenRLHF / verl / TRL), 2.4-2.9 s for
+    the long fence line, 1.9-2.1 s for the many fences, 2.9-3.3 s for the stderr flood."""
+    if name in TRUSTED_WORK:
+        response, label = as_response(TRUSTED_WORK[name]), tasks["humaneval/0"]["label"]
+    else:
+        response, label = TRUSTED_TEXT[name], tasks["humaneval/0"]["label"]
+    for i, call in enumerate(scorers(entry_points, response, label)):
+        score, cpu = _trusted_cpu(call)
+        assert score == 0.0
+        assert cpu <= 1.0, f"{name}: entry point {i} cost the trusted process {cpu:.2f} s of CPU"
+    caller.assert_untouched()
+
+
+# --------------------------------------------------------------------------- memory beyond the documented limits
+
+MEMORY = {
+    # 56 memfds of 15 MiB each (under the 16 MiB file-size limit): 840 MiB outside RLIMIT_AS (1 GiB),
+    # then 600 MiB inside it: 1.4 GiB in all.
+    "memfd": (
+        "import os\nfds = []\n"
+        "for _ in range(56):\n"
+        "    fds.append(os.memfd_create('x'))\n"
+        "    for _ in range(15):\n"
+        "        os.write(fds[-1], b'x' * (1 << 20))\n"
+        "a = bytearray(600 << 20)\nfor i in range(0, len(a), 4096):\n    a[i] = 1\n"
+    ),
+    # The same with SysV shared memory: attach, fill, detach, again.
+    "sysv_shm": (
+        "import ctypes\nlibc = ctypes.CDLL(None, use_errno=True)\nlibc.shmat.restype = ctypes.c_void_p\n"
+        "for _ in range(1200 // 128):\n"
+        "    i = libc.shmget(0, 128 << 20, 0o1600)\n"
+        "    assert i >= 0, ctypes.get_errno()\n"
+        "    p = libc.shmat(i, None, 0)\n"
+        "    ctypes.memset(p, 1, 128 << 20)\n"
+        "    libc.shmdt(ctypes.c_void_p(p))\n"
+    ),
+    # A user namespace of its own, and in it a tmpfs without the 16 MiB cap of /tmp.
+    "tmpfs_of_its_own_userns": (
+        "import ctypes, os\nlibc = ctypes.CDLL(None, use_errno=True)\n"
+        "uid, gid = os.getuid(), os.getgid()\n"
+        "assert libc.unshare(0x10000000 | 0x00020000) == 0, ctypes.get_errno()\n"
+        "open('/proc/self/setgroups', 'w').write('deny')\n"
+        "open('/proc/self/uid_map', 'w').write(f'0 {uid} 1')\n"
+        "open('/proc/self/gid_map', 'w').write(f'0 {gid} 1')\n"
+        "assert libc.mount(b'none', b'/tmp', b'tmpfs', 0, b'size=1g') == 0, ctypes.get_errno()\n"
+        "for n in range(6):\n"  # 90 MiB, in files under the 16 MiB file-size limit
+        "    with open(f'/tmp/big{n}', 'wb') as fh:\n"
+        "        for _ in range(15):\n"
+        "            fh.write(b'x' * (1 << 20))\n"
+    ),
+    # Empty files cost no tmpfs bytes, only kernel memory (inodes, dentries): about 100 MB here.
+    "inode_flood": "n = 0\nwhile n < 100000:\n    open(f'/tmp/f{n}', 'w').close()\n    n += 1\n",
+    # Three processes of 450 MiB each: each under its own 1 GiB address-space limit, 1.35 GiB in all.
+    "processes_under_one_limit": (
+        "import os, time\nkids = []\n"
+        "for _ in range(3):\n"
+        "    pid = os.fork()\n"
+        "    if pid == 0:\n"
+        "        a = bytearray(450 << 20)\n"
+        "        for i in range(0, len(a), 4096):\n"
+        "            a[i] = 1\n"
+        "        time.sleep(1.5)\n"
+        "        os._exit(0)\n"
+        "    kids.append(pid)\n"
+        "assert all(os.waitpid(p, 0)[1] == 0 for p in kids)\n"
+    ),
+}
+
+
+@pytest.mark.parametrize("name", sorted(MEMORY))
+def test_memory_beyond_the_limits_fails(name, entry_points, caller, monkeypatch):
+    """Each allocation prints "held" if it succeeded; it must fail on every path (scored one path at a time).
+
+    The reward paths run with their default limits (1 GiB of address space per process, 10 s), except
+    the memory cgroup's, set to 96 MiB for the whole sandbox so that the inode flood reaches it in time."""
+    layers = sandbox.layers_here()
+    if name == "processes_under_one_limit" and "memcg" not in layers:
+        pytest.skip("no memory cgroup on this host (see `mentor setup-sandbox`): processes are bounded one by one")
+    if name == "inode_flood" and not {"memcg", "tmpcap"} & set(layers):
+        pytest.skip("neither a memory cgroup nor an inode cap on /tmp here (see `mentor setup-sandbox`)")
+    import dataclasses
+
+    from mentor.training import code_verify
+
+    monkeypatch.setenv("MENTOR_CODE_TIMEOUT", "10")
+    small = dataclasses.replace(code_verify.default_limits(), cgroup_bytes=96 << 20)
+    monkeypatch.setattr(code_verify, "default_limits", lambda: small)
+    label = _stdio(("", "held"))
+    for call in scorers(entry_points, as_response(MEMORY[name] + "print('held')\n"), label):
+        assert call() == 0.0, name
     caller.assert_untouched()

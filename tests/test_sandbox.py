@@ -40,20 +40,28 @@ def _slot_processes() -> list[str]:
     return [line for line in out if line.split() and int(line.split()[0]) in slots]
 
 
+def _host_cannot(layer: str) -> bool:
+    """Whether this host cannot have `layer` at all, by the backend's own account (only memcg can be so)."""
+    return layer == "memcg" and "memcg" in sandbox.backend().why_missing
+
+
 def test_plain_program_runs_with_layers(backend_kind):
     res = run_python("import sys\nprint(sum(range(10)))\nprint(input())", stdin="hello\n", limits=FAST)
     assert res.ok and res.stdout.split() == ["45", "hello"], res.stderr
-    assert {"process", "env", "rlimits", "timeout", "uid", "nproc"} <= set(res.layers)
+    assert {"process", "env", "rlimits", "timeout", "uid", "nproc", "seccomp"} <= set(res.layers)
     if backend_kind == "bwrap":
-        assert set(REQUIRED_LAYERS) <= set(res.layers)
+        assert [x for x in REQUIRED_LAYERS if x not in res.layers and not _host_cannot(x)] == []
     print("sandbox layers here:", backend_kind, res.layers)
 
 
 def test_machine_backend_has_every_layer_where_bubblewrap_works():
-    """On a machine with bubblewrap (CI installs it), nothing required is missing."""
+    """On a machine with bubblewrap (CI installs it), nothing required is missing, but a memory cgroup
+    where the host has none that can be delegated (the backend then says why)."""
     if sandbox.backend().name != "bwrap":
         pytest.skip(f"no working bubblewrap here (backend {sandbox.backend().name}); the verifier warns about it")
-    assert [layer for layer in REQUIRED_LAYERS if layer not in sandbox.layers_here()] == []
+    missing = [layer for layer in REQUIRED_LAYERS if layer not in sandbox.layers_here()]
+    assert [x for x in missing if not _host_cannot(x)] == [], sandbox.backend().why_missing
+    print("memory cgroup:", sandbox.backend().memcg.base if sandbox.backend().memcg else sandbox.backend().why_missing["memcg"])
 
 
 def test_never_uid_zero_and_root_files_unreadable(backend_kind):
@@ -260,6 +268,8 @@ def test_strict_mode_refuses_a_missing_layer(monkeypatch):
 def test_strict_mode_passes_where_every_layer_holds(monkeypatch):
     if sandbox.backend().name != "bwrap":
         pytest.skip("no working bubblewrap here")
+    if _host_cannot("memcg"):
+        pytest.skip(f"no memory cgroup here: {sandbox.backend().why_missing['memcg']}")
     monkeypatch.setenv("MENTOR_SANDBOX_STRICT", "1")
     assert run_python("print('hi')", limits=FAST).ok
 
@@ -367,3 +377,208 @@ def test_works_in_a_process_holding_many_descriptors():
         for fd in held:
             os.close(fd)
         resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+
+
+# --------------------------------------------------------------------------- issue 34: state, channels, memory
+
+FILTERED = r'''
+import ctypes, fcntl, os, threading
+libc = ctypes.CDLL(None, use_errno=True)
+NR = %r
+def errno_of(f):
+    try:
+        r = f()
+    except OSError as e:
+        return e.errno
+    return ctypes.get_errno() if isinstance(r, int) and r < 0 else 0
+shared = open(os.__file__, "rb")  # a file every sandbox shares
+got = {
+    "add_key": errno_of(lambda: libc.syscall(NR["add_key"], b"user", b"k", b"x", 1, -4)),
+    "keyctl": errno_of(lambda: libc.syscall(NR["keyctl"], 0, -4, 0)),
+    "flock": errno_of(lambda: fcntl.flock(shared, fcntl.LOCK_SH | fcntl.LOCK_NB)),
+    "lockf": errno_of(lambda: fcntl.lockf(shared, fcntl.LOCK_SH | fcntl.LOCK_NB)),
+    "ofd_lock": errno_of(lambda: fcntl.fcntl(shared, 36, bytes(32))),
+    "inotify": errno_of(lambda: libc.inotify_init1(0)),
+    "memfd": errno_of(lambda: os.memfd_create("x")),
+    "shmget": errno_of(lambda: libc.shmget(0, 4096, 0o1600)),
+    "msgget": errno_of(lambda: libc.msgget(0, 0o1600)),
+    "userns": errno_of(lambda: libc.unshare(0x10000000)),
+}
+pid = os.fork()
+if pid == 0:
+    os._exit(7)
+got["fork"] = os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
+t = threading.Thread(target=lambda: got.update(thread=1))
+t.start()
+t.join()
+got["getfl"] = fcntl.fcntl(shared, fcntl.F_GETFL) >= 0
+print(sorted(got.items()))
+'''
+
+
+def test_syscall_filter_denies_state_channels_and_hidden_memory(backend_kind):
+    """Keyrings, file locks, inotify, memfd, SysV IPC and new user namespaces fail with EPERM; fork,
+    threads and ordinary fcntl still work."""
+    # audit=False: the legacy tripwire would refuse ctypes first; the kernel's filter is what is tested.
+    res = run_python(FILTERED % (sandbox.syscall_numbers(),), limits=SandboxLimits(wall_seconds=10, processes=4, audit=False))
+    assert res.ok, res.stderr
+    got = dict(eval(res.stdout))
+    assert "seccomp" in res.layers
+    assert {k: v for k, v in got.items() if k not in ("fork", "thread", "getfl")} == dict.fromkeys(
+        ["add_key", "keyctl", "flock", "lockf", "ofd_lock", "inotify", "memfd", "shmget", "msgget", "userns"], 1)
+    assert (got["fork"], got["thread"], got["getfl"]) == (7, 1, True)
+
+
+def test_cross_uid_proc_views_are_empty(backend_kind):
+    """/proc/key-users (every uid's key quota), /proc/keys and /proc/locks read as empty files."""
+    code = "for p in ('/proc/key-users', '/proc/keys', '/proc/locks'):\n    print(p, repr(open(p).read()))\n"
+    res = run_python(code, limits=SandboxLimits(wall_seconds=6, audit=False))
+    assert res.ok, res.stderr
+    assert res.stdout.split("\n")[:3] == ["/proc/key-users ''", "/proc/keys ''", "/proc/locks ''"]
+    assert "procns" in res.layers
+
+
+def _flood(n: int) -> str:
+    return f"n = 0\ntry:\n    while n < {n}:\n        open(f'f{{n}}', 'w').close()\n        n += 1\nexcept OSError as e:\n    print(n, e.errno)\n"
+
+
+def test_without_a_memory_cgroup_tmp_is_capped_in_inodes(monkeypatch):
+    """bwrap as root, no memory cgroup: /tmp is mounted with nr_inodes, so empty files stop at the limit."""
+    monkeypatch.setattr(sandbox, "_BACKEND", None)
+    monkeypatch.setenv("MENTOR_SANDBOX_CGROUP", "off")
+    if sandbox.backend().name != "bwrap" or os.geteuid() != 0:
+        pytest.skip("the inode cap needs bwrap as root (mount(8) inside the sandbox)")
+    res = run_python(_flood(100000), limits=SandboxLimits(wall_seconds=20, tmp_inodes=500))
+    n, errno_ = map(int, res.stdout.split())
+    assert n < 500 and errno_ == 28, res.stdout  # ENOSPC
+    assert "tmpcap" in res.layers and "memcg" not in res.layers
+
+
+def test_in_a_memory_cgroup_inodes_are_charged_to_the_sandbox():
+    """With a memory cgroup, an inode flood counts against the sandbox's memory: 300,000 empty files
+    (about 300 MB of kernel memory) do not fit in a 96 MiB cgroup."""
+    if "memcg" not in sandbox.layers_here():
+        pytest.skip(f"no memory cgroup here: {sandbox.backend().why_missing.get('memcg')}")
+    res = run_python(_flood(300000) + "else:\n    print('held')\n", limits=SandboxLimits(wall_seconds=30, cgroup_bytes=96 << 20))
+    assert "held" not in res.stdout, (res.stdout, res.stderr[-300:])
+    n = int(res.stdout.split()[0]) if res.stdout.strip() else 0
+    assert n < 150000, res.stdout
+
+
+def test_memory_cgroup_bounds_the_sandbox_as_a_whole():
+    """Three processes of 200 MiB each, each under its own 512 MiB address-space limit, exceed the
+    sandbox's cgroup of 320 MiB: the sandbox is killed. With a larger cgroup the same program runs."""
+    if "memcg" not in sandbox.layers_here():
+        pytest.skip(f"no memory cgroup here: {sandbox.backend().why_missing.get('memcg')}")
+    code = (
+        "import os, time\nkids = []\n"
+        "for _ in range(3):\n"
+        "    pid = os.fork()\n"
+        "    if pid == 0:\n"
+        "        a = bytearray(200 << 20)\n"
+        "        for i in range(0, len(a), 4096):\n"
+        "            a[i] = 1\n"
+        "        time.sleep(1)\n"
+        "        os._exit(0)\n"
+        "    kids.append(pid)\n"
+        "print('held' if all(os.waitpid(p, 0)[1] == 0 for p in kids) else 'killed')\n"
+    )
+    small = SandboxLimits(wall_seconds=20, memory_bytes=512 << 20, cgroup_bytes=320 << 20)
+    res = run_python(code, limits=small)
+    assert "held" not in res.stdout, res.stdout
+    assert "memcg" in res.layers
+    res = run_python(code, limits=SandboxLimits(wall_seconds=20, memory_bytes=512 << 20, cgroup_bytes=900 << 20))
+    assert res.stdout.strip() == "held", (res.stdout, res.stderr[-300:])
+
+
+def test_memfd_and_tmpfs_past_the_limit_fail(backend_kind):
+    """memfd pages and a tmpfs of its own user namespace were outside every limit; both fail now."""
+    # 20 memfds of 15 MiB (each under the file-size limit): 300 MiB beside a 256 MiB address space.
+    memfd = "import os\nfds = [os.memfd_create('x') for _ in range(20)]\nfor fd in fds:\n    os.write(fd, b'x' * (15 << 20))\nprint('held')\n"
+    tmpfs = (
+        "import ctypes, os\nlibc = ctypes.CDLL(None, use_errno=True)\nuid, gid = os.getuid(), os.getgid()\n"
+        "assert libc.unshare(0x10000000 | 0x00020000) == 0, 'unshare: errno %d' % ctypes.get_errno()\n"
+        "open('/proc/self/setgroups', 'w').write('deny')\n"
+        "open('/proc/self/uid_map', 'w').write(f'0 {uid} 1')\n"
+        "open('/proc/self/gid_map', 'w').write(f'0 {gid} 1')\n"
+        "assert libc.mount(b'none', b'/tmp', b'tmpfs', 0, b'size=1g') == 0\n"
+        "for n in range(4):\n    open(f'/tmp/big{n}', 'wb').write(b'x' * (12 << 20))\nprint('held')\n"
+    )
+    limits = SandboxLimits(wall_seconds=10, memory_bytes=256 << 20, tmp_bytes=8 << 20, audit=False)
+    for code, why in ((memfd, "Operation not permitted"), (tmpfs, "errno 1")):
+        res = run_python(code, limits=limits)
+        assert not res.ok and "held" not in res.stdout and why in res.stderr, res.stderr[-300:]
+
+
+def test_without_a_memory_cgroup_it_warns_once_and_strict_refuses(monkeypatch, caplog):
+    """MENTOR_SANDBOX_CGROUP=off stands for a host without delegation: the layer is named as missing,
+    with the reason, once; strict mode refuses to run."""
+    monkeypatch.setattr(sandbox, "_BACKEND", None)
+    monkeypatch.setattr(sandbox, "_WARNED", set())
+    monkeypatch.setenv("MENTOR_SANDBOX_CGROUP", "off")
+    monkeypatch.delenv("MENTOR_SANDBOX_STRICT", raising=False)
+    with caplog.at_level(logging.WARNING, logger="mentor.training.sandbox"):
+        for _ in range(2):
+            assert run_python("print('hi')", limits=FAST).ok
+    text = [r.getMessage() for r in caplog.records if "'memcg' is not in force" in r.getMessage()]
+    assert len(text) == 1 and "MENTOR_SANDBOX_CGROUP=off" in text[0], text
+    assert "memcg" not in sandbox.layers_here() and "memcg" in sandbox.backend().why_missing
+    monkeypatch.setenv("MENTOR_SANDBOX_STRICT", "1")
+    with pytest.raises(SandboxUnavailable, match="memcg"):
+        run_python("print('hi')", limits=FAST)
+
+
+def test_memory_cgroup_discovery_names_what_it_found():
+    """Where a cgroup is found, it is a v1 or v2 memory cgroup directory this process can write."""
+    memcg, why = sandbox.MemCgroups.discover()
+    if memcg is None:
+        assert why, "a missing memory cgroup always comes with its reason"
+        pytest.skip(why)
+    assert memcg.version in ("v1", "v2") and os.path.isdir(memcg.base)
+    procs = memcg.enter("run-test-discovery", 256 << 20)
+    limit_file = "memory.limit_in_bytes" if memcg.version == "v1" else "memory.max"
+    assert open(os.path.join(os.path.dirname(procs), limit_file)).read().strip() == str(256 << 20)
+    memcg.leave("run-test-discovery")
+    assert not os.path.exists(os.path.dirname(procs))
+
+
+# --------------------------------------------------------------------------- no answer oracle
+
+
+def test_wrong_answers_still_get_every_call():
+    """The tests record a failed assert and go on: the candidate sees all calls whatever it answers."""
+    tests = "def check(candidate):\n" + "".join(f"    assert candidate({i}) == {i}\n" for i in range(5))
+    out = run_humaneval("def f(x):\n    return -1\n", _label(tests), SandboxLimits(wall_seconds=10))
+    assert out.score == 0.0 and "after 5 calls" in out.detail and "5 failure(s)" in out.detail, out.detail
+    out = run_humaneval("def f(x):\n    return x\n", _label(tests), SandboxLimits(wall_seconds=10))
+    assert out.score == 1.0, out.detail
+
+
+@pytest.mark.parametrize(("code", "score"), [("def f(x):\n    return abs(x)\n", 1.0), ("def f(x):\n    return x\n", 0.0)])
+def test_tests_that_catch_their_own_failures_keep_their_meaning(code, score):
+    """An assert inside a try of the tests still raises into that try (here the tests expect it to fail)."""
+    tests = (
+        "def check(candidate):\n"
+        "    try:\n"
+        "        assert candidate(-1) == -1\n"
+        "        negative_kept = True\n"
+        "    except AssertionError:\n"
+        "        negative_kept = False\n"
+        "    assert negative_kept is False\n"
+        "    for i in range(3):\n"
+        "        assert candidate(i) == i\n"
+    )
+    out = run_humaneval(code, _label(tests), SandboxLimits(wall_seconds=10))
+    assert out.score == score, out.detail
+
+
+def test_stdio_runs_every_case_after_a_wrong_output():
+    """A wrong output does not stop the cases (the next case's run would say it was wrong); a crash does."""
+    from mentor.training.code_verify import run_stdio
+
+    cases = [{"input": f"{i}\n", "output": f"{i * 2}"} for i in range(4)]
+    label = parse_code_label({"tests": json.dumps(cases), "entry_point": None, "kind": "stdio"})
+    out = run_stdio("x = int(input())\nprint(x * 2 if x else 99)\n", label, SandboxLimits(wall_seconds=10))
+    assert (out.passed, out.total, out.score) == (3, 4, 0.0) and out.detail == "case 0: wrong output"
+    out = run_stdio("x = int(input())\nassert x < 2\nprint(x * 2)\n", label, SandboxLimits(wall_seconds=10))
+    assert (out.passed, out.score) == (2, 0.0) and out.detail.startswith("case 2: AssertionError")

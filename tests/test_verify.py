@@ -168,3 +168,103 @@ def test_extract_code():
     assert extract_code("text\n```python\nx = 1\n```\nmore\n```python\ny = 2\n```") == "y = 2\n"
     assert extract_code("```python\ndef f():\n    return 1\n") == "def f():\n    return 1\n"  # truncated
     assert extract_code("def f(): pass") == "def f(): pass"
+
+
+# --------------------------------------------------------------------------- bounded work on what a response holds (issue 34)
+
+# The regexes the response used to be cleaned with: quadratic on a long run of tokens or a long fence line.
+OLD_END_TOKENS = re.compile(r"(?:<\|[^<>|\s]{1,40}\|>|<｜[^<>]{1,40}｜>|</s>|<eos>|<end_of_turn>)+\s*$")
+OLD_SPECIAL_TOKENS = re.compile(r"(?:<\|[^|<>]{1,40}\|>|</s>|<eos>|<end_of_turn>|\[/?INST\])+\s*$")
+OLD_FENCE = re.compile(r"```[ \t]*([A-Za-z0-9_+-]*)[^\n]*\n(.*?)```", re.DOTALL)
+
+
+def test_linear_cleaning_gives_what_the_regexes_gave():
+    """On 20,000 random strings of token pieces and fences, the linear scans agree with the old regexes."""
+    import random
+
+    from mentor.training.code_verify import _SPECIAL_TOKEN, _fenced_blocks, strip_trailing_tokens
+    from mentor.training.reward_core import END_TOKEN
+
+    rng = random.Random(34)
+    pieces = ["<|im_end|>", "<|fim_pad|>", "</s>", "<eos>", "<end_of_turn>", "[INST]", "[/INST]", "<｜end▁of▁sentence｜>",
+              "<|a b|>", "<|a[b|>", "x", " ", "\n", "\t", "\u00a0", "<", "|>", "<|", "[", "]", "｜>", "<｜"]
+    fences = ["```", "```python", "```py ", "`", "\n", "x", " ", "\t", "```\n", "python"]
+    for _ in range(20000):
+        t = "".join(rng.choice(pieces) for _ in range(rng.randrange(12)))
+        assert strip_trailing_tokens(t, END_TOKEN, starts="<") == (OLD_END_TOKENS.sub("", t), bool(OLD_END_TOKENS.search(t))), t
+        assert strip_trailing_tokens(t, _SPECIAL_TOKEN)[0] == OLD_SPECIAL_TOKENS.sub("", t), t
+        f = "".join(rng.choice(fences) for _ in range(rng.randrange(14)))
+        assert _fenced_blocks(f) == OLD_FENCE.findall(f), f
+
+
+@pytest.mark.parametrize("text", [
+    "<|fim_pad|>" * 10000 + "x",  # issue 34: 45 s of backtracking over the three paths
+    "```" + "a" * 64000,  # issue 34: the fence regex on one long line
+    "```x" * 20000,  # a fence line scanned again from every fence on it
+    "<|im_end|>" * 50000,
+])
+def test_cleaning_a_pathological_response_is_linear(text):
+    import time
+
+    from mentor.training.reward_core import split_query
+
+    t = time.process_time()
+    split_query("<|im_start|>assistant\n" + text, "<|im_start|>assistant\n")
+    extract_code(text)
+    assert time.process_time() - t < 0.5
+
+
+def test_plain_check_agrees_with_decoding_and_refuses_floods():
+    """check_plain (the trusted side, no hashing) accepts exactly what from_plain decodes; from_plain (inside
+    the sandboxes) refuses a hash-collision flood quickly; both are fast on the red team's 50,000-int set."""
+    import random
+    import time
+
+    from mentor.training.plaincodec import PlainError, check_plain, from_plain
+
+    rng = random.Random(7)
+    atoms = [None, True, 3, 2.5, "x", ["i", "f" * 20], ["i", "ff"], ["i", "zz"], ["f", "nan"], ["f", "x"], ["b", "AAAA"], ["b", "!"],
+             ["c", 1.0, 2.0], ["c", 1, 2.0], ["c", ["f", "inf"], -0.0], [], ["q"], {"a": 1}, float("inf"), ["l"]]
+
+    def value(depth=0):
+        if depth > 3 or rng.random() < 0.4:
+            return rng.choice(atoms)
+        return [rng.choice("ltdSF")] + [value(depth + 1) for _ in range(rng.randrange(4))]
+
+    def ok(f, x):
+        try:
+            f(x)
+            return True
+        except PlainError:
+            return False
+
+    for _ in range(20000):
+        x = value()
+        assert ok(check_plain, x) == ok(from_plain, x), x
+    p = (1 << 61) - 1  # every multiple of it hashes to 0
+    flood = ["S", *(p * k for k in range(1, 50001))]
+    t = time.process_time()
+    check_plain(flood)
+    with pytest.raises(PlainError, match="hash-collision flood"):
+        from_plain(flood)
+    with pytest.raises(PlainError, match="hash-collision flood"):
+        from_plain(["d", *(x for k in range(1, 35001) for x in (p * k, 0))])
+    assert time.process_time() - t < 1.0
+    assert from_plain(["S", *range(100000)]) == set(range(100000))  # big honest sets still decode
+    with pytest.raises(PlainError, match="at most"):
+        check_plain(["S", *range((1 << 18) + 1)])
+
+
+def test_math_answer_extraction_is_linear():
+    """A response built to make the cleaning slow costs the trusted process well under a second.
+
+    The trailing special-token regex backtracked quadratically (5.3 s of CPU on 10,000 x <|fim_pad|> + "x"),
+    and scanning forward from every unclosed box is quadratic too."""
+    import time
+
+    for response in ("<|fim_pad|>" * 10000 + "x", "\\boxed{" * 20000 + "1", "{" * 50000 + "\\boxed{2}" + "}" * 10):
+        t = time.process_time()
+        extract_math_answer(response)
+        assert time.process_time() - t < 0.5, response[:20]
+    assert extract_math_answer("\\boxed{" * 300 + "1} \\boxed{2}") == "2"
+    assert extract_math_answer("The answer is 7<|im_end|><|endoftext|>\n") == "7"

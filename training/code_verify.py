@@ -15,15 +15,24 @@ candidate's code never shares one with the tests:
   prompt, so helpers like ``poly`` or ``encode_cyclic`` that some tests call
   are the trusted definitions, never the candidate's), then the tests, with
   ``candidate`` (and the entry point's own name) bound to a proxy;
-- this process (trusted) relays each call: it decodes the worker's reply
-  strictly into fresh built-in values, re-encodes them and hands them to the
-  tester, whose assertions then compare real ints, strs, lists...
+- this process (trusted) relays each call: it checks the worker's reply
+  strictly (`plaincodec.check_plain`: linear in its size, and it builds no
+  dict or set from the candidate's keys, so a hash-collision flood costs it
+  nothing) and hands it to the tester, which decodes it into fresh built-in
+  values (`from_plain`, which refuses such floods) whose assertions then
+  compare real ints, strs, lists...
 
 The tests never reach the worker: they are sent to the tester over a pipe, and
 the sandboxes see neither the label nor the caller's files. **A check passes
 only when the tester sends ``{"done": "pass", "nonce": N}``** with the random
 nonce this process gave it (the worker never sees it, runs as another uid in
-another PID namespace), after ``check`` returned and after at least one call.
+another PID namespace), after ``check`` returned with no failure recorded and
+after at least one call. **No answer oracle**: the tester records each failed
+assert and goes on (`sandbox_harness.recording_tests`), so every test call is
+made whatever the candidate answered; a run stops early only for what the
+candidate itself decides (it raises nothing special, but it may exit, time out
+or reply with something that is not plain data), never because an answer was
+wrong.
 Everything else fails the check: a missing, late, oversized, malformed or
 non-plain reply, the worker exiting (``sys.exit``, ``os._exit``, atexit or
 signal tricks only end the worker, whose exit code means nothing), an
@@ -36,7 +45,14 @@ the test's objects. An exception the candidate raises reaches the test as
 runs the program once (`sandbox.run_python`) with the input on stdin; the
 expected output never leaves this process, where it is compared line by line
 (trailing whitespace ignored); a non-zero exit, a timeout or truncated output
-fails the case.
+fails the case. As with the tester, a wrong output does not stop the run (every
+case runs, so whether case i+1 runs never says whether case i passed); a
+failure the program decides itself (an exit, a crash, a timeout, too much
+output) ends it.
+
+Bounded work here: the response is cleaned by linear scans (`strip_trailing_tokens`,
+`extract_code`), never by a regex that can backtrack over a long run of tokens
+or a long fence line.
 
 The runner seam. `run_code_tests` hands every check to a `CodeRunner`; the
 default is `LocalSandboxRunner` (above). ``MENTOR_CODE_RUNNER=module:factory``
@@ -61,13 +77,14 @@ import time
 from dataclasses import dataclass, field, replace
 from typing import Protocol
 
-from mentor.training.plaincodec import PlainError, from_plain, to_plain
+from mentor.training.plaincodec import PlainError, check_plain
 from mentor.training.sandbox import SandboxLimits, SandboxProcess, SandboxUnavailable, run_python
 
 log = logging.getLogger(__name__)
 
-_SPECIAL_TOKENS = re.compile(r"(?:<\|[^|<>]{1,40}\|>|</s>|<eos>|<end_of_turn>|\[/?INST\])+\s*$")
-_FENCE = re.compile(r"```[ \t]*([A-Za-z0-9_+-]*)[^\n]*\n(.*?)```", re.DOTALL)
+# One special token a decoded response may end with (each starts with "<" or "[" and holds no other "<").
+_SPECIAL_TOKEN = re.compile(r"<\|[^|<>]{1,40}\|>|</s>|<eos>|<end_of_turn>|\[/?INST\]")
+_LANG = re.compile(r"[ \t]*([A-Za-z0-9_+-]*)")
 # Imports HumanEval prompts (and most graders) provide; a response that writes
 # only the function still runs. The tester gets them too, before the setup.
 CODE_PRELUDE = (
@@ -76,10 +93,50 @@ CODE_PRELUDE = (
 )
 
 
+def strip_trailing_tokens(text: str, token: re.Pattern, starts: str = "<[", longest: int = 48) -> tuple[str, bool]:
+    """`text` without the run of special tokens (and the whitespace after it) at its end, and whether it had one.
+
+    The same as ``re.sub(r"(?:TOKEN)+\\s*$", "", text)`` where every token starts with one of
+    `starts`, holds no other ``<`` and is at most `longest` characters long, but linear: each token
+    is matched once, right to left (that regex, searched from every start position, is quadratic
+    on a response of 10,000 tokens followed by one letter).
+    """
+    j = len(text.rstrip())
+    found = False
+    while j > 0:
+        lo = max(0, j - longest)
+        for ch in starts:
+            i = text.rfind(ch, lo, j)
+            if i >= 0 and token.fullmatch(text, i, j):
+                j, found = i, True
+                break
+        else:
+            break
+    return (text[:j], True) if found else (text, False)
+
+
+def _fenced_blocks(text: str) -> list[tuple[str, str]]:
+    """(language, code) of each fenced block: what ``re.findall(r"```[ \\t]*([A-Za-z0-9_+-]*)[^\\n]*\\n(.*?)```",
+    text, re.DOTALL)`` returns, in one left-to-right pass (that regex is quadratic on a long fence line)."""
+    blocks, pos = [], 0
+    while True:
+        i = text.find("```", pos)
+        if i < 0:
+            return blocks
+        nl = text.find("\n", i + 3)
+        if nl < 0:
+            return blocks  # no line end after this fence, nor after any later one
+        end = text.find("```", nl + 1)
+        if end < 0:
+            return blocks  # no closing fence: neither this opening nor one inside its line has one
+        blocks.append((_LANG.match(text, i + 3, nl).group(1), text[nl + 1:end]))
+        pos = end + 3
+
+
 def extract_code(response: str) -> str:
     """The code in a response: the last python (or untagged) fenced block, else the whole text."""
-    text = _SPECIAL_TOKENS.sub("", response or "")
-    blocks = _FENCE.findall(text)
+    text, _ = strip_trailing_tokens(response or "", _SPECIAL_TOKEN)
+    blocks = _fenced_blocks(text)
     if not blocks and "```" in text:
         # An unterminated fence (truncated response): take what follows it.
         tail = text.rsplit("```", 1)[1]
@@ -122,8 +179,10 @@ def parse_code_label(label: dict | str) -> CodeLabel:
         raise ValueError("code label has no tests")
     if kind == "humaneval":
         entry = label.get("entry_point")
-        if not isinstance(entry, str) or not entry.isidentifier() or not isinstance(tests, str):
-            raise ValueError("humaneval label needs tests (Python source) and entry_point (a function name)")
+        # "f", or "Solution.f": the method f of a Solution() instance (LeetCode-style problems, e.g. LiveCodeBench's).
+        if not isinstance(entry, str) or not all(p.isidentifier() for p in entry.split(".")) or entry.count(".") > 1 \
+                or not isinstance(tests, str):
+            raise ValueError("humaneval label needs tests (Python source) and entry_point (a function name, or Class.method)")
         setup = label.get("setup")
         if setup is not None and not isinstance(setup, str):
             raise ValueError("code label 'setup' must be Python source")
@@ -190,10 +249,8 @@ def run_humaneval(code: str, label: CodeLabel, limits: SandboxLimits) -> CodeOut
             if msg is None:
                 return _fail(f"tests: {tester.failure}", layers)
             if "call" in msg:
-                try:
-                    args, kwargs = from_plain(msg["call"]["a"]), from_plain(msg["call"]["k"])
-                    assert type(args) is tuple and type(kwargs) is dict and all(type(k) is str for k in kwargs)
-                except (PlainError, KeyError, TypeError, AssertionError):
+                call = _checked_call(msg["call"])
+                if call is None:
                     return _fail("tests sent a malformed call", layers)
                 if not ready:
                     r = worker.recv(deadline)
@@ -202,7 +259,7 @@ def run_humaneval(code: str, label: CodeLabel, limits: SandboxLimits) -> CodeOut
                     if r != {"ready": True}:
                         return _fail(f"candidate did not load: {str(r.get('error', 'malformed message'))[:250]}", layers)
                     ready = True
-                if not worker.send({"a": to_plain(args), "k": to_plain(kwargs)}, deadline):
+                if not worker.send(call, deadline):
                     return _fail(f"call {calls}: candidate {worker.failure}", layers)
                 reply = worker.recv(deadline)
                 calls += 1
@@ -225,13 +282,27 @@ def run_humaneval(code: str, label: CodeLabel, limits: SandboxLimits) -> CodeOut
                 return _fail("malformed message from the tests", layers)
 
 
+def _checked_call(call) -> dict | None:
+    """The tester's call as the worker gets it: {"a": a tuple's encoding, "k": a dict's with str keys}; None if not."""
+    try:
+        a, k = call["a"], call["k"]
+        check_plain(a)
+        check_plain(k)
+    except (PlainError, KeyError, TypeError):
+        return None
+    if type(a) is not list or a[:1] != ["t"] or type(k) is not list or k[:1] != ["d"] or not all(type(x) is str for x in k[1::2]):
+        return None
+    return {"a": a, "k": k}
+
+
 def _checked_reply(reply: dict) -> dict | str:
-    """The worker's reply, decoded strictly and re-encoded for the tester; a str says why it fails."""
+    """The worker's reply, checked strictly (linear, no hashing) for the tester; a str says why it fails."""
     if set(reply) == {"ok"}:
         try:
-            return {"ok": to_plain(from_plain(reply["ok"]))}
+            check_plain(reply["ok"])
         except PlainError as exc:
             return f"the candidate's reply is not plain data ({exc})"
+        return {"ok": reply["ok"]}
     if set(reply) == {"raised", "msg"} and isinstance(reply["raised"], str) and isinstance(reply["msg"], str):
         return {"raised": reply["raised"][:80], "msg": reply["msg"][:300]}
     if "bad" in reply:
@@ -248,20 +319,25 @@ def _compare_output(got: str, want: str) -> bool:
 
 
 def run_stdio(code: str, label: CodeLabel, limits: SandboxLimits) -> CodeOutcome:
+    """Every case in turn; a wrong output is recorded and the next case runs (see the module docstring)."""
     cases = label.tests
     program = f"{CODE_PRELUDE}\n{code}\n"
     layers: list[str] = []
+    passed, first = 0, ""
     for i, case in enumerate(cases):  # type: ignore[arg-type]
         res = run_python(program, stdin=case.get("input", ""), limits=limits)
         layers = res.layers
+        # What the program decides itself ends the run: whether it went on never depends on an expected output.
         if not res.ok:
             why = "timeout" if res.timed_out else (res.stderr.strip().splitlines() or [f"exit {res.returncode}"])[-1]
-            return CodeOutcome(i, len(cases), f"case {i}: {why}"[:300], layers)
+            return CodeOutcome(passed, len(cases), (first or f"case {i}: {why}")[:300], layers)
         if res.stdout_truncated:
-            return CodeOutcome(i, len(cases), f"case {i}: output over {limits.max_output} bytes", layers)
-        if not _compare_output(res.stdout, case.get("output", "")):
-            return CodeOutcome(i, len(cases), f"case {i}: wrong output", layers)
-    return CodeOutcome(len(cases), len(cases), "ok", layers)
+            return CodeOutcome(passed, len(cases), (first or f"case {i}: output over {limits.max_output} bytes")[:300], layers)
+        if _compare_output(res.stdout, case.get("output", "")):
+            passed += 1
+        elif not first:
+            first = f"case {i}: wrong output"
+    return CodeOutcome(passed, len(cases), first or "ok", layers)
 
 
 class LocalSandboxRunner:
@@ -329,5 +405,6 @@ __all__ = [
     "extract_code",
     "parse_code_label",
     "run_code_tests",
+    "strip_trailing_tokens",
     "verify_code",
 ]

@@ -18,6 +18,7 @@ from pathlib import Path
 
 from mentor.pipeline.ids import text_id
 from mentor.pipeline.schemas import parse_prompt_label
+from mentor.training.code_verify import strip_trailing_tokens
 from mentor.training.rollout_log import make_record, resolve_rollout_dir, rollout_log
 from mentor.training.verify import reference_of, verify
 
@@ -26,8 +27,9 @@ log = logging.getLogger(__name__)
 STATS: Counter = Counter()
 _STATS_LOCK = threading.Lock()
 
-# End-of-turn tokens a decoded query may end with (chat models' EOS markers).
-END_TOKENS = re.compile(r"(?:<\|[^<>|\s]{1,40}\|>|<｜[^<>]{1,40}｜>|</s>|<eos>|<end_of_turn>)+\s*$")
+# One end-of-turn token a decoded query may end with (chat models' EOS markers); a run of them is
+# removed right to left by `strip_trailing_tokens`, in linear time (a regex for the run is quadratic).
+END_TOKEN = re.compile(r"<\|[^<>|\s]{1,40}\|>|<｜[^<>]{1,40}｜>|</s>|<eos>|<end_of_turn>")
 # Where an assistant turn starts in common chat templates (fallback when the
 # query does not start with the prompt text).
 ASSISTANT_MARKERS = (
@@ -98,8 +100,7 @@ def split_query(query: str, prompt: str) -> tuple[str, bool]:
             cut = max((query.rfind(m) + len(m) if m in query else -1) for m in ASSISTANT_MARKERS)
             response = query[cut:] if cut >= 0 else query
             count("query_prompt_mismatch")
-    ended = bool(END_TOKENS.search(response))
-    return END_TOKENS.sub("", response), ended
+    return strip_trailing_tokens(response, END_TOKEN, starts="<")
 
 
 _DIRS: dict[str, Path | None] = {}

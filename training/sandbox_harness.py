@@ -1,8 +1,10 @@
 """The program that runs INSIDE each sandbox (standard library only).
 
 `mentor.training.sandbox` starts ``python -I -S -B -c SOURCE CONFIG`` where
-SOURCE is `mentor.training.plaincodec` followed by this file, so nothing here
-may import mentor. CONFIG (JSON, argv[1]) names the role and the rlimits; it
+SOURCE is `mentor.training.plaincodec` followed by this file (or, when the
+sandbox runs the caller's own interpreter, the same code compiled once by the
+caller and passed marshalled: `sandbox.harness_args`), so nothing here may
+import mentor. CONFIG (JSON, argv[1]) names the role and the rlimits; it
 holds nothing secret. Roles:
 
 ``program``  run a stdin/stdout program (``/sandbox/main.py``, or ``main.py`` in
@@ -14,7 +16,12 @@ holds nothing secret. Roles:
 ``tester``   run the trusted setup (the task's prompt) and tests with
              ``candidate`` bound to a proxy whose calls are forwarded to the
              worker through the caller, and report ``{"done": "pass",
-             "nonce": N}`` only once ``check(candidate)`` has returned.
+             "nonce": N}`` only once ``check(candidate)`` has returned with
+             no failure recorded. The tests are compiled so that a failing
+             ``assert`` (or a failing statement of ``check``) is *recorded*
+             and the run goes on (`recording_tests`): every test call is made
+             whatever the candidate answered, so the calls the worker sees
+             never tell it whether an earlier answer passed (no answer oracle).
 ``probe``    report what this process can see and do (used once per process
              to check that the layers hold).
 
@@ -22,7 +29,8 @@ Every role first sets the rlimits and sends a ``hello`` with its uid, effective
 capabilities and no_new_privs flag, before any untrusted code runs; the caller
 refuses to go on if the uid is 0. Messages are one JSON object per line on the
 original stdin/stdout (the worker and tester move them to private fds and put
-/dev/null on 0/1, so a stray ``print`` cannot break the framing).
+/dev/null on 0/1, so a stray ``print`` cannot break the framing; after the
+hello fd 2 is /dev/null too, so a stderr flood costs the caller nothing).
 
 In the legacy backend (no bubblewrap) `legacy_setup` first builds what layers
 the kernel allows here: namespaces via unshare(2), a read-only filesystem, the
@@ -67,16 +75,19 @@ class _Channel:
         return obj if type(obj) is dict else None
 
 
-def _private_channel():
-    """Move the message pipes off fds 0/1 (which become /dev/null)."""
+def _private_channel(layers):
+    """Move the message pipes off fds 0/1 (which become /dev/null), say hello, then silence fd 2 as well."""
     rfd, wfd = os.dup(0), os.dup(1)
     null = os.open("/dev/null", os.O_RDWR)
     os.dup2(null, 0)
     os.dup2(null, 1)
-    os.close(null)
     sys.stdin = open(0, "r", closefd=False)
     sys.stdout = open(1, "w", closefd=False)
-    return _Channel(rfd, wfd)
+    chan = _Channel(rfd, wfd)
+    chan.send({"hello": identity(), "layers": layers})
+    os.dup2(null, 2)  # the caller stops reading stderr after the hello
+    os.close(null)
+    return chan
 
 
 def set_rlimits(cfg):
@@ -130,8 +141,7 @@ def role_program(cfg, layers):
 def role_worker(cfg, layers):
     import types
 
-    chan = _private_channel()
-    chan.send({"hello": identity(), "layers": layers})
+    chan = _private_channel(layers)
     init = chan.recv()
     if init is None:
         return
@@ -140,7 +150,10 @@ def role_worker(cfg, layers):
     sys.modules["solution"] = mod
     try:
         exec(compile(init.get("prelude", "") + init["code"], "solution.py", "exec"), mod.__dict__)
-        fn = mod.__dict__.get(init["entry"])
+        owner, _, method = init["entry"].partition(".")
+        fn = mod.__dict__.get(owner)
+        if method:  # LeetCode style: the method of one instance, as LiveCodeBench's grader calls it
+            fn = getattr(fn(), method, None) if isinstance(fn, type) else None
         if not callable(fn):
             chan.send({"error": "the code defines no function named %r" % init["entry"]})
             return
@@ -168,14 +181,107 @@ class CandidateError(Exception):
     """What a test sees when the candidate's function raised (the original type is in the message)."""
 
 
+# --------------------------------------------------------------------------- tests that record failures
+
+_RECORD = "_mentor_record_failure"
+_EXC = "_mentor_Exception"
+_LOC = ("lineno", "col_offset", "end_lineno", "end_col_offset")
+
+
+def _located(node, like):
+    """`node` and every node under it without a location get `like`'s (ast.fix_missing_locations, without ast)."""
+    todo = [node]
+    while todo:
+        n = todo.pop()
+        if "lineno" in getattr(n, "_attributes", ()):
+            for a in _LOC:
+                if getattr(n, a, None) is None:
+                    setattr(n, a, getattr(like, a, None))
+        for f in getattr(n, "_fields", ()):
+            v = getattr(n, f, None)
+            todo.extend(v if isinstance(v, list) else [v] if hasattr(v, "_fields") else [])
+    return node
+
+
+def _record_call(_ast, line, exc_name):
+    args = [_ast.Constant(line), _ast.Name(exc_name, _ast.Load()) if exc_name else _ast.Constant(None)]
+    return _ast.Expr(_ast.Call(_ast.Name(_RECORD, _ast.Load()), args, []))
+
+
+def _guard(_ast, body, like):
+    """try: BODY  except Exception as e: record(line, e)"""
+    handler = _ast.ExceptHandler(_ast.Name(_EXC, _ast.Load()), "_mentor_e", [_record_call(_ast, like.lineno, "_mentor_e")])
+    return _located(_ast.Try(body, [handler], [], []), like)
+
+
+def _assert(_ast, node):
+    """``assert T, M`` as ``if not T: record(line)`` (M is never evaluated: it could call the candidate)."""
+    test = _ast.If(_ast.UnaryOp(_ast.Not(), node.test), [_record_call(_ast, node.lineno, None)], [])
+    return _guard(_ast, [_located(test, node)], node)
+
+
+def _body(_ast, stmts, wrap, guarded):
+    return [_stmt(_ast, n, wrap, guarded) for n in stmts]
+
+
+def _stmt(_ast, node, wrap, guarded):
+    """One statement, rewritten. `guarded`: an enclosing try/with of the tests may catch what it raises,
+    so its asserts keep raising; `wrap`: a statement of check() (or the module): a failure is recorded
+    and the next statement runs."""
+    kind = type(node).__name__
+    if kind == "Assert":
+        return node if guarded else _assert(_ast, node)
+    if kind in ("FunctionDef", "AsyncFunctionDef"):
+        node.body = _body(_ast, node.body, wrap and node.name == "check", False)
+        return node
+    if kind == "ClassDef":
+        node.body = _body(_ast, node.body, False, guarded)
+    elif kind in ("Try", "TryStar"):
+        node.body = _body(_ast, node.body, False, guarded or bool(node.handlers))
+        for h in node.handlers:
+            h.body = _body(_ast, h.body, False, guarded)
+        node.orelse = _body(_ast, node.orelse, False, guarded)
+        node.finalbody = _body(_ast, node.finalbody, False, guarded)
+    elif kind in ("With", "AsyncWith"):
+        node.body = _body(_ast, node.body, False, True)  # a context manager may suppress what its body raises
+    elif kind in ("If", "For", "AsyncFor", "While"):
+        node.body = _body(_ast, node.body, wrap, guarded)
+        node.orelse = _body(_ast, node.orelse, wrap, guarded)
+    elif kind == "Match":
+        for case in node.cases:
+            case.body = _body(_ast, case.body, wrap, guarded)
+    elif kind in ("Pass", "Break", "Continue", "Global", "Nonlocal"):
+        return node
+    return _guard(_ast, [node], node) if wrap else node
+
+
+def recording_tests(src, filename="tests.py"):
+    """The tests compiled so that failures are recorded, not raised: every assert outside a try/with of
+    the tests' own becomes ``if not T: _mentor_record_failure(line, None)``, and each statement of
+    ``check`` (and of the module) that raises is recorded and followed by the next one. A run passes
+    exactly when the original would have (nothing raised); it just never stops early, so the candidate
+    receives the same calls whether its answers were right or not."""
+    import _ast
+
+    tree = compile(src, filename, "exec", _ast.PyCF_ONLY_AST)
+    tree.body = _body(_ast, tree.body, True, False)
+    return compile(tree, filename, "exec")
+
+
 def role_tester(cfg, layers):
-    chan = _private_channel()
-    chan.send({"hello": identity(), "layers": layers})
+    chan = _private_channel(layers)
     init = chan.recv()
     if init is None:
         return
     nonce = init.pop("nonce")
     calls = [0]
+    failures = []
+
+    def record(line, exc):
+        if not failures:
+            failures.append("%s (tests.py line %d)" % (_describe(exc) if exc is not None else "AssertionError", line))
+        else:
+            failures.append(None)
 
     def candidate(*args, **kwargs):
         calls[0] += 1
@@ -187,12 +293,12 @@ def role_tester(cfg, layers):
             return from_plain(reply["ok"])
         raise CandidateError(str(reply.get("msg")))  # "TypeName: message", as the worker wrote it
 
-    candidate.__name__ = candidate.__qualname__ = init["entry"]
-    g = {"__name__": "__main__", "__builtins__": builtins}
+    candidate.__name__ = candidate.__qualname__ = init["entry"].rpartition(".")[2]
+    g = {"__name__": "__main__", "__builtins__": builtins, _RECORD: record, _EXC: Exception}
     try:
         exec(compile(init.get("prelude", "") + (init.get("setup") or ""), "setup.py", "exec"), g)
-        g[init["entry"]] = candidate  # tests that name the function itself get the candidate too
-        exec(compile(init["tests"], "tests.py", "exec"), g)
+        g[init["entry"].rpartition(".")[2]] = candidate  # tests that name the function itself get the candidate too
+        exec(recording_tests(init["tests"]), g)
         g["check"](candidate)
     except BaseException as exc:
         import traceback  # only on failure: it is slow to import
@@ -202,6 +308,9 @@ def role_tester(cfg, layers):
             if frame.filename in ("tests.py", "setup.py"):
                 where = " (%s line %d)" % (frame.filename, frame.lineno)
         chan.send({"done": "fail", "why": _describe(exc) + where, "calls": calls[0]})
+        return
+    if failures:
+        chan.send({"done": "fail", "why": "%s; %d failure(s) in all" % (failures[0], len(failures)), "calls": calls[0]})
         return
     chan.send({"done": "pass", "nonce": nonce, "calls": calls[0]})
 
@@ -225,7 +334,51 @@ def role_probe(cfg, layers):
         facts["route"] = False
     finally:
         s.close()
+    facts.update(_probe_state(cfg))
     sys.stdout.write(json.dumps({"layers": layers, "facts": facts}) + "\n")
+
+
+def _probe_state(cfg):
+    """What the syscall filter, the /proc masks and the /tmp mount must forbid: True where it worked."""
+    import ctypes
+    import fcntl
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    nr = cfg.get("nr") or {}
+    out = {}
+    try:
+        with open("/proc/key-users") as fh:
+            out["key_users"] = bool(fh.read().strip())
+    except OSError:
+        out["key_users"] = False
+    # A key in the process keyring (-2) dies with this process, whatever happens.
+    out["keyring"] = "add_key" not in nr or libc.syscall(nr["add_key"], b"user", b"mentor-probe", b"x", 1, -2) >= 0
+    try:
+        with open(os.__file__, "rb") as fh:  # a file every sandbox shares
+            fcntl.flock(fh, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        out["flock"] = True
+    except OSError:
+        out["flock"] = False
+    try:
+        os.close(os.memfd_create("mentor-probe"))
+        out["memfd"] = True
+    except (OSError, AttributeError):
+        out["memfd"] = False
+    shm = libc.shmget(0, 4096, 0o1600)  # IPC_PRIVATE, IPC_CREAT | 0600
+    out["shm"] = shm >= 0
+    if shm >= 0:
+        libc.shmctl(shm, 0, None)  # IPC_RMID
+    out["tmp_opts"] = []
+    try:
+        with open("/proc/self/mountinfo") as fh:
+            for line in fh:
+                f = line.split()
+                if len(f) > 4 and f[4] == "/tmp":
+                    out["tmp_opts"] = [o.split("=")[0] for o in line.rsplit(" ", 1)[-1].strip().split(",")]
+    except OSError:
+        pass
+    out["userns"] = libc.unshare(0x10000000) == 0  # last: it changes what this process is
+    return out
 
 
 def _name(exc):
@@ -255,6 +408,8 @@ def main():
     if os.getuid() == 0 or os.geteuid() == 0:
         sys.stderr.write("mentor sandbox: refusing to run code as uid 0\n")
         os._exit(125)
+    if cfg.get("legacy") and cfg.get("seccomp") and install_seccomp(cfg["seccomp"]):  # noqa: F821
+        layers.append("seccomp")
     if cfg.get("legacy") and cfg.get("audit") and cfg["role"] != "probe":  # the probe observes the kernel's layers
         install_audit_hook(os.path.realpath(os.getcwd()), cfg)  # noqa: F821
         layers.append("audit")

@@ -25,6 +25,13 @@ interpreter and system libraries. Here the code sees the whole (read-only)
 filesystem, so it can read world-readable files, datasets with tests included.
 `sandbox` warns about that (layer ``fsview`` missing) and refuses in strict mode.
 
+`install_seccomp` loads the same syscall filter the bwrap backend hands to
+``bwrap --seccomp`` (built by the caller, passed as hex in the config): no
+keyrings, file locks, inotify/fanotify, memfd/SysV IPC, io_uring, bpf, perf
+events, userfaultfd or new user namespaces. It is installed after the uid drop
+and before any untrusted code, with no_new_privs set, and is inherited by
+everything the code starts; it cannot be removed.
+
 `install_audit_hook` adds a PEP 578 hook that refuses sockets, exec, ctypes,
 fork, kill and writes outside the work dir. It is a tripwire, not a boundary:
 hostile code can get at it (the garbage collector, a cell or list it holds, a
@@ -82,7 +89,10 @@ def legacy_setup(cfg, layers):
             _, status = os.waitpid(pid, 0)
             os._exit(os.waitstatus_to_exitcode(status) & 0xFF if os.WIFEXITED(status) else 128 + os.WTERMSIG(status))
         if "fsro" in ns and mount("proc", "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC):
-            layers.append("procns")
+            # Other uids' key quotas and the system's locks, visible through any /proc: /dev/null over them.
+            if all(mount("/dev/null", p, None, MS_BIND) for p in ("/proc/key-users", "/proc/keys", "/proc/locks")
+                   if os.path.exists(p)):
+                layers.append("procns")
 
     if root:
         if uid is None or not (exposed or cfg.get("prefix_usable")):
@@ -177,6 +187,24 @@ def _readonly_filesystem(workdir, mount, libc, remount_ro, bind_rec):
             ok = False
     os.chdir(workdir)  # the old cwd is the directory under the bind mount (now read-only)
     return ok
+
+
+def install_seccomp(hexprog):
+    """Load the classic-BPF filter `hexprog` (``struct sock_filter[]``) for this process and its children."""
+    import ctypes
+
+    prog = bytes.fromhex(hexprog)
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.prctl.argtypes = [ctypes.c_int, ctypes.c_ulong, ctypes.c_void_p, ctypes.c_ulong, ctypes.c_ulong]
+
+    class SockFprog(ctypes.Structure):
+        _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.c_void_p)]
+
+    buf = ctypes.create_string_buffer(prog, len(prog))
+    fprog = SockFprog(len(prog) // 8, ctypes.cast(buf, ctypes.c_void_p))
+    if libc.prctl(38, 1, None, 0, 0) != 0:  # PR_SET_NO_NEW_PRIVS: required to load a filter without CAP_SYS_ADMIN
+        return False
+    return libc.prctl(22, 2, ctypes.cast(ctypes.pointer(fprog), ctypes.c_void_p), 0, 0) == 0  # PR_SET_SECCOMP, FILTER
 
 
 def install_audit_hook(workdir, cfg):

@@ -29,9 +29,11 @@ Code
 design) runs the response's code against the label's tests so that a pass is a
 message the candidate cannot forge: ``kind="humaneval"`` runs the candidate in
 a sandboxed worker that only answers calls with plain data, and the tests in a
-second sandbox (the tester) that alone can report the pass, with a nonce;
-``kind="stdio"`` runs each ``{"input", "output"}`` case as a program and
-compares its output here. A response scores 1.0 only if every test passes.
+second sandbox (the tester) that alone can report the pass, with a nonce,
+and that makes every test call whatever the candidate answered (no answer
+oracle); ``kind="stdio"`` runs each ``{"input", "output"}`` case as a program
+and compares its output here, running every case. A response scores 1.0 only
+if every test passes.
 """
 
 from __future__ import annotations
@@ -47,7 +49,15 @@ import sys
 import threading
 import time
 
-from mentor.training.code_verify import CODE_PRELUDE, CodeOutcome, extract_code, run_code_tests, verify_code
+from mentor.training.code_verify import (
+    _SPECIAL_TOKEN,
+    CODE_PRELUDE,
+    CodeOutcome,
+    extract_code,
+    run_code_tests,
+    strip_trailing_tokens,
+    verify_code,
+)
 
 log = logging.getLogger(__name__)
 
@@ -57,22 +67,32 @@ _BOXED = re.compile(r"\\(?:boxed|fbox)\s*\{")
 _ANSWER_IS = re.compile(r"answer\s+is\s*:?\s*(.+)", re.IGNORECASE)
 _MARKER = re.compile(r"(?:^|\n)\s*(?:####|A:)\s*(.+)")
 _NUMBER = re.compile(r"-?\d[\d,]*(?:\.\d+)?(?:\s*/\s*\d+)?|-?\.\d+")
-_SPECIAL_TOKENS = re.compile(r"(?:<\|[^|<>]{1,40}\|>|</s>|<eos>|<end_of_turn>|\[/?INST\])+\s*$")
 
 
 def last_boxed(text: str) -> str | None:
-    """Content of the last ``\\boxed{...}`` (balanced braces), or None."""
-    starts = [m.end() for m in _BOXED.finditer(text)]
-    for start in reversed(starts):
-        depth = 1
-        for i in range(start, len(text)):
-            ch = text[i]
-            if ch == "{":
-                depth += 1
-            elif ch == "}":
-                depth -= 1
-                if depth == 0:
-                    return text[start:i].strip()
+    """Content of the last ``\\boxed{...}`` that closes (balanced braces), or None.
+
+    Linear: one pass for the brace depth, one right-to-left pass that knows, for each depth, the
+    nearest ``}`` that returns to it (scanning forward from every ``\\boxed{`` is quadratic on a
+    response of many unclosed ones, and a reward must not let a sample buy trusted CPU time).
+    """
+    starts = [m.end() for m in _BOXED.finditer(text) if m.end() < len(text)]  # one at the very end cannot close
+    if not starts:
+        return None
+    depth, before = 0, []
+    for ch in text:
+        before.append(depth)
+        depth += (ch == "{") - (ch == "}")
+    closes: dict[int, int] = {}  # depth after a "}" -> its nearest position at or right of the scan
+    k = len(starts) - 1
+    for i in range(len(text) - 1, -1, -1):
+        if text[i] == "}":
+            closes[before[i] - 1] = i
+        while k >= 0 and starts[k] == i:
+            end = closes.get(before[i] - 1)  # before[i] counts the box's own "{"
+            if end is not None:
+                return text[i:end].strip()
+            k -= 1
     return None
 
 
@@ -85,7 +105,7 @@ def _clean_tail(ans: str) -> str:
 
 def extract_math_answer(response: str) -> str | None:
     """The response's final answer as text (see module docstring for the order), or None."""
-    text = _SPECIAL_TOKENS.sub("", response or "")
+    text, _ = strip_trailing_tokens(response or "", _SPECIAL_TOKEN)
     boxed = last_boxed(text)
     if boxed:
         return boxed

@@ -35,8 +35,10 @@ def install_commands() -> list[list[str]] | None:
 def setup_sandbox(no_install, strict):
     """Install bubblewrap (apt, as root or with passwordless sudo) and print the layers code rewards run under.
 
-    Without bubblewrap the code verifier falls back to weaker layers and warns;
-    see docs/sandbox.md.
+    Prints each layer in force (the syscall filter, the memory cgroup and which
+    cgroup it lives under, the /tmp caps...) and, for each missing one, why this
+    host cannot have it. Without bubblewrap the code verifier falls back to
+    weaker layers and warns; see docs/sandbox.md.
     """
     cmds = [] if no_install else install_commands()
     if cmds is None:
@@ -58,8 +60,16 @@ def setup_sandbox(no_install, strict):
     except sandbox.SandboxUnavailable as exc:
         raise MentorError(str(exc)) from exc
     missing = [layer for layer in sandbox.REQUIRED_LAYERS if layer not in be.layers]
+    if "memcg" in missing:
+        missing += [layer for layer in sandbox.MEMCG_FALLBACK if layer not in be.layers]
     click.echo(f"sandbox backend: {be.name}; layers: {', '.join(be.layers)}")
+    if be.memcg is not None:
+        click.echo(f"memory cgroup: {be.memcg.version} under {be.memcg.base}")
+    for layer in missing:
+        why = be.why_missing.get(layer)
+        click.echo(f"missing layer {layer}: {sandbox.LAYER_MEANING[layer]}" + (f" ({why})" if why else ""), err=True)
     if missing:
-        click.echo(f"missing layers: {', '.join(missing)} (see docs/sandbox.md)", err=True)
+        click.echo(f"missing layers: {', '.join(missing)} (see docs/sandbox.md; MENTOR_SANDBOX_STRICT=1 refuses to run "
+                   "code checks without them)", err=True)
         if strict:
-            raise MentorError(f"sandbox layers missing: {', '.join(missing)}; install bubblewrap (see docs/sandbox.md)")
+            raise MentorError(f"sandbox layers missing: {', '.join(missing)}; see docs/sandbox.md (bubblewrap, memory cgroup)")

@@ -13,7 +13,11 @@
 
 No target is asserted: the figures show what one trainer process can score
 (the verifiers are CPU-bound; on a 2-core shared machine they depend on load,
-so the 1-minute load average is printed too).
+so the 1-minute load average is printed too). To compare two versions of the
+verifier under the same load, run them in turn with the same arguments, one of
+them from a copy of the other's files (``git archive REV | tar -x -C DIR`` plus
+a ``mentor`` package of symlinks to its folders on ``PYTHONPATH``), and
+interleave the runs.
 """
 
 from __future__ import annotations
