@@ -8,8 +8,10 @@ either way; the stage does not know where it runs.
 
 - `LocalExecutor` runs the tasks here, one after the other: polars and pyarrow
   already use every core within a task.
-- `DaskExecutor` runs them as dask tasks (``--workers N`` starts a LocalCluster,
-  ``--scheduler ADDRESS`` joins one); dask retries the tasks of a lost worker.
+- `DaskExecutor` runs them as dask tasks (``--workers N`` starts a local cluster
+  of N engine workers, ``--scheduler ADDRESS`` joins one); dask retries the
+  tasks of a lost worker. A worker keeps its engine across the shards it runs;
+  `close_engines` stops them all when the stage ends.
 """
 
 from __future__ import annotations
@@ -30,6 +32,8 @@ class Executor(Protocol):
 
     def imap(self, fn: Callable, items: Iterable, *args: Any) -> Iterator: ...
 
+    def close_engines(self) -> None: ...
+
 
 class LocalExecutor:
     """Each task in this process, in order."""
@@ -40,6 +44,14 @@ class LocalExecutor:
     def imap(self, fn: Callable, items: Iterable, *args: Any) -> Iterator:
         for item in items:
             yield fn(item, *args)
+
+    def workers(self) -> int:
+        return 1
+
+    def close_engines(self) -> None:
+        from mentor.pipeline.llm import close_backends
+
+        close_backends()
 
     def __repr__(self) -> str:
         return "LocalExecutor()"
@@ -90,6 +102,19 @@ class DaskExecutor:
                 return
             yield pending.popleft().result()
 
+    def workers(self) -> int:
+        """The cluster's workers now (one engine each on an engine cluster)."""
+        return max(1, len(self.client.scheduler_info(n_workers=-1).get("workers", {})))
+
+    def close_engines(self) -> None:
+        """Stop the engines every worker keeps (`mentor.pipeline.llm.close_backends` on each)."""
+        from mentor.pipeline.llm import close_backends
+
+        try:
+            self.client.run(close_backends)
+        except Exception as exc:  # a worker that is gone has no engine left to close
+            log.warning("could not reach every dask worker to stop its engine: %s", exc)
+
     def __repr__(self) -> str:
         return f"DaskExecutor({self.client!r})"
 
@@ -113,8 +138,16 @@ def _distributed():
 
 
 @contextmanager
-def dask_client(workers: int | None = None, scheduler: str | None = None, **cluster_kwargs: Any) -> Iterator[Any]:
-    """A dask Client for `scheduler`, or for a LocalCluster of `workers` processes."""
+def dask_client(workers: int | None = None, scheduler: str | None = None, gpus_per_worker: int = 1) -> Iterator[Any]:
+    """A dask Client for `scheduler`, or for a local cluster of `workers` engine workers.
+
+    Local workers can each run one vLLM engine: they are not daemonic (dask's
+    ``distributed.worker.daemon: False``; vLLM starts its EngineCore as a child
+    process, which a daemonic process may not have), run one task at a time, and
+    each sees only its own devices (`mentor.pipeline.devices.engine_worker_env`:
+    `gpus_per_worker` GPUs each, or its own cores on a CPU node). Workers of an
+    existing cluster (`scheduler`) are the user's to start that way (docs/gpus.md).
+    """
     distributed = _distributed()
     if scheduler:
         client = distributed.Client(scheduler)
@@ -125,11 +158,33 @@ def dask_client(workers: int | None = None, scheduler: str | None = None, **clus
         return
     if not workers or workers < 1:
         raise ConfigError("--workers must be >= 1 (or pass --scheduler ADDRESS)")
-    cluster_kwargs.setdefault("threads_per_worker", 1)
-    cluster_kwargs.setdefault("processes", True)
-    cluster_kwargs.setdefault("dashboard_address", None)
-    with distributed.LocalCluster(n_workers=workers, **cluster_kwargs) as cluster, distributed.Client(cluster) as client:
-        yield client
+    import dask
+
+    from mentor.pipeline.devices import engine_worker_env
+
+    envs = engine_worker_env(workers, gpus_per_worker)
+    quiet = {"host": "127.0.0.1", "dashboard": False, "silence_logs": logging.WARNING}
+    specs = {f"engine-{i}": {"cls": distributed.Nanny, "options": {"nthreads": 1, "env": env, **quiet}}
+             for i, env in enumerate(envs)}
+    scheduler_spec = {"cls": distributed.Scheduler, "options": {"host": "127.0.0.1", "dashboard": False}}
+    # The daemon setting is read by each Nanny when it starts (or restarts) its worker: keep it for the cluster's life.
+    with dask.config.set({"distributed.worker.daemon": False}), _quiet_dask_logs():
+        with distributed.SpecCluster(workers=specs, scheduler=scheduler_spec, name="mentor") as cluster, \
+                distributed.Client(cluster) as client:
+            yield client
+
+
+@contextmanager
+def _quiet_dask_logs() -> Iterator[None]:
+    """dask's INFO lines (scheduler and nanny start/stop) are not the user's business, as with LocalCluster."""
+    logger = logging.getLogger("distributed")
+    level = logger.level
+    if not logging.getLogger("mentor").isEnabledFor(logging.INFO):
+        logger.setLevel(logging.WARNING)
+    try:
+        yield
+    finally:
+        logger.setLevel(level)
 
 
 def executor_for(client: Any = None, resources: dict[str, float] | None = None) -> Executor:
@@ -138,12 +193,12 @@ def executor_for(client: Any = None, resources: dict[str, float] | None = None) 
 
 
 @contextmanager
-def open_executor(workers: int | None = None, scheduler: str | None = None) -> Iterator[Executor]:
+def open_executor(workers: int | None = None, scheduler: str | None = None, gpus_per_worker: int = 1) -> Iterator[Executor]:
     """The executor ``--workers`` / ``--scheduler`` ask for (neither: this process), open for the block."""
     if workers is None and scheduler is None:
         yield LocalExecutor()
         return
-    with dask_client(workers=workers, scheduler=scheduler) as client:
+    with dask_client(workers=workers, scheduler=scheduler, gpus_per_worker=gpus_per_worker) as client:
         yield DaskExecutor(client)
 
 

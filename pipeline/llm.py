@@ -14,9 +14,11 @@ talks to a `Backend`:
 - several samples of one prompt are several requests with different seeds.
 
 Backends: ``vllm`` (`mentor.pipeline.vllm_backend`, the only module that
-imports vllm) and ``fake`` (deterministic and scriptable, for tests only).
-`make_backend` keeps one engine per process and configuration, so a dask
-worker that runs many shards starts its engine once.
+imports vllm), ``openai`` (`mentor.pipeline.openai_backend`: an
+OpenAI-compatible server such as ``vllm serve``) and ``fake`` (deterministic
+and scriptable, for tests only). `make_backend` keeps one engine per process
+and configuration, so a dask worker that runs many shards starts its engine
+once; `release_engines` stops them when the stage that needed them ends.
 """
 
 from __future__ import annotations
@@ -24,7 +26,8 @@ from __future__ import annotations
 import importlib
 import json
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
@@ -46,6 +49,8 @@ class GenRequest:
     top_p: float = 1.0
     seed: int | None = None
     json_schema: dict | None = None
+    # Variables for the chat template (e.g. {"enable_thinking": False} for Qwen3); None: the template's defaults.
+    chat_template_kwargs: dict | None = None
 
 
 @dataclass(slots=True)
@@ -184,6 +189,12 @@ def resolve_callable(spec: str) -> Callable:
 # --------------------------------------------------------------------------- factory
 
 _ENGINES: dict[str, Backend] = {}
+_STARTS = 0  # engines this process has started
+
+
+def engine_starts() -> int:
+    """How many engines this process has started so far (a worker that reuses its engine starts one)."""
+    return _STARTS
 
 
 def _exit_on_sigterm() -> None:
@@ -216,19 +227,23 @@ def _cache_key(kind: str, model: str | None, options: dict[str, Any]) -> str:
 
 
 def make_backend(kind: str, model: str | None = None, **options: Any) -> Backend:
-    """A backend of `kind` ("vllm" | "fake"); vllm engines are created once per process and reused.
+    """A backend of `kind` ("vllm" | "openai" | "fake"); vllm engines are created once per process and reused.
 
     `model` None means the embedded demo model (SmolLM2-135M-Instruct); a
     name from `mentor.pipeline.models.MODEL_NAMES` means that CPU model (both
     get ``max_model_len`` 4096 unless given). vllm options: ``tensor_parallel_size``,
     ``gpu_memory_utilization``, ``max_model_len``, ``enforce_eager``,
-    ``dtype``, ``seed`` (others are passed to ``vllm.LLM``). fake options:
+    ``dtype``, ``seed`` (others are passed to ``vllm.LLM``). openai options:
+    ``base_url`` (required), ``api_key``, ``max_concurrency``, ``max_retries``,
+    ``timeout``, ``structured_output``; `model` is the served name. fake options:
     ``script`` (a callable or ``"module:attr"``).
     """
     if kind == "fake":
         return FakeBackend(script=options.pop("script", None), model=model or "fake", **options)
+    if kind == "openai":
+        return _server_backend(model, options)
     if kind != "vllm":
-        raise ConfigError(f"unknown backend {kind!r}; use 'vllm' (or 'fake' in tests)")
+        raise ConfigError(f"unknown backend {kind!r}; use 'vllm', 'openai' (a server) or 'fake' (tests)")
     from mentor.pipeline.models import MODEL_NAMES, NAMED_MAX_MODEL_LEN
 
     if model is None or model in MODEL_NAMES:
@@ -238,10 +253,13 @@ def make_backend(kind: str, model: str | None = None, **options: Any) -> Backend
     if engine is not None and getattr(engine, "dead", None):
         engine = None  # a failed engine is never reused
     if engine is None:
+        _check_can_start_engine()
         from mentor.pipeline.models import resolve_model
         from mentor.pipeline.vllm_backend import VLLMBackend
 
         engine = VLLMBackend(resolve_model(model), **options)
+        global _STARTS
+        _STARTS += 1
         if not _ENGINES:
             import atexit
 
@@ -249,6 +267,66 @@ def make_backend(kind: str, model: str | None = None, **options: Any) -> Backend
             _exit_on_sigterm()
         _ENGINES[key] = engine
     return engine
+
+
+def _check_can_start_engine() -> None:
+    """vLLM runs its EngineCore in a child process, which a daemonic process (a default dask worker) may not start."""
+    import multiprocessing
+
+    if multiprocessing.current_process().daemon:
+        raise ConfigError(
+            "this dask worker is a daemonic process and cannot start a vLLM engine (its EngineCore is a child process): "
+            "start the workers with DASK_DISTRIBUTED__WORKER__DAEMON=False and --nthreads 1 "
+            "(e.g. `DASK_DISTRIBUTED__WORKER__DAEMON=False dask worker ADDRESS --nthreads 1`), see docs/gpus.md")
+
+
+SERVER_OPTIONS = ("base_url", "api_key", "max_concurrency", "max_retries", "timeout", "structured_output")
+
+
+def _server_backend(model: str | None, options: dict[str, Any]) -> Backend:
+    """An `OpenAIBackend` (nothing to start or cache: the server is someone else's)."""
+    from mentor.pipeline.openai_backend import OpenAIBackend
+
+    if not model:
+        raise ConfigError("the openai backend needs the model name the server serves (--model NAME; GET BASE_URL/models lists them)")
+    if not options.get("base_url"):
+        raise ConfigError("the openai backend needs the server's URL (--base-url http://HOST:PORT/v1, or base_url in the config)")
+    unknown = sorted(set(options) - set(SERVER_OPTIONS))
+    if unknown:
+        raise ConfigError(f"the openai backend has no option {', '.join(unknown)} (engine settings belong to the server); "
+                          f"options: {', '.join(SERVER_OPTIONS)}")
+    return OpenAIBackend(model, **options)
+
+
+_HELD = 0
+
+
+@contextmanager
+def hold_engines() -> Iterator[None]:
+    """Keep engines open across stages inside the block (a benchmark that hints several arms with one model).
+
+    Outside such a block every stage releases what it started when it ends (`release_engines`).
+    """
+    global _HELD
+    _HELD += 1
+    try:
+        yield
+    finally:
+        _HELD -= 1
+
+
+def release_engines(executor: Any = None) -> None:
+    """End of a stage: stop the engines of this process and of the executor's workers, unless `hold_engines` is on.
+
+    A trainer that starts after a stage must find the GPU memory free; an idle CPU
+    engine still spins on the cores.
+    """
+    if _HELD:
+        return
+    close_backends()
+    close_remote = getattr(executor, "close_engines", None)
+    if close_remote is not None:
+        close_remote()
 
 
 @dataclass(frozen=True)
@@ -271,8 +349,8 @@ class BackendSpec:
 
     def describe(self) -> dict[str, Any]:
         """The parts of the spec that change outputs (for done-marker keys and provenance)."""
-        opts = {k: v for k, v in self.options.items() if k in ("dtype", "max_model_len", "seed", "script")}
-        embedded = self.model in (None, "", "smollm2-135m")
+        opts = {k: v for k, v in self.options.items() if k in ("dtype", "max_model_len", "seed", "script", "structured_output")}
+        embedded = self.kind != "openai" and self.model in (None, "", "smollm2-135m")
         return {"kind": self.kind, "model": "embedded:SmolLM2-135M-Instruct" if embedded else self.model, "options": opts}
 
 
@@ -284,6 +362,9 @@ __all__ = [
     "GenRequest",
     "GenResult",
     "close_backends",
+    "engine_starts",
+    "hold_engines",
+    "release_engines",
     "echo_script",
     "make_backend",
     "resolve_callable",

@@ -40,6 +40,7 @@ vLLM starts its workers with spawn.
 from __future__ import annotations
 
 import importlib.metadata
+import json
 import logging
 import os
 import re
@@ -87,10 +88,14 @@ def _cpu_list() -> str:
 def cpu_env_defaults(dtype: str = "auto") -> dict[str, str]:
     """The CPU engine's environment defaults (applied only where unset).
 
-    The KV cache gets 1 GiB, 2 GiB in float32 (the same number of tokens as 1 GiB in 16 bits).
+    The KV cache gets 1 GiB, 2 GiB in float32 (the same number of tokens as 1 GiB in 16 bits); a model
+    step may take up to an hour.
     """
     kv_gib = "2" if dtype == "float32" else "1"
-    return {"VLLM_CPU_KVCACHE_SPACE": kv_gib, "VLLM_CPU_OMP_THREADS_BIND": _cpu_list()}
+    # One step of a big wave's prefill can take longer than vLLM's 300 s execute timeout on 2 slow cores
+    # (26 prompts, 4k tokens, seen under load), and the engine then dies with a TimeoutError.
+    return {"VLLM_CPU_KVCACHE_SPACE": kv_gib, "VLLM_CPU_OMP_THREADS_BIND": _cpu_list(),
+            "VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS": "3600"}
 
 
 def cpu_engine_defaults() -> dict[str, Any]:
@@ -188,6 +193,63 @@ def _reason(exc: BaseException, log_path: Path | None = None) -> str:
     return f"{type(root).__name__} after {cause}" if cause else reason
 
 
+def serve_command(model: str | None = None, port: int = 8000, host: str = "127.0.0.1", served_model_name: str | None = None,
+                  dtype: str = "auto", max_model_len: int | None = None, tensor_parallel_size: int = 1,
+                  extra_args: Sequence[str] = ()) -> tuple[list[str], dict[str, str]]:
+    """``vllm serve`` for `model` with the engine settings of mentor's in-process engine, and its environment.
+
+    The same model resolution (the embedded model, a CPU model name, a folder or an HF
+    id) and, on the CPU build, the same defaults as `VLLMBackend`: eager mode, chunked
+    prefill off (seeded requests), the KV cache size and the cores in the environment,
+    float32 on AVX2-only cores. `served_model_name` defaults to `model` as given (the
+    name clients pass as ``--model``).
+    """
+    from mentor.pipeline.models import MODEL_NAMES, NAMED_MAX_MODEL_LEN, resolve_model
+
+    path = resolve_model(model)
+    if max_model_len is None and (model is None or model in MODEL_NAMES):
+        max_model_len = NAMED_MAX_MODEL_LEN
+    if installed("vllm"):
+        argv = [sys.executable, "-m", "vllm.entrypoints.cli.main", "serve", path]
+    else:
+        # vllm-cpu's `vllm` command looks up the version of a distribution named "vllm" and fails
+        # (PackageNotFoundError); its server module is the same OpenAI-compatible server.
+        argv = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", path]
+    argv += ["--host", host, "--port", str(port), "--served-model-name", served_model_name or model or "smollm2-135m",
+             "--enable-prefix-caching", "--seed", "0", "--tensor-parallel-size", str(tensor_parallel_size)]
+    env = {"VLLM_LOGGING_STREAM": "ext://sys.stderr"}
+    if Path(path).is_dir():
+        env["HF_HUB_OFFLINE"] = "1"
+    if is_cpu_build():
+        import torch
+
+        dtype, note = cpu_dtype(dtype, torch.backends.cpu.get_cpu_capability())
+        if note:
+            log.warning(note)
+        env |= {k: v for k, v in cpu_env_defaults(dtype).items() if k not in os.environ}
+        argv += ["--enforce-eager", "--no-enable-chunked-prefill"]
+    argv += ["--dtype", dtype]
+    if max_model_len is not None:
+        argv += ["--max-model-len", str(max_model_len)]
+    return argv + list(extra_args), env
+
+
+def _engine_processes() -> list:
+    """This process's vLLM descendants (EngineCore, its workers), by their process titles."""
+    try:
+        import psutil
+    except ImportError:  # pragma: no cover - a vllm dependency
+        return []
+    out = []
+    for p in psutil.Process().children(recursive=True):
+        try:
+            if p.name().startswith("VLLM::") or "VLLM::" in " ".join(p.cmdline()):
+                out.append(p)
+        except (psutil.NoSuchProcess, psutil.AccessDenied):
+            continue
+    return out
+
+
 class VLLMBackend(CountingBackend):
     """Offline ``vllm.LLM`` with prefix caching and per-request sampling / JSON-schema output."""
 
@@ -263,13 +325,29 @@ class VLLMBackend(CountingBackend):
             raise EngineError(f"the vLLM engine for {model} did not start ({_reason(exc, self.log_path)}){self._see_log()}") from exc
 
     def close(self) -> None:
-        """Stop the engine's processes now (frees their memory; also what runs at exit)."""
+        """Stop the engine's processes now and wait until they are gone (frees their memory; also what runs at exit).
+
+        The next stage may be a trainer that needs the GPU memory at once, so this returns
+        only once the engine's processes (EngineCore and its workers) have exited.
+        """
         core = getattr(getattr(getattr(self, "llm", None), "llm_engine", None), "engine_core", None)
+        procs = _engine_processes()
         if core is not None and hasattr(core, "shutdown"):
             try:
                 core.shutdown()
             except Exception:  # a dead engine may fail to shut down cleanly; its processes are gone anyway
                 log.debug("engine shutdown failed", exc_info=True)
+        if procs:
+            import psutil
+
+            _, alive = psutil.wait_procs(procs, timeout=30)
+            for p in alive:  # pragma: no cover - vLLM's own shutdown force-kills first
+                log.warning("vLLM process %d outlived the engine's shutdown: killing it", p.pid)
+                try:
+                    p.kill()
+                except psutil.NoSuchProcess:
+                    pass
+            psutil.wait_procs(alive, timeout=10)
         self.dead = self.dead or "closed"
 
     def _see_log(self) -> str:
@@ -291,21 +369,37 @@ class VLLMBackend(CountingBackend):
             structured_outputs=structured,
         )
 
-    def chat(self, conversations: list[list[dict]], params: list) -> list:
+    def chat(self, conversations: list[list[dict]], params: list, chat_template_kwargs: dict | None = None) -> list:
         """The raw engine call (also what the benchmark times as the baseline)."""
-        return self.llm.chat(conversations, params, use_tqdm=False)
+        return self.llm.chat(conversations, params, use_tqdm=False, chat_template_kwargs=chat_template_kwargs)
+
+    def _chat_batches(self, requests: Sequence[GenRequest]) -> list:
+        """The engine's outputs in request order: one ``llm.chat`` per distinct set of chat-template variables.
+
+        vLLM takes the template variables per call, not per prompt; every agent of a hint
+        run normally shares one set (thinking off), so a wave stays one batch.
+        """
+        groups: dict[str, list[int]] = {}
+        for i, r in enumerate(requests):
+            groups.setdefault(json.dumps(r.chat_template_kwargs, sort_keys=True), []).append(i)
+        outputs: list = [None] * len(requests)
+        for idx in groups.values():
+            kwargs = requests[idx[0]].chat_template_kwargs
+            got = self.chat([requests[i].messages for i in idx], [self.sampling_params(requests[i]) for i in idx], kwargs)
+            if len(got) != len(idx):
+                raise RuntimeError(f"vLLM returned {len(got)} outputs for {len(idx)} prompts")
+            for i, out in zip(idx, got):
+                outputs[i] = out
+        return outputs
 
     def _generate(self, requests: Sequence[GenRequest]) -> list[GenResult]:
         if self.dead is not None:
             raise EngineError(f"the vLLM engine failed earlier ({self.dead}){self._see_log()}")
-        params = [self.sampling_params(r) for r in requests]
         try:
-            outputs = self.chat([r.messages for r in requests], params)
+            outputs = self._chat_batches(requests)
         except Exception as exc:
             self.dead = _reason(exc, self.log_path)
             raise EngineError(f"the vLLM engine failed on a batch of {len(requests)} requests ({self.dead}){self._see_log()}") from exc
-        if len(outputs) != len(requests):
-            raise RuntimeError(f"vLLM returned {len(outputs)} outputs for {len(requests)} prompts")
         results = []
         # llm.chat returns outputs in prompt order; pair by position, never by text.
         for req, out in zip(requests, outputs):

@@ -154,8 +154,30 @@ def judgment_schema(feedback_chars: int, correctness: bool = False) -> dict:
 
 
 
+_THINK_OPEN, _THINK_CLOSE = "<think>", "</think>"
+
+
+def strip_thinking(text: str) -> str:
+    """`text` without a reasoning model's thinking (``<think>…</think>``), so JSON is never read out of it.
+
+    Qwen3 and the R1 family think before they answer; a reasoning parser or a
+    backend without a JSON grammar passes the block through. Everything up to the
+    last ``</think>`` is thinking (R1-style templates open the block in the
+    prompt, so the output may hold only the closing tag); an unclosed
+    ``<think>`` (the model ran out of tokens while thinking) leaves no answer.
+    """
+    if not text:
+        return text
+    close = text.rfind(_THINK_CLOSE)
+    if close >= 0:
+        return text[close + len(_THINK_CLOSE):].lstrip()
+    start = text.find(_THINK_OPEN)
+    return text[:start].rstrip() if start >= 0 else text
+
+
 def json_object(text: str) -> dict | None:
-    """The JSON object in `text` (also when wrapped in prose or a code fence), else None."""
+    """The JSON object in `text` (also when wrapped in prose or a code fence, or after a thinking block), else None."""
+    text = strip_thinking(text)
     if not text:
         return None
     try:

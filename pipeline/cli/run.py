@@ -15,13 +15,15 @@ STAGE_CHOICE = click.Choice(["train", "ingest", "mine", "hint", "build"])
 
 
 def _run(workflow: str, run_dir: str | None, rounds: int | None, from_stage: str | None, only: str | None,
-         force: bool, workers: int | None, scheduler: str | None, sample: int | None = None) -> Path:
+         force: bool, workers: int | None, scheduler: str | None, sample: int | None = None, model: str | None = None) -> Path:
     from mentor.workflows.config import load_workflow
     from mentor.workflows.runner import RunOptions, Runner
 
     wf = load_workflow(workflow)
     if sample is not None:
         wf.hint.sample = sample
+    if model is not None:
+        wf.hint.backend.model = model
     out = Path(run_dir) if run_dir else Path("runs") / wf.name
     click.echo(f"workflow {wf.name}: {wf.rounds if rounds is None else rounds} round(s) -> {out}", err=True)
     if workers is None and scheduler is None:
@@ -29,7 +31,9 @@ def _run(workflow: str, run_dir: str | None, rounds: int | None, from_stage: str
     else:
         from mentor.pipeline.executor import dask_client
 
-        ctx = dask_client(workers=workers, scheduler=scheduler)
+        # One hint engine per worker, each on tensor_parallel_size GPUs of its own.
+        tp = int(wf.hint.backend.options.get("tensor_parallel_size", 1)) if wf.hint.backend.backend == "vllm" else 1
+        ctx = dask_client(workers=workers, scheduler=scheduler, gpus_per_worker=tp)
     with ctx as client:
         opts = RunOptions(rounds=rounds, from_stage=from_stage, only=only, force=force, client=client)
         runner = Runner(wf, out, opts)
@@ -63,14 +67,42 @@ def run(workflow, run_dir, rounds, from_stage, only, force, sample, workers, sch
 @click.option("--run-dir", type=click.Path(file_okay=False), default="runs/gsm8k-demo", show_default=True, help="Run directory.")
 @click.option("--sample", type=click.IntRange(1, 2**31 - 1), help="Collapsed problems to hint (default: the workflow's, 4).")
 @click.option("--force", is_flag=True, help="Re-run every stage even if done.")
-def demo(run_dir, sample, force):
+@click.option("--model", help="The hint model instead of the embedded SmolLM2-135M, e.g. qwen2.5-coder-0.5b "
+                              "(after `mentor setup-cpu --model qwen2.5-coder-0.5b`).")
+def demo(run_dir, sample, force, model):
     """One round on the bundled real GSM8K rollouts with the embedded CPU model (= mentor run gsm8k-demo)."""
     logging.getLogger("mentor").setLevel(logging.INFO)
-    out = _run("gsm8k-demo", run_dir, None, None, None, force, None, None, sample)
+    if model is not None:
+        from mentor.pipeline.models import check_model
+
+        check_model(model)  # before any work: a model that is not set up is a one-line error with the fix
+    out = _run("gsm8k-demo", run_dir, None, None, None, force, None, None, sample, model)
     _print_status(out, "table")
     from mentor.stages.inspect import summarize_run, render_table
 
     click.echo(render_table(summarize_run(out)))
+    _show_a_hint(out)
+
+
+def _show_a_hint(run_dir: Path) -> None:
+    """The demo's last word: one hint the agents wrote (not the fallback), and the command that shows its trace."""
+    import polars as pl
+
+    path = run_dir / "round-000" / "hints" / "hints.parquet"
+    if not path.is_file():
+        return
+    hints = pl.read_parquet(path, columns=["problem_id", "status", "hint"])
+    written = hints.filter(pl.col("status") != "fallback")
+    row = (written if written.height else hints).row(0, named=True)
+    click.echo("")
+    if written.height:
+        click.echo(f"{written.height} of {hints.height} hints written by the agents (the rest fell back); one of them "
+                   f"({row['status']}, problem {row['problem_id']}):")
+    else:
+        click.echo(f"all {hints.height} hints fell back to the safe default; problem {row['problem_id']}'s:")
+    click.echo(f"  {row['hint']}")
+    click.echo(f"its trace (every model call and rule verdict): "
+               f"mentor inspect {run_dir / 'round-000' / 'hints'} --problem {row['problem_id']}")
 
 
 def _print_status(run_dir: Path, fmt: str) -> None:

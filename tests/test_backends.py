@@ -1,0 +1,249 @@
+"""Where the engines run: dask engine workers (devices, daemon flag), the OpenAI-server backend, thinking models.
+
+The real engines (one vLLM CPU engine per dask worker, a real `vllm serve`) are in
+test_engines_real.py; these tests use a real dask cluster and a real HTTP server of
+the test's own, no engine.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import pytest
+
+from mentor.pipeline.devices import engine_worker_env, local_gpus
+from mentor.pipeline.errors import ConfigError, EngineError
+from mentor.pipeline.llm import BackendSpec, FakeBackend, GenRequest, make_backend
+from mentor.stages import hint_agents
+from mentor.stages.hint import HintConfig, hint_shard
+
+# ----------------------------------------------------------------------------- devices
+
+
+def test_engine_workers_get_disjoint_gpus():
+    eight = [str(i) for i in range(8)]
+    assert [e["CUDA_VISIBLE_DEVICES"] for e in engine_worker_env(8, 1, gpus=eight)] == eight
+    assert [e["CUDA_VISIBLE_DEVICES"] for e in engine_worker_env(2, 4, gpus=eight)] == ["0,1,2,3", "4,5,6,7"]
+    with pytest.raises(ConfigError, match=r"need 12 GPUs, this node has 8 .*--workers 2"):
+        engine_worker_env(3, 4, gpus=eight)
+    # No GPU: each engine gets cores of its own.
+    assert engine_worker_env(2, 1, gpus=[], cpus=[0, 1]) == [{"VLLM_CPU_OMP_THREADS_BIND": "0"}, {"VLLM_CPU_OMP_THREADS_BIND": "1"}]
+    assert engine_worker_env(2, 1, gpus=[], cpus=[0, 1, 2, 3])[1] == {"VLLM_CPU_OMP_THREADS_BIND": "2,3"}
+
+
+def test_local_gpus_reads_the_fake_count_and_cuda_visible_devices(monkeypatch):
+    monkeypatch.setenv("MENTOR_FAKE_GPUS", "4")
+    assert local_gpus() == ["0", "1", "2", "3"]
+    monkeypatch.delenv("MENTOR_FAKE_GPUS")
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "3,5")
+    assert local_gpus() == ["3", "5"]
+
+
+def test_local_cluster_workers_can_start_engines_on_their_own_gpus(monkeypatch):
+    """Each local worker may start child processes (vLLM's EngineCore) and sees only its own GPUs."""
+    from mentor.pipeline.devices import worker_info
+    from mentor.pipeline.executor import dask_client
+
+    monkeypatch.setenv("MENTOR_FAKE_GPUS", "4")
+    with dask_client(workers=2, gpus_per_worker=2) as client:
+        views = client.run(worker_info)
+    assert sorted(v["CUDA_VISIBLE_DEVICES"] for v in views.values()) == ["0,1", "2,3"]
+    assert not any(v["daemon"] for v in views.values())
+    monkeypatch.setenv("MENTOR_FAKE_GPUS", "2")
+    with pytest.raises(ConfigError, match="need 4 GPUs, this node has 2"):
+        with dask_client(workers=2, gpus_per_worker=2):
+            pass
+
+
+def test_a_daemonic_worker_says_how_to_start_engine_workers():
+    """A cluster the user started with dask's defaults: one clear error instead of vLLM's AssertionError."""
+    distributed = pytest.importorskip("distributed")
+
+    with distributed.LocalCluster(n_workers=1, threads_per_worker=1, dashboard_address=None) as cluster, \
+            distributed.Client(cluster) as client:
+        fut = client.submit(BackendSpec("vllm", "/nonexistent-model"), pure=False)
+        with pytest.raises(ConfigError, match="DASK_DISTRIBUTED__WORKER__DAEMON=False"):
+            fut.result()
+
+
+# ----------------------------------------------------------------------------- the OpenAI-server backend
+
+
+class _Server(ThreadingHTTPServer):
+    daemon_threads = True
+
+
+def _serve(handler_answers):
+    """A local HTTP server answering /v1/models and /v1/chat/completions with `handler_answers(body)`."""
+    seen: list[dict] = []
+
+    class Handler(BaseHTTPRequestHandler):
+        def log_message(self, *args):  # quiet
+            pass
+
+        def _send(self, code, obj):
+            data = json.dumps(obj).encode()
+            self.send_response(code)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+        def do_GET(self):
+            self._send(200, {"object": "list", "data": [{"id": "m", "object": "model", "created": 0, "owned_by": "t"}]})
+
+        def do_POST(self):
+            body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+            seen.append(body)
+            code, obj = handler_answers(body)
+            self._send(code, obj)
+
+    server = _Server(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    return server, seen
+
+
+def _completion(text, finish="stop"):
+    return {"id": "x", "object": "chat.completion", "created": 0, "model": "m",
+            "choices": [{"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": finish}],
+            "usage": {"prompt_tokens": 7, "completion_tokens": 3, "total_tokens": 10}}
+
+
+def test_server_backend_sends_seeds_schema_and_template_kwargs_and_keeps_order():
+    server, seen = _serve(lambda body: (200, _completion(body["messages"][-1]["content"].upper())))
+    try:
+        url = f"http://127.0.0.1:{server.server_port}/v1"
+        backend = make_backend("openai", "m", base_url=url, max_concurrency=3)
+        schema = {"type": "object", "properties": {"hint": {"type": "string", "maxLength": 40}}}
+        reqs = [GenRequest(f"r{i}", [{"role": "user", "content": f"q{i}"}], max_tokens=9, temperature=0.7, top_p=0.9,
+                           seed=100 + i, json_schema=schema if i % 2 else None, chat_template_kwargs={"enable_thinking": False})
+                for i in range(10)]
+        res = backend.generate(reqs)
+    finally:
+        server.shutdown()
+    assert [r.id for r in res] == [f"r{i}" for i in range(10)]
+    assert [r.text for r in res] == [f"Q{i}" for i in range(10)]  # paired by position
+    assert backend.prompt_tokens == 70 and backend.completion_tokens == 30
+    by_q = {b["messages"][-1]["content"]: b for b in seen}
+    assert by_q["q3"]["seed"] == 103 and by_q["q3"]["max_tokens"] == 9 and by_q["q3"]["top_p"] == 0.9
+    assert by_q["q3"]["response_format"] == {"type": "json_schema", "json_schema": {"name": "answer", "schema": schema}}
+    assert "response_format" not in by_q["q2"]
+    assert by_q["q2"]["chat_template_kwargs"] == {"enable_thinking": False}
+
+
+def test_server_backend_errors_name_the_url():
+    # A server that is not there: one error naming the URL, after the client's retries.
+    with pytest.raises(EngineError, match=r"the server at http://127\.0\.0\.1:9/v1 did not answer"):
+        make_backend("openai", "m", base_url="http://127.0.0.1:9/v1", max_retries=1)
+    # A model the server does not serve.
+    server, _ = _serve(lambda body: (200, _completion("x")))
+    url = f"http://127.0.0.1:{server.server_port}/v1"
+    try:
+        with pytest.raises(EngineError, match="does not serve model 'other' .*serves: m"):
+            make_backend("openai", "other", base_url=url)
+    finally:
+        server.shutdown()
+    # 400 for every request (e.g. no JSON-schema support): the wave fails with the way out.
+    server, _ = _serve(lambda body: (400, {"error": {"message": "response_format is not supported", "type": "BadRequest"}}))
+    url = f"http://127.0.0.1:{server.server_port}/v1"
+    try:
+        backend = make_backend("openai", "m", base_url=url)
+        with pytest.raises(EngineError, match="structured_output: none"):
+            backend.generate([GenRequest("a", [{"role": "user", "content": "q"}], json_schema={"type": "object"})])
+    finally:
+        server.shutdown()
+    with pytest.raises(ConfigError, match="--base-url"):
+        make_backend("openai", "m")
+    with pytest.raises(ConfigError, match="engine settings belong to the server"):
+        make_backend("openai", "m", base_url=url, tensor_parallel_size=2)
+
+
+# ----------------------------------------------------------------------------- thinking models
+
+# Qwen3's own logic for the generation prompt (its template, shortened to what matters here).
+QWEN3_STYLE = (
+    "{%- for message in messages %}{{- '<|im_start|>' + message.role + '\\n' + message.content + '<|im_end|>\\n' }}{%- endfor %}"
+    "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}"
+    "{%- if enable_thinking is defined and enable_thinking is false %}{{- '<think>\\n\\n</think>\\n\\n' }}{%- endif %}"
+    "{%- endif %}"
+)
+
+
+def test_thinking_is_off_in_the_template_and_stripped_from_answers(gsm8k_collapsed):
+    """The agents' requests turn Qwen3's thinking off, and a <think> block never reaches the parsers."""
+    import polars as pl
+    from jinja2.sandbox import ImmutableSandboxedEnvironment  # what transformers renders chat templates with
+
+    cfg = HintConfig(llm_judge=False, max_retry=0, max_refine=0)
+    assert cfg.template_kwargs("generation") == {"enable_thinking": False}
+    render = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True).from_string(QWEN3_STYLE).render
+    msgs = [{"role": "user", "content": "hi"}]
+    assert render(messages=msgs, add_generation_prompt=True, **cfg.template_kwargs("attribution")).endswith("<think>\n\n</think>\n\n")
+    assert "<think>" not in render(messages=msgs, add_generation_prompt=True)  # left on: the model opens it itself
+    thinks = HintConfig(agent_chat_template_kwargs={"judgment": {"enable_thinking": True}})
+    assert thinks.template_kwargs("judgment") == {"enable_thinking": True}
+    assert thinks.template_kwargs("generation") == {"enable_thinking": False}
+
+    decoy = '{"hint": "The answer is 18.", "keywords": ["decoy"]}'
+
+    def script(req):
+        if "keywords" in json.dumps(req.json_schema or {}):
+            return f'<think>Let me try {decoy} first.</think>{{"keywords": ["unit rate"], "error": "divides the wrong way"}}'
+        return f'<think>Maybe {decoy}? No.</think>\n{{"hint": "Work out the price of one item before scaling up."}}'
+
+    row = pl.read_parquet(gsm8k_collapsed).sort("problem_id").head(1).to_dicts()
+    fake = FakeBackend(script)
+    table = hint_shard(row, cfg, fake)
+    out = table.to_pylist()[0]
+    assert all(r.chat_template_kwargs == {"enable_thinking": False} for call in fake.log for r in call)
+    assert out["keywords"] == ["unit rate"] and out["hint"] == "Work out the price of one item before scaling up."
+    assert out["status"] == "accepted"
+    # R1-style output (the template opened the block) and an unclosed block (ran out of tokens while thinking).
+    assert hint_agents.parse_hint('still thinking {"hint": "no"} </think>{"hint": "yes"}')["hint"] == "yes"
+    assert hint_agents.parse_hint('<think>{"hint": "half a thought"}') is None
+
+
+def test_shards_split_over_the_engine_workers():
+    """The default shard size would give 432 problems one shard: 1 of 8 engines busy."""
+    from mentor.stages.hint import shard_size_for
+
+    class Eight:
+        def workers(self):
+            return 8
+
+    assert shard_size_for(HintConfig(), 432, Eight()) == 54
+    assert shard_size_for(HintConfig(), 432, None) == 512
+    assert shard_size_for(HintConfig(shard_size=100), 432, Eight()) == 100  # the user's choice stands
+
+
+def test_a_stage_releases_its_engines_unless_held(gsm8k_collapsed, tmp_path, monkeypatch):
+    """hint_to_dir shuts the process's engines (and the executor's workers') when it ends; hold_engines keeps them."""
+    from mentor.pipeline import llm
+    from mentor.stages.hint import hint_to_dir
+
+    closed: list[str] = []
+
+    class Engine:
+        def close(self):
+            closed.append("engine")
+
+    class Workers:
+        def imap(self, fn, items, *args):
+            return (fn(item, *args) for item in items)
+
+        def map(self, fn, items, *args):
+            return [fn(item, *args) for item in items]
+
+        def close_engines(self):
+            closed.append("workers")
+
+    spec = BackendSpec("fake", options={"script": "mentor.stages.hint_agents:fake_script"})
+    cfg = HintConfig(llm_judge=False)
+    monkeypatch.setitem(llm._ENGINES, "k", Engine())
+    with llm.hold_engines():
+        hint_to_dir(gsm8k_collapsed, tmp_path / "a", cfg, spec, executor=Workers(), sample=3)
+    assert closed == [] and "k" in llm._ENGINES
+    hint_to_dir(gsm8k_collapsed, tmp_path / "b", cfg, spec, executor=Workers(), sample=3)
+    assert closed == ["engine", "workers"] and not llm._ENGINES
