@@ -34,6 +34,13 @@ sys.exit(code)
 """
 
 
+@pytest.fixture(autouse=True)
+def _three_gpus(monkeypatch):
+    """The default round (1 actor + 1 reference + 1 vLLM GPU) fits; no Ray cluster is looked for."""
+    monkeypatch.setenv("MENTOR_FAKE_GPUS", "3")
+    monkeypatch.setenv("RAY_ADDRESS", "local")
+
+
 @pytest.fixture()
 def fake_python(tmp_path) -> str:
     path = tmp_path / "fake-python"

@@ -6,10 +6,10 @@
    our prompt shards, with a real chat tokenizer (the embedded SmolLM2 model's).
    Only the vLLM engine is a stand-in that returns a fixed response.
 2. `mentor train --dry-run`'s command is parsed by OpenRLHF's own argument
-   parser. `openrlhf.cli.train_ppo_ray` imports ray at module level (not
-   installable on this CPU machine) and builds its parser inside
-   `if __name__ == "__main__"`, so the test executes that block's code from the
-   installed source (every statement except the final `train(args)` call):
+   parser. `openrlhf.cli.train_ppo_ray` imports ray, vLLM and DeepSpeed at module
+   level (GPU-side; importing vLLM alone takes half a minute) and builds its parser
+   inside `if __name__ == "__main__"`, so the test executes that block's code from
+   the installed source (every statement except the final `train(args)` call):
    the real `add_argument` calls AND the real post-parse validation asserts.
 """
 

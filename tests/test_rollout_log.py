@@ -143,3 +143,44 @@ def test_location_from_env_or_config_file(tmp_path, monkeypatch):
     # One shard per process and directory.
     assert rollout_log(tmp_path / "a") is rollout_log(tmp_path / "a")
     assert rollout_log(tmp_path / "a") is not rollout_log(tmp_path / "b")
+
+
+def test_settings_travel_in_the_ray_job_config(tmp_path, monkeypatch):
+    import pytest
+
+    from mentor.pipeline.errors import ConfigError
+    from mentor.training.launcher import TrainConfig, build_env
+    from mentor.training.rollout_log import RAY_JOB_CONFIG_ENV, ray_job_config_env, reward_env_vars
+
+    monkeypatch.setenv("MENTOR_CODE_TIMEOUT", "7")
+    monkeypatch.setenv("UNRELATED", "x")
+    monkeypatch.delenv(RAY_JOB_CONFIG_ENV, raising=False)
+    cfg = TrainConfig(round=2, round_dir=str(tmp_path / "round-002"), base_model="m", actor_model="m", env={"MENTOR_ROLLOUT_FSYNC": "1"})
+    env = build_env(cfg)
+    job = json.loads(env[RAY_JOB_CONFIG_ENV])
+    assert job == {"runtime_env": {"env_vars": {
+        "MENTOR_CODE_TIMEOUT": "7", "MENTOR_ROLLOUT_FSYNC": "1", "MENTOR_ROUND": "2",
+        ENV_DIR: str(tmp_path / "round-002" / "rollouts" / "log"),
+    }}}
+    # Inside `ray job submit`: its runtime env (working_dir, its own variables) is kept, mentor's dir wins.
+    outer = json.dumps({"runtime_env": {"working_dir": "/code", "env_vars": {"NCCL_DEBUG": "INFO", ENV_DIR: "/elsewhere"}},
+                        "metadata": {"job": "a"}})
+    monkeypatch.setenv(RAY_JOB_CONFIG_ENV, outer)
+    job = json.loads(build_env(cfg)[RAY_JOB_CONFIG_ENV])
+    assert job["metadata"] == {"job": "a"} and job["runtime_env"]["working_dir"] == "/code"
+    assert job["runtime_env"]["env_vars"]["NCCL_DEBUG"] == "INFO"
+    assert job["runtime_env"]["env_vars"][ENV_DIR] == str(cfg.rollout_dir)
+    assert reward_env_vars({"MENTOR_A": "1", "B": "2"}, {"MENTOR_A": "3"}) == {"MENTOR_A": "3"}
+    with pytest.raises(ConfigError, match=f"{RAY_JOB_CONFIG_ENV} is set but is not a JSON job config"):
+        ray_job_config_env({}, "not json")
+
+
+def test_unwritable_local_dir_is_refused(tmp_path):
+    import pytest
+
+    from mentor.training.rollout_log import RolloutDirUnreachable, check_rollout_reach
+
+    (tmp_path / "file").write_text("x")
+    with pytest.raises(RolloutDirUnreachable, match=r"rollout log dir .*/file/log: cannot write there"):
+        check_rollout_reach(None, tmp_path / "file" / "log")
+    assert check_rollout_reach(None, tmp_path / "ok" / "log") and not list((tmp_path / "ok" / "log").iterdir())

@@ -125,3 +125,45 @@ def test_without_trl_the_error_says_how_to_install(round_dir, monkeypatch):
     assert not (round_dir.parent / "no-trl-run").exists()
     with pytest.raises(ConfigError, match="limit: Input should be greater than or equal to 1"):
         validate_workflow({"name": "t", "base": "gsm8k", "trainer": {"kind": "trl", "config": {"limit": 0}}})
+
+
+def test_several_processes_launch_through_accelerate(tmp_path, round_dir):
+    from mentor.training.trl_launcher import build_command, check_with_accelerate
+
+    path = _write(tmp_path, {"kind": "trl", "round_dir": str(round_dir), "num_processes": 4, "per_device_train_batch_size": 4})
+    res = CliRunner().invoke(cli, ["train", "--config", path, "--dry-run"], catch_exceptions=False)
+    assert res.exit_code == 0, res.output
+    cmd = next(ln for ln in res.output.splitlines() if "mentor.training.trl_train" in ln).split()
+    assert cmd[1:3] == ["-m", "accelerate.commands.launch"]
+    # --cpu would make accelerate start one process whatever --num_processes says: torchrun (--multi_gpu) starts all.
+    assert cmd[cmd.index("--num_processes") + 1] == "4" and "--multi_gpu" in cmd and "--cpu" not in cmd
+    assert cmd[-3:-1] == ["-m", "mentor.training.trl_train"]
+    assert "# processes: 4 (accelerate launch); GPUs: none (use_cpu)" in res.output
+    one = parse_config({"round_dir": str(round_dir)})
+    assert build_command(one)[1:3] == ["-m", "mentor.training.trl_train"]  # one process: no launcher
+    # A config file picks the launcher itself (DeepSpeed, FSDP ...): passed through, no --multi_gpu added.
+    (tmp_path / "zero2.yaml").write_text("distributed_type: DEEPSPEED\nnum_processes: 8\n")
+    ds = build_command(parse_config({"round_dir": str(round_dir), "num_processes": 8, "accelerate_config": str(tmp_path / "zero2.yaml")}))
+    assert ds[ds.index("--config_file") + 1] == str(tmp_path / "zero2.yaml") and "--multi_gpu" not in ds
+    # accelerate's own parser and checks, as one-line errors.
+    for extra, said in ((({"num_proceses": 3}), "unrecognized arguments: --num_proceses"),
+                        ({"use_deepspeed": True, "multi_gpu": True}, "You can only use one of"),
+                        ({"mixed_precision": "fp17"}, "invalid choice: 'fp17'"),
+                        ({"num_processes": 3}, "--num_processes is set by mentor; use num_processes")):
+        with pytest.raises(ConfigError, match=said):
+            check_with_accelerate(build_command(parse_config({"round_dir": str(round_dir), "num_processes": 2,
+                                                               "accelerate_args": extra})))
+
+
+def test_gpu_processes_are_checked_against_the_gpus(round_dir, monkeypatch):
+    from mentor.training.gpus import GpuShortage
+
+    monkeypatch.setenv("MENTOR_FAKE_GPUS", "2")
+    cfg = parse_config({"round_dir": str(round_dir), "num_processes": 4, "use_cpu": False, "bf16": False})
+    with pytest.raises(GpuShortage, match=r"needs 4 GPUs \(4 trainer processes\), this machine \(MENTOR_FAKE_GPUS=2\) has 2: set num_processes 2"):
+        run_round(cfg)
+    assert not (round_dir / "train").exists()  # refused before anything was written
+    monkeypatch.setenv("MENTOR_FAKE_GPUS", "4")
+    from mentor.training.trl_launcher import check_gpus, gpu_demand, round_spec
+
+    check_gpus(gpu_demand(cfg, round_spec(cfg)))  # 4 processes fit 4 GPUs

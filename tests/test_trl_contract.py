@@ -20,6 +20,8 @@ import pytest
 import yaml
 from click.testing import CliRunner
 
+from tiny_model import make_trainable_llama
+
 trl = pytest.importorskip("trl")
 pytestmark = pytest.mark.trl
 
@@ -38,23 +40,10 @@ BAD_CODE = "```python\ndef has_close_elements(numbers, threshold):\n    return F
 @pytest.fixture(scope="module")
 def tiny_model(tmp_path_factory):
     """A 2-layer random Llama with the embedded SmolLM2's tokenizer: real shapes, seconds per step."""
-    import torch
-    from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
-
-    from mentor.pipeline.models import ensure_embedded_model
-
     try:
-        src = ensure_embedded_model()
-    except Exception as exc:  # the model package is part of the cpu extra
+        out = make_trainable_llama(tmp_path_factory.mktemp("tiny-llama"))
+    except Exception as exc:  # the embedded model's package is part of the cpu extra
         pytest.skip(f"embedded model unavailable: {exc}")
-    tok = AutoTokenizer.from_pretrained(str(src))
-    torch.manual_seed(0)
-    cfg = LlamaConfig(vocab_size=len(tok), hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-                      num_key_value_heads=2, max_position_embeddings=2048, bos_token_id=tok.bos_token_id,
-                      eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id, tie_word_embeddings=True)
-    out = tmp_path_factory.mktemp("tiny-llama")
-    LlamaForCausalLM(cfg).save_pretrained(out)
-    tok.save_pretrained(out)
     return str(out)
 
 
@@ -174,3 +163,30 @@ def test_mentor_train_kind_trl_one_step(tiny_model, rows, tmp_path):
     assert len(shards) == 1 and "stale" not in shards[0].name  # the killed attempt's shard is gone
     recs = [json.loads(line) for line in shards[0].read_text().splitlines()]
     assert len(recs) == 4 and {r["hint_id"] for r in recs} == {HINT} and {r["trainer"] for r in recs} == {"trl"}
+
+
+def test_mentor_train_kind_trl_two_processes(tiny_model, rows, tmp_path):
+    """`num_processes: 2`: accelerate launch starts two CPU processes (torchrun, gloo) through one GRPO step."""
+    round_dir = tmp_path / "run" / "round-001"
+    write_parquet_atomic(pl.DataFrame(rows), round_dir / "prompts" / "part-00000.parquet", dataset="prompts")
+    logs = round_dir / "train" / "logs"
+    cfg = {"kind": "trl", "round": 1, "round_dir": str(round_dir), "actor_model": tiny_model, "rollout_log_dir": str(logs),
+           "num_processes": 2, "max_steps": 1, "per_device_train_batch_size": 4, "max_completion_length": 16,
+           "save_strategy": "no", "logging_steps": 1}
+    (tmp_path / "round.yaml").write_text(yaml.safe_dump(cfg))
+    res = CliRunner().invoke(cli, ["train", "--config", str(tmp_path / "round.yaml")], catch_exceptions=False)
+    log = (round_dir / "train" / "train.log").read_text()
+    assert res.exit_code == 0, res.output + log[-3000:]
+    outcome = json.loads((round_dir / "train" / "outcome.json").read_text())
+    assert outcome["command"][1:3] == ["-m", "accelerate.commands.launch"] and "--multi_gpu" in outcome["command"]
+    assert outcome["exit_code"] == 0 and outcome["steps"] == 1 and outcome["processes"] == 2
+    assert os.path.isfile(os.path.join(outcome["final_model"], "model.safetensors"))
+    assert "rewards/mentor_correct/mean" in outcome["metrics"]
+    # Each process scored its share of the 2 prompts x 4 generations and logged it into its own shard.
+    shards = sorted(logs.glob("trl-*.jsonl"))
+    recs = [[json.loads(line) for line in f.read_text().splitlines()] for f in shards]
+    assert len(shards) == 2 and [len(r) for r in recs] == [4, 4]
+    assert len({r[0]["pid"] for r in recs}) == 2
+    assert sorted(x["problem_id"] for r in recs for x in r) == sorted([json.loads(rows[0]["label"])["problem_id"]] * 4
+                                                                      + [json.loads(rows[1]["label"])["problem_id"]] * 4)
+    assert "process 1: done" in log

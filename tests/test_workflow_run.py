@@ -272,6 +272,7 @@ def test_engine_failure_mid_stage_is_one_error_and_a_rerun_redoes_only_unfinishe
     flag = setup["dir"] / "engine-dies"
     wf = json.loads(json.dumps(setup["wf"]))
     wf["hint"]["backend"]["options"]["script"] = "wf_fakes:flaky_hinter"
+    wf["hint"]["config"]["judge_check"] = {"enabled": False}  # the victim would die in the judge check, before any shard
     flag.write_text("")
     try:
         res = CliRunner().invoke(cli, ["run", str(_write(tmp_path / "wf.yaml", wf)), "--run-dir", str(run_dir),

@@ -14,7 +14,10 @@ The command (flags as OpenRLHF 0.11.2's ``train_ppo_ray`` parser spells them)::
       <extra_args from the config>
 
 It runs with ``MENTOR_ROLLOUT_DIR`` pointing at the round's rollout log dir,
-so the reward file logs every rollout there. Output and error go to
+so the reward file logs every rollout there; the variable reaches the Ray
+workers on every node through the job's runtime env (``RAY_JOB_CONFIG_JSON_ENV_VAR``,
+see `mentor.training.rollout_log`). Before launch, `preflight` refuses a round
+the GPUs cannot place or whose rollout dir the workers cannot reach. Output and error go to
 ``<round>/train/train.log``; the outcome (exit code, log file, final model) to
 ``<round>/train/outcome.json``. A failing trainer raises `TrainError` with the
 log's tail.
@@ -49,7 +52,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from mentor.pipeline.errors import ConfigError, MentorError
 from mentor.pipeline.io import read_json, read_yaml_mapping, write_json_atomic
-from mentor.training.rollout_log import ENV_DIR
+from mentor.training.rollout_log import ENV_DIR, ENV_ROUND, RAY_JOB_CONFIG_ENV, ray_job_config_env, reward_env_vars
 
 log = logging.getLogger(__name__)
 
@@ -126,6 +129,11 @@ class TrainConfig(RoundPaths, BaseModel):
     )
     python: str = Field(default_factory=lambda: sys.executable, description="Python of the trainer's environment.")
     env: dict[str, str] = Field(default_factory=dict, description="Extra environment variables for the trainer.")
+    preflight: bool = Field(
+        True,
+        description="Before launch, refuse a round the GPUs cannot place (Ray cluster or this machine) or whose rollout "
+        "log dir the Ray workers cannot write where mentor reads it; false: launch without these checks.",
+    )
 
     @property
     def ckpt_path(self) -> Path:
@@ -240,9 +248,18 @@ def build_command(cfg: TrainConfig) -> list[str]:
 
 
 def build_env(cfg: TrainConfig) -> dict[str, str]:
-    """The variables mentor adds to the trainer's environment."""
-    env = {ENV_DIR: str(cfg.rollout_dir.resolve())}
+    """The variables mentor adds to the trainer's environment.
+
+    ``MENTOR_ROLLOUT_DIR`` and ``MENTOR_ROUND`` for the launcher's process, and the same
+    (with every other ``MENTOR_*`` setting) in ``RAY_JOB_CONFIG_JSON_ENV_VAR``: Ray merges
+    that job config into the runtime env of OpenRLHF's own ``ray.init()``, so the vLLM
+    engines' actors, which run the reward function, get them on every node, on a fresh
+    local cluster and on one started by ``ray start`` alike.
+    """
+    env = {ENV_DIR: str(cfg.rollout_dir.resolve()), ENV_ROUND: str(cfg.round)}
     env.update(cfg.env)
+    current = env.get(RAY_JOB_CONFIG_ENV, os.environ.get(RAY_JOB_CONFIG_ENV))
+    env.update(ray_job_config_env(reward_env_vars(os.environ, env), current))
     return env
 
 
@@ -304,19 +321,15 @@ def check_with_openrlhf(cmd: list[str]) -> tuple[Any, list[str]]:
 
     The whole ``if __name__ == "__main__"`` block of ``openrlhf.cli.train_ppo_ray`` runs
     (its parser, then every post-parse check and adjustment), with ``train`` replaced by a
-    function that keeps the parsed arguments. The module's imports that need a GPU stack
-    (ray, vLLM) are skipped: only ``train`` uses them.
+    function that keeps the parsed arguments. The module's imports other than the
+    standard library's (ray, vLLM, DeepSpeed) are skipped: only ``train`` uses them.
     """
     origin, tree, main = _openrlhf_module()
     ns: dict[str, Any] = {"__name__": "__main__", "__file__": origin, "__builtins__": builtins}
     for stmt in tree.body:
-        if stmt is main:
-            continue
-        try:
-            exec(compile(ast.Module(body=[stmt], type_ignores=[]), origin, "exec"), ns)  # noqa: S102 - OpenRLHF's own code
-        except ImportError:
-            if not isinstance(stmt, (ast.Import, ast.ImportFrom)):
-                raise
+        if stmt is main or (isinstance(stmt, (ast.Import, ast.ImportFrom)) and not _stdlib_import(stmt)):
+            continue  # ray, vLLM, DeepSpeed: only train() uses them (and importing vLLM takes half a minute)
+        exec(compile(ast.Module(body=[stmt], type_ignores=[]), origin, "exec"), ns)  # noqa: S102 - OpenRLHF's own code
     captured: list[Any] = []
     ns["train"] = captured.append
     real_import = builtins.__import__
@@ -351,6 +364,11 @@ def check_with_openrlhf(cmd: list[str]) -> tuple[Any, list[str]]:
     return captured[0], notes
 
 
+def _stdlib_import(stmt: ast.Import | ast.ImportFrom) -> bool:
+    names = [a.name for a in stmt.names] if isinstance(stmt, ast.Import) else [stmt.module or ""]
+    return not getattr(stmt, "level", 0) and all(n.split(".")[0] in sys.stdlib_module_names for n in names)
+
+
 def _assertion_text(exc: AssertionError, origin: str) -> str:
     """An assertion's message, or the failing line of OpenRLHF's source when it has none."""
     if str(exc):
@@ -370,11 +388,59 @@ def log_tail(path: Path, n: int = 40) -> str:
         return ""
 
 
-def dry_run_text(cfg: TrainConfig) -> str:
+def dry_run_text(cfg: TrainConfig, args: Any = None) -> str:
+    """The environment, the command and (with `args`, what OpenRLHF parsed) the GPUs the round needs."""
     cmd = build_command(cfg)
     env = build_env(cfg)
     lines = ["# environment"] + [f"export {k}={shlex.quote(v)}" for k, v in env.items()] + ["# command", shlex.join(cmd)]
+    if args is not None:
+        from mentor.training.openrlhf_placement import round_demand
+
+        demand = round_demand(cmd, args)
+        lines.append(f"# GPUs: this round needs {demand.describe()} (not checked against a cluster in a dry run)")
+        lines += [f"#   or with {name}: {gpus:g}" for name, gpus in demand.fixes]
     return "\n".join(lines)
+
+
+def preflight(cfg: TrainConfig, cmd: list[str], extra_env: dict[str, str]) -> dict[str, Any]:
+    """Refuse a round that cannot run as configured, before anything starts.
+
+    - GPUs: what OpenRLHF's placement code reserves for `cmd` against the Ray cluster the
+      trainer will join (RAY_ADDRESS or a `ray start` cluster on this machine), else this
+      machine's devices (`GpuShortage`).
+    - Rollout log: every node of that cluster writes a probe into the rollout dir through the
+      trainer's own runtime env and this machine reads it back; on a fresh local cluster the
+      folder must be writable here (`RolloutDirUnreachable`).
+
+    Without openrlhf in mentor's environment the GPU count is skipped (a warning).
+    Returns what was checked (kept in outcome.json).
+    """
+    from mentor.training.gpus import cluster_supply, local_gpus
+    from mentor.training.openrlhf_placement import round_demand
+    from mentor.training.ray_preflight import probe_cluster
+    from mentor.training.rollout_log import check_rollout_reach
+
+    try:
+        demand = round_demand(cmd)
+    except ConfigError as exc:
+        if "not installed" not in str(exc):
+            raise
+        log.warning("%s: the round's GPUs are not checked before launch", exc)
+        demand = None
+    env = dict(os.environ) | extra_env
+    cluster = probe_cluster(env, init="openrlhf", python=sys.executable)
+    supply = cluster_supply(cluster) if cluster else local_gpus()
+    if demand is not None:
+        demand.check(supply)
+    hosts = check_rollout_reach(cluster, cfg.rollout_dir)
+    return {
+        "gpus_needed": demand.total if demand else None,
+        "gpus_detail": demand.describe() if demand else None,
+        "gpus_there": supply.total,
+        "gpus_where": supply.where,
+        "ray_cluster": cluster.get("address") if cluster else None,
+        "rollout_dir_checked_on": hosts,
+    }
 
 
 def with_overrides(
@@ -439,6 +505,7 @@ def run_round(cfg: TrainConfig, **overrides: Any) -> dict[str, Any]:
         cfg = with_overrides(cfg, **overrides)
     cmd = build_command(cfg)
     extra_env = build_env(cfg)
+    checked = preflight(cfg, cmd, extra_env) if cfg.preflight else None
     cfg.train_path.mkdir(parents=True, exist_ok=True)
     cfg.rollout_dir.mkdir(parents=True, exist_ok=True)
     write_json_atomic(cfg.model_dump(mode="json"), cfg.train_path / "config.json")
@@ -456,7 +523,8 @@ def run_round(cfg: TrainConfig, **overrides: Any) -> dict[str, Any]:
         with open(cfg.log_file, "a") as fh:
             fh.write(f"cannot start {cmd[0]}: {exc}\n")
     final = cfg.output_dir if code == 0 and cfg.output_dir.exists() else None
-    outcome = outcome_record(cfg, code, final, cmd[cmd.index("--actor.model_name_or_path") + 1], cmd, extra_env, started)
+    outcome = outcome_record(cfg, code, final, cmd[cmd.index("--actor.model_name_or_path") + 1], cmd, extra_env, started,
+                             preflight=checked)
     if code == 0 and final is None:
         outcome["warning"] = f"the trainer exited 0 but {cfg.output_dir} does not exist"
     write_json_atomic(outcome, cfg.train_path / OUTCOME)
@@ -479,6 +547,7 @@ __all__ = [
     "dry_run_text",
     "load_config",
     "openrlhf_parser",
+    "preflight",
     "run_round",
     "with_overrides",
 ]

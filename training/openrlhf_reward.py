@@ -14,7 +14,10 @@ It returns ``{"rewards", "scores", "extra_logs"}`` (float tensors; ``scores`` in
 [0, 1], used by dynamic filtering) and never raises: an internal error gives
 reward 0 and is logged. Every rollout is appended to this process's shard in the
 rollout directory (``MENTOR_ROLLOUT_DIR``, or ``mentor_reward.json`` beside this
-file); `mentor ingest --format openrlhf DIR` reads them back.
+file); `mentor ingest --format openrlhf DIR` reads them back. The engine actors run
+on any node of the Ray cluster: `mentor train` hands them ``MENTOR_ROLLOUT_DIR``
+through the job's runtime env (``RAY_JOB_CONFIG_JSON_ENV_VAR``) and checks before
+launch that every node can write there.
 
 Reward = raw correctness (1 correct, 0 not); OpenRLHF's own shaping flags
 (``--reward.stop_properly_penalty_coef``, overlong buffer) still apply on top.

@@ -19,10 +19,27 @@ Where the log goes (first that is set):
 2. ``mentor_reward.json`` beside the reward file: ``{"rollout_dir": "..."}``
    (a relative path is relative to that file);
 3. nowhere: the reward still works, and a warning says logging is off.
+
+Reaching the reward function on every node. OpenRLHF runs ``reward_func`` inside
+each vLLM engine's Ray actor (``RolloutRayActor``, placed by the engines'
+placement group on any node); verl runs ``compute_score`` in its ``TaskRunner``
+actor, in ``compute_reward_async`` tasks, or in ``RewardLoopWorker`` actors
+spread round-robin over every alive node. A Ray worker does not inherit the
+launcher's environment when the trainer joins a cluster started by
+``ray start``: only the job's runtime environment reaches it. Both trainers
+call ``ray.init(runtime_env={"env_vars": {...}})`` themselves with no hook for
+more variables, but Ray merges into it the job config found in
+``RAY_JOB_CONFIG_JSON_ENV_VAR`` (what ``ray job submit --runtime-env-json``
+sets for its entrypoint), key by key for ``env_vars``. `ray_job_config_env`
+builds that variable with every ``MENTOR_*`` setting (`reward_env_vars`), for a
+fresh local cluster and an existing one alike; `check_rollout_reach` refuses a
+round whose workers cannot write the directory or write where this machine
+cannot read (a local path on a multi-node cluster).
 """
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import json
 import logging
@@ -34,13 +51,24 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+from mentor.pipeline.errors import ConfigError
 from mentor.pipeline.schemas import OPENRLHF_RECORD_FIELDS, OPENRLHF_RECORD_OPTIONAL, SCHEMA_VERSION
 
 log = logging.getLogger(__name__)
 
 ENV_DIR = "MENTOR_ROLLOUT_DIR"
 ENV_FSYNC = "MENTOR_ROLLOUT_FSYNC"
+ENV_ROUND = "MENTOR_ROUND"
 CONFIG_NAME = "mentor_reward.json"
+# The reward path's settings (rollout dir, fsync, verifier and sandbox limits) all start so.
+REWARD_ENV_PREFIX = "MENTOR_"
+# Ray reads a job's runtime environment from here in ray.init() (ray._private.runtime_env.constants).
+RAY_JOB_CONFIG_ENV = "RAY_JOB_CONFIG_JSON_ENV_VAR"
+PROBE_PREFIX = ".mentor-probe-"
+
+
+class RolloutDirUnreachable(ConfigError):
+    """The trainer's Ray workers cannot log rollouts where mentor will read them (exit 2, before launch)."""
 
 
 def resolve_rollout_dir(beside: str | os.PathLike | None = None) -> Path | None:
@@ -60,6 +88,91 @@ def resolve_rollout_dir(beside: str | os.PathLike | None = None) -> Path | None:
             path = Path(value).expanduser()
             return path if path.is_absolute() else cfg_path.parent / path
     return None
+
+
+def reward_env_vars(*envs: dict[str, str] | os._Environ) -> dict[str, str]:
+    """Every ``MENTOR_*`` variable of `envs` (a later mapping wins): what the reward function reads."""
+    out: dict[str, str] = {}
+    for env in envs:
+        out.update({k: str(v) for k, v in env.items() if k.startswith(REWARD_ENV_PREFIX)})
+    return out
+
+
+def ray_job_config_env(env_vars: dict[str, str], current: str | None = None) -> dict[str, str]:
+    """``{RAY_JOB_CONFIG_JSON_ENV_VAR: json}`` that adds `env_vars` to the runtime env of the Ray job the
+    trainer's own ``ray.init()`` starts or joins, so every worker on every node gets them.
+
+    `current`: the variable's value already set (inside ``ray job submit``); its runtime env and
+    metadata are kept, `env_vars` win over its ``env_vars``. A value that is not JSON is a ConfigError.
+    """
+    job: dict[str, Any] = {}
+    if current:
+        try:
+            job = json.loads(current)
+            if not isinstance(job, dict):
+                raise ValueError("not a JSON object")
+        except ValueError as exc:
+            raise ConfigError(f"{RAY_JOB_CONFIG_ENV} is set but is not a JSON job config ({exc}); unset it") from None
+    runtime_env = dict(job.get("runtime_env") or {})
+    runtime_env["env_vars"] = {**(runtime_env.get("env_vars") or {}), **env_vars}
+    job["runtime_env"] = runtime_env
+    return {RAY_JOB_CONFIG_ENV: json.dumps(job, sort_keys=True)}
+
+
+def check_local_dir(directory: str | os.PathLike) -> None:
+    """Refuse when this machine cannot create and write `directory` (a fresh local Ray cluster's workers run here)."""
+    d = Path(directory)
+    probe = d / f"{PROBE_PREFIX}{uuid.uuid4().hex[:12]}.probe"
+    try:
+        d.mkdir(parents=True, exist_ok=True)
+        probe.write_text("mentor\n")
+        probe.unlink()
+    except OSError as exc:
+        raise RolloutDirUnreachable(
+            f"rollout log dir {d}: cannot write there ({type(exc).__name__}: {exc.strerror or exc}); "
+            "the reward function could not log a single rollout: set rollout_log_dir to a writable folder"
+        ) from None
+
+
+def check_rollout_reach(cluster: dict | None, directory: str | os.PathLike) -> list[str]:
+    """Refuse unless every node of `cluster` wrote its probe file into `directory` and this machine reads it back.
+
+    `cluster`: what `mentor.training.ray_preflight` reported for the Ray cluster the trainer joins;
+    None = the trainer starts a fresh local cluster (its workers are on this machine): the folder
+    only has to be writable here. Returns the hosts checked; removes the probe files it can see.
+    """
+    d = Path(directory)
+    if cluster is None:
+        check_local_dir(d)
+        return [socket.gethostname()]
+    problems: list[str] = []
+    seen: list[Path] = []
+    for node in cluster.get("nodes", []):
+        where = f"node {node.get('host')} ({node.get('ip')})"
+        probe = node.get("probe") or {}
+        if not probe.get("ok"):
+            problems.append(f"{where}: {probe.get('error') or 'the probe task did not run'}")
+            continue
+        path = Path(probe["path"])
+        if Path(probe.get("dir", "")) != d:
+            problems.append(f"{where}: its workers see {ENV_DIR}={probe.get('dir')!r}, not {str(d)!r}")
+        elif not path.is_file() or node.get("node_id", "") not in path.read_text(errors="replace"):
+            problems.append(f"{where} wrote {path}, which this machine cannot see (a disk local to that node)")
+        else:
+            seen.append(path)
+        if probe.get("mentor_error"):
+            problems.append(f"{where}: mentor is not importable there, so every reward would be 0 ({probe['mentor_error']})")
+    for path in seen:
+        with contextlib.suppress(OSError):
+            path.unlink()
+    if problems:
+        raise RolloutDirUnreachable(
+            f"rollout log dir {d} is not reachable from every node of the Ray cluster at {cluster.get('address')}: "
+            + "; ".join(problems)
+            + ". Put rollout_log_dir (and the run dir) on a filesystem every node mounts at the same path, "
+            "with mentor installed on every node"
+        )
+    return [str(n.get("host")) for n in cluster.get("nodes", [])]
 
 
 def write_reward_config(reward_file_dir: str | os.PathLike, rollout_dir: str | os.PathLike) -> Path:
@@ -170,10 +283,17 @@ def rollout_log(directory: str | os.PathLike, trainer: str = "openrlhf") -> Roll
 __all__ = [
     "CONFIG_NAME",
     "ENV_DIR",
+    "ENV_ROUND",
+    "RAY_JOB_CONFIG_ENV",
+    "RolloutDirUnreachable",
     "RolloutLog",
+    "check_local_dir",
     "check_record",
+    "check_rollout_reach",
     "make_record",
+    "ray_job_config_env",
     "resolve_rollout_dir",
+    "reward_env_vars",
     "rollout_log",
     "write_reward_config",
 ]

@@ -3,7 +3,11 @@
 The round runs in its own process (``python -m mentor.training.trl_train
 <train>/trl_round.json``): the thread settings must be in place before torch is
 imported, a vLLM engine the runner used for hints must not share the process,
-and a killed trainer takes nothing else down. Output goes to
+and a killed trainer takes nothing else down. With ``num_processes`` > 1 (or an
+``accelerate_config`` / ``accelerate_args``) ``accelerate launch`` starts that
+many of them (torchrun, ``--multi_gpu`` unless a config file or flag picks the
+launcher), its flags checked by accelerate's own parser first, and on GPUs
+the processes are checked against this machine's GPUs before launch. Output goes to
 ``<train>/train.log``, the outcome to ``<train>/outcome.json`` (the same keys as
 the OpenRLHF kind, plus ``kind``, ``trl_version``, ``prompts_used`` and the last
 logged metrics), the final model to ``<train>/model`` (renamed into place once
@@ -21,9 +25,11 @@ mentor's defaults on top of TRL's: ``num_generations`` = the group size (4),
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import datetime as _dt
 import difflib
+import io
 import json
 import logging
 import os
@@ -41,6 +47,7 @@ from mentor.pipeline.errors import ConfigError, DataError
 from mentor.pipeline.io import read_json, read_yaml_mapping, resolve_inputs, write_json_atomic
 from mentor.training.launcher import OUTCOME, RoundPaths, TrainError, log_tail, outcome_record, previous_final_model
 from mentor.training.rollout_log import ENV_DIR
+from mentor.training.round_settings import round_updates
 
 log = logging.getLogger(__name__)
 
@@ -76,6 +83,18 @@ class TrlTrainConfig(RoundPaths, BaseModel):
     )
     python: str = Field(default_factory=lambda: sys.executable, description="Python of the trainer's environment.")
     env: dict[str, str] = Field(default_factory=dict, description="Extra environment variables for the trainer.")
+    num_processes: int = Field(
+        1, ge=1, description="Training processes (one per GPU; all machines together): more than 1 launches through "
+        "`accelerate launch` (data parallel, or DeepSpeed/FSDP with accelerate_config)."
+    )
+    accelerate_config: str | None = Field(
+        None, description="An `accelerate launch --config_file` YAML (DDP, DeepSpeed ZeRO, FSDP; e.g. TRL's "
+        "examples/accelerate_configs/*.yaml); launches through accelerate even with 1 process."
+    )
+    accelerate_args: dict[str, Any] = Field(
+        default_factory=dict, description="Other `accelerate launch` flags, e.g. {num_machines: 2, machine_rank: 0, "
+        "main_process_ip: 10.0.0.1, use_deepspeed: true, deepspeed_config_file: ds.json}; checked by accelerate's own parser."
+    )
 
     @property
     def grpo_fields(self) -> dict[str, Any]:
@@ -222,15 +241,8 @@ def with_overrides(cfg: TrlTrainConfig, round_: int | None = None, prompts: str 
                    round_dir: str | os.PathLike | None = None, train_dir: str | os.PathLike | None = None,
                    rollout_dir: str | os.PathLike | None = None, prev_model: str | None = None) -> TrlTrainConfig:
     """A copy of `cfg` with the settings a workflow runner decides per round."""
-    upd: dict[str, Any] = {}
-    for key, value in (("round", round_), ("prompts", prompts), ("round_dir", round_dir), ("train_dir", train_dir),
-                       ("rollout_log_dir", rollout_dir)):
-        if value is not None:
-            upd[key] = value if key == "round" else str(value)
-    if prev_model and not cfg.actor_model:
-        upd["actor_model"] = prev_model
-    data = cfg.model_dump() | upd
-    return TrlTrainConfig.model_validate(data)
+    upd = round_updates(cfg, round_, prompts, round_dir, train_dir, rollout_dir, prev_model)
+    return TrlTrainConfig.model_validate(cfg.model_dump() | upd)
 
 
 def round_spec(cfg: TrlTrainConfig, start_from_base: bool = False) -> dict[str, Any]:
@@ -249,8 +261,79 @@ def round_spec(cfg: TrlTrainConfig, start_from_base: bool = False) -> dict[str, 
     }
 
 
-def build_command(cfg: TrlTrainConfig) -> list[str]:
-    return [cfg.python, "-m", "mentor.training.trl_train", str(cfg.train_path / ROUND_FILE)]
+# `accelerate launch` flags mentor sets itself (the field to use instead).
+_ACCELERATE_OWNED = {"num_processes": "num_processes", "config_file": "accelerate_config", "module": "(always -m)",
+                     "m": "(always -m)", "num_cpu_threads_per_process": "cpu_threads"}
+# Flags that pick accelerate's launcher; without one (and without a config file) mentor adds --multi_gpu.
+_LAUNCHER_FLAGS = ("multi_gpu", "use_deepspeed", "use_fsdp", "use_megatron_lm", "tpu", "cpu")
+
+
+def uses_accelerate(cfg: TrlTrainConfig) -> bool:
+    return cfg.num_processes > 1 or cfg.accelerate_config is not None or bool(cfg.accelerate_args)
+
+
+def _accelerate_argv(cfg: TrlTrainConfig, cpu_threads: int | None) -> list[str]:
+    argv = ["--num_processes", str(cfg.num_processes)]
+    if cfg.accelerate_config:
+        argv += ["--config_file", str(Path(cfg.accelerate_config).resolve())]
+    args = {k.lstrip("-").replace("-", "_"): v for k, v in cfg.accelerate_args.items()}
+    for key in args:
+        if key in _ACCELERATE_OWNED:
+            raise ConfigError(f"accelerate_args: --{key} is set by mentor; use {_ACCELERATE_OWNED[key]} instead")
+    # `--cpu` makes accelerate start one plain process whatever --num_processes says; torchrun (--multi_gpu)
+    # starts them all, and on a machine without GPUs TRL's use_cpu makes them a gloo group.
+    if cfg.num_processes > 1 and not cfg.accelerate_config and not any(args.get(f) for f in _LAUNCHER_FLAGS):
+        argv.append("--multi_gpu")
+    if cfg.num_processes > 1 and int(args.get("num_machines", 1) or 1) <= 1 and "main_process_port" not in args:
+        argv += ["--main_process_port", str(_free_port())]  # two rounds on one machine must not share torchrun's 29500
+    if cpu_threads:
+        argv += ["--num_cpu_threads_per_process", str(cpu_threads)]
+    for key, value in args.items():
+        if value is None or value is False:
+            continue
+        argv += [f"--{key}"] if value is True else [f"--{key}", str(value)]
+    return argv
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def check_with_accelerate(cmd: list[str]) -> None:
+    """`accelerate launch`'s own parser and launch checks on `cmd`'s flags; `ConfigError` with its message."""
+    if cmd[1:3] != ["-m", "accelerate.commands.launch"]:
+        return
+    try:
+        from accelerate.commands import launch as accelerate_launch
+    except ImportError as exc:
+        raise ConfigError(f"num_processes > 1 needs the accelerate package ({exc}); {INSTALL}") from None
+    err = io.StringIO()
+    logging.disable(logging.WARNING)  # its "defaults used instead" notice: the launch itself prints it to train.log
+    try:
+        with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
+            args = accelerate_launch.launch_command_parser().parse_args(cmd[3:])
+            check = getattr(accelerate_launch, "_validate_launch_command", None)
+            if check is not None:  # accelerate's own consistency checks (launcher flags, process counts, config file)
+                check(args)
+    except SystemExit:
+        said = [ln for ln in err.getvalue().splitlines() if "error:" in ln]
+        raise ConfigError(f"accelerate launch rejects the command: {said[-1].split('error:', 1)[1].strip() if said else err.getvalue().strip()}") from None
+    except (ValueError, AssertionError, OSError) as exc:
+        raise ConfigError(f"accelerate launch rejects the command: {exc}") from None
+    finally:
+        logging.disable(logging.NOTSET)
+
+
+def build_command(cfg: TrlTrainConfig, cpu_threads: int | None = None) -> list[str]:
+    """The trainer command: one process, or `accelerate launch` starting `num_processes` of them."""
+    trainer = ["-m", "mentor.training.trl_train", str(cfg.train_path / ROUND_FILE)]
+    if not uses_accelerate(cfg):
+        return [cfg.python, *trainer]
+    return [cfg.python, "-m", "accelerate.commands.launch", *_accelerate_argv(cfg, cpu_threads), *trainer]
 
 
 def build_env(cfg: TrlTrainConfig, spec: dict[str, Any]) -> dict[str, str]:
@@ -271,21 +354,52 @@ def dry_run_text(cfg: TrlTrainConfig, start_from_base: bool = False) -> str:
     except (ConfigError, DataError) as exc:
         prompts = f"not readable yet: {exc}"
     resolved = args.to_dict()
+    cmd = build_command(cfg, spec["cpu_threads"])
+    check_with_accelerate(cmd)
+    demand = gpu_demand(cfg, spec)
     lines = [
         f"# TRL {trl_version()} GRPO round {cfg.round}",
+        f"# processes: {cfg.num_processes} ({'accelerate launch' if uses_accelerate(cfg) else 'one plain process'}); "
+        f"GPUs: {demand.describe() if demand else 'none (use_cpu)'}",
         f"# model: {spec['model']}",
         f"# prompts: {prompts}",
         f"# final model: {spec['final_model']}",
         "# environment",
         *(f"export {k}={shlex.quote(v)}" for k, v in build_env(cfg, spec).items()),
         "# command",
-        shlex.join(build_command(cfg)),
+        shlex.join(cmd),
         "# GRPOConfig fields set by mentor or the config",
         json.dumps(spec["grpo"], indent=2, sort_keys=True, default=str),
         "# GRPOConfig as TRL resolved it (every field)",
         json.dumps(resolved, indent=2, sort_keys=True, default=str),
     ]
     return "\n".join(lines)
+
+
+def gpu_demand(cfg: TrlTrainConfig, spec: dict[str, Any]):
+    """One GPU per training process on this machine (None on CPU); a vLLM server (vllm_mode server) runs elsewhere."""
+    if spec["grpo"].get("use_cpu"):
+        return None
+    from mentor.training.gpus import GpuDemand
+
+    machines = int(cfg.accelerate_args.get("num_machines", 1) or 1)
+    per_machine = max(1, cfg.num_processes // machines)
+    return GpuDemand.of_roles("trl", {"trainer processes": per_machine},
+                              detail=f"{per_machine} of {cfg.num_processes} processes on this machine" if machines > 1 else "")
+
+
+def check_gpus(demand) -> None:
+    """accelerate starts the processes on this machine (each machine of a multi-machine run has its own launch)."""
+    from mentor.training.gpus import GpuShortage, local_gpus
+
+    supply = local_gpus()
+    why = demand.shortage(supply)
+    if why:
+        have = int(supply.usable)
+        fixes = [f"set num_processes {have}"] if have > 0 else []
+        fixes += ["spread the processes over machines (accelerate_args num_machines, machine_rank, main_process_ip; "
+                  "one `mentor train` per machine)", "set use_cpu: true"]
+        raise GpuShortage(f"{why}: {', or '.join(fixes)}")
 
 
 def _die_with_parent() -> None:
@@ -315,12 +429,16 @@ def run_round(cfg: TrlTrainConfig, start_from_base: bool = False, **overrides: A
     resolve_grpo(cfg)  # TRL's own checks before anything starts
     spec = round_spec(cfg, start_from_base)
     rows = select_prompts(cfg).height
+    cmd = build_command(cfg, spec["cpu_threads"])
+    check_with_accelerate(cmd)
+    demand = gpu_demand(cfg, spec)
+    if demand is not None:
+        check_gpus(demand)
     cfg.train_path.mkdir(parents=True, exist_ok=True)
     cfg.rollout_dir.mkdir(parents=True, exist_ok=True)
     stale = _clear_stale_logs(cfg.rollout_dir)
     write_json_atomic(cfg.model_dump(mode="json"), cfg.train_path / "config.json")
     write_json_atomic(spec, cfg.train_path / ROUND_FILE)
-    cmd = build_command(cfg)
     extra_env = build_env(cfg, spec)
     started = time.time()
     log.info("TRL round %d: %d prompt row(s) x %d generations, model %s", cfg.round, rows, cfg.num_generations, spec["model"])
@@ -341,6 +459,7 @@ def run_round(cfg: TrlTrainConfig, start_from_base: bool = False, **overrides: A
     outcome = {"kind": "trl", "trl_version": trl_version()} | outcome_record(
         cfg, code, final, spec["model"], cmd, extra_env, started,
         prompts_used=rows, steps=metrics.get("global_step"), metrics=metrics.get("last_log"),
+        processes=metrics.get("processes", cfg.num_processes),
     )
     if code == 0 and final is None:
         outcome["warning"] = f"the trainer exited 0 but {cfg.output_dir} holds no model"
@@ -358,6 +477,8 @@ __all__ = [
     "actor_model",
     "build_command",
     "check_grpo_fields",
+    "check_with_accelerate",
+    "gpu_demand",
     "dry_run_text",
     "grpo_kwargs",
     "load_config",
@@ -366,5 +487,6 @@ __all__ = [
     "round_spec",
     "run_round",
     "select_prompts",
+    "uses_accelerate",
     "with_overrides",
 ]

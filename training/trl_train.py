@@ -1,11 +1,15 @@
 """The TRL trainer process of one round: ``python -m mentor.training.trl_train <train>/trl_round.json``.
 
 `mentor.training.trl_launcher.run_round` writes the round file and starts this
-module with ``MENTOR_ROLLOUT_DIR`` (and, on CPU, ``OMP_NUM_THREADS``) set. It
+module with ``MENTOR_ROLLOUT_DIR`` (and, on CPU, ``OMP_NUM_THREADS``) set: as
+one process, or as each of the ``num_processes`` processes ``accelerate launch``
+starts (torchrun; TRL's trainer then runs data parallel over them, each process
+scoring and logging its own share of the completions into its own shard). It
 loads the selected prompt rows, builds TRL's ``GRPOConfig`` and ``GRPOTrainer``
-with mentor's reward function, trains, saves the final model into a temporary
-folder renamed to ``<train>/model`` once complete, and writes
-``<train>/metrics.json`` (TRL's log history).
+with mentor's reward function, trains, saves the final model (every process
+takes part, for DeepSpeed/FSDP; the main process writes) into a temporary folder
+renamed to ``<train>/model`` once complete, and writes ``<train>/metrics.json``
+(TRL's log history).
 """
 
 from __future__ import annotations
@@ -32,6 +36,10 @@ def main(argv: list[str]) -> int:
         return 2
     spec_path = Path(argv[0])
     spec = json.loads(spec_path.read_text())
+    if os.environ.get("LOCAL_RANK") is not None:  # started by accelerate/torchrun: die with the launcher, as it dies with mentor
+        from mentor.training.trl_launcher import _die_with_parent
+
+        _die_with_parent()
     _threads(spec.get("cpu_threads"))
 
     from datasets import Dataset
@@ -55,8 +63,15 @@ def main(argv: list[str]) -> int:
 
     final = Path(spec["final_model"])
     tmp = final.with_name(f".{final.name}.tmp")
-    shutil.rmtree(tmp, ignore_errors=True)
-    trainer.save_model(str(tmp))
+    main_process = trainer.accelerator.is_main_process
+    if main_process:
+        shutil.rmtree(tmp, ignore_errors=True)
+    trainer.accelerator.wait_for_everyone()
+    trainer.save_model(str(tmp))  # on every process (DeepSpeed/FSDP gather the weights); the main one writes
+    trainer.accelerator.wait_for_everyone()
+    if not main_process:
+        logging.getLogger(__name__).info("process %d: done; reward stats %s", trainer.accelerator.process_index, dict(STATS))
+        return 0
     shutil.rmtree(final, ignore_errors=True)
     os.replace(tmp, final)
     history = trainer.state.log_history
@@ -64,7 +79,7 @@ def main(argv: list[str]) -> int:
     last = next((h for h in reversed(history) if "reward" in h), history[-1] if history else None)
     write_json_atomic(
         {"global_step": trainer.state.global_step, "last_log": last, "log_history": history,
-         "reward_stats": dict(STATS)},
+         "reward_stats": dict(STATS), "processes": trainer.accelerator.num_processes},
         spec_path.parent / "metrics.json",
     )
     logging.getLogger(__name__).info("saved the final model to %s; reward stats %s", final, dict(STATS))

@@ -13,6 +13,11 @@ Every rollout is logged like the OpenRLHF reward file does (same records,
 misses groups that DAPO's dynamic sampling filtered out. verl does not pass the
 prompt to reward functions, so records carry ``prompt: ""``; `mentor ingest
 --format openrlhf DIR --problems PROBLEMS` fills the problem text by id.
+
+verl calls this in its ``TaskRunner`` actor, in ``compute_reward_async`` tasks or in
+``RewardLoopWorker`` actors on every node: ``MENTOR_ROLLOUT_DIR`` must reach them through
+the Ray job's runtime env (`mentor.training.rollout_log.ray_job_config_env`; verl's own
+``ray.init`` merges it), not only the launcher's environment.
 """
 
 from __future__ import annotations

@@ -29,15 +29,35 @@ class _Strict(BaseModel):
 
 
 class BackendSettings(_Strict):
-    """An LLM backend: vLLM (CUDA or CPU build) or, in tests only, the deterministic fake."""
+    """An LLM backend: vLLM in this process (CUDA or CPU build), an OpenAI-compatible server, or the fake (tests)."""
 
-    backend: Literal["vllm", "fake"] = Field("vllm", description="vllm, or fake (tests only).")
-    model: str | None = Field(None, description="HF model folder or id in the local cache; none = the embedded SmolLM2-135M-Instruct.")
+    backend: Literal["vllm", "openai", "fake"] = Field(
+        "vllm", description="vllm (an engine here, or one per dask worker), openai (a server at base_url), or fake (tests only).")
+    model: str | None = Field(None, description="HF model folder or id in the local cache; none = the embedded SmolLM2-135M-Instruct; "
+                              "openai: the name the server serves.")
+    base_url: str | None = Field(None, description="openai: the server's URL, e.g. http://HOST:8000/v1 (key: $OPENAI_API_KEY).")
     options: dict[str, Any] = Field(
         default_factory=dict,
-        description="Engine options: tensor_parallel_size, gpu_memory_utilization, max_model_len, enforce_eager, dtype; "
-        "for fake: script (module:function).",
+        description="vllm: tensor_parallel_size, gpu_memory_utilization, max_model_len, enforce_eager, dtype; openai: "
+        "max_concurrency, max_retries, timeout, structured_output; fake: script (module:function).",
     )
+
+    @model_validator(mode="after")
+    def _server(self) -> "BackendSettings":
+        if self.backend == "openai" and not (self.base_url and self.model):
+            raise ValueError("backend openai needs base_url (http://HOST:PORT/v1) and model (the served name)")
+        if self.backend != "openai" and self.base_url:
+            raise ValueError(f"base_url is for backend openai, not {self.backend}")
+        return self
+
+    def spec(self):
+        """The picklable `BackendSpec` the stages take."""
+        from mentor.pipeline.llm import BackendSpec
+
+        options = dict(self.options)
+        if self.base_url:
+            options["base_url"] = self.base_url
+        return BackendSpec(self.backend, self.model, options)
 
 
 class InitialRollouts(_Strict):
@@ -78,14 +98,28 @@ class TrlTrainer(_Strict):
 
 
 class VerlTrainer(_Strict):
-    """A verl run per round, launched by a user command."""
+    """A verl GRPO round per mentor round: built by mentor from `config` (`mentor train` with kind: verl), or a user command."""
 
     kind: Literal["verl"]
-    command: list[str] | str = Field(
-        description="Command; placeholders {prompts} {rollout_dir} {round} {run_dir} {model} {prev_model}. "
-        "mentor sets MENTOR_ROLLOUT_DIR so its verl reward function logs every rollout there."
+    config: dict[str, Any] | None = Field(
+        None,
+        description="mentor's verl round settings (training/verl_launcher.py VerlTrainConfig: base_model, n_samples_per_prompt, "
+        "n_gpus_per_node, nnodes, overrides of any verl key, ...): mentor builds verl's main_ppo command and merges the model.",
     )
-    model_out: str | None = Field(None, description="Where the command leaves the round's final model (placeholders allowed).")
+    command: list[str] | str | None = Field(
+        None,
+        description="Instead of config, a custom launch; placeholders {prompts} {rollout_dir} {round} {run_dir} {model} {prev_model}. "
+        "mentor sets MENTOR_ROLLOUT_DIR so its verl reward function logs every rollout there.",
+    )
+    model_out: str | None = Field(None, description="With command: where it leaves the round's final model (placeholders allowed).")
+
+    @model_validator(mode="after")
+    def _one_form(self) -> "VerlTrainer":
+        if (self.config is None) == (self.command is None):
+            raise ValueError("give either config (mentor builds verl's command) or command (your own launch), not both or neither")
+        if self.config is not None and self.model_out is not None:
+            raise ValueError("model_out is for command; with config the model is merged into the round's train/model")
+        return self
 
 
 class ExternalTrainer(_Strict):
@@ -198,6 +232,12 @@ def check_sections(wf: Workflow) -> None:
         if "kind" in wf.trainer.config:
             raise ConfigError("trainer.config.kind: set by trainer.kind; remove it")
         parse_config(wf.trainer.config, "trainer.config", require_trl=False)
+    if wf.trainer.kind == "verl" and wf.trainer.config is not None:
+        from mentor.training.verl_launcher import parse_config as parse_verl
+
+        if "kind" in wf.trainer.config:
+            raise ConfigError("trainer.config.kind: set by trainer.kind; remove it")
+        parse_verl(wf.trainer.config, "trainer.config")
 
 
 def _prefixed(exc: ValidationError, prefix: str) -> ConfigError:

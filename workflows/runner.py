@@ -231,14 +231,18 @@ class Runner:
         return self.wf.trainer.model_dump(mode="json")
 
     def _train(self, r: int, prompts: Path, sd: StageDir) -> dict:
+        from mentor.pipeline.llm import release_engines
+
+        # Every stage releases its engines when it ends; a trainer of any kind must also find none left
+        # over (an earlier stage's, here or in the dask workers): the GPUs' memory is the trainer's.
+        release_engines(executor_for(self.opts.client))
         t = self.wf.trainer
         logs = sd.path / "logs"
         logs.mkdir(parents=True, exist_ok=True)
         if t.kind == "offline":
-            from mentor.pipeline.llm import BackendSpec
             from mentor.stages.rollout import rollout_to_dir
 
-            spec = BackendSpec(t.policy.backend, t.policy.model, dict(t.policy.options))
+            spec = t.policy.spec()
             cfg = t.rollout.model_copy(update={"seed": t.rollout.seed + 1000 * r, "round": r})
             stats = rollout_to_dir([str(prompts)], logs, cfg, spec)
             return {"kind": "offline", "rollouts": stats.get("rollouts") if isinstance(stats, dict) else None}
@@ -258,17 +262,19 @@ class Runner:
         return self._wait_external(r, sd)
 
     def _run_trl(self, r: int, prompts: Path, sd: StageDir, logs: Path) -> dict:
-        from mentor.pipeline.llm import close_backends
-        from mentor.training.trl_launcher import parse_config, run_round
+        from mentor.training import trl_launcher
 
-        # The hint stage's vLLM engine would sit idle on the cores and the memory the trainer needs.
-        close_backends()
-        cfg = parse_config(self.wf.trainer.config, "trainer.config")
+        return self._launch(trl_launcher, "trl", ("exit_code", "final_model", "prompts_used", "steps", "duration_s"),
+                            r, prompts, sd, logs)
+
+    def _launch(self, launcher: Any, kind: str, keys: tuple[str, ...], r: int, prompts: Path, sd: StageDir, logs: Path) -> dict:
+        """A round of a trainer mentor launches itself (`launcher`: its parse_config and run_round)."""
+        cfg = launcher.parse_config(self.wf.trainer.config, "trainer.config")
         prev = self._prev_model(r)
         # No earlier round trained a model (round 0 stood on existing logs): start from the base model.
-        outcome = run_round(cfg, start_from_base=prev is None, round_=r, prompts=prompts, round_dir=self.rd.round_dir(r),
-                            train_dir=sd.path, rollout_dir=logs, prev_model=prev)
-        return {"kind": "trl", **{k: outcome[k] for k in ("exit_code", "final_model", "prompts_used", "steps", "duration_s")}}
+        outcome = launcher.run_round(cfg, start_from_base=prev is None, round_=r, prompts=prompts,
+                                     round_dir=self.rd.round_dir(r), train_dir=sd.path, rollout_dir=logs, prev_model=prev)
+        return {"kind": kind, **{k: outcome[k] for k in keys}}
 
     def _prev_model(self, r: int) -> str | None:
         for j in range(r - 1, -1, -1):
@@ -285,9 +291,15 @@ class Runner:
 
     def _run_verl(self, r: int, prompts: Path, sd: StageDir, logs: Path) -> dict:
         t = self.wf.trainer
+        if t.config is not None:
+            return self._run_verl_round(r, prompts, sd, logs)
         ph = self._placeholders(r, prompts, logs)
         cmd = [c.format(**ph) for c in (t.command if isinstance(t.command, list) else shlex.split(t.command))]
+        from mentor.training.rollout_log import RAY_JOB_CONFIG_ENV, ray_job_config_env, reward_env_vars
+
         env = os.environ | {"MENTOR_ROLLOUT_DIR": str(logs), "MENTOR_ROUND": str(r)}
+        # verl's ray.init() merges this job config: the reward workers on every node get the variables too.
+        env |= ray_job_config_env(reward_env_vars(env), env.get(RAY_JOB_CONFIG_ENV))
         log_file = sd.path / "train.log"
         with open(log_file, "wb") as fh:
             rc = subprocess.run(cmd, env=env, stdout=fh, stderr=subprocess.STDOUT).returncode
@@ -300,6 +312,13 @@ class Runner:
             tail = log_file.read_text(errors="replace")[-2000:]
             raise DataError(f"round {r}: the verl command exited with {rc}; see {log_file}; last lines:\n{tail}")
         return outcome
+
+    def _run_verl_round(self, r: int, prompts: Path, sd: StageDir, logs: Path) -> dict:
+        """`trainer: {kind: verl, config: ...}`: mentor builds verl's command and merges the round's model."""
+        from mentor.training import verl_launcher
+
+        return self._launch(verl_launcher, "verl", ("exit_code", "final_model", "checkpoint", "steps", "duration_s"),
+                            r, prompts, sd, logs)
 
     def _wait_external(self, r: int, sd: StageDir) -> dict:
         t = self.wf.trainer
@@ -354,12 +373,11 @@ class Runner:
         return counts(stats, ("collapsed", "problems"))
 
     def _hint(self, r: int, sd: StageDir) -> dict:
-        from mentor.pipeline.llm import BackendSpec
         from mentor.stages.hint import HintConfig, hint_to_dir
 
         h = self.wf.hint
         cfg = HintConfig.model_validate(h.config)
-        spec = BackendSpec(h.backend.backend, h.backend.model, dict(h.backend.options))
+        spec = h.backend.spec()
         # On a GPU cluster each hint task needs the workers' GPU resource (one engine per worker).
         executor = executor_for(self.opts.client, resources=h.worker_resources)
         stats = hint_to_dir(self.rd.stage(r, "mine").path / "collapsed.parquet", sd.path, cfg, spec, executor=executor,

@@ -6,38 +6,51 @@ import json
 
 import click
 
+from mentor.cli.options import server_backend_options, server_options
 from mentor.pipeline.errors import ConfigError
 
 
 @click.command()
 @click.option("--config", "config_path", required=True, type=click.Path(dir_okay=False),
-              help="The round's round.yaml: OpenRLHF (training/launcher.py TrainConfig) or, with kind: trl, "
-                   "TRL (training/trl_launcher.py TrlTrainConfig + GRPOConfig fields).")
-@click.option("--dry-run", is_flag=True, help="Print the exact trainer command and environment (TRL: and the resolved GRPOConfig); run nothing.")
+              help="The round's round.yaml: OpenRLHF (training/launcher.py TrainConfig); with kind: trl, "
+                   "TRL (training/trl_launcher.py TrlTrainConfig + GRPOConfig fields); with kind: verl, verl "
+                   "(training/verl_launcher.py VerlTrainConfig + verl overrides).")
+@click.option("--dry-run", is_flag=True,
+              help="Print the exact trainer command and environment (OpenRLHF: and the GPUs the round needs; TRL: and the "
+                   "resolved GRPOConfig; verl: checked by verl's own config code, and its GPUs); run nothing, check no cluster.")
 @click.option("--check/--no-check", default=True, show_default=True,
-              help="Check the command with OpenRLHF's own launch code first: its parser and checks (when openrlhf is installed; OpenRLHF only).")
+              help="OpenRLHF: check the command with OpenRLHF's own launch code first (its parser and checks, when openrlhf "
+                   "is installed), then refuse a round the GPUs cannot place or whose rollout log dir the Ray workers cannot "
+                   "reach (TrainConfig preflight); verl: the same refusals (verl's config check always runs).")
 def train(config_path, dry_run, check):
-    """Run one GRPO round from round.yaml: OpenRLHF (python -m openrlhf.cli.train_ppo_ray), or TRL with kind: trl."""
+    """Run one GRPO round from round.yaml: OpenRLHF (python -m openrlhf.cli.train_ppo_ray), TRL with kind: trl,
+    or verl (python -m verl.trainer.main_ppo, then verl's model merger) with kind: verl."""
     from mentor.pipeline.io import read_yaml_mapping
 
-    if read_yaml_mapping(config_path, "round settings").get("kind") == "trl":
+    kind = read_yaml_mapping(config_path, "round settings").get("kind")
+    if kind == "trl":
         return _train_trl(config_path, dry_run)
+    if kind == "verl":
+        return _train_verl(config_path, dry_run, check)
     from mentor.training.launcher import build_command, check_with_openrlhf, dry_run_text, load_config, run_round
 
     cfg = load_config(config_path)
     cmd = build_command(cfg)
+    args = None
     if check:
         try:
-            _, notes = check_with_openrlhf(cmd)
+            args, notes = check_with_openrlhf(cmd)
         except ConfigError as exc:
             if "not installed" not in str(exc):
                 raise
-            click.echo(f"note: {exc}; the command was not checked", err=True)
+            click.echo(f"note: {exc}; the command and its GPUs were not checked", err=True)
         else:
             for note in notes:  # OpenRLHF's own warnings about the flags ("[Warning] ...")
                 click.echo(f"openrlhf: {note}", err=True)
+    else:
+        cfg = cfg.model_copy(update={"preflight": False})
     if dry_run:
-        click.echo(dry_run_text(cfg))
+        click.echo(dry_run_text(cfg, args))
         return
     outcome = run_round(cfg)
     click.echo(json.dumps({k: outcome[k] for k in ("round", "exit_code", "final_model", "log_file", "duration_s")}, sort_keys=True))
@@ -54,8 +67,24 @@ def _train_trl(config_path, dry_run):
     click.echo(json.dumps({k: outcome[k] for k in ("round", "exit_code", "final_model", "log_file", "steps", "duration_s")}, sort_keys=True))
 
 
+def _train_verl(config_path, dry_run, check):
+    from mentor.training.verl_launcher import dry_run_text, load_config, run_round
+
+    cfg = load_config(config_path)
+    if not check:
+        cfg = cfg.model_copy(update={"preflight": False})
+    if dry_run:
+        click.echo(dry_run_text(cfg))
+        return
+    outcome = run_round(cfg)
+    click.echo(json.dumps({k: outcome[k] for k in ("round", "exit_code", "final_model", "log_file", "steps", "duration_s")}, sort_keys=True))
+
+
 def _policy_options(f):
-    f = click.option("--backend", default="vllm", show_default=True, type=click.Choice(["vllm", "fake"]), help="LLM backend (fake: tests only).")(f)
+    f = server_options(f)
+    f = click.option("--backend", default="vllm", show_default=True, type=click.Choice(["vllm", "openai", "fake"]),
+                     help="vllm: an engine in this process; openai: an OpenAI-compatible server at --base-url "
+                          "(--policy is then its served name); fake: tests only.")(f)
     f = click.option("--policy", "policy", default=None, metavar="MODEL",
                      help="Policy model: a folder, an HF name, or a CPU model name from `mentor setup-cpu --model` "
                           "(qwen2.5-coder-0.5b, qwen2.5-coder-1.5b); default: the embedded demo model.")(f)
@@ -69,7 +98,9 @@ def _policy_options(f):
     f = click.option("--limit", type=click.IntRange(min=1), default=None, help="Only the first N prompts/problems.")(f)
     f = click.option("--round", "round_", type=click.IntRange(min=0), default=None, help="Round stamped on the rollouts.")(f)
     f = click.option("--max-model-len", type=click.IntRange(min=16), default=None, help="vLLM max_model_len (memory on small machines).")(f)
-    f = click.option("--tensor-parallel-size", type=click.IntRange(min=1), default=1, show_default=True, help="vLLM tensor parallel size (GPUs).")(f)
+    f = click.option("--tensor-parallel-size", type=click.IntRange(min=1), default=None, help="vLLM tensor parallel size (GPUs) [default: 1].")(f)
+    f = click.option("--progress/--no-progress", default=None,
+                     help="A progress bar of rollouts on stderr, moved as each shard finishes [default: on when stderr is a terminal].")(f)
     return f
 
 
@@ -85,16 +116,27 @@ def _config(k, max_tokens, temperature, top_p, seed, limit, round_, shard_size):
         raise ConfigError("; ".join(f"--{'-'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors())) from exc
 
 
-def _backend(backend, policy, max_model_len, tensor_parallel_size):
+def _progress(flag: bool | None) -> bool:
+    import sys
+
+    return sys.stderr.isatty() if flag is None else flag
+
+
+def _backend(backend, policy, max_model_len, tensor_parallel_size, base_url=None, max_concurrency=64,
+             structured_output="response_format"):
     """A BackendSpec: the engine starts only once the inputs have been read and a shard needs sampling."""
     from mentor.pipeline.llm import BackendSpec
 
     if backend == "fake":
         return BackendSpec("fake", policy)
+    if backend == "openai":
+        return BackendSpec("openai", policy, server_backend_options(
+            policy, base_url, max_concurrency, structured_output,
+            engine_flags={"--max-model-len": max_model_len, "--tensor-parallel-size": tensor_parallel_size}))
     from mentor.pipeline.models import check_model
 
     check_model(policy)  # a named model that is not set up: the setup command, now
-    opts = {"tensor_parallel_size": tensor_parallel_size}
+    opts = {"tensor_parallel_size": tensor_parallel_size or 1}
     if max_model_len:
         opts["max_model_len"] = max_model_len
     return BackendSpec("vllm", policy, opts)
@@ -105,8 +147,8 @@ def _backend(backend, policy, max_model_len, tensor_parallel_size):
 @click.option("--out", "out_dir", required=True, type=click.Path(file_okay=False),
               help="Writes DIR/part-NNNNN.parquet (rollouts, one per shard) and DIR/stats.json.")
 @_policy_options
-def rollout(prompts, out_dir, backend, policy, k, max_tokens, temperature, top_p, seed, limit, round_, max_model_len,
-            tensor_parallel_size, shard_size):
+def rollout(prompts, out_dir, backend, base_url, max_concurrency, structured_output, policy, k, max_tokens, temperature,
+            top_p, seed, limit, round_, max_model_len, tensor_parallel_size, shard_size, progress):
     """Sample k responses per prompt (vLLM offline), verify them, write canonical rollouts.
 
     PROMPTS: prompt shards from `mentor build`, a problems dataset, or a bundled set (gsm8k, math500, humaneval).
@@ -114,7 +156,8 @@ def rollout(prompts, out_dir, backend, policy, k, max_tokens, temperature, top_p
     from mentor.stages.rollout import rollout_to_dir
 
     cfg = _config(k, max_tokens, temperature, top_p, seed, limit, round_, shard_size)
-    stats = rollout_to_dir(list(prompts), out_dir, cfg, _backend(backend, policy, max_model_len, tensor_parallel_size))
+    stats = rollout_to_dir(list(prompts), out_dir, cfg, _backend(backend, policy, max_model_len, tensor_parallel_size, base_url, max_concurrency, structured_output),
+                           progress=_progress(progress))
     stats.pop("config", None)
     click.echo(json.dumps(stats, sort_keys=True))
 
@@ -138,9 +181,11 @@ def _arms(hints: tuple[str, ...], arms: tuple[str, ...]) -> dict[str, list[str]]
 @click.option("--arm", "arms", multiple=True, metavar="NAME=HINTS",
               help="A named arm of hints (repeatable), e.g. --arm full=a/hints.parquet --arm generic=b/hints.parquet.")
 @click.option("--out", "out_dir", required=True, type=click.Path(file_okay=False), help="Writes DIR/rescue.parquet, DIR/rescue.json, DIR/rollouts/.")
+@click.option("--placement", type=click.Choice(["before", "after", "system"]), default=None,
+              help="Where the hint goes, as `mentor build --placement` puts it [default: build's default, before].")
 @_policy_options
-def rescue(collapsed, hints, arms, out_dir, backend, policy, k, max_tokens, temperature, top_p, seed, limit, round_,
-           max_model_len, tensor_parallel_size, shard_size):
+def rescue(collapsed, hints, arms, out_dir, placement, backend, base_url, max_concurrency, structured_output, policy, k,
+           max_tokens, temperature, top_p, seed, limit, round_, max_model_len, tensor_parallel_size, shard_size, progress):
     """Re-roll collapsed problems without a hint and under each arm of hints; report each arm's rescue rate.
 
     Every arm re-rolls the same problems (those with a hint in every arm) with the same seeds.
@@ -148,7 +193,10 @@ def rescue(collapsed, hints, arms, out_dir, backend, policy, k, max_tokens, temp
     from mentor.stages.rollout import rescue_to_dir
 
     cfg = _config(k, max_tokens, temperature, top_p, seed, limit, round_, shard_size)
+    if placement:
+        cfg = cfg.model_copy(update={"placement": placement})
     summary = rescue_to_dir(list(collapsed), _arms(hints, arms), out_dir, cfg,
-                            _backend(backend, policy, max_model_len, tensor_parallel_size))
+                            _backend(backend, policy, max_model_len, tensor_parallel_size, base_url, max_concurrency,
+                                     structured_output), progress=_progress(progress))
     summary.pop("config", None)
     click.echo(json.dumps(summary, sort_keys=True))

@@ -1,0 +1,177 @@
+"""Before a round: which Ray cluster the trainer will join, its GPUs, and a probe on every node.
+
+`probe_cluster(env)` runs ``python -m mentor.training.ray_preflight``
+in the trainer's environment (the same variables, RAY_ADDRESS and the
+``RAY_JOB_CONFIG_JSON_ENV_VAR`` job config included). That process decides as
+``ray.init()`` does (RAY_ADDRESS, else the last cluster `ray start` made on this
+machine, else none). With no cluster it answers at once: the trainer will
+start a fresh local one (`probe_cluster` returns None). Otherwise it joins the
+cluster the way the trainer will (OpenRLHF: the ``ray.init`` statement of
+OpenRLHF's own ``train()``), reads the GPU resources, and runs one task pinned
+to each alive node that writes a probe file into the ``MENTOR_ROLLOUT_DIR`` its
+worker sees and checks that mentor's reward code imports there. It prints one
+JSON line: address, GPUs (total, free, per node), and each node's probe.
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+import os
+import subprocess
+import sys
+import uuid
+from importlib.util import find_spec
+from pathlib import Path
+from typing import Any
+
+from mentor.pipeline.errors import ConfigError
+from mentor.training.rollout_log import ENV_DIR, PROBE_PREFIX
+
+DEFAULT_TIMEOUT_S = 180.0
+
+
+def probe_cluster(env: dict[str, str], init: str = "openrlhf", python: str | None = None,
+                  timeout_s: float = DEFAULT_TIMEOUT_S) -> dict | None:
+    """The Ray cluster the trainer launched with `env` will join, probed; None when it starts a fresh local one.
+
+    `init`: how to join: ``openrlhf`` (OpenRLHF's own ray.init call, when openrlhf is installed) or ``plain``
+    (``ray.init()``). A ConfigError names the address when joining or probing fails.
+    """
+    address = env.get("RAY_ADDRESS", "")
+    if address == "local":
+        return None
+    python = python or sys.executable
+    if python == sys.executable and find_spec("ray") is None:
+        if address:
+            raise ConfigError(
+                f"RAY_ADDRESS={address} names a Ray cluster, but ray is not installed in mentor's environment, so the "
+                "round's GPUs and rollout log dir cannot be checked: pip install ray, or set preflight: false"
+            )
+        return None  # no ray here: the trainer's ray.init() can only start a local cluster from this environment
+    token = uuid.uuid4().hex[:12]
+    cmd = [python, "-m", "mentor.training.ray_preflight", "--init", init, "--token", token, "--timeout", str(timeout_s / 2)]
+    try:
+        proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout_s, check=False)
+    except subprocess.TimeoutExpired:
+        raise ConfigError(f"the Ray cluster check did not finish in {timeout_s:.0f}s (RAY_ADDRESS={address or 'unset'}); "
+                          "is the cluster up (`ray status`)?") from None
+    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("{")]
+    if proc.returncode != 0 or not lines:
+        tail = (proc.stderr.strip().splitlines() or ["(no output)"])[-1]
+        raise ConfigError(f"cannot join the Ray cluster the trainer would use (RAY_ADDRESS={address or 'unset'}): {tail}")
+    report = json.loads(lines[-1])
+    if report.get("error"):
+        raise ConfigError(f"the Ray cluster check failed (RAY_ADDRESS={address or 'unset'}): {report['error']}")
+    return report.get("cluster")
+
+
+# --------------------------------------------------------------------------- the probe process
+
+
+def _existing_address() -> str | None:
+    """What ray.init() would join (None: it would start a local cluster), by Ray's own lookup."""
+    try:
+        from ray._private.services import canonicalize_bootstrap_address
+    except ImportError:  # a Ray without it: RAY_ADDRESS is the documented switch
+        return os.environ.get("RAY_ADDRESS") or None
+    return canonicalize_bootstrap_address(None)
+
+
+def _openrlhf_init() -> bool:
+    """Run the ``ray.init`` statement of OpenRLHF's ``train()`` (its runtime_env included); False when absent."""
+    spec = find_spec("openrlhf.cli.train_ppo_ray") if find_spec("openrlhf") else None
+    if spec is None or not spec.origin:
+        return False
+    tree = ast.parse(Path(spec.origin).read_text(), filename=spec.origin)
+    train = next((n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == "train"), None)
+    stmt = next((s for s in (train.body if train else []) if "ray.init" in ast.unparse(s)), None)
+    if stmt is None:
+        return False
+    import ray
+
+    exec(compile(ast.Module(body=[stmt], type_ignores=[]), spec.origin, "exec"), {"ray": ray, "os": os})  # noqa: S102
+    return True
+
+
+def _probe(token: str, node_id: str) -> dict[str, Any]:
+    """Runs in a Ray worker on one node: write a probe file where MENTOR_ROLLOUT_DIR points."""
+    import socket
+
+    out: dict[str, Any] = {"host": socket.gethostname()}
+    try:
+        import mentor.training.reward_core  # noqa: F401 - what the reward file imports
+    except Exception as exc:  # noqa: BLE001 - reported, not raised
+        out["mentor_error"] = f"{type(exc).__name__}: {exc}"
+    directory = os.environ.get(ENV_DIR)
+    if not directory:
+        out.update(ok=False, error=f"{ENV_DIR} is not set in the Ray workers' environment (the job's runtime env did not carry it)")
+        return out
+    path = Path(directory) / f"{PROBE_PREFIX}{token}-{node_id[:16]}.probe"
+    try:
+        Path(directory).mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps({"node_id": node_id, "host": out["host"]}) + "\n")
+    except OSError as exc:
+        out.update(ok=False, dir=directory, error=f"cannot write {directory} there ({type(exc).__name__}: {exc.strerror or exc})")
+        return out
+    out.update(ok=True, dir=directory, path=str(path))
+    return out
+
+
+def _run(init: str, token: str, timeout_s: float) -> dict[str, Any]:
+    import ray
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    address = _existing_address()
+    if address is None:
+        return {"cluster": None}
+    if not (init == "openrlhf" and _openrlhf_init()):
+        ray.init(log_to_driver=False)
+    try:
+        nodes = [n for n in ray.nodes() if n.get("Alive")]
+        task = ray.remote(num_cpus=0)(_probe)
+        refs = [
+            task.options(scheduling_strategy=NodeAffinitySchedulingStrategy(node_id=n["NodeID"], soft=False)).remote(token, n["NodeID"])
+            for n in nodes
+        ]
+        ready, _ = ray.wait(refs, num_returns=len(refs), timeout=timeout_s)
+        done = set(ready)
+        report = []
+        for n, ref in zip(nodes, refs):
+            if ref in done:
+                try:
+                    probe = ray.get(ref)
+                except Exception as exc:  # noqa: BLE001 - a node whose worker cannot start
+                    probe = {"ok": False, "error": f"the probe task failed: {type(exc).__name__}: {str(exc).splitlines()[0]}"}
+            else:
+                probe = {"ok": False, "error": f"the probe task did not run within {timeout_s:.0f}s"}
+            report.append({"node_id": n["NodeID"], "host": n.get("NodeManagerHostname"), "ip": n.get("NodeManagerAddress"),
+                           "gpus": n.get("Resources", {}).get("GPU", 0), "probe": probe})
+        return {"cluster": {
+            "address": address,
+            "gpus_total": ray.cluster_resources().get("GPU", 0),
+            "gpus_free": ray.available_resources().get("GPU", 0),
+            "nodes": report,
+        }}
+    finally:
+        ray.shutdown()
+
+
+def main(argv: list[str] | None = None) -> int:
+    import argparse
+
+    p = argparse.ArgumentParser(prog="python -m mentor.training.ray_preflight", description=__doc__.splitlines()[0])
+    p.add_argument("--init", choices=["openrlhf", "plain"], default="plain")
+    p.add_argument("--token", default=uuid.uuid4().hex[:12])
+    p.add_argument("--timeout", type=float, default=120.0)
+    a = p.parse_args(argv)
+    try:
+        report = _run(a.init, a.token, a.timeout)
+    except Exception as exc:  # noqa: BLE001 - one line for the launcher
+        report = {"error": f"{type(exc).__name__}: {str(exc).strip().splitlines()[0] if str(exc).strip() else ''}"}
+    print(json.dumps(report), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,630 @@
+"""`mentor train` for ``kind: verl``: one verl GRPO round from a `round.yaml` (verl 0.9.1).
+
+The command is verl's own entry point with Hydra overrides built from the round::
+
+    python -m verl.trainer.main_ppo
+      algorithm.adv_estimator=grpo actor_rollout_ref.rollout.n=4
+      data.train_files=[<every part-*.parquet of the round's prompts>] data.val_files=[<the first one>]
+      actor_rollout_ref.model.path=<previous round's final model | base model in round 0>
+      reward.custom_reward_function.path=<mentor's verl_reward.py> reward.custom_reward_function.name=compute_score
+      trainer.n_gpus_per_node=N trainer.nnodes=M trainer.default_local_dir=<train>/ckpt
+      ++ray_kwargs.ray_init.runtime_env.env_vars.MENTOR_ROLLOUT_DIR=<the round's log dir> (and MENTOR_ROUND, MENTOR_*)
+      <mentor's defaults, then the config's `overrides` (any verl key, dotted)>
+
+verl's ``run_ppo`` merges ``ray_kwargs.ray_init.runtime_env`` into the runtime
+environment of its ``ray.init``, so the variables reach every Ray worker that
+scores rollouts (the TaskRunner, the reward-loop workers), on a fresh local
+cluster and on one started by ``ray start`` alike. The same variables also go
+into ``RAY_JOB_CONFIG_JSON_ENV_VAR``, the job config Ray merges into that
+``ray.init`` (and what the pre-launch probe of `mentor.training.ray_preflight`
+checks on every node).
+
+Checks before launch (and all of ``--dry-run``): the overrides are composed with
+verl's packaged ``ppo_trainer`` config by Hydra, as ``main_ppo``'s own
+``@hydra.main`` does, the round's values are read back from the composed config
+(a path Hydra would parse differently is an error), then verl's own
+``validate_config`` runs (batch sizes against GPUs, micro batch settings, ...).
+No GPU is needed for that. The GPUs the composed config reserves (verl's
+resource pools: ``n_gpus_per_node`` on each of ``nnodes`` nodes, plus a reward
+model pool when enabled) are compared with the Ray cluster or this machine.
+
+After training: verl saves checkpoints under ``<train>/ckpt/global_step_N/actor``
+(FSDP shards). mentor runs verl's own model merger on the last one
+(``python -m verl.model_merger merge --backend fsdp --local_dir ... --target_dir
+...``) into a temporary folder renamed to ``<train>/model``: a Hugging Face
+folder the next round (``actor_rollout_ref.model.path``), `mentor rollout` and
+vLLM load. A killed round resumes: verl's ``trainer.resume_mode=auto`` restarts
+from the last checkpoint, and the rollouts the killed attempt logged after that
+checkpoint are dropped from the log (they are scored again); with no checkpoint
+yet, the attempt's log shards are removed.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime as _dt
+import importlib.util
+import io
+import json
+import logging
+import os
+import re
+import shlex
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from mentor.pipeline.errors import ConfigError
+from mentor.pipeline.io import read_yaml_mapping, resolve_inputs, write_json_atomic
+from mentor.training.launcher import OUTCOME, RoundPaths, TrainError, log_tail, outcome_record, previous_final_model
+from mentor.training.rollout_log import ENV_DIR
+from mentor.training.round_settings import round_updates
+
+log = logging.getLogger(__name__)
+
+MAIN = "verl.trainer.main_ppo"
+REWARD_FILE = Path(__file__).resolve().parent / "verl_reward.py"
+INSTALL = "pip install verl==0.9.1 (its GPU stack as verl's docs say); for the config check alone: pip install --no-deps verl==0.9.1 'hydra-core>=1.3,<1.4' tensordict codetiming peft ray"
+ENV_ROUND = "MENTOR_ROUND"
+ENV_VARS_KEY = "ray_kwargs.ray_init.runtime_env.env_vars"
+LATEST = "latest_checkpointed_iteration.txt"
+
+# verl keys mentor sets from the round; `overrides` may not set them (the field to use instead).
+_OWNED = {
+    "data.train_files": "prompts",
+    "actor_rollout_ref.model.path": "base_model / actor_model",
+    "actor_rollout_ref.rollout.n": "n_samples_per_prompt",
+    "algorithm.adv_estimator": "adv_estimator",
+    "reward.custom_reward_function.path": "reward_file",
+    "reward.custom_reward_function.name": "reward_function",
+    "trainer.n_gpus_per_node": "n_gpus_per_node",
+    "trainer.nnodes": "nnodes",
+    "trainer.default_local_dir": "round_dir / train_dir (checkpoints go to <train>/ckpt)",
+}
+# mentor's defaults on top of verl's (any of them can be overridden).
+DEFAULTS: dict[str, Any] = {
+    "actor_rollout_ref.rollout.name": "vllm",
+    "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu": 4,
+    "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu": 4,
+    "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu": 4,
+    "trainer.total_epochs": 1,  # one pass over the round's prompts
+    "trainer.save_freq": 20,  # > 0: verl then also saves the last step, which the merger turns into the round's model
+    "trainer.max_actor_ckpt_to_keep": 1,
+    "trainer.val_before_train": False,
+    "trainer.logger": ["console"],
+    "trainer.project_name": "mentor",
+}
+_KEY = re.compile(r"(\+\+|\+|~)?([A-Za-z_][\w\-]*(?:\.[\w\-@]+)*)")
+_BARE = re.compile(r"[A-Za-z0-9_/][A-Za-z0-9_.:/+\-]*")
+_TYPED = {"true", "false", "null", "nan", "inf"}  # bare words Hydra reads as another type
+
+
+class VerlTrainConfig(RoundPaths, BaseModel):
+    """One verl GRPO round (`round.yaml` with ``kind: verl``)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    kind: Literal["verl"] = Field("verl", description="Selects the verl trainer in a round.yaml (workflows give it as trainer.kind).")
+    round: int = Field(0, ge=0, description="Round number (0 = the first, trained from base_model).")
+    round_dir: str | None = Field(None, description="The round's directory; train/ is created inside.")
+    train_dir: str | None = Field(None, description="Where the trainer's outputs go (default: <round_dir>/train).")
+    base_model: str | None = Field(None, description="HF folder or name of the base policy (round 0's model); none = the embedded SmolLM2-135M-Instruct.")
+    actor_model: str | None = Field(None, description="Start from this model instead of the previous round's final model.")
+    previous_round_dir: str | None = Field(None, description="Previous round's directory (default: sibling round-<round-1:03d>).")
+    prompts: str | None = Field(None, description="Prompt shards from `mentor build` (default: <round_dir>/prompts); every part-*.parquet is trained on.")
+    rollout_log_dir: str | None = Field(None, description="Where the reward logs rollouts (default: <round_dir>/rollouts/log).")
+    n_samples_per_prompt: int = Field(4, ge=2, description="GRPO group size (actor_rollout_ref.rollout.n).")
+    adv_estimator: str = Field("grpo", description="algorithm.adv_estimator (grpo; verl also has rloo, reinforce_plus_plus, ...).")
+    n_gpus_per_node: int = Field(1, ge=1, description="trainer.n_gpus_per_node (verl's default is 8).")
+    nnodes: int = Field(1, ge=1, description="trainer.nnodes.")
+    reward_file: str | None = Field(None, description="reward.custom_reward_function.path (default: mentor's verl_reward.py).")
+    reward_function: str = Field("compute_score", description="reward.custom_reward_function.name.")
+    overrides: dict[str, Any] = Field(
+        default_factory=dict,
+        description="Any other verl setting as a dotted key, e.g. {'data.train_batch_size': 256, "
+        "'actor_rollout_ref.actor.optim.lr': 1e-6}; '+key' adds a key verl's config lacks, '~key' removes one (value null).",
+    )
+    merge_model: bool = Field(True, description="Merge the last checkpoint into <train>/model with verl's model merger (the next round's model).")
+    python: str = Field(default_factory=lambda: sys.executable, description="Python of the trainer's environment.")
+    env: dict[str, str] = Field(default_factory=dict, description="Extra environment variables for the trainer (MENTOR_* ones reach the reward workers too).")
+    preflight: bool = Field(True, description="Before launch, refuse a round the GPUs cannot place or whose rollout log dir the Ray workers cannot reach.")
+
+    @property
+    def ckpt_path(self) -> Path:
+        return self.train_path / "ckpt"
+
+    @property
+    def prompt_sources(self) -> list[str]:
+        return self.prompts.split(",") if self.prompts else [str(self.round_path / "prompts")]
+
+
+def _errors(exc: ValidationError) -> str:
+    return "; ".join(
+        f"{'.'.join(map(str, e['loc']))}: {'unknown key' if e['type'] == 'extra_forbidden' else e['msg']}" for e in exc.errors()
+    )
+
+
+def parse_config(data: dict[str, Any], where: str = "round config") -> VerlTrainConfig:
+    """Validate mentor's fields and the override keys; `ConfigError` names the field."""
+    try:
+        cfg = VerlTrainConfig.model_validate(data)
+    except ValidationError as exc:
+        raise ConfigError(f"{where}: {_errors(exc)}") from exc
+    try:
+        _user_overrides(cfg.overrides)
+    except ConfigError as exc:
+        raise ConfigError(f"{where}: {exc}") from None
+    return cfg
+
+
+def load_config(path: str | os.PathLike) -> VerlTrainConfig:
+    path = Path(path)
+    return parse_config(read_yaml_mapping(path, "round settings"), str(path))
+
+
+def with_overrides(cfg: VerlTrainConfig, round_: int | None = None, prompts: str | os.PathLike | None = None,
+                   round_dir: str | os.PathLike | None = None, train_dir: str | os.PathLike | None = None,
+                   rollout_dir: str | os.PathLike | None = None, prev_model: str | None = None) -> VerlTrainConfig:
+    """A copy of `cfg` with the settings a workflow runner decides per round."""
+    return cfg.model_copy(update=round_updates(cfg, round_, prompts, round_dir, train_dir, rollout_dir, prev_model))
+
+
+def verl_version() -> str:
+    try:
+        from importlib.metadata import version
+
+        return version("verl")
+    except Exception:
+        return "(not installed)"
+
+
+# --------------------------------------------------------------------------- the command
+
+
+def actor_model(cfg: VerlTrainConfig, start_from_base: bool = False) -> str:
+    """The model this round starts from: explicit, base (round 0), or the previous round's final model."""
+    from mentor.pipeline.models import resolve_model
+
+    if cfg.actor_model:
+        return cfg.actor_model
+    if cfg.round == 0 or start_from_base:
+        return resolve_model(cfg.base_model)
+    return previous_final_model(cfg.round, cfg.round_path, cfg.previous_round_dir)
+
+
+def train_files(cfg: VerlTrainConfig) -> list[str]:
+    """Every ``part-*.parquet`` of the round's prompt folders (files and globs as given), absolute."""
+    out: list[str] = []
+    for src in cfg.prompt_sources:
+        p = Path(src)
+        if not p.exists() and not any(ch in src for ch in "*?["):
+            raise ConfigError(f"prompts {src}: no such folder; run `mentor build --out {src}` first (or set prompts)")
+        if p.is_dir():
+            shards = sorted(p.glob("part-*.parquet"))
+            if not shards:
+                raise ConfigError(f"prompts {src}: no part-*.parquet shards; run `mentor build --out {src}` first")
+            out += [str(f.resolve()) for f in shards]
+        else:
+            out += [str(f.resolve()) for f in resolve_inputs([src])]
+    return list(dict.fromkeys(out))
+
+
+def hydra_quote(text: str) -> str:
+    """`text` as a Hydra quoted string that Hydra reads back unchanged (no interpolation)."""
+    text = re.sub(r"(\\+)(?='|\$\{|$)", lambda m: m.group(1) * 2, text)
+    return "'" + text.replace("'", "\\'").replace("${", "\\${") + "'"
+
+
+def hydra_value(value: Any, quote: bool = False) -> str:
+    """A YAML value as a Hydra override value: strings that look plain stay bare (Hydra types them, so
+    "1e-6" is a float), others are quoted; lists and mappings in Hydra's syntax."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, (int, float)):
+        return repr(value)
+    if isinstance(value, (list, tuple)):
+        return "[" + ",".join(hydra_value(v, quote) for v in value) + "]"
+    if isinstance(value, dict):
+        return "{" + ",".join(f"{k}:{hydra_value(v, quote)}" for k, v in value.items()) + "}"
+    text = str(value)
+    if quote:  # a path or name that must stay a string: bare only where Hydra cannot read anything else
+        plain = _BARE.fullmatch(text) and ("/" in text or (text.isidentifier() and text.lower() not in _TYPED))
+        return text if plain else hydra_quote(text)
+    return text if _BARE.fullmatch(text) else hydra_quote(text)
+
+
+def _user_overrides(overrides: dict[str, Any]) -> list[str]:
+    out = []
+    for key, value in overrides.items():
+        m = _KEY.fullmatch(str(key))
+        if not m:
+            raise ConfigError(f"overrides: {key!r} is not a dotted verl key (e.g. data.train_batch_size, +new.key, ~old.key)")
+        prefix, name = m.group(1) or "", m.group(2)
+        if name in _OWNED:
+            raise ConfigError(f"overrides: {name} is set by mentor; use {_OWNED[name]} instead")
+        if name.startswith(ENV_VARS_KEY + "."):
+            raise ConfigError(f"overrides: {name}: the reward workers' variables come from env (MENTOR_* go there)")
+        if prefix == "~":
+            out.append(f"~{name}" if value is None else f"~{name}={hydra_value(value)}")
+        else:
+            out.append(f"{prefix}{name}={hydra_value(value)}")
+    return out
+
+
+def reward_env(cfg: VerlTrainConfig) -> dict[str, str]:
+    """What the reward function reads: the round's log dir and number, and every MENTOR_* setting."""
+    env = {k: str(v) for k, v in os.environ.items() if k.startswith("MENTOR_")}
+    env |= {k: str(v) for k, v in cfg.env.items() if k.startswith("MENTOR_")}
+    return env | {ENV_DIR: str(cfg.rollout_dir), ENV_ROUND: str(cfg.round)}
+
+
+def build_overrides(cfg: VerlTrainConfig, start_from_base: bool = False) -> list[str]:
+    files = train_files(cfg)
+    reward = str(Path(cfg.reward_file).resolve()) if cfg.reward_file else str(REWARD_FILE)
+    owned = [
+        f"algorithm.adv_estimator={hydra_value(cfg.adv_estimator)}",
+        f"actor_rollout_ref.rollout.n={cfg.n_samples_per_prompt}",
+        f"data.train_files={hydra_value(files, quote=True)}",
+        f"data.val_files={hydra_value(files[:1], quote=True)}",
+        f"actor_rollout_ref.model.path={hydra_value(actor_model(cfg, start_from_base), quote=True)}",
+        f"reward.custom_reward_function.path={hydra_value(reward, quote=True)}",
+        f"reward.custom_reward_function.name={hydra_value(cfg.reward_function, quote=True)}",
+        f"trainer.n_gpus_per_node={cfg.n_gpus_per_node}",
+        f"trainer.nnodes={cfg.nnodes}",
+        f"trainer.default_local_dir={hydra_value(str(cfg.ckpt_path), quote=True)}",
+    ]
+    user = {k.lstrip("+~"): k for k in cfg.overrides}
+    per_round = {"trainer.experiment_name": f"round-{cfg.round:03d}",
+                 "hydra.run.dir": str(cfg.train_path / "hydra")}  # Hydra's outputs/ (and verl's cwd) in the round's folder
+    defaults = [f"{k}={hydra_value(v, quote=k == 'hydra.run.dir')}" for k, v in (DEFAULTS | per_round).items() if k not in user]
+    env = [f"++{ENV_VARS_KEY}.{k}={hydra_value(v, quote=True)}" for k, v in sorted(reward_env(cfg).items())]
+    return owned + defaults + env + _user_overrides(cfg.overrides)
+
+
+def build_command(cfg: VerlTrainConfig, start_from_base: bool = False) -> list[str]:
+    """The exact trainer command line for this round."""
+    return [cfg.python, "-m", MAIN, *build_overrides(cfg, start_from_base)]
+
+
+def build_env(cfg: VerlTrainConfig) -> dict[str, str]:
+    """The variables mentor adds to the trainer's environment (the driver's and, through Ray's job config, the workers')."""
+    env = reward_env(cfg)
+    try:
+        from mentor.training.rollout_log import ray_job_config_env
+    except ImportError:  # an older rollout_log: verl's own runtime_env carries the variables alone
+        job = {}
+    else:
+        job = ray_job_config_env(env, os.environ.get("RAY_JOB_CONFIG_JSON_ENV_VAR"))
+    return env | job | cfg.env
+
+
+# --------------------------------------------------------------------------- verl's own config code
+
+
+def verl_config_dir() -> Path:
+    """verl's packaged Hydra config folder (found without importing verl, which needs ray and tensordict)."""
+    spec = importlib.util.find_spec("verl")
+    if spec is None or not spec.submodule_search_locations:
+        raise ConfigError(f"verl is not installed; {INSTALL}")
+    d = Path(list(spec.submodule_search_locations)[0]) / "trainer" / "config"
+    if not (d / "ppo_trainer.yaml").is_file():
+        raise ConfigError(f"{d}: no ppo_trainer.yaml; is this verl 0.9.x?")
+    return d
+
+
+def _one_line(exc: BaseException) -> str:
+    text = " ".join(ln.strip() for ln in str(exc).splitlines() if ln.strip())
+    cause = exc.__cause__ or exc.__context__
+    if cause is not None and str(cause) and str(cause) not in text:
+        text += f" ({type(cause).__name__}: {' '.join(str(cause).split())})"
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+
+
+def compose(overrides: list[str]):
+    """verl's ``ppo_trainer`` config composed by Hydra with `overrides`, as ``main_ppo``'s ``@hydra.main`` does."""
+    try:
+        from hydra import compose as hydra_compose
+        from hydra import initialize_config_dir
+        from hydra.core.global_hydra import GlobalHydra
+    except ImportError as exc:
+        raise ConfigError(f"the verl config check needs hydra-core ({exc}); {INSTALL}") from None
+    config_dir = verl_config_dir()
+    if GlobalHydra.instance().is_initialized():  # inside another Hydra app (tests): compose on a clean slate
+        GlobalHydra.instance().clear()
+    try:
+        with initialize_config_dir(config_dir=str(config_dir), version_base=None):
+            return hydra_compose(config_name="ppo_trainer", overrides=overrides)
+    except Exception as exc:  # Hydra's override parser and OmegaConf's struct checks raise many kinds
+        raise ConfigError(f"verl's config rejects the round's overrides: {_one_line(exc)}") from None
+
+
+def _expected(cfg: VerlTrainConfig, cmd: list[str]) -> dict[str, Any]:
+    def value(key: str) -> str:
+        return next(a.split("=", 1)[1] for a in cmd if a.startswith(key + "="))
+
+    reward = str(Path(cfg.reward_file).resolve()) if cfg.reward_file else str(REWARD_FILE)
+    return {
+        "data.train_files": train_files(cfg),
+        "actor_rollout_ref.model.path": _unquote(value("actor_rollout_ref.model.path")),
+        "actor_rollout_ref.rollout.n": cfg.n_samples_per_prompt,
+        "algorithm.adv_estimator": cfg.adv_estimator,
+        "reward.custom_reward_function.path": reward,
+        "reward.custom_reward_function.name": cfg.reward_function,
+        "trainer.n_gpus_per_node": cfg.n_gpus_per_node,
+        "trainer.nnodes": cfg.nnodes,
+        "trainer.default_local_dir": str(cfg.ckpt_path),
+        ENV_VARS_KEY: reward_env(cfg),
+    }
+
+
+def _unquote(text: str) -> str:
+    if len(text) >= 2 and text[0] == text[-1] == "'":
+        body = text[1:-1].replace("\\${", "${").replace("\\'", "'")
+        return re.sub(r"(\\+)(?='|\$\{|$)", lambda m: m.group(1)[: len(m.group(1)) // 2], body)
+    return text
+
+
+def check_with_verl(cfg: VerlTrainConfig, cmd: list[str]) -> tuple[Any, list[str]]:
+    """Compose `cmd`'s overrides with verl's packaged config, read the round's values back, run verl's
+    ``validate_config``; returns (the composed config, the notes verl printed). `ConfigError` on a rejection."""
+    from omegaconf import OmegaConf
+
+    composed = compose(cmd[3:])
+    for key, want in _expected(cfg, cmd).items():
+        got = OmegaConf.select(composed, key)
+        got = OmegaConf.to_container(got, resolve=True) if OmegaConf.is_config(got) else got
+        if isinstance(want, dict):
+            got = {k: v for k, v in (got or {}).items() if k in want}
+        if got != want:
+            raise ConfigError(f"verl's config reads {key} as {got!r}, not {want!r}; rename the path or report this")
+    out, err = io.StringIO(), io.StringIO()
+    logging.disable(logging.WARNING)  # verl's import warns that this machine has no GPU: not the round's business
+    try:
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            import warnings
+
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always")
+                from verl.trainer.ppo.utils import need_critic, need_reference_policy
+                from verl.utils.config import validate_config
+                from verl.utils.device import auto_set_device
+
+                auto_set_device(composed)
+                validate_config(config=composed, use_reference_policy=need_reference_policy(composed),
+                                use_critic=need_critic(composed))
+    except ImportError as exc:
+        notes = [f"verl's validate_config did not run: {exc} (the Hydra compose did); {INSTALL}"]
+        return composed, notes
+    except Exception as exc:  # AssertionError, ValueError, Hydra's InstantiationException around them
+        raise ConfigError(f"verl's validate_config rejects the round: {_one_line(exc)}") from None
+    finally:
+        logging.disable(logging.NOTSET)
+    notes = [ln.strip() for ln in (out.getvalue() + err.getvalue()).splitlines() if ln.strip()]
+    notes += sorted({str(w.message) for w in caught})
+    return composed, notes
+
+
+def gpu_demand(composed) -> Any:
+    """The GPUs verl's resource pools reserve for the composed config (`mentor.training.gpus.GpuDemand`)."""
+    from mentor.training.gpus import GpuDemand, GpuGroup
+
+    t = composed.trainer
+    per_node, nodes = int(t.n_gpus_per_node), int(t.nnodes)
+    total = per_node * nodes
+    rm = composed.reward.reward_model
+    rm_pool = int(rm.n_gpus_per_node) * int(rm.nnodes) if rm.enable and rm.enable_resource_pool else 0
+    # One resource pool, actor, rollout and reference colocated on it (verl's hybrid engine).
+    demand = GpuDemand.of_roles("verl", {"actor": total, "rollout": total, "reference": total}, nodes=nodes,
+                                per_node=per_node, shared=True, detail=f"nnodes {nodes} x n_gpus_per_node {per_node}",
+                                fixes=[("nnodes 1", per_node + rm_pool)] if nodes > 1 else [])
+    if rm_pool:  # a pool of its own for the reward model
+        demand.groups.append(GpuGroup(int(rm.n_gpus_per_node) * int(rm.nnodes), ("reward model",),
+                                      f"reward.reward_model nnodes {rm.nnodes} x n_gpus_per_node {rm.n_gpus_per_node}",
+                                      int(rm.n_gpus_per_node)))
+        demand.nodes += int(rm.nnodes)
+    return demand
+
+
+def preflight(cfg: VerlTrainConfig, composed, extra_env: dict[str, str]) -> dict[str, Any]:
+    """Refuse a round the GPUs cannot place, or whose rollout log dir the Ray workers cannot reach."""
+    from mentor.training.gpus import cluster_supply, local_gpus
+    from mentor.training.ray_preflight import probe_cluster
+    from mentor.training.rollout_log import check_rollout_reach
+
+    demand = gpu_demand(composed) if composed is not None else None
+    cluster = probe_cluster(dict(os.environ) | extra_env, init="plain", python=cfg.python)
+    supply = cluster_supply(cluster) if cluster else local_gpus()
+    if demand is not None:
+        demand.check(supply)
+    hosts = check_rollout_reach(cluster, cfg.rollout_dir)
+    return {"gpus_needed": demand.total if demand else None, "gpus_detail": demand.describe() if demand else None,
+            "gpus_there": supply.total, "gpus_where": supply.where, "ray_cluster": cluster.get("address") if cluster else None,
+            "rollout_dir_checked_on": hosts}
+
+
+def _checked(cfg: VerlTrainConfig, cmd: list[str]) -> tuple[Any, list[str]]:
+    """`check_with_verl`, or (None, a note) when verl is not installed in mentor's environment."""
+    try:
+        return check_with_verl(cfg, cmd)
+    except ConfigError as exc:
+        if "not installed" not in str(exc):
+            raise
+        return None, [f"{exc}; the command was not checked"]
+
+
+def dry_run_text(cfg: VerlTrainConfig, start_from_base: bool = False) -> str:
+    """The command, its environment, verl's verdict, the GPUs it needs, and the merge step."""
+    cmd = build_command(cfg, start_from_base)
+    composed, notes = _checked(cfg, cmd)
+    lines = [f"# verl {verl_version()} GRPO round {cfg.round}"]
+    if composed is not None:
+        demand = gpu_demand(composed)
+        lines += [f"# GPUs: {demand.describe()}",
+                  f"# checked: Hydra compose of {verl_config_dir() / 'ppo_trainer.yaml'} with these overrides, then verl's validate_config"]
+    lines += [f"# verl: {n}" for n in notes]
+    lines += ["# environment", *(f"export {k}={shlex.quote(v)}" for k, v in build_env(cfg).items()),
+              "# command", shlex.join(cmd),
+              "# then, on the last checkpoint (<ckpt>/global_step_N/actor)",
+              shlex.join(merge_command(cfg, cfg.ckpt_path / "global_step_N" / "actor", cfg.output_dir, _backend(composed)))
+              if cfg.merge_model else "# (merge_model: false: no model merge)"]
+    return "\n".join(lines)
+
+
+# --------------------------------------------------------------------------- checkpoints and the merger
+
+
+def last_checkpoint(ckpt: Path) -> tuple[int, Path] | None:
+    """(step, <ckpt>/global_step_N/actor) of the last checkpoint verl recorded, or None."""
+    marker = ckpt / LATEST
+    try:
+        step = int(marker.read_text().strip())
+    except (OSError, ValueError):
+        return None
+    actor = ckpt / f"global_step_{step}" / "actor"
+    return (step, actor) if actor.is_dir() else None
+
+
+def _backend(composed) -> str:
+    strategy = str(composed.actor_rollout_ref.actor.strategy) if composed is not None else "fsdp"
+    return "megatron" if strategy == "megatron" else "fsdp"
+
+
+def merge_command(cfg: VerlTrainConfig, actor_dir: Path, target: Path, backend: str = "fsdp") -> list[str]:
+    return [cfg.python, "-m", "verl.model_merger", "merge", "--backend", backend, "--local_dir", str(actor_dir),
+            "--target_dir", str(target)]
+
+
+def merge_checkpoint(cfg: VerlTrainConfig, actor_dir: Path, backend: str, fh) -> tuple[int, list[str]]:
+    """verl's model merger on `actor_dir` into a temporary folder, renamed to <train>/model when complete."""
+    final = cfg.output_dir
+    tmp = final.with_name(f".{final.name}.tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    cmd = merge_command(cfg, actor_dir, tmp, backend)
+    fh.write(f"\n# mentor: merging {actor_dir} into {final}\n# {shlex.join(cmd)}\n".encode())
+    fh.flush()
+    try:
+        code = subprocess.run(cmd, stdout=fh, stderr=subprocess.STDOUT, check=False).returncode
+    except OSError as exc:
+        fh.write(f"cannot start {cmd[0]}: {exc}\n".encode())
+        return 127, cmd
+    if code == 0 and not (tmp / "config.json").is_file():
+        fh.write(f"# mentor: the merger exited 0 but wrote no config.json into {tmp}\n".encode())
+        code = 1
+    if code == 0:
+        shutil.rmtree(final, ignore_errors=True)
+        os.replace(tmp, final)
+    return code, cmd
+
+
+def prepare_logs(directory: Path, resume: tuple[int, Path] | None) -> str | None:
+    """Make a rerun's rollout log match what verl will redo: with no checkpoint, remove the killed
+    attempt's shards; resuming from one, drop the records logged after it (those steps are scored again)."""
+    shards = sorted(directory.glob("verl-*.jsonl")) if directory.is_dir() else []
+    if not shards:
+        return None
+    if resume is None:
+        for f in shards:
+            f.unlink()
+        return f"removed {len(shards)} rollout shard(s) of an earlier, unfinished attempt"
+    cutoff = (resume[1].parent.parent / LATEST).stat().st_mtime
+    dropped = 0
+    for f in shards:
+        tmp = f.with_name(f".{f.name}.tmp")
+        before = dropped
+        with open(f, "rb") as src, open(tmp, "wb") as dst:  # streamed: a round's log can be large
+            for line in src:
+                try:
+                    ts = float(json.loads(line).get("ts", 0))
+                except (ValueError, AttributeError, TypeError):
+                    ts = 0.0  # a torn line stays for ingest to quarantine
+                if ts <= cutoff:
+                    dst.write(line)
+                else:
+                    dropped += 1
+        if dropped > before:
+            os.replace(tmp, f)
+        else:
+            tmp.unlink()
+    return f"resuming from checkpoint step {resume[0]}: dropped {dropped} rollout record(s) logged after it"
+
+
+def run_round(cfg: VerlTrainConfig, start_from_base: bool = False, **overrides: Any) -> dict[str, Any]:
+    """Run one verl round and merge its model; record the outcome; raise TrainError on failure."""
+    if overrides:
+        cfg = with_overrides(cfg, **overrides)
+    cmd = build_command(cfg, start_from_base)
+    composed, notes = _checked(cfg, cmd)
+    if cfg.merge_model and composed is not None and int(composed.trainer.save_freq) <= 0:
+        raise ConfigError("trainer.save_freq must be > 0: verl saves the last step only then, and the round's model is "
+                          "merged from it (or set merge_model: false)")
+    extra_env = build_env(cfg)
+    checked = preflight(cfg, composed, extra_env) if cfg.preflight else None
+    cfg.train_path.mkdir(parents=True, exist_ok=True)
+    cfg.rollout_dir.mkdir(parents=True, exist_ok=True)
+    resume = last_checkpoint(cfg.ckpt_path)
+    cleaned = prepare_logs(cfg.rollout_dir, resume)
+    write_json_atomic(cfg.model_dump(mode="json"), cfg.train_path / "config.json")
+    started = time.time()
+    log.info("verl round %d: %s", cfg.round, shlex.join(cmd))
+    merge_cmd = None
+    with open(cfg.log_file, "ab") as fh:
+        fh.write(f"\n# mentor train (verl) round {cfg.round} at {_dt.datetime.now().isoformat()}\n# {shlex.join(cmd)}\n".encode())
+        for note in notes + ([cleaned] if cleaned else []):
+            fh.write(f"# {note}\n".encode())
+        fh.flush()
+        try:
+            code = subprocess.run(cmd, stdout=fh, stderr=subprocess.STDOUT, env=dict(os.environ) | extra_env, check=False).returncode
+        except OSError as exc:
+            code = 127
+            fh.write(f"cannot start {cmd[0]}: {exc}\n".encode())
+        last = last_checkpoint(cfg.ckpt_path) if code == 0 else None
+        final, merge_code = None, None
+        if code == 0 and cfg.merge_model:
+            if last is None:
+                fh.write(f"# mentor: verl exited 0 but {cfg.ckpt_path} holds no checkpoint ({LATEST})\n".encode())
+            else:
+                merge_code, merge_cmd = merge_checkpoint(cfg, last[1], _backend(composed), fh)
+                final = cfg.output_dir if merge_code == 0 else None
+    model_path = next(_unquote(a.split("=", 1)[1]) for a in cmd if a.startswith("actor_rollout_ref.model.path="))
+    outcome = {"kind": "verl", "verl_version": verl_version()} | outcome_record(
+        cfg, code, final, model_path, cmd, extra_env, started, checkpoint=str(last[1]) if last else None,
+        steps=last[0] if last else None, merge_command=merge_cmd, merge_exit_code=merge_code, preflight=checked,
+    )
+    if code == 0 and cfg.merge_model and final is None:
+        outcome["warning"] = "verl finished but the round's model was not merged: see the log"
+    write_json_atomic(outcome, cfg.train_path / OUTCOME)
+    if code != 0 or (cfg.merge_model and final is None):
+        what = f"verl exited with code {code}" if code != 0 else "the model merge failed"
+        raise TrainError(f"{what} (round {cfg.round}); full log: {cfg.log_file}\n--- last lines ---\n{log_tail(cfg.log_file)}")
+    return outcome
+
+
+__all__ = [
+    "DEFAULTS",
+    "VerlTrainConfig",
+    "build_command",
+    "build_env",
+    "build_overrides",
+    "check_with_verl",
+    "compose",
+    "dry_run_text",
+    "gpu_demand",
+    "hydra_quote",
+    "hydra_value",
+    "last_checkpoint",
+    "load_config",
+    "merge_command",
+    "merge_checkpoint",
+    "parse_config",
+    "prepare_logs",
+    "run_round",
+    "train_files",
+    "with_overrides",
+]
