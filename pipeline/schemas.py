@@ -84,6 +84,18 @@ TRACE_ENTRY = pa.struct(
     ]
 )
 
+# hints.vouch: candidates tried, the kept one (0-based), its re-rolls and how many were correct,
+# and whether that earned reward (rescued). See stages/vouch.py.
+VOUCH = pa.struct(
+    [
+        pa.field("candidates", pa.int32()),
+        pa.field("kept", pa.int32()),
+        pa.field("samples", pa.int32()),
+        pa.field("correct", pa.int32()),
+        pa.field("rescued", pa.bool_()),
+    ]
+)
+
 HINTS = pa.schema(
     [
         pa.field("problem_id", pa.string(), nullable=False),
@@ -101,6 +113,8 @@ HINTS = pa.schema(
         pa.field("model", pa.string(), nullable=False),
         pa.field("prompt_version", pa.string(), nullable=False),  # hash of the templates
         pa.field("config_hash", pa.string(), nullable=False),
+        # What the policy did with the kept hint when it vouched (HintConfig.vouch); null otherwise.
+        pa.field("vouch", VOUCH),
     ]
 )
 

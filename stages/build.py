@@ -1,12 +1,14 @@
 """Build: base problem set + hints -> next-epoch prompt shards (schema: prompts).
 
 Every problem of the base set gets a prompt; a problem with a hint gets the
-hint in its user message, before the problem. The shards serve OpenRLHF and
-verl without edits:
+hint where ``placement`` says: ``before`` the problem in the user message,
+``after`` it (just before the instruction), or in the ``system`` message
+(`build_render.messages_expr`, the layout `mentor rescue` re-rolls with too).
+The shards serve OpenRLHF, verl and TRL without edits:
 
 - ``prompt``: chat messages ``[{role, content}, ...]`` (an optional system
-  message, then the user message: hint block + problem + the domain's
-  instruction);
+  message, then the user message: problem + the domain's instruction, with the
+  hint block before or after the problem, or in the system message);
 - ``label``: the JSON string of `schemas.prompt_label` (reference answer or
   tests + ``problem_id``, ``hint_id``, ``round``): OpenRLHF hands only this
   column to the reward function;
@@ -54,7 +56,7 @@ from mentor.pipeline.prompts import HINT_TEMPLATE, INSTRUCTIONS, PLACEHOLDER_RE,
 from mentor.pipeline.schemas import DOMAINS, HINT_STATUSES, SCHEMA_VERSION
 from mentor.pipeline.stage import Stats, StatsLayout, write_stats
 from mentor.stages.build_base import PROBLEM_COLUMNS, load_base, load_hints, validate_base
-from mentor.stages.build_render import prepare_rows
+from mentor.stages.build_render import DEFAULT_PLACEMENT, PLACEMENTS, prepare_rows
 from mentor.stages.build_write import DEFAULT_SHARD_ROWS, dataset_card, write_shards
 
 log = logging.getLogger(__name__)
@@ -70,7 +72,7 @@ BUILD_STATS = StatsLayout(
         "hints_missing_ids", "shards",
     ),
     groups={"base_dropped": ()},
-    values={"round": 0, "mode": "prefix", "seed": None},
+    values={"round": 0, "mode": "prefix", "placement": DEFAULT_PLACEMENT, "seed": None},
     ratios={"hinted_share": ("hinted_rows", "rows")},
     warnings=True,
     logger=__name__,
@@ -102,8 +104,14 @@ class BuildConfig(BaseModel):
     round: int | None = Field(
         None, ge=0, le=2**31 - 2, description="Round the prompts are for (label/extra_info). Default: latest hint round + 1, or 0 without hints."
     )
-    template: str = Field(
-        DEFAULT_TEMPLATE, description="User message of a hinted problem; placeholders {hint}, {problem}, optional {instruction}."
+    placement: Literal[PLACEMENTS] = Field(  # type: ignore[valid-type]
+        DEFAULT_PLACEMENT,
+        description="Where the hint goes: before the problem, after it (just before the instruction), or in the system "
+        "message. Each is read the same way by OpenRLHF, verl and TRL.",
+    )
+    template: str | None = Field(
+        None, description="User message of a hinted problem; placeholders {hint}, {problem}, optional {instruction} "
+        "(default: the placement's; a template places the hint itself, so it goes without --placement).",
     )
     plain_template: str = Field(
         DEFAULT_PLAIN_TEMPLATE, description="User message of an unhinted problem; placeholders {problem}, optional {instruction}."
@@ -128,10 +136,14 @@ class BuildConfig(BaseModel):
     def _check(self) -> "BuildConfig":
         if self.shard_rows is not None and self.shard_bytes is not None:
             raise ValueError("give --shard-rows or --shard-bytes, not both")
+        if self.template is not None and "placement" in self.model_fields_set:
+            raise ValueError("give a template or a placement, not both (a template places the hint itself)")
         for name, text, needs, forbids in (
             ("template", self.template, ("hint", "problem"), ()),
             ("plain_template", self.plain_template, ("problem",), ("hint",)),
         ):
+            if text is None:
+                continue
             found = set(PLACEHOLDER_RE.findall(text))
             missing = [p for p in needs if p not in found]
             if missing:
@@ -160,7 +172,7 @@ def build(cfg: BuildConfig, out_dir: str | Path, template_files: list[Path] | No
 
     out_dir = Path(out_dir)
     check_output_dir(out_dir)
-    stats = BUILD_STATS(mode=cfg.mode, seed=cfg.seed)
+    stats = BUILD_STATS(mode=cfg.mode, placement=cfg.placement if cfg.template is None else "template", seed=cfg.seed)
     base = load_base(cfg.base, cfg.mapping, cfg.domain)
     if cfg.answer_after:
         base.frame = base.frame.with_columns(pl.col("label").str.split(cfg.answer_after).list.last().str.strip_chars())

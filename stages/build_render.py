@@ -14,12 +14,79 @@ from typing import TYPE_CHECKING
 import polars as pl
 
 from mentor.pipeline.errors import DataError
-from mentor.pipeline.prompts import INSTRUCTION_SEPARATOR, PLACEHOLDER_RE
+from mentor.pipeline.prompts import HINT_TEMPLATE, INSTRUCTION_SEPARATOR, PLACEHOLDER_RE, PLAIN_TEMPLATE
 from mentor.pipeline.schemas import prompt_label
 from mentor.pipeline.stage import Stats
 
 if TYPE_CHECKING:
     from mentor.stages.build import BuildConfig
+
+# --------------------------------------------------------------------------- where the hint goes
+
+# The placements build offers; each is read the same way by OpenRLHF's PromptDataset
+# (--data.apply_chat_template), verl's RLHFDataset and TRL's GRPOTrainer, which all render
+# the ``prompt`` messages with add_generation_prompt=True (docs/data.md#where-the-hint-goes).
+# A solution prefix (a final assistant message to continue, as QuestA does) is not offered:
+# all three would close it as a finished assistant turn and start a new one after it.
+PLACEMENTS = ("before", "after", "system")
+DEFAULT_PLACEMENT = "before"
+# The hinted user message of the placements that put the hint there; "system" keeps the
+# plain user message and puts SYSTEM_HINT into the system message.
+PLACEMENT_TEMPLATES = {"before": HINT_TEMPLATE, "after": "{problem}\n\nHint: {hint}"}
+SYSTEM_HINT = "Hint: {hint}"
+SYSTEM_SEPARATOR = "\n\n"
+
+
+def hint_template(placement: str, template: str | None = None) -> str:
+    """The hinted user message: `template` when given, else the placement's (the plain one for "system")."""
+    if placement not in PLACEMENTS:
+        raise ValueError(f"placement {placement!r}: use one of {', '.join(PLACEMENTS)}")
+    if template is not None:
+        return template
+    return PLACEMENT_TEMPLATES.get(placement, PLAIN_TEMPLATE)
+
+
+def messages_expr(placement: str, template: str | None, plain_template: str, system_prompt: str | None,
+                  instructions: dict[str, str]) -> pl.Expr:
+    """The ``prompt`` column (chat messages) over columns ``problem``, ``hint`` (null: unhinted), ``domain``.
+
+    The one definition of the layout: `mentor build` writes it and `mentor rescue`
+    re-rolls with it (`prompt_messages`), so a rescue measures the prompts training sees.
+    """
+    instruction = pl.col("domain").replace_strict(instructions, default="", return_dtype=pl.String)
+    hinted = pl.col("hint").is_not_null()
+    user = (
+        pl.when(hinted)
+        .then(fill_template(hint_template(placement, template), instruction))
+        .otherwise(fill_template(plain_template, instruction))
+    )
+    user_msg = pl.struct(role=pl.lit("user"), content=user)
+    lead = f"{system_prompt}{SYSTEM_SEPARATOR}" if system_prompt else ""
+    if placement == "system":
+        system_hint = pl.concat_str([pl.lit(lead), fill_template(SYSTEM_HINT, pl.lit(""), instruction_tail=False)])
+        hinted_msgs = pl.concat_list([pl.struct(role=pl.lit("system"), content=system_hint), user_msg])
+        if system_prompt:
+            plain_msgs = pl.concat_list([pl.struct(role=pl.lit("system"), content=pl.lit(system_prompt)), user_msg])
+        else:
+            plain_msgs = pl.concat_list([user_msg])
+        return pl.when(hinted).then(hinted_msgs).otherwise(plain_msgs)
+    if system_prompt:
+        return pl.concat_list([pl.struct(role=pl.lit("system"), content=pl.lit(system_prompt)), user_msg])
+    return pl.concat_list([user_msg])
+
+
+def prompt_messages(rows: list[dict], placement: str = DEFAULT_PLACEMENT, template: str | None = None,
+                    plain_template: str = PLAIN_TEMPLATE, system_prompt: str | None = None,
+                    instructions: dict[str, str] | None = None) -> list[list[dict[str, str]]]:
+    """`messages_expr` for a few rows in Python (``problem``, ``hint`` or None, ``domain`` each): what rescue sends."""
+    if not rows:
+        return []
+    frame = pl.DataFrame(
+        {c: [r.get(c) for r in rows] for c in ("problem", "hint", "domain")},
+        schema={"problem": pl.String, "hint": pl.String, "domain": pl.String},
+    )
+    expr = messages_expr(placement, template, plain_template, system_prompt, dict(instructions or {}))
+    return [[{"role": m["role"], "content": m["content"]} for m in msgs] for msgs in frame.select(expr.alias("m"))["m"].to_list()]
 
 # --------------------------------------------------------------------------- rows
 
@@ -91,16 +158,17 @@ def _code_labels(df: pl.DataFrame, round_: int, where: str) -> pl.Series:
 # --------------------------------------------------------------------------- columns
 
 
-def fill_template(template: str, instruction: pl.Expr) -> pl.Expr:
+def fill_template(template: str, instruction: pl.Expr, instruction_tail: bool = True) -> pl.Expr:
     """`prompts.user_message` per row: {hint} and {problem} from the columns, {instruction}
-    the domain's; other braces stay literal (LaTeX is safe). Null where the hint is."""
+    the domain's; other braces stay literal (LaTeX is safe). Null where the hint is.
+    `instruction_tail`: append the instruction when the template does not place it."""
     parts: list[pl.Expr] = []
     pos = 0
     for m in PLACEHOLDER_RE.finditer(template):
         parts += [pl.lit(template[pos : m.start()]), instruction if m.group(1) == "instruction" else pl.col(m.group(1))]
         pos = m.end()
     parts.append(pl.lit(template[pos:]))
-    if "{instruction}" not in template:
+    if "{instruction}" not in template and instruction_tail:
         parts.append(pl.when(instruction == "").then(pl.lit("")).otherwise(pl.lit(INSTRUCTION_SEPARATOR) + instruction))
     return pl.concat_str(parts)
 
@@ -118,21 +186,14 @@ def _math_label(round_: int) -> pl.Expr:
 
 def render_exprs(rows: pl.DataFrame, cfg: BuildConfig, round_: int) -> list[pl.Expr]:
     """The PROMPTS columns as expressions over `prepare_rows`'s output (any slice of it)."""
-    instruction = pl.col("domain").replace_strict(cfg.instructions, default="", return_dtype=pl.String)
-    user = (
-        pl.when(pl.col("hint_id").is_not_null())
-        .then(fill_template(cfg.template, instruction))
-        .otherwise(fill_template(cfg.plain_template, instruction))
-    )
-    messages = [pl.struct(role=pl.lit("user"), content=user)]
-    if cfg.system_prompt:
-        messages.insert(0, pl.struct(role=pl.lit("system"), content=pl.lit(cfg.system_prompt)))
+    # prepare_rows gives a hint exactly to the rows with a hint_id.
+    messages = messages_expr(cfg.placement, cfg.template, cfg.plain_template, cfg.system_prompt, cfg.instructions)
     label = _math_label(round_)
     if "_code_label" in rows.columns:
         label = pl.when(pl.col("domain") == "code").then(pl.col("_code_label")).otherwise(label)
     rnd = pl.lit(round_, pl.Int32)
     return [
-        pl.concat_list(messages).alias("prompt"),
+        messages.alias("prompt"),
         label.alias("label"),
         pl.col("data_source"),
         pl.col("data_source").alias("datasource"),  # OpenRLHF's per-source metrics read this name
@@ -145,4 +206,5 @@ def render_exprs(rows: pl.DataFrame, cfg: BuildConfig, round_: int) -> list[pl.E
     ]
 
 
-__all__ = ["fill_template", "prepare_rows", "render_exprs", "shuffle_key"]
+__all__ = ["DEFAULT_PLACEMENT", "PLACEMENTS", "fill_template", "hint_template", "messages_expr", "prepare_rows",
+           "prompt_messages", "render_exprs", "shuffle_key"]

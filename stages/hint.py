@@ -39,6 +39,7 @@ import json
 import logging
 import os
 import re
+import socket
 import time
 import zlib
 from collections import Counter
@@ -54,16 +55,22 @@ from pydantic import BaseModel, ConfigDict, Field
 from mentor.pipeline.errors import ConfigError, EngineError
 from mentor.pipeline.executor import Executor, LocalExecutor
 from mentor.pipeline.ids import content_hash
-from mentor.pipeline.llm import Backend, GenRequest, GenResult
+from mentor.pipeline.llm import Backend, GenRequest, GenResult, engine_starts, release_engines
 from mentor.pipeline.schemas import HINTS, SCHEMA_VERSION, TRACE_ENTRY, schema_metadata
 from mentor.pipeline.stage import Stats, StatsLayout, read_done, write_done, write_stats
 from mentor.stages import hint_agents as agents
 from mentor.stages.hint_rules import Instructions, RuleContext, RuleLimits, check_hint, copies_instructions, trim_to_rules
+from mentor.stages.judge_check import JudgeCheckConfig
+from mentor.stages.vouch import VouchConfig
 
 log = logging.getLogger(__name__)
 
 
 # --------------------------------------------------------------------------- config
+
+
+# Qwen3's switch; templates that have no such variable ignore it.
+THINKING_OFF = {"enable_thinking": False}
 
 
 class DomainOverrides(BaseModel):
@@ -123,8 +130,19 @@ class HintConfig(BaseModel):
     feedback_chars: int = Field(240, ge=16, description="Longest judge feedback, characters.")
     max_failed: int = Field(2, ge=0, description="Failed responses shown to the attribution agent.")
     failed_chars: int = Field(1500, ge=64, description="Characters kept per failed response in the prompt (mostly its end).")
+    chat_template_kwargs: dict[str, Any] = Field(
+        default_factory=lambda: dict(THINKING_OFF),
+        description="Variables for the hint model's chat template, for every agent. The default turns a thinking model's "
+        "thinking off (Qwen3's enable_thinking); a template that does not use a variable ignores it. {}: the template's defaults.")
+    agent_chat_template_kwargs: dict[Literal["attribution", "generation", "judgment", "repair"], dict[str, Any]] = Field(
+        default_factory=dict, description="Per-agent additions to chat_template_kwargs, e.g. {judgment: {enable_thinking: true}} "
+        "lets the judge think (its <think> block is dropped before the verdict is read).")
     templates_dir: str | None = Field(None, description="Directory whose <name>.txt files replace the bundled prompt templates.")
     shard_size: int = Field(512, ge=1, description="Problems per shard (one shard = one batch of waves; dask runs shards in parallel).")
+    judge_check: JudgeCheckConfig = Field(default_factory=JudgeCheckConfig, description="Score the LLM judge on known-good "
+                                          "and known-bad hints before the run trusts it (stages/judge_check.py).")
+    vouch: VouchConfig | None = Field(None, description="Keep a hint only when the policy, re-rolled with it, earns reward; "
+                                      "else try the next candidate (stages/vouch.py). None: off.")
 
     def for_domain(self, domain: str) -> tuple[int, int, float, RuleLimits]:
         o = self.domains.get(domain)  # type: ignore[call-overload]
@@ -132,9 +150,27 @@ class HintConfig(BaseModel):
         limits = RuleLimits(max_chars=pick("max_hint_chars"), max_sentences=pick("max_hint_sentences"))
         return pick("max_retry"), pick("max_refine"), pick("judge_threshold"), limits
 
+    def template_kwargs(self, agent: str) -> dict[str, Any] | None:
+        """The chat-template variables of `agent`'s requests (None: none)."""
+        kw = {**self.chat_template_kwargs, **self.agent_chat_template_kwargs.get(agent, {})}  # type: ignore[call-overload]
+        return kw or None
+
     def semantic(self) -> dict[str, Any]:
-        """The settings that change outputs (not how the work is split or where templates live)."""
-        return self.model_dump(mode="json", exclude={"shard_size", "templates_dir"})
+        """The settings that change outputs (not how the work is split or where templates live).
+
+        The chat-template variables count only when changed from their defaults: the default
+        changes no output of a model whose template does not read it, and keeps the keys of runs
+        made before the setting existed.
+        """
+        # judge_check changes outputs only through its verdict, which a checked run folds into llm_judge.
+        out = self.model_dump(mode="json", exclude={"shard_size", "templates_dir", "judge_check"})
+        if out["chat_template_kwargs"] == THINKING_OFF:
+            del out["chat_template_kwargs"]
+        if not out["agent_chat_template_kwargs"]:
+            del out["agent_chat_template_kwargs"]
+        if out["vouch"] is None:
+            del out["vouch"]
+        return out
 
 
 def load_config(path: str | Path | None, **overrides: Any) -> HintConfig:
@@ -167,7 +203,7 @@ HINT_STATS = StatsLayout(
         "trimmed",  # candidates cut back to the leading sentences that pass the rules
         "shards",
     ),
-    groups={"violations": (), "parse_failures": (), "truncated": (), "requests_by_agent": ()},
+    groups={"violations": (), "parse_failures": (), "truncated": (), "requests_by_agent": (), "vouch": ()},
 )
 HintStats = HINT_STATS  # HintStats() makes the empty counters of a hint run
 
@@ -367,7 +403,7 @@ class _Shard:
         n = a.attempt(p)
         temperature, top_p = a.sampling(self.cfg)
         return GenRequest(f"{p.i}:{a.name}:{n}", a.messages(self, p), a.max_tokens(self.cfg), temperature, top_p,
-                          self._seed(p, a.name, n), a.schema(self, p))
+                          self._seed(p, a.name, n), a.schema(self, p), self.cfg.template_kwargs(a.name))
 
     def _seed(self, p: _Problem, agent: str, n: int) -> int:
         return zlib.crc32(f"{self.cfg.seed}|{p.pid}|{agent}|{n}".encode()) & 0x7FFFFFFF
@@ -571,6 +607,7 @@ def _to_table(problems: list[_Problem], model: str, prompt_version: str, cfg_has
         "model": [model] * len(problems),
         "prompt_version": [prompt_version] * len(problems),
         "config_hash": [cfg_hash] * len(problems),
+        "vouch": [None] * len(problems),  # filled by stages/vouch.py when the policy vouches
     }
     schema = pa.schema(list(HINTS), metadata=schema_metadata("hints"))
     return pa.Table.from_pydict(columns, schema=schema)
@@ -604,8 +641,14 @@ def run_shard(task: ShardTask, cfg: HintConfig, backend_factory: Callable[[], Ba
     if marker is not None:  # e.g. a dask task retried after its worker died past the write
         return {"stats": marker["stats"], "reused": True}
     st = HintStats()
+    started, starts = time.time(), engine_starts()
     try:
-        table = hint_shard(task.rows, cfg, backend_factory(), stats=st, progress=progress)
+        if cfg.vouch is not None:
+            from mentor.stages.vouch import vouch_shard
+
+            table = vouch_shard(task.rows, cfg, backend_factory(), stats=st, progress=progress)
+        else:
+            table = hint_shard(task.rows, cfg, backend_factory(), stats=st, progress=progress)
     except EngineError as exc:
         first = task.rows[0]["problem_id"] if task.rows else "-"
         raise EngineError(
@@ -618,7 +661,9 @@ def run_shard(task: ShardTask, cfg: HintConfig, backend_factory: Callable[[], Ba
     from mentor.pipeline.faults import fault_point
 
     fault_point("hint.after_shard")
-    return {"stats": stats, "reused": False}
+    ran = {"index": task.index, "worker": f"{socket.gethostname()}:{os.getpid()}", "started": round(started, 3),
+           "finished": round(time.time(), 3), "engine_started": engine_starts() > starts}
+    return {"stats": stats, "reused": False, "ran": ran}
 
 
 class _Ticker:
@@ -655,6 +700,18 @@ def describe_factory(factory: Callable[[], Backend]) -> Any:
     return {"factory": getattr(factory, "__qualname__", type(factory).__name__)}
 
 
+def shard_size_for(cfg: HintConfig, n: int, executor: Executor | None) -> int:
+    """Problems per shard: the config's, or, when it was not set and dask has W engine workers, ``ceil(n / W)``.
+
+    One shard is one worker's batch of waves: with the default (512) a run of 432
+    problems would keep 1 of 8 engines busy. A shard size given in the config is kept.
+    """
+    workers = getattr(executor, "workers", lambda: 1)()
+    if "shard_size" in cfg.model_fields_set or workers <= 1 or n <= 0:
+        return cfg.shard_size
+    return min(cfg.shard_size, -(-n // workers))
+
+
 def hint_to_dir(
     collapsed_path: str | Path | Sequence[str | Path],
     out_dir: str | Path,
@@ -678,12 +735,18 @@ def hint_to_dir(
     sources = [collapsed_path] if isinstance(collapsed_path, (str, Path)) else list(collapsed_path)
     paths = resolve_inputs(sources)
     table = read_table(paths, "collapsed").sort_by("problem_id")
+    whole = table  # the judge check draws on every collapsed problem, not only the --sample
     if sample is not None:
         if sample < 1:
             raise ConfigError(f"--sample must be >= 1, got {sample}")
         table = table.slice(0, sample)
     rows = table.to_pylist()
     templates = agents.Templates.load(cfg.templates_dir)
+    from mentor.stages.judge_check import checked_config, stats_view
+    from mentor.stages.vouch import per_rescued as _per_rescued
+
+    given = cfg
+    cfg, judge_report = checked_config(cfg, whole, out_dir, templates, backend_factory, executor, describe_factory)
     run_key = config_hash(
         {"hint": cfg.semantic(), "prompt_version": templates.version, "backend": describe_factory(backend_factory),
          "schema": SCHEMA_VERSION}
@@ -691,11 +754,12 @@ def hint_to_dir(
     out_dir = Path(out_dir)
     shard_dir = out_dir / "_shards"
     tasks: list[ShardTask] = []
-    for index, start in enumerate(range(0, len(rows), cfg.shard_size)):
-        chunk = rows[start : start + cfg.shard_size]
+    size = shard_size_for(cfg, len(rows), executor)
+    for index, start in enumerate(range(0, len(rows), size)):
+        chunk = rows[start : start + size]
         key = content_hash(run_key, input_hash(chunk), length=24)
         tasks.append(ShardTask(index, key, chunk, str(shard_dir / f"{key}.parquet"), str(shard_dir / f"{key}.done.json"),
-                               total=-(-len(rows) // cfg.shard_size)))
+                               total=-(-len(rows) // size)))
     todo = [t for t in tasks if shard_done(t) is None]
     stats = HintStats()
     todo_ids = {t.index for t in todo}
@@ -708,21 +772,25 @@ def hint_to_dir(
     ticker = _Ticker(bar)
     run_calls = 0
     results = []
+    executor = executor or LocalExecutor()
     try:
-        for task, result in zip(todo, (executor or LocalExecutor()).imap(run_shard, todo, cfg, backend_factory, ticker)):
+        for task, result in zip(todo, executor.imap(run_shard, todo, cfg, backend_factory, ticker)):
             results.append(result)
             finished += len(task.rows)
             bar.update(finished - bar.n)  # what the ticker could not show (a shard run elsewhere)
     finally:
         ticker.close()
         bar.close()
+        release_engines(executor)  # here and on every worker: the next stage (a trainer) gets the memory
     for r in results:
         stats.merge(r["stats"])
         if not r["reused"]:
             run_calls += r["stats"]["engine_calls"]
     import pyarrow.parquet as pq
 
-    parts = [pq.read_table(t.shard_path) for t in tasks]
+    from mentor.pipeline.schemas import conform
+
+    parts = [conform(pq.read_table(t.shard_path), "hints") for t in tasks]  # shards written before the vouch column too
     hints = pa.concat_tables(parts) if parts else HINTS.empty_table()
     write_parquet_atomic(hints, out_dir / "hints.parquet", dataset="hints")
     # Shards of an earlier input or config are not part of this output (a killed run never gets here).
@@ -730,15 +798,21 @@ def hint_to_dir(
     for stale in shard_dir.iterdir() if shard_dir.is_dir() else ():
         if stale.is_file() and stale.name not in keep:
             stale.unlink()
+    if judge_report is not None and not judge_report.get("reused"):
+        run_calls += judge_report.get("engine_calls", 0)
     summary = stats.as_dict() | {
+        "judge_check": stats_view(judge_report),
+        **({"vouch_per_rescued": _per_rescued(stats.as_dict())} if cfg.vouch is not None else {}),
         "this_run": {
             "engine_calls": run_calls,
             "shards_computed": sum(1 for r in results if not r["reused"]),
             "shards_reused": len(tasks) - sum(1 for r in results if not r["reused"]),
         },
+        # where each shard computed by this run ran, when, and whether its worker had to start an engine for it
+        "shard_runs": [r["ran"] for r in results if "ran" in r],
         "prompt_version": templates.version,
         "backend": describe_factory(backend_factory),
-        "config": cfg.model_dump(mode="json"),
+        "config": given.model_dump(mode="json"),
         "inputs": [str(p) for p in paths],
         "sample": sample,
     }

@@ -15,7 +15,8 @@ LLM judge. Each violation has a stable name (kept in the hint row's
 - ``restates_numbers``       the hint lists the problem's data and nothing else: three or
                              more of its numbers (digits or number words; 0, 1 and 2 not
                              counted), at least 60% of them, no number of its own and no
-                             operation or equation relating them
+                             operation or equation relating them (in symbols, or in words the
+                             problem does not use itself: "subtract", "the difference", ...)
 - ``list_header``            only a lead-in with nothing after it ("Here's the
                              step-by-step breakdown:", "Let's solve it:")
 - ``starts_mid_sentence``    a lowercase first word ("cook the chicken. Since ..."):
@@ -580,10 +581,23 @@ def _restates_numbers(hint: str, ctx: RuleContext) -> bool:
     shared = len(given & mine)
     # A hint that derives a quantity of its own ("16 - 3 - 4 = 9 eggs are sold") or relates the data in an
     # operation or equation ("X - X*25% = $19.50") works with the data; one that only lists it restates it.
-    return shared >= 3 and shared >= 0.6 * len(given) and mine <= given and not _OPERATION.search(hint)
+    return (shared >= 3 and shared >= 0.6 * len(given) and mine <= given and not _OPERATION.search(hint)
+            and not _operation_in_words(hint, ctx))
 
 
 _OPERATION = re.compile(r"=|\d\s*%?\s*[-+*/×÷x]\s*\$?\d|\\(?:times|cdot|div|frac)")
+# An operation said in words ("Subtract the 3 eaten and the 4 baked from the 16 laid") relates the numbers as
+# much as "16 - 3 - 4" does.
+_OPERATION_WORDS = re.compile(
+    r"\b(?:subtract\w*|minus|plus|add(?:s|ed|ing)?|multipl\w*|divid\w*|sum|difference|product|quotient|"
+    r"ratio|twice|triple|double|halve|take\w*\s+away|deduct\w*|combine\w*)\b",
+    re.I,
+)
+
+
+def _operation_in_words(hint: str, ctx: RuleContext) -> bool:
+    """An operation word in the hint that the problem does not use itself (copied from the problem, it restates)."""
+    return any(m.group(0).split()[0].lower() not in ctx.problem_words for m in _OPERATION_WORDS.finditer(hint))
 
 
 _LEAD_IN = re.compile(

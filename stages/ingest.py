@@ -840,14 +840,21 @@ def recover_problem(prompt: str | None, problem_id: str | None = None, hint_id: 
                     return candidate
         if knows_hint or _SPECIAL.search(prompt) or user.startswith(HINT_PREFIX):
             return None  # the id says the text is not in there as written
-    hinted = user.startswith(HINT_PREFIX) and "\n\n" in user
-    if knows_hint and bool(hint_id) != hinted:
-        return None  # a hint_id without mentor's hint block (a custom template), or the reverse
-    if hinted:
-        user = user.split("\n\n", 1)[1]
+    before = user.startswith(HINT_PREFIX) and "\n\n" in user
     for instruction in INSTRUCTIONS.values():
         if instruction and user.endswith(INSTRUCTION_SEPARATOR + instruction):
             user = user[: -len(INSTRUCTION_SEPARATOR + instruction)]
             break
+    # `mentor build --placement after`: the hint block is the last paragraph, after the problem;
+    # `--placement system`: it opens a turn before the user's (the system message).
+    after = -1 if before else user.rfind(f"\n\n{HINT_PREFIX} ")
+    ahead = prompt[: max(0, prompt.find(user))]
+    in_system = not before and after < 0 and re.search(rf"(?:^|\n){re.escape(HINT_PREFIX)} ", ahead) is not None
+    if knows_hint and bool(hint_id) != (before or after > 0 or in_system):
+        return None  # a hint_id without mentor's hint block (a custom template), or the reverse
+    if before:
+        user = user.split("\n\n", 1)[1] if "\n\n" in user else ""
+    elif after > 0:
+        user = user[:after]
     user = user.strip()
     return user or None

@@ -248,6 +248,33 @@ def summarize_hints(df: pl.DataFrame) -> dict[str, Any]:
     return out
 
 
+def hint_run_extras(folder: Path) -> dict[str, Any]:
+    """What the hint stage's stats.json adds to a hints summary: the judge check, policy vouching."""
+    try:
+        stats = json.loads((folder / "stats.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+    out: dict[str, Any] = {}
+    jc = stats.get("judge_check") if isinstance(stats, dict) else None
+    if isinstance(jc, dict):
+        out["judge_check"] = {k: jc.get(k) for k in ("status", "action", "balanced_accuracy", "threshold",
+                                                      "good_accepted_rate", "bad_rejected_rate", "items", "reason") if k in jc}
+        if isinstance(jc.get("bad"), dict) and isinstance(jc["bad"].get("by_kind"), dict):
+            out["judge_check"]["bad_rejected_by_kind"] = {k: f"{v.get('rejected')}/{v.get('n')}" for k, v in jc["bad"]["by_kind"].items()}
+    if isinstance(stats, dict) and isinstance(stats.get("vouch_per_rescued"), dict):
+        out["vouch"] = stats["vouch_per_rescued"]
+    return out
+
+
+def _judge_cell(extras: dict[str, Any]) -> str | None:
+    jc = extras.get("judge_check")
+    if not jc:
+        return None
+    if jc.get("status") == "unchecked":
+        return "unchecked"
+    return f"{jc.get('status')} {jc.get('balanced_accuracy')}" + (" -> rules" if jc.get("action") == "rules_only" else "")
+
+
 def summarize_prompts(path: Path) -> dict[str, Any]:
     files = _parquet_files(path)
     lf = scan_dataset([str(f) for f in files], "prompts")
@@ -464,8 +491,9 @@ def summarize_run(path: Path) -> dict[str, Any]:
         if files:
             hdf = scan_dataset([str(f) for f in files], "hints").collect()
             hs = summarize_hints(hdf)
-            det["hints"] = hs
-            row |= {"hints": hs["hints"]} | {s: hs["status"].get(s, 0) for s in STATUS_ORDER}
+            extras = hint_run_extras(Path(files[0]).parent)
+            det["hints"] = hs | extras
+            row |= {"hints": hs["hints"]} | {s: hs["status"].get(s, 0) for s in STATUS_ORDER} | {"judge_check": _judge_cell(extras)}
             hinted_ids = hdf.get_column("problem_id").unique()
             collapsed_hinted[r] = hinted_ids if collapsed_ids is None else hinted_ids.filter(hinted_ids.is_in(collapsed_ids.implode()))
         folder, files = _round_dataset(d, "prompts")
@@ -490,7 +518,7 @@ def summarize_run(path: Path) -> dict[str, Any]:
             row["rescued_next_rate"] = _r(rescued / nxt.height, 6) if nxt.height else None
     columns = [
         "round", "problems", "rollouts", "mean_correct", "collapse_rate", "all_correct_rate", "collapsed", "hints",
-        *STATUS_ORDER, "prompts", "hinted_share", "rescued_next", "rescued_next_rate", "rescue_rate_hinted", "rescue_rate_unhinted",
+        *STATUS_ORDER, "judge_check", "prompts", "hinted_share", "rescued_next", "rescued_next_rate", "rescue_rate_hinted", "rescue_rate_unhinted",
     ]
     table = [{c: row.get(c) for c in columns} for row in rows]
     out: dict[str, Any] = {"rounds": table}
@@ -603,7 +631,13 @@ def _problem_in_dataset(path: Path, kind: str, problem_id: str) -> dict[str, Any
         }
     drop = [c for c in ("trace", "failed") if c in sel.columns]
     rows = sel.drop(drop).to_dicts()
-    return {"problem_id": problem_id, "kind": kind, "rows": rows}
+    out: dict[str, Any] = {"problem_id": problem_id, "kind": kind, "rows": rows}
+    if kind == "hints":  # the latest row's path through the agents: every call, rule verdict and re-roll
+        last = sel.row(sel.height - 1, named=True)
+        out["trace"] = [{"agent": e["agent"], "attempt": e["attempt"], "text": e["parsed"] if e["parsed"] is not None else e["raw"],
+                         "finish": e["finish_reason"], "tokens": (e["prompt_tokens"] or 0) + (e["completion_tokens"] or 0)}
+                        for e in last["trace"] or []]
+    return out
 
 
 # --------------------------------------------------------------------------- entry points
@@ -621,6 +655,7 @@ def inspect_path(path: str | Path) -> dict[str, Any]:
         body = summarize_collapsed(scan_dataset([str(f) for f in _parquet_files(path)], "collapsed").collect())
     elif kind == "hints":
         body = summarize_hints(scan_dataset([str(f) for f in _parquet_files(path)], "hints").collect())
+        body |= hint_run_extras(path if path.is_dir() else path.parent)
     elif kind == "prompts":
         body = summarize_prompts(path)
     elif kind == "problems":

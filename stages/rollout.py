@@ -10,10 +10,11 @@ every collapsed problem under several *arms* and reports, per arm, how many
 collapsed problems now get at least one correct rollout. The arm
 ``unhinted`` (the plain problem) is always there; ``--hints H`` adds the arm
 ``hinted``, ``--arm NAME=H`` any named one (e.g. one per hint-stage ablation).
-A hinted prompt has the layout `mentor build` writes (``Hint: ...`` before the
-problem in the user message). Only problems with a hint in every arm are
-re-rolled, and rollout j of a problem has the same seed in every arm, so the
-arms are a paired comparison: same problems, same seeds, one engine batch.
+A hinted prompt has the layout `mentor build` writes, through the same function
+(`build_render.prompt_messages`: the hint before or after the problem, or in the
+system message, as ``placement`` says; per arm with ``arm_placements``). Only
+problems with a hint in every arm are re-rolled, and rollout j of a problem has
+the same seed in every arm, so the arms are a paired comparison: same problems, same seeds, one engine batch.
 Outputs: ``DIR/rescue.parquet`` (one row per problem; per arm ``correct_<arm>``,
 ``rescued_<arm>``, ``mean_correct_<arm>``, ``hint_id_<arm>``), ``DIR/rescue.json``
 (totals and rates per arm) and the rollouts in ``DIR/rollouts/`` (arm a's
@@ -41,13 +42,15 @@ from __future__ import annotations
 
 import json
 import logging
+import threading
 import time
 import zlib
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import polars as pl
 import pyarrow as pa
@@ -63,11 +66,11 @@ from mentor.pipeline.io import (
     write_json_atomic,
     write_parquet_atomic,
 )
-from mentor.pipeline.llm import Backend, GenRequest
-from mentor.pipeline import prompts
-from mentor.pipeline.prompts import HINT_TEMPLATE, INSTRUCTIONS
+from mentor.pipeline.llm import Backend, GenRequest, release_engines
+from mentor.pipeline.prompts import INSTRUCTIONS
 from mentor.pipeline.schemas import SCHEMA_VERSION, check_schema, parse_prompt_label
 from mentor.pipeline.stage import read_done, write_done, write_stats
+from mentor.stages.build_render import DEFAULT_PLACEMENT, PLACEMENTS, hint_template, prompt_messages
 from mentor.training.verify import reference_of
 
 log = logging.getLogger(__name__)
@@ -89,13 +92,23 @@ class RolloutConfig(BaseModel):
     limit: int | None = Field(None, ge=1, description="Only the first N prompts / problems (demos, tests).")
     round: int | None = Field(None, ge=0, description="Round stamped on the rollouts (default: from the prompt label, else 0).")
     verify_workers: int = Field(4, ge=1, description="Threads verifying responses (code runs in sandbox processes).")
-    hint_template: str = Field(HINT_TEMPLATE, description="User message of a hinted prompt ({hint}, {problem}).")
+    placement: Literal[PLACEMENTS] = Field(  # type: ignore[valid-type]
+        DEFAULT_PLACEMENT, description=f"Where the hint goes, as in `mentor build`: {', '.join(PLACEMENTS)}.")
+    hint_template: str | None = Field(None, description="User message of a hinted prompt ({hint}, {problem}); default: the placement's.")
     instructions: dict[str, str] = Field(default_factory=lambda: dict(INSTRUCTIONS), description="Instruction appended per domain.")
     shard_size: int = Field(256, ge=1, description="Prompts per shard (one engine call, one file, one done marker).")
 
     def semantic(self) -> dict[str, Any]:
-        """The settings that change outputs (not how the work is split)."""
-        return self.model_dump(mode="json", exclude={"shard_size", "verify_workers"})
+        """The settings that change outputs (not how the work is split).
+
+        The hinted layout enters as the resolved user template (plus ``placement`` only for
+        "system"), so outputs of runs made before placements existed keep their keys.
+        """
+        out = self.model_dump(mode="json", exclude={"shard_size", "verify_workers", "placement"})
+        out["hint_template"] = hint_template(self.placement, self.hint_template)
+        if self.placement == "system":
+            out["placement"] = self.placement
+        return out
 
 
 @dataclass
@@ -111,10 +124,6 @@ class PromptItem:
     problem: str | None  # original text without hint, when known
     arm: str = "plain"  # rescue: the arm this prompt belongs to
     arm_index: int = 0
-
-
-def user_message(problem: str, domain: str, cfg: RolloutConfig, hint: str | None = None) -> str:
-    return prompts.user_message(problem, cfg.instructions.get(domain, ""), hint or None, cfg.hint_template)
 
 
 # --------------------------------------------------------------------------- reading prompts
@@ -169,9 +178,11 @@ def load_prompt_items(sources: Sequence[str], cfg: RolloutConfig) -> list[Prompt
         df = read_dataset(paths, "problems")
         if cfg.limit:
             df = df.head(cfg.limit)
+        plain = prompt_messages([{"problem": r["problem"], "hint": None, "domain": r["domain"]} for r in df.iter_rows(named=True)],
+                                instructions=cfg.instructions)
         return [
             PromptItem(
-                messages=[{"role": "user", "content": user_message(r["problem"], r["domain"], cfg)}],
+                messages=msgs,
                 domain=r["domain"],
                 reference=r["label"],
                 problem_id=r["problem_id"],
@@ -179,7 +190,7 @@ def load_prompt_items(sources: Sequence[str], cfg: RolloutConfig) -> list[Prompt
                 round=cfg.round or 0,
                 problem=r["problem"],
             )
-            for r in df.iter_rows(named=True)
+            for r, msgs in zip(df.iter_rows(named=True), plain)
         ]
     found = ", ".join(read_parquet_schema(paths[0]).names[:10])
     raise DataError(
@@ -300,6 +311,27 @@ def _items_key(items: Sequence[PromptItem]) -> str:
     return content_hash(blob, length=24)
 
 
+@contextmanager
+def _heartbeat(bar: Any, every: float = 10.0):
+    """Redraw `bar` every `every` seconds while an engine call runs, so its clock moves (tqdm redraws only on updates)."""
+    if bar.disable:
+        yield
+        return
+    stop = threading.Event()
+
+    def beat() -> None:
+        while not stop.wait(every):
+            bar.refresh()
+
+    t = threading.Thread(target=beat, name="rollout-progress", daemon=True)
+    t.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        t.join()
+
+
 @dataclass
 class ShardRun:
     """What the sharded sampler did: rows of every shard (read back for reused ones) and counters."""
@@ -320,57 +352,69 @@ def run_shards(
     backend: Backend | Callable[[], Backend],
     parts_dir: Path,
     seed_fn: SeedFn | None = None,
+    progress: bool = False,
 ) -> ShardRun:
     """Sample `items` shard by shard into ``parts_dir/part-NNNNN.parquet`` (+ ``_done/`` markers); resumable.
 
     The engine is built (a `BackendSpec` is called) only when a shard needs sampling.
+    `progress`: a bar of rollouts on stderr, moved as each shard finishes (one engine call
+    each, so smaller shards move it more often), its postfix naming the shard being sampled.
     """
+    from tqdm.auto import tqdm
+
     run_key = config_hash({"stage": stage, "sampling": cfg.semantic(), "backend": _describe(backend), "schema": SCHEMA_VERSION})
     done_dir = parts_dir / "_done"
     engine: Backend | None = backend if hasattr(backend, "generate") else None  # type: ignore[assignment]
     out = ShardRun(rows=[])
     starts = list(range(0, len(items), cfg.shard_size))
     names = set()
-    for index, start in enumerate(starts):
-        chunk = items[start : start + cfg.shard_size]
-        key = content_hash(run_key, _items_key(chunk), str(start), length=24)
-        part = parts_dir / f"part-{index:05d}.parquet"
-        marker = done_dir / f"{part.stem}.json"
-        names.add(part.name)
-        out.shards += 1
-        done = read_done(marker, key) if part.is_file() else None
-        if done is not None:
-            rows = pl.read_parquet(part).to_dicts()
-            for r, extra in zip(rows, done["tokens"]):
-                r["_prompt_tokens"], r["_completion_tokens"] = extra
-            out.rows.extend(rows)
-            out.prompt_tokens += done["prompt_tokens"]
-            out.completion_tokens += done["completion_tokens"]
-            out.model = out.model or done.get("model")
-            continue
-        if engine is None:
-            engine = backend()  # type: ignore[operator]
-        try:
-            rows = sample_and_verify(engine, chunk, cfg, first_index=start, seed_fn=seed_fn)
-        except EngineError as exc:
-            raise EngineError(
-                f"{stage}: shard {index + 1} of {len(starts)} ({len(chunk)} prompts from {chunk[0].problem_id}) failed: {exc}. "
-                f"{index} finished shard(s) are kept in {parts_dir}: rerun the same command to redo only the unfinished ones"
-            ) from exc
-        write_parquet_atomic(_rollouts_table(rows), part, dataset="rollouts")
-        pt = sum(r["_prompt_tokens"] for r in rows)
-        ct = sum(r["_completion_tokens"] for r in rows)
-        out.model = getattr(engine, "model", None)
-        write_done(marker, key, index=index, rows=len(rows), prompt_tokens=pt, completion_tokens=ct,
-                   tokens=[[r["_prompt_tokens"], r["_completion_tokens"]] for r in rows], model=out.model)
-        from mentor.pipeline.faults import fault_point
+    with tqdm(total=len(items) * cfg.k, desc=stage, unit="rollout", disable=not progress, dynamic_ncols=True) as bar:
+        for index, start in enumerate(starts):
+            chunk = items[start : start + cfg.shard_size]
+            key = content_hash(run_key, _items_key(chunk), str(start), length=24)
+            part = parts_dir / f"part-{index:05d}.parquet"
+            marker = done_dir / f"{part.stem}.json"
+            names.add(part.name)
+            out.shards += 1
+            done = read_done(marker, key) if part.is_file() else None
+            if done is not None:
+                rows = pl.read_parquet(part).to_dicts()
+                for r, extra in zip(rows, done["tokens"]):
+                    r["_prompt_tokens"], r["_completion_tokens"] = extra
+                out.rows.extend(rows)
+                out.prompt_tokens += done["prompt_tokens"]
+                out.completion_tokens += done["completion_tokens"]
+                out.model = out.model or done.get("model")
+                bar.update(len(rows))
+                continue
+            if engine is None:
+                bar.set_postfix_str("starting the engine", refresh=True)
+                engine = backend()  # type: ignore[operator]
+            bar.set_postfix_str(f"sampling shard {index + 1}/{len(starts)} ({len(chunk) * cfg.k} rollouts)", refresh=True)
+            try:
+                with _heartbeat(bar):
+                    rows = sample_and_verify(engine, chunk, cfg, first_index=start, seed_fn=seed_fn)
+            except EngineError as exc:
+                raise EngineError(
+                    f"{stage}: shard {index + 1} of {len(starts)} ({len(chunk)} prompts from {chunk[0].problem_id}) failed: {exc}. "
+                    f"{index} finished shard(s) are kept in {parts_dir}: rerun the same command to redo only the unfinished ones"
+                ) from exc
+            write_parquet_atomic(_rollouts_table(rows), part, dataset="rollouts")
+            pt = sum(r["_prompt_tokens"] for r in rows)
+            ct = sum(r["_completion_tokens"] for r in rows)
+            out.model = getattr(engine, "model", None)
+            write_done(marker, key, index=index, rows=len(rows), prompt_tokens=pt, completion_tokens=ct,
+                       tokens=[[r["_prompt_tokens"], r["_completion_tokens"]] for r in rows], model=out.model)
+            from mentor.pipeline.faults import fault_point
 
-        fault_point(f"{stage}.after_shard")
-        out.rows.extend(rows)
-        out.computed += 1
-        out.engine_calls += 1
-        out.prompt_tokens += pt
-        out.completion_tokens += ct
+            fault_point(f"{stage}.after_shard")
+            out.rows.extend(rows)
+            out.computed += 1
+            out.engine_calls += 1
+            out.prompt_tokens += pt
+            out.completion_tokens += ct
+            bar.update(len(rows))
+            bar.set_postfix_str(f"{index + 1}/{len(starts)} shards", refresh=True)
     # Shards of an earlier, larger run are not part of this output.
     for stale in parts_dir.glob("part-*.parquet"):
         if stale.name not in names:
@@ -379,7 +423,8 @@ def run_shards(
     return out
 
 
-def rollout_to_dir(sources: Sequence[str], out_dir: str | Path, cfg: RolloutConfig, backend: Backend | Callable[[], Backend]) -> dict[str, Any]:
+def rollout_to_dir(sources: Sequence[str], out_dir: str | Path, cfg: RolloutConfig, backend: Backend | Callable[[], Backend],
+                   progress: bool = False) -> dict[str, Any]:
     """`mentor rollout`: writes ``out_dir/part-NNNNN.parquet`` (ROLLOUTS) and ``out_dir/stats.json``."""
     items = load_prompt_items(sources, cfg)
     if not items:
@@ -387,7 +432,10 @@ def rollout_to_dir(sources: Sequence[str], out_dir: str | Path, cfg: RolloutConf
     _number_repeats(items)
     t0 = time.monotonic()
     out_dir = Path(out_dir)
-    run = run_shards("rollout", items, cfg, backend, out_dir)
+    try:
+        run = run_shards("rollout", items, cfg, backend, out_dir, progress=progress)
+    finally:
+        release_engines()  # the stage's engine ends with it: the next stage (a trainer) gets the memory
     rows = run.rows
     frame = pl.DataFrame({"pid": [r["problem_id"] for r in rows], "c": [r["correct"] for r in rows]})
     per = frame.group_by("pid").agg(pl.col("c").max().alias("best"), pl.col("c").min().alias("worst"))
@@ -440,12 +488,16 @@ def read_collapsed_or_problems(sources: Sequence[str]) -> pl.DataFrame:
                     f"set name (gsm8k, math500, humaneval); found columns: {found}")
 
 
-def rescue_items(collapsed: pl.DataFrame, arms: dict[str, pl.DataFrame], cfg: RolloutConfig) -> tuple[list[PromptItem], list[str], dict[str, int]]:
+def rescue_items(collapsed: pl.DataFrame, arms: dict[str, pl.DataFrame], cfg: RolloutConfig,
+                 arm_placements: dict[str, str] | None = None) -> tuple[list[PromptItem], list[str], dict[str, int]]:
     """Prompt items per problem and arm (the unhinted arm first), the problems kept, and the problems
     without a hint per arm (``"*"``: without a hint in some arm).
 
-    A problem is kept only when every hinted arm has a hint for it (a paired comparison).
+    A problem is kept only when every hinted arm has a hint for it (a paired comparison). Each
+    arm's prompts are laid out as `mentor build` does (`build_render.prompt_messages`), with
+    ``cfg.placement`` or the arm's own in `arm_placements`.
     """
+    arm_placements = arm_placements or {}
     latest = {name: _latest_hints(h) for name, h in arms.items()}
     joined = collapsed
     for a, (name, lh) in enumerate(latest.items()):
@@ -460,14 +512,23 @@ def rescue_items(collapsed: pl.DataFrame, arms: dict[str, pl.DataFrame], cfg: Ro
     missing["*"] = before - joined.height
     items: list[PromptItem] = []
     kept: list[str] = []
-    for r in joined.iter_rows(named=True):
+    rows = list(joined.iter_rows(named=True))
+    names = [UNHINTED, *latest]
+    layouts = {}  # arm -> the messages of every kept problem, in row order
+    for a, name in enumerate(names):
+        hints = [None] * len(rows) if name == UNHINTED else [r[f"_hint{a - 1}"] for r in rows]
+        layouts[name] = prompt_messages(
+            [{"problem": r["problem"], "hint": h, "domain": r["domain"]} for r, h in zip(rows, hints)],
+            placement=arm_placements.get(name, cfg.placement), template=cfg.hint_template, instructions=cfg.instructions,
+        )
+    for n, r in enumerate(rows):
         kept.append(r["problem_id"])
         rnd = cfg.round if cfg.round is not None else int(max([r[f"_round{a}"] for a in range(len(latest))], default=r.get("round") or 0))
         variants = [(UNHINTED, None, None)] + [(name, r[f"_hint{a}"], r[f"_hid{a}"]) for a, name in enumerate(latest)]
         for arm_index, (arm, hint, hint_id) in enumerate(variants):
             items.append(
                 PromptItem(
-                    messages=[{"role": "user", "content": user_message(r["problem"], r["domain"], cfg, hint)}],
+                    messages=layouts[arm][n],
                     domain=r["domain"],
                     reference=r["label"],
                     problem_id=r["problem_id"],
@@ -529,11 +590,15 @@ def rescue_to_dir(
     out_dir: str | Path,
     cfg: RolloutConfig,
     backend: Backend | Callable[[], Backend],
+    arm_placements: dict[str, str] | None = None,
+    progress: bool = False,
 ) -> dict[str, Any]:
     """`mentor rescue`: ``rescue.parquet`` + ``rescue.json`` + ``rollouts/`` in `out_dir`.
 
     `hints_sources` is a list of hints files (the arm ``hinted``) or a mapping
-    arm name -> hints files. The arm ``unhinted`` is always added.
+    arm name -> hints files. The arm ``unhinted`` is always added. `arm_placements`
+    gives an arm its own placement (default ``cfg.placement``), e.g. to compare
+    placements of the same hints in one run.
     """
     arm_sources = {"hinted": list(hints_sources)} if not isinstance(hints_sources, dict) else {k: list(v) for k, v in hints_sources.items()}
     for name in arm_sources:
@@ -546,7 +611,15 @@ def rescue_to_dir(
     if collapsed["problem_id"].is_duplicated().any():
         # Several rounds' collapsed sets: keep each problem's latest row.
         collapsed = collapsed.sort("round").unique("problem_id", keep="last", maintain_order=True)
-    items, kept, missing = rescue_items(collapsed, arms, cfg)
+    arm_placements = dict(arm_placements or {})
+    unknown = sorted(set(arm_placements) - set(arms))
+    if unknown:
+        raise ConfigError(f"placement for arm(s) {unknown}, which are not in the run (arms: {', '.join(arms)})")
+    bad = {a: p for a, p in arm_placements.items() if p not in PLACEMENTS}
+    if bad:
+        a, p = next(iter(bad.items()))
+        raise ConfigError(f"arm {a}: placement {p!r}; use one of {', '.join(PLACEMENTS)}")
+    items, kept, missing = rescue_items(collapsed, arms, cfg, arm_placements)
     if not items or not kept:
         where = "; ".join(f"{name}: {', '.join(map(str, src))}" for name, src in arm_sources.items())
         raise DataError(
@@ -559,8 +632,11 @@ def rescue_to_dir(
     per_problem = len(names)
     # Whole problems per shard, so that every arm of a problem is in the same engine batch.
     shard_cfg = cfg.model_copy(update={"shard_size": max(per_problem, cfg.shard_size // per_problem * per_problem)})
-    run = run_shards("rescue", items, shard_cfg, backend, out_dir / "rollouts",
-                     seed_fn=lambda i, item, j: problem_seed(cfg.seed, item.problem_id, j))
+    try:
+        run = run_shards("rescue", items, shard_cfg, backend, out_dir / "rollouts",
+                         seed_fn=lambda i, item, j: problem_seed(cfg.seed, item.problem_id, j), progress=progress)
+    finally:
+        release_engines()
     rows = run.rows
     report = rescue_report(rows, cfg.k, names)
     write_parquet_atomic(report, out_dir / "rescue.parquet")
@@ -576,6 +652,8 @@ def rescue_to_dir(
             "mean_correct": round(float(report[f"mean_correct_{name}"].mean() or 0.0), 6),
             "skipped_no_hint": missing.get(name, 0),
         }
+        if name != UNHINTED:
+            per_arm[name]["placement"] = arm_placements.get(name, cfg.placement) if cfg.hint_template is None else "template"
     summary: dict[str, Any] = {
         "schema_version": SCHEMA_VERSION,
         "problems": n,

@@ -129,6 +129,40 @@ def check_hint_cases() -> list[Case]:
     return cases
 
 
+# --------------------------------------------------------------------------- check-judge
+
+
+def _judge(root: Path, frame: pl.DataFrame | None = COLLAPSED, *extra: str) -> list[str]:
+    if frame is not None:
+        frame.write_parquet(root / "c.parquet")
+    return ["check-judge", str(root / "c.parquet"), "--backend", "fake", *extra]
+
+
+def check_judge_cases() -> list[Case]:
+    c = COLLAPSED
+    unknown_ids = c.with_columns(pl.concat_str(pl.lit("x-"), pl.col("problem_id")).alias("problem_id"))
+    return [
+        # The canned fake judge approves everything: a coin flip, found out (exit 1, one summary line).
+        Case("check-judge-coin-flip", "handled", lambda r: _judge(r), 1, r"^judge check: balanced accuracy 0\.5 on 24 calibration hints"),
+        Case("check-judge-missing-input", "error", lambda r: _judge(r, None), 2, r"c\.parquet: no such file"),
+        Case("check-judge-rollouts-given", "error", lambda r: _judge(r, pl.read_parquet(_bundled("gsm8k_rollouts.parquet")).head(5)),
+             1, r"not a 'collapsed' dataset"),
+        Case("check-judge-no-solutions", "error", lambda r: _judge(r, unknown_ids), 1,
+             r"c\.parquet: none of its 6 collapsed problems has a reference solution .* pass --solutions FILE"),
+        Case("check-judge-solutions-missing", "error", lambda r: _judge(r, c, "--solutions", str(r / "s.jsonl")), 2,
+             r"s\.jsonl: judge_check\.solutions file not found"),
+        Case("check-judge-solutions-bad-columns", "error",
+             lambda r: (r / "s.jsonl").write_text('{"id": 1}\n') and _judge(r, c, "--solutions", str(r / "s.jsonl")), 1,
+             r"s\.jsonl: judge_check\.solutions lacks column\(s\) \['problem_id', 'solution'\]"),
+        Case("check-judge-config-unknown-field", "error",
+             lambda r: _judge(r, c, "--config", _config(r, "judge_check: {min_accuracy: 0.9}\n")), 2, r"judge_check\.min_accuracy"),
+        Case("check-judge-config-threshold", "error",
+             lambda r: _judge(r, c, "--config", _config(r, "judge_check: {min_balanced_accuracy: 2}\n")), 2,
+             r"judge_check\.min_balanced_accuracy"),
+        Case("check-judge-problems-0", "error", lambda r: _judge(r, c, "--problems", "0"), 2, r"--problems"),
+    ]
+
+
 # --------------------------------------------------------------------------- run
 
 
@@ -274,6 +308,7 @@ def train_cases() -> list[Case]:
 
 
 HINT, CHECK, RUN, TRAIN = hint_cases(), check_hint_cases(), run_cases(), None
+JUDGE = check_judge_cases()
 
 
 @pytest.mark.parametrize("case", params(HINT))
@@ -283,6 +318,11 @@ def test_hint_bad_input(case: Case, tmp_path):
 
 @pytest.mark.parametrize("case", params(CHECK))
 def test_check_hint_bad_input(case: Case, tmp_path):
+    run_case(case, tmp_path / "case")
+
+
+@pytest.mark.parametrize("case", params(JUDGE))
+def test_check_judge_bad_input(case: Case, tmp_path):
     run_case(case, tmp_path / "case")
 
 

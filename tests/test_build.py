@@ -275,6 +275,189 @@ def test_user_messages_are_the_shared_layout(tmp_path, gsm8k_hints, template):
         assert row["prompt"][-1]["content"] == want
 
 
+# --------------------------------------------------------------------------- where the hint goes
+
+
+def _placed(tmp_path, gsm8k_hints, placement, **kw):
+    out = tmp_path / f"p-{placement}"
+    build(BuildConfig(base="gsm8k", hints=[str(gsm8k_hints)], placement=placement, mode="both", **kw), out)
+    return read_prompts(out)
+
+
+@pytest.mark.parametrize("placement", ["before", "after", "system"])
+def test_each_placement_puts_the_hint_where_it_says(tmp_path, gsm8k_hints, placement):
+    from mentor.data import bundled
+
+    df = _placed(tmp_path, gsm8k_hints, placement)
+    hints = {r["problem_id"]: r["hint"] for r in pl.read_parquet(gsm8k_hints).iter_rows(named=True)}
+    problems = dict(pl.read_parquet(bundled("gsm8k_problems.parquet")).select("problem_id", "problem").iter_rows())
+    inst = DEFAULT_INSTRUCTIONS["math"]
+    hinted = df.filter(pl.col("hint_id").is_not_null())
+    assert hinted.height == 20
+    for row in df.iter_rows(named=True):
+        problem, msgs = problems[row["problem_id"]], row["prompt"]
+        if not row["hint_id"]:
+            assert msgs == [{"role": "user", "content": f"{problem}\n\n{inst}"}]
+            continue
+        hint = hints[row["problem_id"]]
+        want = {
+            "before": [{"role": "user", "content": f"Hint: {hint}\n\n{problem}\n\n{inst}"}],
+            "after": [{"role": "user", "content": f"{problem}\n\nHint: {hint}\n\n{inst}"}],
+            "system": [{"role": "system", "content": f"Hint: {hint}"}, {"role": "user", "content": f"{problem}\n\n{inst}"}],
+        }[placement]
+        assert msgs == want
+    # A system prompt of the user's stays first; the hint joins it.
+    sysd = _placed(tmp_path / "s", gsm8k_hints, placement, system_prompt="You are a careful solver.")
+    one = sysd.filter(pl.col("hint_id").is_not_null()).row(0, named=True)["prompt"]
+    assert one[0]["role"] == "system" and one[0]["content"].startswith("You are a careful solver.")
+    assert (f"Hint: {hints[sysd.filter(pl.col('hint_id').is_not_null()).row(0, named=True)['problem_id']]}" in one[0]["content"]) == (
+        placement == "system")
+
+
+def test_placement_is_checked_and_a_template_goes_without_it(tmp_path):
+    from pydantic import ValidationError
+
+    with pytest.raises(ValidationError, match="placement"):
+        BuildConfig(base="gsm8k", placement="solution")
+    with pytest.raises(ValidationError, match="a template or a placement"):
+        BuildConfig(base="gsm8k", placement="after", template="{hint} {problem}")
+    tpl = tmp_path / "t.txt"
+    tpl.write_text("{hint} -- {problem}")
+    r = CliRunner().invoke(cli, ["build", "--base", "gsm8k", "--out", str(tmp_path / "x"), "--placement", "after", "--template", str(tpl)])
+    assert r.exit_code != 0 and "--placement or --template" in r.output
+    r = CliRunner().invoke(cli, ["build", "--base", "gsm8k", "--out", str(tmp_path / "y"), "--placement", "solution"])
+    assert r.exit_code == 2 and "solution" in r.output
+
+
+@pytest.mark.parametrize("placement", ["before", "after", "system"])
+def test_rescue_re_rolls_the_prompts_build_writes(tmp_path, gsm8k_hints, gsm8k_collapsed, placement):
+    """One layout: `mentor rescue`'s hinted and unhinted prompts are build's, message for message."""
+    from mentor.stages.rollout import RolloutConfig, rescue_items
+
+    df = _placed(tmp_path, gsm8k_hints, placement)
+    collapsed = pl.read_parquet(gsm8k_collapsed)
+    items, kept, _ = rescue_items(collapsed, {"h": pl.read_parquet(gsm8k_hints)}, RolloutConfig(placement=placement))
+    assert len(kept) == 20
+    built_rows = {(r["problem_id"], r["hint_id"]): r["prompt"] for r in df.iter_rows(named=True)}
+    for it in items:
+        assert it.messages == built_rows[(it.problem_id, it.hint_id)], (it.arm, it.problem_id)
+
+
+@pytest.mark.parametrize("placement", ["before", "after", "system"])
+def test_ingest_recovers_the_problem_from_each_placement(tmp_path, gsm8k_hints, placement):
+    """A logged prompt of any placement gives back its problem (ingest's last resort when no problem set names the id)."""
+    from mentor.data import bundled
+    from mentor.stages.ingest import recover_problem
+
+    tok = _chat_tokenizer()
+    df = _placed(tmp_path, gsm8k_hints, placement).filter(pl.col("hint_id").is_not_null())
+    problems = dict(pl.read_parquet(bundled("gsm8k_problems.parquet")).select("problem_id", "problem").iter_rows())
+    for row in df.iter_rows(named=True):
+        sent = tok.apply_chat_template(row["prompt"], add_generation_prompt=True, tokenize=False)
+        want = problems[row["problem_id"]]
+        assert recover_problem(sent, row["problem_id"], row["hint_id"], knows_hint=True) == want
+        assert recover_problem(sent, "gsm8k/123", row["hint_id"], knows_hint=True) == want  # an id that is not a text hash
+        assert recover_problem(sent) == want  # verl: no id, no hint id
+
+
+def _chat_tokenizer():
+    from transformers import AutoTokenizer
+
+    from mentor.pipeline.models import ensure_embedded_model
+
+    try:
+        return AutoTokenizer.from_pretrained(str(ensure_embedded_model()))
+    except Exception as exc:  # the model package is part of the cpu extra
+        pytest.skip(f"embedded model unavailable: {exc}")
+
+
+def _check_rendered(text: str, placement: str, hint: str, problem: str, system_prompt: str | None = None) -> None:
+    """The hint is in the turn and at the side of the problem that `placement` names, once; the text ends
+    with the assistant's generation prompt (ChatML: SmolLM2, like the Qwen models)."""
+    assert text.count(f"Hint: {hint}") == 1, text
+    assert text.endswith("<|im_start|>assistant\n"), text[-80:]
+    user = text.rindex("<|im_start|>user\n")
+    at, p = text.index(f"Hint: {hint}"), text.index(problem)
+    if placement == "before":
+        assert user < at < p
+    elif placement == "after":
+        assert user < p < at < text.index(DEFAULT_INSTRUCTIONS["math"])
+    else:
+        assert text.startswith("<|im_start|>system\n") and at < user < p
+        assert "SmolLM" not in text  # the hint's system message replaces the template's default one
+
+
+@pytest.mark.openrlhf
+@pytest.mark.parametrize("placement", ["before", "after", "system"])
+def test_openrlhf_prompt_dataset_reads_each_placement(tmp_path, gsm8k_hints, placement):
+    """OpenRLHF 0.11.2's own loader (blending_datasets + PromptDataset, --data.apply_chat_template)."""
+    pytest.importorskip("openrlhf")
+    from openrlhf.datasets import PromptDataset
+    from openrlhf.datasets.utils import blending_datasets
+
+    tok = _chat_tokenizer()
+    out = tmp_path / "o"
+    build(BuildConfig(base="gsm8k", hints=[str(gsm8k_hints)], placement=placement), out)
+    args = SimpleNamespace(use_ms=False, data=SimpleNamespace(input_key="prompt", label_key="label", apply_chat_template=True,
+                                                              image_key="images"))
+    strategy = SimpleNamespace(args=args, print=lambda *a, **k: None, is_rank_0=lambda: False)
+    dataset = PromptDataset(blending_datasets(str(out), None, strategy, dataset_split="train"), tok, strategy)
+    rows = read_prompts(out)
+    hints = {r["problem_id"]: r["hint"] for r in pl.read_parquet(gsm8k_hints).iter_rows(named=True)}
+    seen = 0
+    for i, row in enumerate(rows.iter_rows(named=True)):
+        if row["hint_id"] is None:
+            continue
+        _, prompt, label, _ = dataset[i]
+        problem = row["prompt"][-1]["content"].split("\n\n")[0 if placement != "before" else 1]
+        _check_rendered(prompt, placement, hints[row["problem_id"]], problem)
+        assert json.loads(label)["hint_id"] == row["hint_id"]
+        seen += 1
+    assert seen == 20
+
+
+@pytest.mark.parametrize("placement", ["before", "after", "system"])
+def test_trl_and_verl_render_each_placement(tmp_path, gsm8k_hints, placement):
+    """TRL 1.16's GRPOTrainer._tokenize_prompts (its own code, on a stand-in `self`) and verl's RLHFDataset
+    call (``tokenizer.apply_chat_template(row["prompt"], add_generation_prompt=True, tokenize=False)`` on rows
+    read with datasets' parquet loader) give the layout the placement names."""
+    trl = pytest.importorskip("trl")
+    datasets = pytest.importorskip("datasets")
+    from trl import GRPOTrainer
+
+    tok = _chat_tokenizer()
+    out = tmp_path / "o"
+    build(BuildConfig(base="gsm8k", hints=[str(gsm8k_hints)], placement=placement), out)
+    ds = datasets.load_dataset("parquet", data_files=str(out / "part-*.parquet"), split="train", cache_dir=str(tmp_path / "c"))
+    hinted = ds.filter(lambda r: r["hint_id"] is not None)
+    assert len(hinted) == 20
+    hints = {r["problem_id"]: r["hint"] for r in pl.read_parquet(gsm8k_hints).iter_rows(named=True)}
+    stand_in = SimpleNamespace(processing_class=tok, _is_vlm=False, environment_factories=None, tools=None, chat_template=None,
+                               chat_template_kwargs={})
+    ids, _, _ = GRPOTrainer._tokenize_prompts(stand_in, [r["prompt"] for r in hinted])
+    assert trl.__version__.startswith("1.16")
+    for row, prompt_ids in zip(hinted, ids):
+        problem = row["prompt"][-1]["content"].split("\n\n")[0 if placement != "before" else 1]
+        for text in (tok.decode(prompt_ids), tok.apply_chat_template(row["prompt"], add_generation_prompt=True, tokenize=False)):
+            _check_rendered(text, placement, hints[row["problem_id"]], problem)
+
+
+def test_a_solution_prefix_is_not_continued_by_the_trainers_loaders():
+    """Why build offers no solution-prefix placement: a final assistant message is rendered as a
+    finished turn, then a fresh assistant turn starts (OpenRLHF and verl: add_generation_prompt=True; TRL's
+    GRPOTrainer the same), so the policy never continues the prefix."""
+    pytest.importorskip("trl")
+    from trl import GRPOTrainer
+
+    tok = _chat_tokenizer()
+    msgs = [{"role": "user", "content": "What is 2 + 3?"}, {"role": "assistant", "content": "First add 2 and 3"}]
+    stand_in = SimpleNamespace(processing_class=tok, _is_vlm=False, environment_factories=None, tools=None, chat_template=None,
+                               chat_template_kwargs={})
+    ids, _, _ = GRPOTrainer._tokenize_prompts(stand_in, [msgs])
+    for text in (tok.decode(ids[0]), tok.apply_chat_template(msgs, add_generation_prompt=True, tokenize=False)):
+        assert text.endswith("First add 2 and 3<|im_end|>\n<|im_start|>assistant\n")
+
+
 # --------------------------------------------------------------------------- how the trainers load them
 
 

@@ -44,7 +44,25 @@ def test_demo_runs_one_round_on_real_rollouts(tmp_path):
     for row in hinted.iter_rows(named=True):
         hint = hints.filter(pl.col("problem_id") == row["problem_id"])["hint"][0]
         assert hint in row["prompt"][-1]["content"]
-    # the summary the README promises is printed, and a re-run does nothing
+    # the judge was checked first, and the run did what the check decided
+    hstats = json.loads((run_dir / "round-000/hints/stats.json").read_text())
+    jc = hstats["judge_check"]
+    assert jc["engine_calls"] == 1 and jc["items"] == 16 and jc["status"] in ("trusted", "untrusted")
+    if jc["status"] == "untrusted":
+        assert hstats["judge_calls"] == 0 and "cannot tell good hints from bad" in proc.stderr
+    # the summary the README promises is printed, with a hint the agents wrote and its trace one command away
     assert "done" in proc.stdout and "0.3275" in proc.stdout
+    written = hints.filter(pl.col("status") != "fallback")
+    assert written.height >= 1, hints.select("status", "hint").to_dicts()
+    shown = next(ln for ln in proc.stdout.splitlines() if ln.startswith("its trace"))
+    trace_cmd = shown.split(": ", 1)[1].split()
+    assert trace_cmd[:2] == ["mentor", "inspect"] and trace_cmd[-2] == "--problem"
+    assert trace_cmd[-1] in written["problem_id"].to_list()
+    from click.testing import CliRunner
+
+    from mentor.cli import cli
+
+    res = CliRunner().invoke(cli, trace_cmd[1:])
+    assert res.exit_code == 0 and "trace:" in res.output and "generation" in res.output, res.output
     again = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=600)
     assert again.returncode == 0 and "ran 0 stage(s)" in again.stderr

@@ -312,7 +312,7 @@ class CountingFactory:
 
 def test_hint_to_dir_resume_and_rerun(gsm8k_collapsed, tmp_path):
     out = tmp_path / "hints"
-    cfg = HintConfig(shard_size=40)
+    cfg = HintConfig(shard_size=40, judge_check={"enabled": False})  # the shards' resume alone (the check's: test_judge_check)
     first_of_shard_3 = pl.read_parquet(gsm8k_collapsed).sort("problem_id")["problem"][80]
     # A run killed in the third shard.
     killed = CountingFactory(scripted(), fail_on=first_of_shard_3)
@@ -344,7 +344,7 @@ def test_hint_to_dir_resume_and_rerun(gsm8k_collapsed, tmp_path):
     old_shards = sorted(p.name for p in (out / "_shards").iterdir())
     # A config change recomputes.
     changed = CountingFactory(scripted())
-    hint_to_dir(gsm8k_collapsed, out, HintConfig(shard_size=40, seed=1), changed, sample=150)
+    hint_to_dir(gsm8k_collapsed, out, HintConfig(shard_size=40, seed=1, judge_check={"enabled": False}), changed, sample=150)
     assert changed.fake.calls == 4 * 3
     # ... and leaves only its own shards behind.
     shards = sorted(p.name for p in (out / "_shards").iterdir())
@@ -356,13 +356,16 @@ def test_cli_hint_fake(gsm8k_collapsed, tmp_path):
     r = CliRunner().invoke(cli, ["hint", str(gsm8k_collapsed), "--out", str(out), "--backend", "fake", "--sample", "25", "--seed", "3", "--no-progress"])
     assert r.exit_code == 0, r.output
     stats = json.loads(r.output.strip().splitlines()[-1])
-    assert stats["problems"] == 25 and stats["engine_calls"] == stats["waves"] == 3
+    # The fake judge gives every hint 8: the judge check finds it a coin flip, so the rules alone judge (2 waves).
+    assert stats["problems"] == 25 and stats["engine_calls"] == stats["waves"] == 2 and stats["judge_calls"] == 0
     for key in ("accepted", "repaired", "fallback", "prompt_tokens", "completion_tokens", "violations"):
         assert key in stats
     df = pl.read_parquet(out / "hints.parquet")
     assert df.height == 25 and set(df["status"]) <= {"accepted", "repaired", "fallback"}
     saved = json.loads((out / "stats.json").read_text())
     assert saved["config"]["seed"] == 3
+    assert saved["judge_check"]["status"] == "untrusted" and saved["judge_check"]["action"] == "rules_only"
+    assert saved["this_run"]["engine_calls"] == 3  # the check's one call + 2 waves
     r = CliRunner().invoke(cli, ["hint", str(gsm8k_collapsed), "--out", str(out), "--backend", "fake", "--config", str(tmp_path / "nope.yaml")])
     assert r.exit_code == 2 and "nope.yaml" in r.output
 
@@ -380,7 +383,9 @@ def test_dask_workers_give_the_same_rows(gsm8k_collapsed, tmp_path):
     assert a.equals(b)
     sa = json.loads((tmp_path / "serial" / "stats.json").read_text())
     sb = json.loads((tmp_path / "dask" / "stats.json").read_text())
-    assert sa["engine_calls"] == sb["engine_calls"] == 9
+    assert sa["engine_calls"] == sb["engine_calls"] == 6  # 3 shards x 2 waves: the fake judge failed the check
+    assert sa["judge_check"] | {"reused": None} == sb["judge_check"] | {"reused": None}
+    assert sa["judge_check"]["engine_calls"] == 1 and sa["judge_check"]["items"] == 32
 
 
 def test_empty_collapsed_set(tmp_path):

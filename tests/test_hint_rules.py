@@ -198,6 +198,21 @@ def test_restated_numbers_and_list_headers_are_caught(gsm8k):
     # Deriving a quantity is working with the data, not restating it; two numbers are not a restatement.
     assert _v("First find the eggs she sells: 16 - 3 - 4 = 9.", "18", problem=problem) == []
     assert _v("Subtract the 3 eaten and the 4 baked before pricing the eggs.", "18", problem=problem) == []
+
+
+def test_an_operation_in_words_relates_the_numbers(gsm8k):
+    """All three of the problem's numbers, joined by an operation said in words: a first step, not a restatement."""
+    problem = next(r for r in gsm8k if r["label"] == "18" and "Janet" in r["problem"])["problem"]
+    good = [
+        "Subtract the 3 eaten and the 4 used for muffins from the 16 laid before pricing them.",
+        "Take the 3 eaten and the 4 baked away from the 16 eggs, then multiply what is left by the price.",
+        "Find the difference between the 16 eggs laid and the 3 plus 4 she uses.",
+    ]
+    for hint in good:
+        assert _v(hint, "18", problem=problem) == [], hint
+    # An operation word copied from the problem does not count: this only lists the data.
+    laid = "Janet's ducks lay 16 eggs; she eats 3 and bakes with 4."
+    assert "restates_numbers" in _v(laid, "18", problem=problem)
     for header in ["Here's the step-by-step breakdown:", "Let's solve it step by step.", "**Steps:**",
                    "To solve this, follow these steps:"]:
         assert "list_header" in _v(header, "18", problem=problem), header

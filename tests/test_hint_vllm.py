@@ -30,6 +30,7 @@ hint:
   max_retry: 1
   max_refine: 1
   max_tokens: {attribution: 120, generation: 96, judgment: 96, repair: 96}
+  judge_check: {enabled: false}  # the LLM judge's own path; the check is tests/test_judge_check_vllm.py
 """
 
 

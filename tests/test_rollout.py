@@ -281,3 +281,74 @@ def test_rescue_takes_a_bundled_problem_set(tmp_path, gsm8k):
     assert res.exit_code == 0, res.output
     out = json.loads(res.output.strip().splitlines()[-1])
     assert out["problems"] == 3 and out["collapsed"] == 1319 and out["skipped_no_hint"] == 1316
+
+
+def test_rescue_gives_each_arm_its_placement(tmp_path, gsm8k_collapsed, capsys):
+    """The same hints under two placements in one run (a placement comparison), and the CLI's --placement."""
+    collapsed = pl.read_parquet(gsm8k_collapsed).head(3)
+    write_parquet_atomic(collapsed, tmp_path / "c.parquet", dataset="collapsed")
+    write_parquet_atomic(_hints(collapsed, 3), tmp_path / "h.parquet", dataset="hints")
+    hints = {r["problem_id"]: r["hint"] for r in pl.read_parquet(tmp_path / "h.parquet").iter_rows(named=True)}
+    backend = FakeBackend(lambda r: "\\boxed{-1}")
+    arms = {"before": [str(tmp_path / "h.parquet")], "after": [str(tmp_path / "h.parquet")], "sys": [str(tmp_path / "h.parquet")]}
+    s = rescue_to_dir([str(tmp_path / "c.parquet")], arms, tmp_path / "r", RolloutConfig(k=1), backend,
+                      arm_placements={"after": "after", "sys": "system"}, progress=True)
+    assert {a: s["arms"][a]["placement"] for a in arms} == {"before": "before", "after": "after", "sys": "system"}
+    problems = dict(collapsed.select("problem_id", "problem").iter_rows())
+    for req in backend.log[0]:
+        user = req.messages[-1]["content"]
+        pid = next(p for p, text in problems.items() if text in user)
+        kind = ("sys" if req.messages[0]["role"] == "system" else "before" if user.startswith("Hint: ")
+                else "after" if f"\n\nHint: {hints[pid]}\n\n" in user else "unhinted")
+        if kind == "sys":
+            assert req.messages[0]["content"] == f"Hint: {hints[pid]}" and "Hint:" not in user
+        assert user.startswith(problems[pid]) == (kind in ("after", "sys", "unhinted"))
+    kinds = [("sys" if q.messages[0]["role"] == "system" else "x") for q in backend.log[0]]
+    assert kinds.count("sys") == 3 and len(kinds) == 12
+    # The progress bar (stderr): every rollout counted, per shard.
+    assert "rescue: 100%" in capsys.readouterr().err
+    with pytest.raises(Exception, match="placement for arm"):
+        rescue_to_dir([str(tmp_path / "c.parquet")], arms, tmp_path / "r2", RolloutConfig(k=1), backend, arm_placements={"nope": "after"})
+    res = CliRunner().invoke(cli, ["rescue", "--collapsed", str(tmp_path / "c.parquet"), "--hints", str(tmp_path / "h.parquet"),
+                                   "--backend", "fake", "--k", "1", "--placement", "after", "--out", str(tmp_path / "r3")],
+                             catch_exceptions=False)
+    assert res.exit_code == 0, res.output
+    out = json.loads(res.output.strip().splitlines()[-1])
+    assert out["arms"]["hinted"]["placement"] == "after" and "rescue:" not in res.output  # no bar when stderr is not a terminal
+    rolled = pl.read_parquet(tmp_path / "r3" / "rollouts" / "*.parquet").filter(pl.col("hint_id").is_not_null())
+    assert rolled.height == 3 and not rolled["prompt"].str.starts_with("Hint:").any()
+
+
+def test_the_default_placement_keeps_earlier_runs_resumable():
+    """Outputs made before placements existed keep their keys: the default layout hashes as before."""
+    from mentor.pipeline.prompts import HINT_TEMPLATE
+    from mentor.stages.build_render import DEFAULT_PLACEMENT, PLACEMENT_TEMPLATES
+
+    sem = RolloutConfig().semantic()
+    assert sem["hint_template"] == PLACEMENT_TEMPLATES[DEFAULT_PLACEMENT] and "placement" not in sem
+    assert RolloutConfig(placement="before").semantic()["hint_template"] == HINT_TEMPLATE
+    assert RolloutConfig(placement="after").semantic() != RolloutConfig(placement="before").semantic()
+    assert RolloutConfig(placement="system").semantic()["placement"] == "system"
+
+
+def test_the_progress_bar_clock_moves_during_an_engine_call():
+    """tqdm redraws only on updates; a shard is one long engine call, so a heartbeat redraws the bar meanwhile."""
+    import time
+
+    from mentor.stages.rollout import _heartbeat
+
+    class Bar:
+        disable, refreshed = False, 0
+
+        def refresh(self):
+            self.refreshed += 1
+
+    bar = Bar()
+    with _heartbeat(bar, every=0.02):
+        time.sleep(0.3)
+    assert bar.refreshed >= 5
+    quiet = Bar()
+    quiet.disable = True
+    with _heartbeat(quiet, every=0.02):
+        time.sleep(0.1)
+    assert quiet.refreshed == 0

@@ -46,8 +46,11 @@ def _instructions(pairs: tuple[str, ...]) -> dict[str, str] | None:
               help="Round the prompts are for. Default: latest hint round + 1 (0 without hints).")
 @click.option("--shard-rows", type=click.IntRange(1, 2**31 - 1), help="Rows per shard (default 100000).")
 @click.option("--shard-bytes", type=click.IntRange(1024, 1 << 50), help="Target uncompressed bytes per shard (instead of --shard-rows).")
+@click.option("--placement", type=click.Choice(["before", "after", "system"]), default=None,
+              help="Where the hint goes: before the problem, after it (just before the instruction) or in the system "
+                   "message [default: before]; OpenRLHF, verl and TRL read each the same way.")
 @click.option("--template", "template_file", type=click.Path(exists=True, dir_okay=False),
-              help="File with the hinted user message; placeholders {hint}, {problem}, optional {instruction}.")
+              help="File with the hinted user message; placeholders {hint}, {problem}, optional {instruction} (instead of --placement).")
 @click.option("--plain-template", "plain_template_file", type=click.Path(exists=True, dir_okay=False),
               help="File with the unhinted user message; placeholders {problem}, optional {instruction}.")
 @click.option("--system", "system_prompt", help="System message placed before the user message.")
@@ -64,7 +67,7 @@ def _instructions(pairs: tuple[str, ...]) -> dict[str, str] | None:
 @click.option("--domain", default="math", show_default=True, type=click.Choice(["math", "code"]),
               help="Domain of base problems when the set has no domain column.")
 @click.option("--strict", is_flag=True, help="Errors instead of counted warnings (unmatched hints, unusable base rows).")
-def build(base, hints, out_dir, mode, round_, shard_rows, shard_bytes, template_file, plain_template_file,
+def build(base, hints, out_dir, mode, round_, shard_rows, shard_bytes, placement, template_file, plain_template_file,
           system_prompt, system_file, instructions, statuses, seed, maps, answer_after, domain, strict):
     """Build next-epoch prompt shards (base problems + hints) for OpenRLHF and verl."""
     from pydantic import ValidationError
@@ -79,6 +82,10 @@ def build(base, hints, out_dir, mode, round_, shard_rows, shard_bytes, template_
         "round": round_, "system_prompt": system_prompt or _read_text(system_file, "--system-file"),
         "seed": seed, "shard_rows": shard_rows, "shard_bytes": shard_bytes, "strict": strict,
     }
+    if placement and template_file:
+        raise ConfigError("give --placement or --template, not both (a template places the hint itself)")
+    if placement:
+        kwargs["placement"] = placement
     if template_file:
         kwargs["template"] = _read_text(template_file, "--template")
     if plain_template_file:

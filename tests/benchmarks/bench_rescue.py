@@ -2,6 +2,8 @@
 
     python tests/benchmarks/bench_rescue.py [--domain math|code] [--policy MODEL] [--hinter MODEL]
         [--problems N] [--screen-k 8] [--k 4] [--seed 0] [--split dev|report|all] [--quick]
+        [--placements before after system] [--placement P] [--gate control_half|control_answer|off]
+        [--collapsed FILE] [--controls-only]
 
 1. Screen: roll out the policy on the problems of the split (GSM8K test for
    math, HumanEval for code) with ``--screen-k`` samples (default 8, i.e. two
@@ -9,26 +11,42 @@
    (`mentor rollout` + `mentor mine`). Problems collapsed at k=4 by sampling
    noise alone mostly come back on a second draw; 0/8 keeps the ones this
    policy fails systematically (what consecutive collapsed rounds select).
-2. Hint the collapsed set under each arm, through `mentor hint` and its config:
-   ``full`` (Attribution -> Generation -> Judgment -> Repair, the defaults),
-   ``no_attribution`` (``attribution: false``: generation from the problem
-   alone), ``no_judgment`` (``llm_judge: false, max_refine: 0``: the first
-   generated hint that passes the rule checks), ``no_generation``
+   ``--collapsed FILE`` takes a collapsed set instead (no screen).
+2. Positive controls: can this setting show a hint effect at all? Two hints
+   no pipeline could give, from the reference solution: ``control_half`` (the
+   first half of its steps) and ``control_answer`` (all of it and "The answer
+   is N.": the uptake ceiling), re-rolled with ``unhinted`` under each of
+   ``--placements`` in one `mentor rescue` run. One ``setting`` line per
+   placement: the policy's uptake (mean correctness of the answer-given
+   re-rolls) and whether the ``--gate`` control beats unhinted (paired 95%
+   bootstrap interval above 0). No placement separating: "cannot show a hint
+   effect", and the run stops before any hinting. Else the hint arms use the
+   separating placement where the gate control rescues most (or
+   ``--placement``).
+3. Hint the collapsed set under each arm, through `mentor hint` and its config:
+   ``full`` (Attribution -> Generation -> Judgment -> Repair, the defaults,
+   the judge checked first: stages/judge_check.py), ``vouched`` (``full``
+   plus ``vouch:``: the policy re-rolls each candidate hint and the first that
+   earns reward is kept, stages/vouch.py; its re-roll seeds avoid the
+   rescue's), ``no_attribution`` (``attribution: false``: generation from the
+   problem alone), ``no_judgment`` (``llm_judge: false, max_refine: 0``: the
+   first generated hint that passes the rule checks), ``no_generation``
    (``generation: false``: the keyword template; opt-in), ``generic``
-   (``attribution: false, generation: false``: the safe default hint, no
-   engine), and ``reference`` (an upper bound: the reference solution's first
+   (``attribution: false, generation: false, llm_judge: false``: the safe
+   default hint, no engine), and ``reference`` (the reference solution's first
    step, leak-checked by the rules; else its first step cut before the result;
    else the generic hint).
-3. Re-roll every collapsed problem k times under every arm and without a hint
+4. Re-roll every collapsed problem k times under every arm and without a hint
    (``unhinted``) in one `mentor rescue` run: same problems, same seeds, one
    engine batch per shard (on CPU, batch composition changes the numerics, so
    arms are only compared within one run).
 
 One JSON line per arm: rescue rate (problems with >= 1 correct re-roll) with a
 95% Wilson interval, mean correctness of the re-rolls, hint-engine tokens per
-problem, hints failing `check-hint`, and paired comparisons with ``unhinted``
-and ``generic`` (difference of rescue rates with a 95% paired-bootstrap
-interval, exact McNemar p). A PNG bar chart beside the outputs.
+problem (the judge check's included), hints failing `check-hint`, and paired
+comparisons with ``unhinted`` and ``generic`` (difference of rescue rates with a
+95% paired-bootstrap interval, exact McNemar p). A PNG bar chart beside the
+outputs. Progress bars on stderr (``--no-progress``).
 
 Splits: dev = even positions of the problem set, report = odd positions, all =
 both. Tune on dev, report on report. Every step is a resumable mentor stage
@@ -49,16 +67,17 @@ import time
 from math import comb
 from pathlib import Path
 
-ARMS = ("generic", "full", "no_attribution", "no_judgment", "no_generation", "reference")
-DEFAULT_ARMS = ("generic", "full", "no_attribution", "no_judgment", "reference")
-QUICK_ARMS = ("generic", "full", "reference")
+ARMS = ("generic", "full", "vouched", "no_attribution", "no_judgment", "no_generation", "reference")
+DEFAULT_ARMS = ("generic", "full", "vouched", "no_attribution", "no_judgment", "reference")
+QUICK_ARMS = ("generic", "full", "vouched", "reference")
+QUICK_PROBLEMS = 48
 # HintConfig overrides per arm (on top of the --hint-config file, if any).
 ARM_CONFIG = {
     "full": {},
     "no_attribution": {"attribution": False},
     "no_judgment": {"llm_judge": False, "max_refine": 0},
     "no_generation": {"generation": False},
-    "generic": {"attribution": False, "generation": False},
+    "generic": {"attribution": False, "generation": False, "llm_judge": False},  # no engine: nothing to judge or calibrate
 }
 SETS = {"math": "gsm8k", "code": "humaneval"}
 # Problems per screen shard (one engine call of N x --screen-k requests): GSM8K in 160s, so a larger
@@ -154,6 +173,76 @@ def reference_hints(collapsed, domain: str, hinted_round: int = 0):
     return pa.Table.from_pylist(rows, schema=schema), fell_back
 
 
+# --------------------------------------------------------------------------- positive controls
+
+CONTROLS = ("control_half", "control_answer")
+
+
+def solution_steps(domain: str, solution: str) -> tuple[list[str], str | None]:
+    """A reference solution's steps (GSM8K: its lines without the calculator marks; HumanEval: its code
+    lines) and its final answer (GSM8K's ``####`` line; None for code)."""
+    if domain == "math":
+        lines = [ln.strip() for ln in _CALC.sub("", solution).split("\n") if ln.strip()]
+        answer = next((ln[4:].strip() for ln in lines if ln.startswith("####")), None)
+        return [ln for ln in lines if not ln.startswith("####")], answer
+    return [ln.rstrip() for ln in solution.split("\n") if ln.strip()], None
+
+
+def control_text(domain: str, kind: str, solution: str, label: str) -> str | None:
+    """A positive control's hint: ``control_half`` the first half of the reference solution's steps
+    (at least one), ``control_answer`` the whole solution and its answer (the uptake ceiling)."""
+    steps, answer = solution_steps(domain, solution)
+    if not steps:
+        return None
+    if kind == "control_half":
+        part = steps[: max(1, len(steps) // 2)]
+        return " ".join(part) if domain == "math" else "A working solution starts:\n```python\n" + "\n".join(part) + "\n```"
+    if domain == "math":
+        return " ".join(steps) + f" The answer is {answer if answer is not None else label}."
+    return "A working solution:\n```python\n" + "\n".join(steps) + "\n```"
+
+
+def control_hints(collapsed, domain: str, kind: str, hinted_round: int = 0):
+    """A hints table (schema: hints) of one positive control; problems without a reference solution are left out.
+
+    Controls are not hints the pipeline could give (they state the solution): they measure whether the
+    policy uses what it is given at all, so they skip the rules.
+    """
+    import pyarrow as pa
+
+    from mentor.pipeline.ids import content_hash
+    from mentor.pipeline.schemas import HINTS
+
+    solutions = reference_solutions(domain)
+    rows = []
+    for r in collapsed.iter_rows(named=True):
+        text = control_text(domain, kind, solutions.get(r["problem_id"], ""), r["label"])
+        if text is None:
+            continue
+        rows.append({"problem_id": r["problem_id"], "round": hinted_round, "hint_id": content_hash(r["problem_id"], kind, text),
+                     "hint": text, "keywords": [], "error": None, "status": "accepted", "retries": 0, "refines": 0,
+                     "judge_score": None, "violations": [], "trace": [], "model": "reference-solution",
+                     "prompt_version": kind, "config_hash": kind})
+    return pa.Table.from_pylist(rows, schema=pa.schema(list(HINTS)))
+
+
+def setting_verdict(report, placement: str, gate: str, seed: int) -> dict:
+    """Can this setting show a hint effect? The gate control must beat unhinted (paired bootstrap interval above 0)."""
+    base = report["rescued_unhinted"].to_list()
+    out = {"bench": "rescue", "step": "setting", "placement": placement, "problems": report.height,
+           "unhinted_rescued": sum(base), "unhinted_mean_correct": round(float(report["mean_correct_unhinted"].mean()), 4)}
+    for kind in CONTROLS:
+        arm = f"{kind}_{placement}"
+        out[kind] = {"rescued": int(report[f"rescued_{arm}"].sum()),
+                     "mean_correct": round(float(report[f"mean_correct_{arm}"].mean()), 4),
+                     "vs_unhinted": paired(report[f"rescued_{arm}"].to_list(), base, seed=seed)}
+    # Uptake: how far the answer-in-prompt arm gets (share of its re-rolls right).
+    out["uptake"] = out["control_answer"]["mean_correct"]
+    out["separates"] = out[gate]["vs_unhinted"]["ci95"][0] > 0
+    out["verdict"] = "controls separate from unhinted" if out["separates"] else "cannot show a hint effect"
+    return out
+
+
 # --------------------------------------------------------------------------- statistics
 
 
@@ -187,9 +276,10 @@ def run(args: argparse.Namespace) -> list[dict]:
     import polars as pl
 
     from mentor.pipeline.io import read_json, write_parquet_atomic
-    from mentor.pipeline.llm import BackendSpec, close_backends
+    from mentor.pipeline.llm import BackendSpec, close_backends, hold_engines
     from mentor.stages.hint import HintConfig, hint_to_dir, load_config
     from mentor.stages.hint_rules import check
+    from mentor.stages.build_render import DEFAULT_PLACEMENT
     from mentor.stages.mine import MineConfig, mine_to_dir
     from mentor.stages.rollout import RolloutConfig, rescue_to_dir, rollout_to_dir
 
@@ -200,27 +290,68 @@ def run(args: argparse.Namespace) -> list[dict]:
     hinter = BackendSpec("fake", options={"script": "mentor.stages.hint_agents:fake_script"}) if fake else BackendSpec("vllm", args.hinter)
     t0 = time.monotonic()
 
-    # 1. screen
-    problems = split_problems(args.domain, args.split, args.problems)
-    write_parquet_atomic(problems, work / "problems.parquet", dataset="problems")
+    # 1. screen (or a given collapsed set)
     sampling = dict(max_tokens=args.max_tokens, temperature=args.temperature, top_p=args.top_p)
-    screen_cfg = RolloutConfig(k=args.screen_k, seed=args.seed, shard_size=SCREEN_SHARD[args.domain], **sampling)
-    screen = rollout_to_dir([str(work / "problems.parquet")], work / "screen", screen_cfg, policy)
-    mine_to_dir([str(work / "screen")], work / "collapsed", MineConfig(min_rollouts=args.screen_k))
-    collapsed = pl.read_parquet(work / "collapsed" / "collapsed.parquet")
+    if args.collapsed:
+        collapsed = pl.read_parquet(args.collapsed)
+        screened = {"problems": None, "collapsed_from": args.collapsed}
+    else:
+        problems = split_problems(args.domain, args.split, args.problems)
+        write_parquet_atomic(problems, work / "problems.parquet", dataset="problems")
+        screen_cfg = RolloutConfig(k=args.screen_k, seed=args.seed, shard_size=SCREEN_SHARD[args.domain], **sampling)
+        screen = rollout_to_dir([str(work / "problems.parquet")], work / "screen", screen_cfg, policy, progress=not args.no_progress)
+        mine_to_dir([str(work / "screen")], work / "collapsed", MineConfig(min_rollouts=args.screen_k))
+        collapsed = pl.read_parquet(work / "collapsed" / "collapsed.parquet")
+        screened = {"problems": problems.height, "screen_mean_correct": screen["mean_correct"],
+                    "screen_completion_tokens": screen["completion_tokens"]}
     if args.max_collapsed:
         collapsed = collapsed.sort("problem_id").head(args.max_collapsed)
-        write_parquet_atomic(collapsed, work / "collapsed" / "selected.parquet", dataset="collapsed")
-    source = work / "collapsed" / ("selected.parquet" if args.max_collapsed else "collapsed.parquet")
-    print(json.dumps({"bench": "rescue", "step": "screen", "problems": problems.height, "screen_k": args.screen_k,
-                      "collapsed": collapsed.height, "screen_mean_correct": screen["mean_correct"],
-                      "screen_completion_tokens": screen["completion_tokens"], "seconds": round(time.monotonic() - t0, 1)}),
-          flush=True)
+    (work / "collapsed").mkdir(parents=True, exist_ok=True)
+    write_parquet_atomic(collapsed, work / "collapsed" / "selected.parquet", dataset="collapsed")
+    source = work / "collapsed" / "selected.parquet"
+    print(json.dumps({"bench": "rescue", "step": "screen", **screened, "screen_k": args.screen_k,
+                      "collapsed": collapsed.height, "seconds": round(time.monotonic() - t0, 1)}), flush=True)
     if collapsed.height == 0:
         raise SystemExit("no problem stayed collapsed: nothing to rescue")
+
+    # 2. positive controls: can this setting show a hint effect at all, and under which placement?
+    placement, verdicts = args.placement, []
+    if args.gate != "off":
+        files, where = {}, {}
+        for kind in CONTROLS:
+            out = work / "hints" / kind
+            write_parquet_atomic(control_hints(collapsed, args.domain, kind), out / "hints.parquet", dataset="hints")
+            for place in args.placements:
+                files[f"{kind}_{place}"], where[f"{kind}_{place}"] = [str(out / "hints.parquet")], place
+        t1 = time.monotonic()
+        rescue_to_dir([str(source)], files, work / "controls", RolloutConfig(k=args.k, seed=args.seed + 1, **sampling), policy,
+                      arm_placements=where, progress=not args.no_progress)
+        controls = pl.read_parquet(work / "controls" / "rescue.parquet")
+        for place in args.placements:
+            verdicts.append(setting_verdict(controls, place, args.gate, args.seed))
+            print(json.dumps({**verdicts[-1], "seconds": round(time.monotonic() - t1, 1)}), flush=True)
+        good = [v for v in verdicts if v["separates"]]
+        if args.controls_only:
+            close_backends()
+            print(json.dumps({"bench": "rescue", "step": "done", "verdicts": {v["placement"]: v["verdict"] for v in verdicts},
+                              "seconds": round(time.monotonic() - t0, 1), "work": str(work)}), flush=True)
+            return verdicts
+        if not good:
+            close_backends()
+            print(json.dumps({"bench": "rescue", "step": "done", "verdict": "cannot show a hint effect",
+                              "why": f"{args.gate} does not beat unhinted under any of {args.placements}: no hint arm is run",
+                              "seconds": round(time.monotonic() - t0, 1), "work": str(work)}), flush=True)
+            return verdicts
+        if placement is None:  # the separating placement where the gate control rescues most (then: uptake)
+            placement = max(good, key=lambda v: (v[args.gate]["rescued"], v["uptake"]))["placement"]
+        elif placement not in [v["placement"] for v in good]:
+            print(json.dumps({"bench": "rescue", "step": "note", "placement": placement,
+                              "note": "this placement's controls do not separate; its hint arms are run because --placement asks"}),
+                  flush=True)
+    placement = placement or DEFAULT_PLACEMENT
     close_backends()  # an idle vLLM CPU engine still spins: stop the policy's while the hinter runs
 
-    # 2. hints per arm
+    # 3. hints per arm
     arm_files: dict[str, list[str]] = {}
     hint_info: dict[str, dict] = {}
     base = load_config(args.hint_config) if args.hint_config else HintConfig()
@@ -228,28 +359,39 @@ def run(args: argparse.Namespace) -> list[dict]:
 
     def hint_arm(cfg: HintConfig, out: Path) -> dict:
         t1 = time.monotonic()
-        st = hint_to_dir(str(source), out, cfg, hinter).as_dict()
-        return {"tokens": st["prompt_tokens"] + st["completion_tokens"], "requests": st["requests"], "waves": st["waves"],
+        st = hint_to_dir(str(source), out, cfg, hinter, progress=not args.no_progress).as_dict()
+        # The judge's calibration (stages/judge_check.py) is part of what the arm costs.
+        check = read_json(out / "stats.json").get("judge_check") or {}
+        calib = check.get("prompt_tokens", 0) + check.get("completion_tokens", 0) if not check.get("reused") else 0
+        vouch = st.get("vouch") or {}
+        return {"tokens": st["prompt_tokens"] + st["completion_tokens"] + calib, "judge_check_tokens": calib,
+                "judge_check": {k: check.get(k) for k in ("status", "action", "balanced_accuracy", "items")} if check else None,
+                "vouch": vouch or None, "requests": st["requests"], "waves": st["waves"],
                 "accepted": st["accepted"], "repaired": st["repaired"], "fallback": st["fallback"],
                 "seconds": round(time.monotonic() - t1, 1),
                 "computed_now": read_json(out / "stats.json")["this_run"]["shards_computed"]}
 
-    for arm in [*args.arms, *extra]:
-        out = work / "hints" / arm
-        if arm in extra:
-            hint_info[arm] = hint_arm(load_config(extra[arm]), out)
-        elif arm == "reference":
-            table, fell_back = reference_hints(collapsed, args.domain)
-            write_parquet_atomic(table, out / "hints.parquet", dataset="hints")
-            hint_info[arm] = {"tokens": 0, "reference_fell_back_to_generic": fell_back}
-        else:
-            hint_info[arm] = hint_arm(base.model_copy(update=ARM_CONFIG[arm]), out)
-        arm_files[arm] = [str(out / "hints.parquet")]
+    with hold_engines():  # one hinter engine for every arm (a stage alone would close it as it ends)
+        for arm in [*args.arms, *extra]:
+            out = work / "hints" / arm
+            if arm in extra:
+                hint_info[arm] = hint_arm(load_config(extra[arm]), out)
+            elif arm == "vouched":  # full, plus the policy's say (stages/vouch.py): re-rolled as the rescue re-rolls
+                hint_info[arm] = hint_arm(base.model_copy(update={"vouch": vouch_config(args, placement)}), out)
+            elif arm == "reference":
+                table, fell_back = reference_hints(collapsed, args.domain)
+                write_parquet_atomic(table, out / "hints.parquet", dataset="hints")
+                hint_info[arm] = {"tokens": 0, "reference_fell_back_to_generic": fell_back}
+            else:
+                hint_info[arm] = hint_arm(base.model_copy(update=ARM_CONFIG[arm]), out)
+            arm_files[arm] = [str(out / "hints.parquet")]
     close_backends()  # the hinter's engine is not needed any more
 
-    # 3. re-roll under every arm
+    # 4. re-roll under every arm, the hint where the controls said (or --placement)
     t2 = time.monotonic()
-    summary = rescue_to_dir([str(source)], arm_files, work / "rescue", RolloutConfig(k=args.k, seed=args.seed + 1, **sampling), policy)
+    summary = rescue_to_dir([str(source)], arm_files, work / "rescue",
+                            RolloutConfig(k=args.k, seed=args.seed + 1, placement=placement, **sampling), policy,
+                            progress=not args.no_progress)
     close_backends()
     report = pl.read_parquet(work / "rescue" / "rescue.parquet")
     answers = {r["problem_id"]: r for r in collapsed.iter_rows(named=True)}
@@ -267,7 +409,7 @@ def run(args: argparse.Namespace) -> list[dict]:
             )
         x = report[f"rescued_{arm}"].to_list()
         line = {
-            "bench": "rescue", "domain": args.domain, "split": args.split, "arm": arm,
+            "bench": "rescue", "domain": args.domain, "split": args.split, "arm": arm, "placement": placement,
             "policy": args.policy if not fake else "fake", "hinter": args.hinter if not fake else "fake",
             "problems": summary["problems"], "k": args.k, "rescued": a["rescued"], "rescue_rate": a["rescue_rate"],
             "rescue_rate_ci95": a["rescue_rate_ci95"], "mean_correct": a["mean_correct"],
@@ -281,12 +423,26 @@ def run(args: argparse.Namespace) -> list[dict]:
             line["hint_stage"] = hint_info.get(arm)
         lines.append(line)
         print(json.dumps(line), flush=True)
-    print(json.dumps({"bench": "rescue", "step": "done", "rescue_seconds": round(time.monotonic() - t2, 1),
+    print(json.dumps({"bench": "rescue", "step": "done", "placement": placement,
+                      "verdicts": {v["placement"]: v["verdict"] for v in verdicts}, "rescue_seconds": round(time.monotonic() - t2, 1),
                       "rescue_completion_tokens": summary["completion_tokens"], "seconds": round(time.monotonic() - t0, 1),
                       "work": str(work), "settings": {k: v for k, v in vars(args).items() if k != "fake_policy"}}), flush=True)
     if not args.no_plot:
         plot(lines, work / "rescue.png", f"{args.domain} {args.split}: {summary['problems']} problems collapsed at 0/{args.screen_k}, k={args.k}")
     return lines
+
+
+def vouch_config(args: argparse.Namespace, placement: str):
+    """The vouched arm's policy settings: the benchmark's policy and sampling, the rescue's placement, and
+    re-roll seeds kept apart from the rescue's and the controls' (``--seed + 1``, per problem)."""
+    from mentor.stages.vouch import PolicySettings, VouchConfig
+
+    if args.backend == "fake":
+        policy = PolicySettings(backend="fake", model="fake", options={"script": args.fake_policy})
+    else:
+        policy = PolicySettings(backend="vllm", model=args.policy)
+    return VouchConfig(policy=policy, samples=args.k, temperature=args.temperature, top_p=args.top_p, max_tokens=args.max_tokens,
+                       avoid_seeds=[args.seed + 1], placement=placement)
 
 
 def plot(lines: list[dict], path: Path, title: str) -> None:
@@ -312,6 +468,8 @@ def plot(lines: list[dict], path: Path, title: str) -> None:
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    from mentor.stages.build_render import DEFAULT_PLACEMENT, PLACEMENTS
+
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--domain", choices=("math", "code"), default="math")
     p.add_argument("--policy", default="qwen2.5-coder-0.5b", help="Policy model (a mentor CPU model name, folder or HF name).")
@@ -327,16 +485,27 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="Sampling temperature of every rollout (0.6: at 1.0 the reference arm did not separate from no hint on dev).")
     p.add_argument("--top-p", type=float, default=1.0)
     p.add_argument("--max-tokens", type=int, default=400)
-    p.add_argument("--split", choices=("dev", "report", "all"), help="Default: report (math), all (code: 164 tasks, not tuned on).")
+    p.add_argument("--split", choices=("dev", "report", "all"), help="Default: report (math), all (code: 164 tasks, not tuned on); --quick: dev.")
     p.add_argument("--arms", nargs="+", choices=ARMS, help=f"Default: {' '.join(DEFAULT_ARMS)} (--quick: {' '.join(QUICK_ARMS)}).")
     p.add_argument("--hint-config", help="A hint.yaml the arms start from (the defaults otherwise).")
     p.add_argument("--arm-config", action="append", default=[], metavar="NAME=HINT.YAML",
                    help="An extra arm hinted with this config (repeatable), e.g. a template variant to compare with full.")
-    p.add_argument("--quick", action="store_true", help="A small setting for iterating: 60 dev problems, arms generic full reference (30 to 40 minutes on 2 cores).")
+    p.add_argument("--placement", choices=PLACEMENTS, help="Where the hint arms' hints go (as `mentor build --placement`); "
+                   "default: the separating placement where --gate rescues most, else build's default.")
+    p.add_argument("--placements", nargs="+", choices=PLACEMENTS, help="Placements the positive controls are re-rolled under, "
+                   "in one run (default: build's default; e.g. before after system to find where the hint is read).")
+    p.add_argument("--gate", choices=(*CONTROLS, "off"), default="control_half",
+                   help="The positive control that must beat unhinted (paired 95%% interval above 0) before any hint arm is "
+                   "run; no placement separating: 'cannot show a hint effect', and the run stops. off: no controls.")
+    p.add_argument("--controls-only", action="store_true", help="Stop after the positive controls (a placement sweep).")
+    p.add_argument("--collapsed", help="Use this collapsed.parquet instead of screening (e.g. a committed work folder's).")
+    p.add_argument("--quick", action="store_true", help=f"A small setting for iterating: {QUICK_PROBLEMS} dev problems screened "
+                   "(the screen is reused after the first run), arms generic full reference.")
+    p.add_argument("--no-progress", action="store_true", help="No progress bars (stderr).")
     p.add_argument("--work", default="runs/bench-rescue", help="Where every stage writes (resumable).")
     p.add_argument("--no-plot", action="store_true")
     args = p.parse_args(argv)
-    args.split = args.split or ("report" if args.domain == "math" else "all")
+    args.split = args.split or ("dev" if args.quick else "report" if args.domain == "math" else "all")
     args.arms = list(args.arms or (QUICK_ARMS if args.quick else DEFAULT_ARMS))
     extra: dict[str, str] = {}
     for spec in args.arm_config:
@@ -348,7 +517,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         extra[name] = path
     args.arm_config = extra
     if args.problems is None:
-        args.problems = 60 if args.quick else (400 if args.domain == "math" else None)
+        args.problems = QUICK_PROBLEMS if args.quick else (400 if args.domain == "math" else None)
+    args.placements = list(dict.fromkeys(args.placements or [args.placement or DEFAULT_PLACEMENT]))
+    if args.placement and args.placement not in args.placements:
+        args.placements.append(args.placement)
     if args.quick:
         args.work = str(Path(args.work) / "quick")
     return args
