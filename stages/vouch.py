@@ -40,6 +40,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from mentor.pipeline.llm import Backend, BackendSpec, GenRequest
 from mentor.pipeline.prompts import INSTRUCTIONS
+from mentor.stages.build_render import DEFAULT_PLACEMENT, PLACEMENTS
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -79,7 +80,8 @@ class VouchConfig(BaseModel):
     seed: int = Field(0, description="Base seed of the re-rolls; salted apart from rollout/rescue seeds.")
     avoid_seeds: list[int] = Field(default_factory=lambda: [0], description="Base seeds of the evaluations (mentor rescue "
                                    "--seed) whose per-problem seeds the re-rolls must never reuse.")
-    placement: str = Field("before", description="Where the hint goes in the re-roll prompt, as `mentor build --placement`.")
+    placement: Literal[PLACEMENTS] = Field(DEFAULT_PLACEMENT,  # type: ignore[valid-type]
+                                           description="Where the hint goes in the re-roll prompt, as `mentor build --placement`.")
     system_prompt: str | None = Field(None, description="The system message build adds (build's system_prompt).")
     instructions: dict[str, str] = Field(default_factory=lambda: dict(INSTRUCTIONS), description="Per-domain instruction, as build's.")
 
