@@ -104,7 +104,11 @@ class DaskExecutor:
 
     def workers(self) -> int:
         """The cluster's workers now (one engine each on an engine cluster)."""
-        return max(1, len(self.client.scheduler_info(n_workers=-1).get("workers", {})))
+        try:
+            info = self.client.scheduler_info(n_workers=-1)  # newer dask lists only 5 workers by default
+        except TypeError:  # dask before 2025: every worker, no argument
+            info = self.client.scheduler_info()
+        return max(1, len(info.get("workers", {})))
 
     def close_engines(self) -> None:
         """Stop the engines every worker keeps (`mentor.pipeline.llm.close_backends` on each)."""
