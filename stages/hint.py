@@ -746,7 +746,11 @@ def hint_to_dir(
     from mentor.stages.vouch import per_rescued as _per_rescued
 
     given = cfg
-    cfg, judge_report = checked_config(cfg, whole, out_dir, templates, backend_factory, executor, describe_factory)
+    try:
+        cfg, judge_report = checked_config(cfg, whole, out_dir, templates, backend_factory, executor, describe_factory)
+    except BaseException:
+        release_engines(executor)  # the check's engine ends with the stage, however it ends
+        raise
     run_key = config_hash(
         {"hint": cfg.semantic(), "prompt_version": templates.version, "backend": describe_factory(backend_factory),
          "schema": SCHEMA_VERSION}
