@@ -1,7 +1,8 @@
 """Fault injection for resume tests: ``MENTOR_FAULT=<point>`` kills the process there with SIGKILL.
 
 Points are named ``<stage>.<where>`` (e.g. ``mine.after_collapsed``,
-``hint.after_shard``, ``build.after_shards``, ``<stage>.before_marker``, and
+``<stage>.after_shard`` for hint, rollout and rescue (`mentor.pipeline.shards`),
+``build.after_shards``, ``<stage>.before_marker``, and
 ``outdir.staged_output_dir``'s ``<stage>.before_swap`` ...). With
 ``MENTOR_FAULT_SKIP=N`` the first N passes through the point are let go. The
 hook costs one environment lookup; nothing happens unless the variable is set.

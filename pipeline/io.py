@@ -1,21 +1,20 @@
-"""Parquet/JSON I/O: input resolution, validated scans, atomic writes, manifests, strict YAML.
+"""Parquet/JSON I/O: validated dataset reads, atomic writes, hashes and manifests.
 
 Naming follows polars: ``scan_*`` is lazy, ``read_*`` is eager, ``write_*``
 writes. Every write goes to a temporary name in the destination folder and is
 renamed into place, so a killed process never leaves a partial output file.
+Finding the input files is `mentor.pipeline.inputs`; strict YAML settings are
+`mentor.pipeline.yaml_io`.
 """
 
 from __future__ import annotations
 
-import glob as globlib
 import hashlib
 import json
-import logging
 import os
 import tempfile
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
-from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
@@ -24,193 +23,18 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from mentor.pipeline.errors import ConfigError, CorruptFileError, DataError, SchemaError
+from mentor.pipeline.inputs import resolve_inputs
 from mentor.pipeline.schemas import SCHEMA_VERSION, SCHEMAS, conform, require_schema, schema_metadata
 
 PARQUET_COMPRESSION = "zstd"
 # Row groups of this many rows: readers (polars, pyarrow, dask) decode row groups in
 # parallel and prune them on statistics, which one file-sized row group defeats.
 ROW_GROUP_ROWS = 128 * 1024
-log = logging.getLogger(__name__)
 _UMASK = os.umask(0)
 os.umask(_UMASK)
 
 
-# --------------------------------------------------------------------------- inputs
-
-
-# Every input walk is bounded: a folder tree or `**` pattern that reaches more entries or
-# levels than these is an error (a runaway walk is a mistake, never a data set).
-MAX_WALK_ENTRIES = 2_000_000
-MAX_WALK_DEPTH = 64
-
-
-def resolve_inputs(sources: Iterable[str | os.PathLike], suffixes: tuple[str, ...] = (".parquet",)) -> list[Path]:
-    """Expand files, directories (recursively, by suffix) and globs into a sorted file list.
-
-    Folders and ``**`` patterns are walked with `walk_files`: symlinked folders
-    are followed but never twice (a symlink loop ends), and the walk is bounded.
-    Raises `ConfigError` for a source that matches nothing.
-    """
-    out: list[Path] = []
-    for src in sources:
-        s = str(src)
-        p = Path(s)
-        if any(ch in s for ch in "*?["):
-            matches = sorted(glob_files(s))
-            if not matches:
-                raise ConfigError(f"{s}: the pattern matches no file; check the path")
-            out.extend(matches)
-        elif p.is_dir():
-            matches = sorted(f for f in walk_files(p, s) if f.name.endswith(suffixes) and not _hidden(f, p))
-            if not matches:
-                raise ConfigError(f"{s}: the directory holds no {'/'.join(suffixes)} file")
-            out.extend(matches)
-        elif p.is_file():
-            out.append(p)
-        elif p.exists():
-            raise ConfigError(f"{s}: not a regular file or folder (a device, pipe or socket); pass a file or folder")
-        else:
-            raise ConfigError(f"{s}: no such file or directory")
-    # Keep order, drop repeats.
-    seen: set[Path] = set()
-    unique = []
-    for f in out:
-        key = f.resolve()
-        if key not in seen:
-            seen.add(key)
-            unique.append(f)
-    return unique
-
-
-def outside_output(paths: list[Path], sources: Iterable[str | os.PathLike], out_dir: str | os.PathLike) -> list[Path]:
-    """`paths` without the files a folder or pattern walk found inside the command's own output
-    folder (its earlier outputs are not inputs); files named inside it explicitly stay."""
-    out = Path(os.path.abspath(out_dir))
-
-    def inside(p: Path) -> bool:
-        q = Path(os.path.abspath(p))
-        return q == out or out in q.parents
-
-    if any(inside(Path(str(s).split("*")[0] or ".")) for s in sources):
-        return paths
-    kept = [p for p in paths if not inside(p)]
-    if len(kept) != len(paths):
-        log.warning("%d input file(s) inside the output folder %s are not read (earlier outputs)", len(paths) - len(kept), out_dir)
-    if not kept:
-        raise ConfigError(f"{out_dir}: every input file lies in the output folder; pass the logs, not the output")
-    return kept
-
-
-def walk_files(root: Path, where: str | None = None) -> Iterator[Path]:
-    """Every file below `root` (paths spelled under `root`), following symlinked folders but
-    entering each real folder once, so a symlink loop cannot make the walk endless.
-
-    `ConfigError` (naming `where`) past `MAX_WALK_ENTRIES` entries or `MAX_WALK_DEPTH`
-    levels; `DataError` for a folder that cannot be read.
-    """
-    where = where or str(root)
-    seen: set[tuple[int, int]] = set()
-    stack: list[tuple[Path, int]] = [(root, 0)]
-    entries = 0
-    while stack:
-        folder, depth = stack.pop()
-        try:
-            st = folder.stat()
-        except OSError:
-            continue  # a dangling or looping symlink: nothing to read
-        if (st.st_dev, st.st_ino) in seen:
-            continue
-        seen.add((st.st_dev, st.st_ino))
-        if depth > MAX_WALK_DEPTH:
-            raise ConfigError(f"{where}: folders nested deeper than {MAX_WALK_DEPTH} levels; pass a narrower path or pattern")
-        try:
-            with os.scandir(folder) as it:
-                listing = sorted(it, key=lambda e: e.name)
-        except OSError as exc:
-            raise DataError(f"{folder}: cannot list the folder ({exc.strerror}); fix its permissions or pass the files themselves") from exc
-        entries += len(listing)
-        if entries > MAX_WALK_ENTRIES:
-            raise ConfigError(f"{where}: more than {MAX_WALK_ENTRIES:,} entries below it; pass a narrower path or pattern")
-        subdirs = []
-        for entry in listing:
-            path = folder / entry.name
-            try:
-                if entry.is_dir():
-                    subdirs.append((path, depth + 1))
-                elif entry.is_file():
-                    yield path
-            except OSError:
-                continue
-        stack.extend(reversed(subdirs))
-
-
-def glob_files(pattern: str) -> list[Path]:
-    """The files a glob pattern matches, like ``glob.glob(pattern, recursive=True)`` (hidden
-    names only where the pattern spells the dot) but with ``**`` walked by `walk_files`:
-    bounded, and ending on symlink loops."""
-    if "**" not in pattern:
-        return [Path(m) for m in globlib.glob(pattern) if os.path.isfile(m)]
-    parts = Path(pattern).parts
-    fixed = next(i for i, part in enumerate(parts) if any(ch in part for ch in "*?["))
-    root = Path(*parts[:fixed]) if fixed else Path(".")
-    pats = parts[fixed:]
-    if not root.is_dir():
-        return []
-    out = []
-    for f in walk_files(root, pattern):
-        rel = f.relative_to(root).parts
-        if _match_parts(rel, pats):
-            out.append(f if fixed else Path(*rel))
-    return out
-
-
-def _match_parts(parts: tuple[str, ...], pats: tuple[str, ...]) -> bool:
-    """Whether path components `parts` match glob components `pats` (``**``: any number of folders)."""
-    import fnmatch
-
-    @lru_cache(maxsize=None)
-    def match(i: int, j: int) -> bool:
-        if j == len(pats):
-            return i == len(parts)
-        pat = pats[j]
-        if pat == "**":
-            if match(i, j + 1):
-                return True
-            return i < len(parts) and not parts[i].startswith(".") and match(i + 1, j)
-        if i == len(parts) or (parts[i].startswith(".") and not pat.startswith(".")):
-            return False
-        return fnmatch.fnmatchcase(parts[i], pat) and match(i + 1, j + 1)
-
-    return match(0, 0)
-
-
-def _hidden(f: Path, root: Path) -> bool:
-    """Temporary files, done markers and hidden folders are never inputs."""
-    rel = f.relative_to(root).parts
-    return any(part.startswith((".", "_")) for part in rel)
-
-
-def jsonl_problem(path: Path) -> str | None:
-    """The first line of a JSONL file that is not a JSON object, as ``path:line: what``; None if all are."""
-    with open(path, "rb") as fh:
-        for lineno, raw in enumerate(fh, start=1):
-            if lineno == 1 and raw.startswith(b"\xef\xbb\xbf"):
-                raw = raw[3:]
-            if not raw.strip():
-                continue
-            try:
-                text = raw.decode("utf-8")
-            except UnicodeDecodeError as exc:
-                return f"{path}:{lineno}: not UTF-8 (byte {raw[exc.start]:#04x} at column {exc.start + 1}); re-encode the file as UTF-8"
-            try:
-                rec = json.loads(text)
-            except json.JSONDecodeError as exc:
-                return f"{path}:{lineno}: not valid JSON ({exc.msg} at column {exc.colno})"
-            except RecursionError:
-                return f"{path}:{lineno}: JSON nested too deeply to read"
-            if not isinstance(rec, dict):
-                return f"{path}:{lineno}: a JSON {type(rec).__name__}, not an object (JSONL holds one object per line)"
-    return None
+# --------------------------------------------------------------------------- dataset reads
 
 
 def read_parquet_schema(path: Path) -> pa.Schema:
@@ -419,124 +243,7 @@ def read_json(path: str | os.PathLike) -> Any:
         ) from exc
 
 
-# A settings file is small: more values than this (counted with every alias expanded, long
-# strings by their length) or deeper nesting is an error, so an alias bomb ("billion
-# laughs") fails at once instead of expanding into gigabytes when the settings are
-# validated, hashed or saved.
-YAML_MAX_NODES = 100_000
-YAML_MAX_DEPTH = 100
-
-
-def _strict_yaml_loader():
-    """A yaml.SafeLoader that rejects duplicate keys, alias bombs and runaway nesting."""
-    import yaml
-    from yaml.constructor import ConstructorError
-    from yaml.error import MarkedYAMLError
-    from yaml.events import AliasEvent
-    from yaml.nodes import MappingNode, ScalarNode, SequenceNode
-
-    class StrictLoader(yaml.SafeLoader):
-        def __init__(self, stream):
-            super().__init__(stream)
-            self._sizes: dict[int, int] = {}
-            self._depth = 0
-
-        def compose_node(self, parent, index):
-            self._depth += 1
-            try:
-                if self._depth > YAML_MAX_DEPTH:
-                    raise MarkedYAMLError(None, None, f"nested deeper than {YAML_MAX_DEPTH} levels", self.peek_event().start_mark)
-                if self.check_event(AliasEvent):
-                    anchor = self.peek_event().anchor
-                    target = self.anchors.get(anchor)
-                    if target is not None and id(target) not in self._sizes:
-                        raise MarkedYAMLError(None, None, f"the alias *{anchor} refers to a value that contains it (recursive alias)",
-                                              self.peek_event().start_mark)
-                node = super().compose_node(parent, index)
-            finally:
-                self._depth -= 1
-            key = id(node)
-            if key not in self._sizes:
-                if isinstance(node, ScalarNode):
-                    size = 1 + len(node.value) // 64  # long strings weigh more: an alias copies them whole
-                elif isinstance(node, SequenceNode):
-                    size = 1 + sum(self._size(c) for c in node.value)
-                elif isinstance(node, MappingNode):
-                    size = 1 + sum(self._size(k) + self._size(v) for k, v in node.value)
-                else:  # pragma: no cover
-                    size = 1
-                self._sizes[key] = size
-                if size > YAML_MAX_NODES:
-                    raise MarkedYAMLError(
-                        None, None, f"expands to more than {YAML_MAX_NODES:,} values through aliases (*name); "
-                        "write the values out instead of nesting aliases", node.start_mark,
-                    )
-            return node
-
-        def _size(self, node) -> int:
-            return self._sizes[id(node)]
-
-        def construct_mapping(self, node, deep=False):
-            if isinstance(node, MappingNode):
-                seen: dict = {}
-                for key_node, _ in node.value:
-                    if key_node.tag == "tag:yaml.org,2002:merge" or not isinstance(key_node, ScalarNode):
-                        continue
-                    key = self.construct_object(key_node, deep=True)
-                    line = key_node.start_mark.line + 1
-                    try:
-                        first = seen.get(key)
-                    except TypeError:  # an unhashable key: SafeConstructor rejects it itself
-                        continue
-                    if first is not None:
-                        raise ConstructorError(None, None, f"duplicate key {key!r} (first at line {first}); keep one", key_node.start_mark)
-                    seen[key] = line
-            return super().construct_mapping(node, deep=deep)
-
-    return StrictLoader
-
-
-def load_yaml_text(text: str):
-    """Parse YAML settings with `_strict_yaml_loader`; raises yaml.YAMLError."""
-    loader = _strict_yaml_loader()(text)
-    try:
-        return loader.get_single_data()
-    finally:
-        loader.dispose()
-
-
-def read_yaml_mapping(path: str | os.PathLike, what: str = "settings") -> dict[str, Any]:
-    """A YAML file that must hold a mapping; `ConfigError` naming the file otherwise.
-
-    Duplicate keys, alias bombs, runaway nesting and undecodable bytes are errors too.
-    """
-    import yaml
-
-    path = Path(path)
-    if not path.is_file():
-        raise ConfigError(f"{path}: no such config file")
-    try:
-        text = path.read_text(encoding="utf-8-sig")
-    except UnicodeDecodeError as exc:
-        raise ConfigError(f"{path}: not UTF-8 text (byte {exc.object[exc.start]:#04x} at offset {exc.start}); save it as UTF-8") from exc
-    except OSError as exc:
-        raise ConfigError(f"{path}: cannot read it ({exc.strerror})") from exc
-    try:
-        data = load_yaml_text(text) or {}
-    except yaml.MarkedYAMLError as exc:
-        mark = exc.problem_mark or exc.context_mark
-        where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark is not None else ""
-        detail = exc.problem or str(exc)
-        if exc.context and "duplicate key" not in detail:
-            detail = f"{exc.context}, {detail}"
-        raise ConfigError(f"{path}: {where}not valid YAML: {detail}") from exc
-    except yaml.YAMLError as exc:
-        raise ConfigError(f"{path}: not valid YAML: {str(exc).splitlines()[0]}") from exc
-    except RecursionError as exc:
-        raise ConfigError(f"{path}: not valid YAML: nested too deeply") from exc
-    if not isinstance(data, dict):
-        raise ConfigError(f"{path}: expected a mapping of {what}, found {type(data).__name__}")
-    return data
+# --------------------------------------------------------------------------- hashes and manifests
 
 
 def sha256_file(path: str | os.PathLike, chunk: int = 1 << 20) -> str:
@@ -593,19 +300,20 @@ def write_manifest(
 
 __all__ = [
     "atomic_path",
+    "cast_lazy",
     "check_dataset_files",
+    "check_values",
     "commit_file",
     "config_hash",
+    "parquet_writer_atomic",
     "read_dataset",
     "read_json",
     "read_parquet_schema",
     "read_table",
-    "read_yaml_mapping",
-    "resolve_inputs",
     "scan_dataset",
-    "schema_metadata",
     "sha256_file",
     "temp_path_beside",
+    "to_table",
     "write_json_atomic",
     "write_manifest",
     "write_parquet_atomic",

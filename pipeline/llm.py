@@ -354,6 +354,16 @@ class BackendSpec:
         return {"kind": self.kind, "model": "embedded:SmolLM2-135M-Instruct" if embedded else self.model, "options": opts}
 
 
+def describe_backend(backend: Backend | Callable[[], Backend]) -> Any:
+    """What a backend or a backend factory contributes to a resume key: its ``describe()`` (a
+    `BackendSpec`'s), else a backend's model name, else the factory's name."""
+    if hasattr(backend, "describe"):
+        return backend.describe()
+    if hasattr(backend, "generate"):
+        return {"model": getattr(backend, "model", type(backend).__name__)}
+    return {"factory": getattr(backend, "__qualname__", type(backend).__name__)}
+
+
 __all__ = [
     "Backend",
     "BackendSpec",
@@ -362,6 +372,7 @@ __all__ = [
     "GenRequest",
     "GenResult",
     "close_backends",
+    "describe_backend",
     "engine_starts",
     "hold_engines",
     "release_engines",

@@ -11,6 +11,8 @@ removes what a killed run left beside the target (and puts back what it had carr
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import errno
 import logging
 import os
@@ -134,6 +136,20 @@ def check_output_dir(out_dir: Path, option: str = "--out") -> Path:
                             f"or pass another {option}")
         raise DataError(f"{out_dir}: the output folder is not writable; make it writable (chmod u+w) or pass another {option}")
     return real
+
+
+@dataclass(frozen=True)
+class Owns:
+    """What a stage (re)writes in its output folder, as `staged_output_dir` asks: these `files`,
+    every ``part-*.parquet`` when `shards` (a reader takes any), and temporary files of earlier
+    runs; anything else in the folder is carried into the new one."""
+
+    files: tuple[str, ...]
+    shards: bool = False
+
+    def __call__(self, name: str) -> bool:
+        return (name in self.files or (self.shards and name.startswith("part-") and name.endswith(".parquet"))
+                or (name.startswith(".") and name.endswith(".tmp")))
 
 
 @contextmanager

@@ -1,14 +1,20 @@
-"""The stage contract: counters, stats.json and done markers, the same for every stage.
+"""The stage contract: one way to be a stage; counters, stats.json and done markers.
 
-A stage (ingest, mine, hint, build) is one function that reads its inputs, maps
-its work over shards with an `mentor.pipeline.executor.Executor` (in this process
-or on dask: the stage never knows which), writes its outputs all or nothing
-(`mentor.pipeline.outdir.staged_output_dir`) and returns a `Stats`::
+A stage (ingest, mine, hint, build, rollout, rescue) is an object with the
+`Stage` shape: two pydantic models, ``Inputs`` (what it reads: paths, a sample
+size) and ``Config`` (its settings: what a workflow file sets and a resume key
+hashes), and ``run(inputs, cfg, out_dir, ctx) -> Stats`` (each stage module declares
+it in one statement, ``STAGE = StageSpec(...)``). It maps its work over
+shards with ``ctx.executor`` (in this process or on dask: the stage never knows
+which; `mentor.pipeline.shards` makes them resumable), gets its engine from ``ctx.backend`` when it needs one, writes its
+outputs all or nothing (`mentor.pipeline.outdir.staged_output_dir`) and returns
+a `Stats`. The CLI and the workflow runner call every stage the same way::
 
-    stats = mine_to_dir(sources, out_dir, cfg, executor=LocalExecutor())
+    stats = run_stage(stage("mine"), {"sources": [...]}, cfg, out_dir, Context(executor=...))
 
-The CLI prints ``stats.as_dict()``; the workflow runner records a done marker
-(`write_done`) once the stage returned. Everything about a run is a plain file:
+(`mentor.stages.stage(name)` looks a stage up by name.) The CLI prints
+``stats.as_dict()``; the workflow runner records a done marker (`write_done`)
+once the stage returned. Everything about a run is a plain file:
 ``stats.json`` (`write_stats`) beside the outputs, ``_done/<key>.done`` markers.
 
 `Stats` holds counters by name (``rows``) and by reason within a group
@@ -23,12 +29,18 @@ from __future__ import annotations
 import logging
 import time
 from collections import Counter
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, Protocol
+
+from pydantic import BaseModel
 
 from mentor.pipeline.io import read_json, write_json_atomic
+
+if TYPE_CHECKING:
+    from mentor.pipeline.executor import Executor
+    from mentor.pipeline.llm import Backend
 
 STATS_FILE = "stats.json"
 
@@ -185,4 +197,66 @@ def counts(stats: Stats, names: Iterable[str]) -> dict[str, Any]:
     return {n: d.get(n) for n in names}
 
 
-__all__ = ["STATS_FILE", "Stats", "StatsLayout", "counts", "read_done", "write_done", "write_stats"]
+# --------------------------------------------------------------------------- the stage shape
+
+
+@dataclass
+class Context:
+    """What a stage gets besides its inputs and config: where its tasks run, its engine, progress bars.
+
+    ``backend`` is a picklable factory of the LLM backend (`mentor.pipeline.llm`),
+    for the stages that generate (hint, rollout, rescue); a dask worker calls it
+    once and keeps the engine. ``executor`` None means this process.
+    """
+
+    executor: "Executor | None" = None
+    backend: "Callable[[], Backend] | None" = None
+    progress: bool = False
+
+    def tasks(self) -> "Executor":
+        from mentor.pipeline.executor import LocalExecutor
+
+        return self.executor if self.executor is not None else LocalExecutor()
+
+    def engine(self, stage: str) -> "Callable[[], Backend]":
+        if self.backend is None:
+            raise TypeError(f"the {stage} stage needs an LLM backend (Context.backend)")
+        return self.backend
+
+
+class Stage(Protocol):
+    """One stage: ``Inputs`` and ``Config`` in, `out_dir` written, `Stats` back."""
+
+    name: str
+    Inputs: type[BaseModel]
+    Config: type[BaseModel]
+
+    def run(self, inputs: Any, cfg: Any, out_dir: Path, ctx: Context) -> Stats: ...
+
+
+@dataclass(frozen=True)
+class StageSpec:
+    """A `Stage` declared in one statement: ``STAGE = StageSpec("mine", MineInputs, MineConfig, _run)``.
+
+    ``run(inputs, cfg, out_dir, ctx) -> Stats`` is a module-level function (picklable)
+    that hands the validated models to the stage's own function.
+    """
+
+    name: str
+    Inputs: type[BaseModel]
+    Config: type[BaseModel]
+    run: Callable[[Any, Any, Path, Context], Stats]
+
+
+def run_stage(stage: Stage, inputs: BaseModel | Mapping[str, Any], cfg: BaseModel | Mapping[str, Any],
+              out_dir: str | Path, ctx: Context | None = None) -> Stats:
+    """Run `stage` the one way every caller does: the models validated (a mapping is parsed), `Stats` back."""
+    if not isinstance(inputs, stage.Inputs):
+        inputs = stage.Inputs.model_validate(inputs if isinstance(inputs, Mapping) else inputs.model_dump())
+    if not isinstance(cfg, stage.Config):
+        cfg = stage.Config.model_validate(cfg if isinstance(cfg, Mapping) else cfg.model_dump())
+    return stage.run(inputs, cfg, Path(out_dir), ctx or Context())
+
+
+__all__ = ["STATS_FILE", "Context", "Stage", "StageSpec", "Stats", "StatsLayout", "counts", "read_done", "run_stage",
+           "write_done", "write_stats"]

@@ -50,11 +50,12 @@ from typing import Literal
 import polars as pl
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from mentor.pipeline.io import atomic_path, resolve_inputs, sha256_file, write_manifest
-from mentor.pipeline.outdir import check_output_dir, staged_output_dir
+from mentor.pipeline.inputs import resolve_inputs
+from mentor.pipeline.io import atomic_path, sha256_file, write_manifest
+from mentor.pipeline.outdir import Owns, check_output_dir, staged_output_dir
 from mentor.pipeline.prompts import HINT_TEMPLATE, INSTRUCTIONS, PLACEHOLDER_RE, PLAIN_TEMPLATE
 from mentor.pipeline.schemas import DOMAINS, HINT_STATUSES, SCHEMA_VERSION
-from mentor.pipeline.stage import Stats, StatsLayout, write_stats
+from mentor.pipeline.stage import Context, StageSpec, Stats, StatsLayout, write_stats
 from mentor.stages.build_base import PROBLEM_COLUMNS, load_base, load_hints, validate_base
 from mentor.stages.build_render import DEFAULT_PLACEMENT, PLACEMENTS, prepare_rows
 from mentor.stages.build_write import DEFAULT_SHARD_ROWS, dataset_card, write_shards
@@ -185,7 +186,7 @@ def build(cfg: BuildConfig, out_dir: str | Path, template_files: list[Path] | No
         stats.round = int(hints.get_column("hint_round").max()) + 1
     rows = prepare_rows(problems, hints, cfg, stats.round, stats, where=base.where)
     inputs = [*base.files, *(resolve_inputs(cfg.hints) if cfg.hints else []), *(template_files or [])]
-    with staged_output_dir(out_dir, "build", _owned) as staging:
+    with staged_output_dir(out_dir, "build", Owns(("manifest.json", "stats.json", "README.md"), shards=True)) as staging:
         shards = write_shards(rows, staging, cfg, stats.round)
         fault_point("build.after_shards")  # resume tests: killed with shards written, nothing swapped in yet
         stats.shards = len(shards)
@@ -201,15 +202,20 @@ def build(cfg: BuildConfig, out_dir: str | Path, template_files: list[Path] | No
     return stats
 
 
-_OWNED_FILES = ("manifest.json", "stats.json", "README.md")
+class BuildInputs(BaseModel):
+    """What `mentor build` reads besides the base set and hints its config names: the user's template
+    files (listed in the manifest with their hashes)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    template_files: list[Path] = Field(default_factory=list)
 
 
-def _owned(name: str) -> bool:
-    """What build (re)writes in its folder: every part-*.parquet (a reader would take any), its
-    three files, and temporary files of earlier runs; anything else is carried into the new build."""
-    return name in _OWNED_FILES or (name.startswith("part-") and name.endswith(".parquet")) or (
-        name.startswith(".") and name.endswith(".tmp")
-    )
+def _run(inputs: BuildInputs, cfg: BuildConfig, out_dir: Path, ctx: Context) -> Stats:
+    return build(cfg, out_dir, template_files=inputs.template_files)
 
 
-__all__ = ["BUILD_STATS", "BuildConfig", "build"]
+STAGE = StageSpec("build", BuildInputs, BuildConfig, _run)
+
+
+__all__ = ["STAGE", "BUILD_STATS", "BuildConfig", "build"]

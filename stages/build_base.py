@@ -19,7 +19,8 @@ import polars as pl
 from mentor.data import BUNDLED_SETS as BUNDLED
 from mentor.pipeline.errors import ConfigError, DataError
 from mentor.pipeline.ids import text_id
-from mentor.pipeline.io import check_dataset_files, jsonl_problem, read_parquet_schema, resolve_inputs
+from mentor.pipeline.inputs import jsonl_problem, resolve_inputs
+from mentor.pipeline.io import check_dataset_files, read_parquet_schema
 from mentor.pipeline.schemas import DOMAINS, check_schema
 from mentor.pipeline.stage import Stats
 

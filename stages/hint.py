@@ -13,10 +13,11 @@ problems. A problem's path through the waves:
                                    v
                        regenerate (up to max_retry) ... -> safe fallback
 
-The phases are `Phase`; each agent is one declared `Agent` record (token
-limit, sampling, schema, message builder), so a request is built in one line;
-every phase change happens in `_Shard.transition`, whose table is the state
-machine above. Rules run locally between waves (no engine call); only a hint
+The phases are `Phase`; each agent is one record in hint_agents.py (`Agent`:
+its messages, JSON schema, parser, sampling, token limit), which `_Shard`
+calls alike for every agent; what follows an answer is this module's state
+machine: every phase change happens in `_Shard.transition`, whose table is the
+state machine above. Rules run locally between waves (no engine call); only a hint
 that passes them is sent to the LLM judge. Bad model output (invalid JSON, empty text,
 truncation, a hint in another language, keywords that are the answer, a
 failed trajectory that carries instructions) only ever moves a problem along
@@ -24,13 +25,18 @@ this path, and is counted in the stats.
 
 Shards. `hint_shard(rows, cfg, backend)` is a pure function of its rows (the
 seeds of every request derive from problem ids, not positions); `hint_to_dir`
-splits the collapsed set into shards, runs them with the stage's executor
-(`mentor.pipeline.executor`: in-process, or dask workers that each own one
-engine built from a picklable `BackendSpec`), writes each shard atomically
-with a done marker keyed by the shard's input hash and the config hash, and
-concatenates them into ``hints.parquet`` + ``stats.json``. A killed run
-resumes without redoing finished shards; a re-run of the same inputs and
-config makes no engine call (and starts no engine).
+splits the collapsed set into resumable shards (`mentor.pipeline.shards`:
+``_shards/part-NNNNN.parquet``, a done marker keyed by the shard's rows and the
+config), runs them with the stage's executor (`mentor.pipeline.executor`:
+in-process, or dask workers that each own one engine built from a picklable
+`BackendSpec`), and concatenates them into ``hints.parquet`` + ``stats.json``.
+A killed run resumes without redoing finished shards; a re-run of the same
+inputs and config makes no engine call (and starts no engine). The settings
+are `mentor.stages.hint_config.HintConfig`.
+
+This module is over 500 lines because the state machine (`_Shard`, its
+transitions and endings) is one piece that reads best whole; the stage around
+it (`hint_to_dir`, ``STAGE``) is short.
 """
 
 from __future__ import annotations
@@ -39,7 +45,6 @@ import json
 import logging
 import os
 import re
-import socket
 import time
 import zlib
 from collections import Counter
@@ -47,149 +52,24 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from enum import Enum
 from pathlib import Path
-from typing import Any, Literal, NamedTuple
+from typing import Any, NamedTuple
 
 import pyarrow as pa
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict
 
 from mentor.pipeline.errors import ConfigError, EngineError
 from mentor.pipeline.executor import Executor, LocalExecutor
 from mentor.pipeline.ids import content_hash
-from mentor.pipeline.llm import Backend, GenRequest, GenResult, engine_starts, release_engines
+from mentor.pipeline.llm import Backend, GenRequest, GenResult, describe_backend, release_engines
 from mentor.pipeline.schemas import HINTS, SCHEMA_VERSION, TRACE_ENTRY, schema_metadata
-from mentor.pipeline.stage import Stats, StatsLayout, read_done, write_done, write_stats
+from mentor.pipeline.shards import Shard, ShardPlan, ShardResult
+from mentor.pipeline.stage import Context, StageSpec, Stats, StatsLayout, write_stats
 from mentor.stages import hint_agents as agents
-from mentor.stages.hint_rules import Instructions, RuleContext, RuleLimits, check_hint, copies_instructions, trim_to_rules
-from mentor.stages.judge_check import JudgeCheckConfig
-from mentor.stages.vouch import VouchConfig
+from mentor.stages.hint_config import HintConfig
+from mentor.stages.rules import (Instructions, RuleContext, RuleLimits, check_hint, copies_instructions, text_leaks_answer,
+                                 trim_to_rules)
 
 log = logging.getLogger(__name__)
-
-
-# --------------------------------------------------------------------------- config
-
-
-# Qwen3's switch; templates that have no such variable ignore it.
-THINKING_OFF = {"enable_thinking": False}
-
-
-class DomainOverrides(BaseModel):
-    """Per-domain settings that replace the global ones when set."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    max_retry: int | None = Field(None, ge=0, description="Regenerations from the keywords after the refines are spent.")
-    max_refine: int | None = Field(None, ge=0, description="Repair rounds per generated hint.")
-    judge_threshold: float | None = Field(None, ge=1, le=10, description="Minimum judge score (1-10) to accept.")
-    max_hint_chars: int | None = Field(None, ge=40, description="Longest acceptable hint, characters.")
-    max_hint_sentences: int | None = Field(None, ge=1, description="Most sentences in a hint.")
-
-
-class TokenLimits(BaseModel):
-    """max_tokens per agent call (JSON output is also bounded by its schema)."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    attribution: int = Field(200, ge=16, description="max_tokens of an attribution call.")
-    generation: int = Field(360, ge=16, description="max_tokens of a generation call (reasoning + hint).")
-    judgment: int = Field(120, ge=16, description="max_tokens of a judgment call.")
-    repair: int = Field(360, ge=16, description="max_tokens of a repair call (reasoning + hint).")
-
-
-class HintConfig(BaseModel):
-    """Settings of `mentor hint` (also the `hint:` section of a workflow)."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    max_retry: int = Field(2, ge=0, description="Regenerations from the keywords after the refines are spent (the method's Max Retry).")
-    max_refine: int = Field(2, ge=0, description="Repair rounds per generated hint (the method's Max Refine).")
-    judge_threshold: float = Field(7.0, ge=1, le=10, description="A hint that passes the rules is accepted when the judge's score (1-10) reaches this.")
-    llm_judge: bool = Field(True, description="Ask the LLM judge after the rules pass (off: the rules alone decide).")
-    judge_correctness: bool = Field(True, description="The judge first states whether every statement and calculation of the hint "
-                                    "is correct; a hint judged incorrect is rejected whatever its score.")
-    trim_hints: bool = Field(True, description="A hint rejected only for what follows its first sentences (too long, the answer, "
-                             "the worked solution) is cut back to its longest leading run of whole sentences that passes the rules, "
-                             "and goes on to the judge; off: such a hint goes to repair.")
-    reasoning_chars: int = Field(600, ge=0, description="Room for the generation and repair agents to work the problem out "
-                                 "(towards the reference answer) before they write the hint; kept in the trace, never in the hint. 0: off.")
-    attribution: bool = Field(True, description="Run the Attribution agent (off: the hint is generated from the problem alone, "
-                              "the method's 'without Attribution' ablation).")
-    generation: bool = Field(True, description="Run the Generation agent (off: the hint is the keyword template filled with the "
-                             "attribution's keywords, the 'without Generation' ablation; with attribution off too, the generic default hint).")
-    domains: dict[Literal["math", "code"], DomainOverrides] = Field(default_factory=dict, description="Per-domain overrides, e.g. {code: {max_refine: 3}}.")
-    max_tokens: TokenLimits = Field(default_factory=TokenLimits, description="max_tokens per agent.")
-    temperature: float = Field(0.7, ge=0, le=2, description="Sampling temperature of generation and repair.")
-    top_p: float = Field(0.95, gt=0, le=1, description="Nucleus sampling of generation and repair.")
-    analysis_temperature: float = Field(0.0, ge=0, le=2, description="Temperature of attribution and judgment.")
-    seed: int = Field(0, description="Base seed; each request's seed derives from it, the problem id, the agent and the attempt.")
-    max_hint_chars: int = Field(RuleLimits.max_chars, ge=40, description="Longest acceptable hint, characters (also the JSON schema's maxLength).")
-    max_hint_sentences: int = Field(RuleLimits.max_sentences, ge=1, description="Most sentences in a hint.")
-    max_keywords: int = Field(5, ge=1, le=20, description="Keywords the attribution agent may return.")
-    keyword_chars: int = Field(40, ge=4, description="Longest keyword, characters.")
-    error_chars: int = Field(240, ge=16, description="Longest attributed error, characters.")
-    feedback_chars: int = Field(240, ge=16, description="Longest judge feedback, characters.")
-    max_failed: int = Field(2, ge=0, description="Failed responses shown to the attribution agent.")
-    failed_chars: int = Field(1500, ge=64, description="Characters kept per failed response in the prompt (mostly its end).")
-    chat_template_kwargs: dict[str, Any] = Field(
-        default_factory=lambda: dict(THINKING_OFF),
-        description="Variables for the hint model's chat template, for every agent. The default turns a thinking model's "
-        "thinking off (Qwen3's enable_thinking); a template that does not use a variable ignores it. {}: the template's defaults.")
-    agent_chat_template_kwargs: dict[Literal["attribution", "generation", "judgment", "repair"], dict[str, Any]] = Field(
-        default_factory=dict, description="Per-agent additions to chat_template_kwargs, e.g. {judgment: {enable_thinking: true}} "
-        "lets the judge think (its <think> block is dropped before the verdict is read).")
-    templates_dir: str | None = Field(None, description="Directory whose <name>.txt files replace the bundled prompt templates.")
-    shard_size: int = Field(512, ge=1, description="Problems per shard (one shard = one batch of waves; dask runs shards in parallel).")
-    judge_check: JudgeCheckConfig = Field(default_factory=JudgeCheckConfig, description="Score the LLM judge on known-good "
-                                          "and known-bad hints before the run trusts it (stages/judge_check.py).")
-    vouch: VouchConfig | None = Field(None, description="Keep a hint only when the policy, re-rolled with it, earns reward; "
-                                      "else try the next candidate (stages/vouch.py). None: off.")
-
-    def for_domain(self, domain: str) -> tuple[int, int, float, RuleLimits]:
-        o = self.domains.get(domain)  # type: ignore[call-overload]
-        pick = lambda name: getattr(o, name) if o is not None and getattr(o, name) is not None else getattr(self, name)  # noqa: E731
-        limits = RuleLimits(max_chars=pick("max_hint_chars"), max_sentences=pick("max_hint_sentences"))
-        return pick("max_retry"), pick("max_refine"), pick("judge_threshold"), limits
-
-    def template_kwargs(self, agent: str) -> dict[str, Any] | None:
-        """The chat-template variables of `agent`'s requests (None: none)."""
-        kw = {**self.chat_template_kwargs, **self.agent_chat_template_kwargs.get(agent, {})}  # type: ignore[call-overload]
-        return kw or None
-
-    def semantic(self) -> dict[str, Any]:
-        """The settings that change outputs (not how the work is split or where templates live).
-
-        The chat-template variables count only when changed from their defaults: the default
-        changes no output of a model whose template does not read it, and keeps the keys of runs
-        made before the setting existed.
-        """
-        # judge_check changes outputs only through its verdict, which a checked run folds into llm_judge.
-        out = self.model_dump(mode="json", exclude={"shard_size", "templates_dir", "judge_check"})
-        if out["chat_template_kwargs"] == THINKING_OFF:
-            del out["chat_template_kwargs"]
-        if not out["agent_chat_template_kwargs"]:
-            del out["agent_chat_template_kwargs"]
-        if out["vouch"] is None:
-            del out["vouch"]
-        return out
-
-
-def load_config(path: str | Path | None, **overrides: Any) -> HintConfig:
-    """HintConfig from a YAML file (top level, or under a `hint:` key) plus CLI overrides."""
-    data: dict[str, Any] = {}
-    if path:
-        from mentor.pipeline.io import read_yaml_mapping
-
-        loaded = read_yaml_mapping(path, "hint settings")
-        data = loaded.get("hint", loaded) if isinstance(loaded.get("hint"), dict) else loaded
-    data.update({k: v for k, v in overrides.items() if v is not None})
-    from pydantic import ValidationError
-
-    try:
-        return HintConfig(**data)
-    except ValidationError as exc:
-        where = f"{path}: " if path else ""
-        msgs = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors())
-        raise ConfigError(f"{where}invalid hint config: {msgs}") from exc
 
 
 # --------------------------------------------------------------------------- stats
@@ -266,45 +146,6 @@ class _Problem:
         return self.row["problem_id"]
 
 
-@dataclass(frozen=True)
-class Agent:
-    """One agent, declared: its token limit, sampling, output schema, request attempt number and message builder.
-
-    Its output is read by the matching ``agents.parse_*`` in `_Shard.consume`.
-    """
-
-    name: str
-    max_tokens: Callable[[HintConfig], int]
-    sampling: Callable[[HintConfig], tuple[float, float]]  # temperature, top_p
-    schema: Callable[[_Shard, _Problem], dict]
-    attempt: Callable[[_Problem], int]
-    messages: Callable[[_Shard, _Problem], list[dict]]
-
-
-def _analysis(cfg: HintConfig) -> tuple[float, float]:
-    return cfg.analysis_temperature, 1.0
-
-
-def _creative(cfg: HintConfig) -> tuple[float, float]:
-    return cfg.temperature, cfg.top_p
-
-
-AGENTS: dict[Phase, Agent] = {
-    Phase.ATTRIBUTION: Agent(
-        "attribution", lambda c: c.max_tokens.attribution, _analysis, lambda s, p: s.attr_schema, lambda p: 0,
-        lambda s, p: agents.attribution_messages(p.row, s.t, s.cfg.max_failed, s.cfg.failed_chars)),
-    Phase.GENERATION: Agent(
-        "generation", lambda c: c.max_tokens.generation, _creative, lambda s, p: s.hint_schema(p), lambda p: p.cand_no,
-        lambda s, p: agents.generation_messages(p.row, p.keywords, p.error, s.t, p.rejected if p.retry else None,
-                                                diagnosis=s.cfg.attribution)),
-    Phase.JUDGMENT: Agent(
-        "judgment", lambda c: c.max_tokens.judgment, _analysis, lambda s, p: s.judge_schema, lambda p: p.cand_no - 1,
-        lambda s, p: agents.judgment_messages(p.row, p.candidate or "", s.t)),
-    Phase.REPAIR: Agent(
-        "repair", lambda c: c.max_tokens.repair, _creative, lambda s, p: s.hint_schema(p), lambda p: p.cand_no,
-        lambda s, p: agents.repair_messages(p.row, p.candidate or "", p.last_violations, p.feedback, s.t)),
-}
-
 def _to_json(obj: Any) -> str:
     return json.dumps(obj, ensure_ascii=False)
 
@@ -313,19 +154,15 @@ _LETTER = re.compile(r"[^\W\d_]")
 
 
 class _Shard:
-    """The per-shard machinery: templates, schemas, requests, and the transitions between phases."""
+    """The per-shard machinery: requests from the agents' records, and the transitions between phases."""
 
     def __init__(self, cfg: HintConfig, templates: agents.Templates, stats: Stats) -> None:
         self.cfg = cfg
         self.t = templates
         self.st = stats
-        self.attr_schema = agents.attribution_schema(cfg.max_keywords, cfg.keyword_chars, cfg.error_chars)
-        self.judge_schema = agents.judgment_schema(cfg.feedback_chars, cfg.judge_correctness)
         self.attr_instructions = Instructions.of(templates.texts["attribution_system"], templates.texts["attribution_user"])
         self.settings = {d: cfg.for_domain(d) for d in ("math", "code")}
-
-    def hint_schema(self, p: _Problem) -> dict:
-        return agents.hint_schema(p.ctx.limits.max_chars, self.cfg.reasoning_chars)
+        self.schemas: dict[tuple[str, RuleLimits], dict] = {}  # (agent, a domain's limits) -> its JSON schema
 
     def problem(self, i: int, row: dict) -> _Problem:
         domain = row.get("domain") or "math"
@@ -399,39 +236,45 @@ class _Shard:
     # ------------------------------------------------------------------ requests and results
 
     def request(self, p: _Problem) -> GenRequest:
-        a = AGENTS[p.phase]
+        a, cfg = agents.AGENTS[p.phase.value], self.cfg
         n = a.attempt(p)
-        temperature, top_p = a.sampling(self.cfg)
-        return GenRequest(f"{p.i}:{a.name}:{n}", a.messages(self, p), a.max_tokens(self.cfg), temperature, top_p,
-                          self._seed(p, a.name, n), a.schema(self, p), self.cfg.template_kwargs(a.name))
+        key = (a.name, p.ctx.limits)
+        schema = self.schemas.get(key)
+        if schema is None:
+            schema = self.schemas[key] = a.schema(cfg, p.ctx.limits)
+        temperature, top_p = a.sampling(cfg)
+        return GenRequest(f"{p.i}:{a.name}:{n}", a.messages(p, cfg, self.t), a.max_tokens(cfg), temperature, top_p,
+                          self._seed(p, a.name, n), schema, cfg.template_kwargs(a.name))
 
     def _seed(self, p: _Problem, agent: str, n: int) -> int:
         return zlib.crc32(f"{self.cfg.seed}|{p.pid}|{agent}|{n}".encode()) & 0x7FFFFFFF
 
     def consume(self, p: _Problem, res: GenResult) -> None:
-        agent = AGENTS[p.phase].name
-        self.st.requests_by_agent[agent] += 1
+        """Read an answer with its agent's parser (raw text always traced), then take the phase's transition."""
+        a, st = agents.AGENTS[p.phase.value], self.st
+        st.requests_by_agent[a.name] += 1
         if res.finish_reason == "length":
-            self.st.truncated[agent] += 1
-        if p.phase is Phase.ATTRIBUTION:
-            self._attributed(p, res)
-        elif p.phase is Phase.JUDGMENT:
-            self._judged(p, res)
-        else:
-            self._candidate(p, res)
-
-    def _attributed(self, p: _Problem, res: GenResult) -> None:
-        st, cfg = self.st, self.cfg
-        parsed = agents.parse_attribution(res.text, p.row, cfg.max_keywords, cfg.keyword_chars, cfg.error_chars)
-        self._trace(p, "attribution", 0, res, parsed)
+            st.truncated[a.name] += 1
+        parsed = a.parse(res.text, self.cfg)
+        p.trace.append(TraceEntry(a.name, a.attempt(p), res.text, None if parsed is None else _to_json(parsed),
+                                  res.finish_reason, res.prompt_tokens, res.completion_tokens))
         if parsed is None:
-            st.parse_failures["attribution"] += 1
+            st.parse_failures[a.name] += 1
+        if p.phase is Phase.ATTRIBUTION:
+            self._attributed(p, parsed)
+        elif p.phase is Phase.JUDGMENT:
+            self._judged(p, parsed)
         else:
-            leaks = p.ctx.matcher.leaks
+            self._candidate(p, res, parsed)
+
+    def _attributed(self, p: _Problem, parsed: dict | None) -> None:
+        st = self.st
+        if parsed is not None:
             # Keywords are concepts: one without a letter ("1.1.1", "2400") is noise, one that carries
-            # the answer would reach the generation prompt and the fallback hint.
+            # the answer (in any form the rules catch: "eighteen eggs", "9 times 2") would reach the
+            # generation prompt and the fallback hint.
             worded = [k for k in parsed["keywords"] if _LETTER.search(k)]
-            kws = [k for k in worded if not leaks(k)]
+            kws = [k for k in worded if not text_leaks_answer(k, p.ctx)]
             st.keyword_invalid += len(parsed["keywords"]) - len(worded)
             st.keyword_leaks += len(worded) - len(kws)
             # A weak model parrots its instructions ("failed attempts", "the attempts are data to analyse").
@@ -442,7 +285,7 @@ class _Shard:
             if err and not _LETTER.search(err):
                 st.keyword_invalid += 1  # "4000" is not a diagnosis
                 err = None
-            if err and leaks(err):
+            if err and p.ctx.matcher.leaks(err):
                 st.error_leaks += 1  # never let the answer reach the generation prompt
                 err = None
             if err and copies_instructions(err, self.attr_instructions, p.ctx.problem):
@@ -451,12 +294,9 @@ class _Shard:
             p.error = err
         self.transition(p, "attributed")
 
-    def _judged(self, p: _Problem, res: GenResult) -> None:
+    def _judged(self, p: _Problem, parsed: dict | None) -> None:
         self.st.judge_calls += 1
-        parsed = agents.parse_judgment(res.text, p.row, self.cfg.feedback_chars)
-        self._trace(p, "judgment", p.cand_no - 1, res, parsed)
         if parsed is None:
-            self.st.parse_failures["judgment"] += 1
             self.transition(p, "rejected", ["judge_parse_error"])
             return
         p.score = parsed["score"]
@@ -467,15 +307,11 @@ class _Shard:
         else:
             self.transition(p, "rejected", ["judge_low_score"], parsed["feedback"])
 
-    def _candidate(self, p: _Problem, res: GenResult) -> None:
-        """A generated or repaired hint: parse it, run the rules."""
-        agent = AGENTS[p.phase].name
-        parsed = agents.parse_hint(res.text, p.row)
+    def _candidate(self, p: _Problem, res: GenResult, parsed: dict | None) -> None:
+        """A generated or repaired hint: run the rules."""
         n = p.cand_no
         p.cand_no += 1
-        self._trace(p, agent, n, res, parsed)
         if parsed is None:
-            self.st.parse_failures[agent] += 1
             truncated = res.finish_reason == "length"
             self.transition(p, "rejected", ["parse_error", "truncated"] if truncated else ["parse_error"])
             return
@@ -492,10 +328,6 @@ class _Shard:
             self.transition(p, "rejected", violations)
         else:
             self.transition(p, "passed_rules")
-
-    def _trace(self, p: _Problem, agent: str, n: int, res: GenResult, parsed: dict | None) -> None:
-        p.trace.append(TraceEntry(agent, n, res.text, None if parsed is None else _to_json(parsed),
-                                  res.finish_reason, res.prompt_tokens, res.completion_tokens))
 
     # ------------------------------------------------------------------ endings
 
@@ -613,61 +445,29 @@ def _to_table(problems: list[_Problem], model: str, prompt_version: str, cfg_has
     return pa.Table.from_pydict(columns, schema=schema)
 
 
-# --------------------------------------------------------------------------- shards on disk
-
-@dataclass
-class ShardTask:
-    """One shard's work, small enough to ship to a dask worker."""
-
-    index: int
-    key: str
-    rows: list[dict]
-    shard_path: str
-    done_path: str
-    total: int = 1  # shards in the run (for messages)
+# --------------------------------------------------------------------------- the stage
 
 
-def shard_done(task: ShardTask) -> dict | None:
-    """The done marker's content when the shard's output is complete, else None."""
-    return read_done(task.done_path, task.key) if Path(task.shard_path).is_file() else None
-
-
-def run_shard(task: ShardTask, cfg: HintConfig, backend_factory: Callable[[], Backend],
-              progress: Callable[[int, int], None] | None = None) -> dict:
-    """Hint one shard and write it (parquet first, then the done marker). Top-level: picklable for dask."""
-    from mentor.pipeline.io import write_parquet_atomic
-
-    marker = shard_done(task)
-    if marker is not None:  # e.g. a dask task retried after its worker died past the write
-        return {"stats": marker["stats"], "reused": True}
+def _hint_task(shard: Shard, cfg: HintConfig, backend_factory: Callable[[], Backend],
+               progress: Callable[[int, int], None] | None = None) -> tuple[pa.Table, dict]:
+    """One shard's hints and what its done marker records (the shard's stats). Top-level: picklable for dask."""
+    rows = shard.items
     st = HintStats()
-    started, starts = time.time(), engine_starts()
     try:
         if cfg.vouch is not None:
             from mentor.stages.vouch import vouch_shard
 
-            table = vouch_shard(task.rows, cfg, backend_factory(), stats=st, progress=progress)
+            table = vouch_shard(rows, cfg, backend_factory(), stats=st, progress=progress)
         else:
-            table = hint_shard(task.rows, cfg, backend_factory(), stats=st, progress=progress)
+            table = hint_shard(rows, cfg, backend_factory(), stats=st, progress=progress)
     except EngineError as exc:
-        first = task.rows[0]["problem_id"] if task.rows else "-"
-        raise EngineError(
-            f"hint: shard {task.index + 1} of {task.total} ({len(task.rows)} problems from {first}) failed after "
-            f"{st.waves} waves: {exc}. Finished shards are kept: rerun the same command to redo only the unfinished ones"
-        ) from exc
-    write_parquet_atomic(table, task.shard_path, dataset="hints")
-    stats = st.as_dict()
-    write_done(task.done_path, task.key, index=task.index, rows=table.num_rows, stats=stats)
-    from mentor.pipeline.faults import fault_point
-
-    fault_point("hint.after_shard")
-    ran = {"index": task.index, "worker": f"{socket.gethostname()}:{os.getpid()}", "started": round(started, 3),
-           "finished": round(time.time(), 3), "engine_started": engine_starts() > starts}
-    return {"stats": stats, "reused": False, "ran": ran}
+        first = rows[0]["problem_id"] if rows else "-"
+        raise shard.failure(exc, f"{len(rows)} problems from {first}", detail=f" after {st.waves} waves") from exc
+    return table, {"stats": st.as_dict()}
 
 
 class _Ticker:
-    """``progress(problems, wave)`` for `run_shard`: moves the bar in the process that made it.
+    """``progress(problems, wave)`` for `_hint_task`: moves the bar in the process that made it.
 
     A task run elsewhere (a dask worker process) gets a copy that does nothing; the
     bar then moves when the shard's result comes back.
@@ -687,17 +487,6 @@ class _Ticker:
 
     def close(self) -> None:
         self._bars.pop(self.key, None)
-
-
-def input_hash(rows: list[dict]) -> str:
-    blob = json.dumps(rows, sort_keys=True, ensure_ascii=False, default=str)
-    return content_hash(blob, length=24)
-
-
-def describe_factory(factory: Callable[[], Backend]) -> Any:
-    if hasattr(factory, "describe"):
-        return factory.describe()
-    return {"factory": getattr(factory, "__qualname__", type(factory).__name__)}
 
 
 def shard_size_for(cfg: HintConfig, n: int, executor: Executor | None) -> int:
@@ -723,14 +512,15 @@ def hint_to_dir(
 ) -> Stats:
     """Hint a collapsed dataset into ``out_dir/hints.parquet`` and ``out_dir/stats.json``.
 
-    Shards live in ``out_dir/_shards/<key>.parquet`` with ``<key>.done.json``
-    beside them; `key` hashes the shard's rows, the config, the prompt
-    version and the backend description, so finished shards are reused and
+    Shards are resumable (`mentor.pipeline.shards`): ``out_dir/_shards/part-NNNNN.parquet``
+    with a done marker in ``out_dir/_shards/_done/`` keyed by the shard's rows, the config,
+    the prompt version and the backend description, so finished shards are reused and
     any change recomputes exactly what it affects.
     """
     from tqdm.auto import tqdm
 
-    from mentor.pipeline.io import config_hash, read_table, resolve_inputs, write_parquet_atomic
+    from mentor.pipeline.inputs import resolve_inputs
+    from mentor.pipeline.io import read_table, write_parquet_atomic
 
     sources = [collapsed_path] if isinstance(collapsed_path, (str, Path)) else list(collapsed_path)
     paths = resolve_inputs(sources)
@@ -747,61 +537,40 @@ def hint_to_dir(
 
     given = cfg
     try:
-        cfg, judge_report = checked_config(cfg, whole, out_dir, templates, backend_factory, executor, describe_factory)
+        cfg, judge_report = checked_config(cfg, whole, out_dir, templates, backend_factory, executor, describe_backend)
     except BaseException:
         release_engines(executor)  # the check's engine ends with the stage, however it ends
         raise
-    run_key = config_hash(
-        {"hint": cfg.semantic(), "prompt_version": templates.version, "backend": describe_factory(backend_factory),
-         "schema": SCHEMA_VERSION}
-    )
     out_dir = Path(out_dir)
-    shard_dir = out_dir / "_shards"
-    tasks: list[ShardTask] = []
-    size = shard_size_for(cfg, len(rows), executor)
-    for index, start in enumerate(range(0, len(rows), size)):
-        chunk = rows[start : start + size]
-        key = content_hash(run_key, input_hash(chunk), length=24)
-        tasks.append(ShardTask(index, key, chunk, str(shard_dir / f"{key}.parquet"), str(shard_dir / f"{key}.done.json"),
-                               total=-(-len(rows) // size)))
-    todo = [t for t in tasks if shard_done(t) is None]
+    plan = ShardPlan(out_dir / "_shards", "hint", rows, shard_size_for(cfg, len(rows), executor), dataset="hints",
+                     owns_folder=True, config={"hint": cfg.semantic(), "prompt_version": templates.version,
+                                               "backend": describe_backend(backend_factory), "schema": SCHEMA_VERSION})
     stats = HintStats()
-    todo_ids = {t.index for t in todo}
-    reused = [t for t in tasks if t.index not in todo_ids]
-    for t in reused:
-        stats.merge(shard_done(t)["stats"])  # type: ignore[index]
     bar = tqdm(total=len(rows), desc="hint", unit="problem", disable=not progress, dynamic_ncols=True)
-    finished = sum(len(t.rows) for t in reused)
-    bar.update(finished)
     ticker = _Ticker(bar)
-    run_calls = 0
-    results = []
+    computed: list[ShardResult] = []
+    finished = 0
     executor = executor or LocalExecutor()
     try:
-        for task, result in zip(todo, executor.imap(run_shard, todo, cfg, backend_factory, ticker)):
-            results.append(result)
-            finished += len(task.rows)
-            bar.update(finished - bar.n)  # what the ticker could not show (a shard run elsewhere)
+        for shard, res in plan.run(_hint_task, cfg, backend_factory, ticker, executor=executor):
+            stats.merge(res.record["stats"])
+            if not res.reused:
+                computed.append(res)
+            finished += len(shard.items)
+            bar.update(finished - bar.n)  # what the ticker could not show (a shard done earlier, or run elsewhere)
     finally:
         ticker.close()
         bar.close()
         release_engines(executor)  # here and on every worker: the next stage (a trainer) gets the memory
-    for r in results:
-        stats.merge(r["stats"])
-        if not r["reused"]:
-            run_calls += r["stats"]["engine_calls"]
+    run_calls = sum(r.record["stats"]["engine_calls"] for r in computed)
     import pyarrow.parquet as pq
 
     from mentor.pipeline.schemas import conform
 
-    parts = [conform(pq.read_table(t.shard_path), "hints") for t in tasks]  # shards written before the vouch column too
+    parts = [conform(pq.read_table(s.path), "hints") for s in plan.shards]  # shards written before the vouch column too
     hints = pa.concat_tables(parts) if parts else HINTS.empty_table()
     write_parquet_atomic(hints, out_dir / "hints.parquet", dataset="hints")
-    # Shards of an earlier input or config are not part of this output (a killed run never gets here).
-    keep = {name for t in tasks for name in (Path(t.shard_path).name, Path(t.done_path).name)}
-    for stale in shard_dir.iterdir() if shard_dir.is_dir() else ():
-        if stale.is_file() and stale.name not in keep:
-            stale.unlink()
+    plan.finish()  # shards of an earlier input or config are not part of this output (a killed run never gets here)
     if judge_report is not None and not judge_report.get("reused"):
         run_calls += judge_report.get("engine_calls", 0)
     summary = stats.as_dict() | {
@@ -809,13 +578,13 @@ def hint_to_dir(
         **({"vouch_per_rescued": _per_rescued(stats.as_dict())} if cfg.vouch is not None else {}),
         "this_run": {
             "engine_calls": run_calls,
-            "shards_computed": sum(1 for r in results if not r["reused"]),
-            "shards_reused": len(tasks) - sum(1 for r in results if not r["reused"]),
+            "shards_computed": len(computed),
+            "shards_reused": len(plan.shards) - len(computed),
         },
         # where each shard computed by this run ran, when, and whether its worker had to start an engine for it
-        "shard_runs": [r["ran"] for r in results if "ran" in r],
+        "shard_runs": [r.ran for r in computed],
         "prompt_version": templates.version,
-        "backend": describe_factory(backend_factory),
+        "backend": describe_backend(backend_factory),
         "config": given.model_dump(mode="json"),
         "inputs": [str(p) for p in paths],
         "sample": sample,
@@ -824,3 +593,23 @@ def hint_to_dir(
     log.info("hinted %d problems: %d accepted, %d repaired, %d fallback, %d engine calls",
              stats.problems, stats.accepted, stats.repaired, stats.fallback, stats.engine_calls)
     return stats
+
+
+class HintInputs(BaseModel):
+    """What `mentor hint` reads: collapsed sets, and how many of their problems (problem_id order; None: all)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    collapsed: list[str]
+    sample: int | None = None
+
+
+def _run(inputs: HintInputs, cfg: HintConfig, out_dir: Path, ctx: Context) -> Stats:
+    return hint_to_dir(inputs.collapsed, out_dir, cfg, ctx.engine("hint"), executor=ctx.executor,
+                       sample=inputs.sample, progress=ctx.progress)
+
+
+STAGE = StageSpec("hint", HintInputs, HintConfig, _run)
+
+
+__all__ = ["HINT_STATS", "STAGE", "HintStats", "hint_shard", "hint_to_dir", "shard_size_for"]

@@ -1,14 +1,15 @@
-"""The four hint agents, each a pure pair around the backend seam.
+"""The four hint agents, each one `Agent` record around the backend seam.
 
-    build_messages(row, ...) -> chat messages        parse(text, row) -> fields | None
+    messages(state, cfg, templates) -> chat messages     schema(cfg, limits) -> JSON schema
+    parse(text, cfg) -> fields | None                    attempt, sampling, max_tokens
 
 1. attribution  problem, reference, failed responses -> {keywords, error}
 2. generation   problem, keywords, error (+ the last hint of an earlier round) -> {hint}
 3. judgment     problem, reference, hint -> {score, feedback}   (after the rules pass)
 4. repair       problem, rejected hint, violations, feedback -> {hint}
 
-Prompts come from versioned template files (``stages/templates/*.txt``,
-``{{name}}`` placeholders), overridable per file from a user directory; the
+Prompts come from versioned template files (``stages/templates/*.txt``, jinja2
+with ``{{ name }}`` placeholders), overridable per file from a user directory; the
 hash of the effective templates is the ``prompt_version`` of every hint row.
 
 Layout for vLLM's prefix cache: the system message holds an agent's fixed
@@ -25,11 +26,20 @@ from __future__ import annotations
 import hashlib
 import json
 import re
+from abc import ABC, abstractmethod
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol
+
+import jinja2
+import jinja2.meta
+from jinja2.sandbox import SandboxedEnvironment
 
 from mentor.pipeline.errors import ConfigError
 from mentor.pipeline.llm import GenRequest
+
+if TYPE_CHECKING:
+    from mentor.stages.hint_config import HintConfig
+    from mentor.stages.rules import RuleLimits
 
 TEMPLATE_DIR = Path(__file__).parent / "templates"
 
@@ -50,38 +60,60 @@ TEMPLATE_VARS: dict[str, frozenset[str]] = {
     "fallback_math": frozenset(),
     "fallback_code": frozenset(),
 }
-_PLACEHOLDER = re.compile(r"\{\{\s*(\w+)\s*\}\}")
+
+# Prompts, not HTML: no escaping. A value the template uses but was not given is an error, not "".
+# Sandboxed: a template from a user directory can format values but not reach into Python.
+_JINJA = SandboxedEnvironment(undefined=jinja2.StrictUndefined, autoescape=False, keep_trailing_newline=True)
+# What a template can do wrong while rendering (a StrictUndefined value, `{{ problem + 1 }}`, ...).
+_RENDER_ERRORS = (jinja2.TemplateError, TypeError, ValueError, ArithmeticError, LookupError)
 
 
-class _Blank(dict):
-    def __missing__(self, key: str) -> str:
-        return ""
+def _may_use(name: str) -> str:
+    return f"{name} may use {sorted(TEMPLATE_VARS[name]) or 'none'}"
+
+
+def _one_line(exc: Exception) -> str:
+    return " ".join(str(getattr(exc, "message", None) or exc).split()).rstrip(".")
+
+
+def _compile(name: str, text: str, where: str) -> jinja2.Template:
+    """The template, checked: jinja2 syntax, only its own placeholders, and a trial render with every value given."""
+    try:
+        tree = _JINJA.parse(text)
+    except jinja2.TemplateSyntaxError as exc:
+        raise ConfigError(
+            f"{where}: line {exc.lineno}: {_one_line(exc)}; fix the jinja2 syntax "
+            "({{ name }} inserts a value; {% raw %}...{% endraw %} keeps '{{' as it is)"
+        ) from exc
+    bad = sorted(jinja2.meta.find_undeclared_variables(tree) - TEMPLATE_VARS[name])
+    if bad:
+        raise ConfigError(f"{where}: unknown placeholder(s) {bad}; {_may_use(name)}")
+    template = _JINJA.from_string(tree)
+    try:
+        template.render({v: "x" for v in TEMPLATE_VARS[name]})
+    except _RENDER_ERRORS as exc:
+        raise ConfigError(f"{where}: {_one_line(exc)}; {_may_use(name)}, each a string") from exc
+    return template
 
 
 class Templates:
-    """The effective prompt templates, compiled for fast rendering."""
+    """The effective prompt templates (jinja2 with `StrictUndefined`), checked and compiled once.
+
+    `texts` holds what callers use as it is: the source of a template that takes values (fill it
+    with `render`), and the rendered text of one that takes none (system prompts, the generic
+    fallbacks), so jinja2 syntax means the same in every file. `version` hashes the sources.
+    """
 
     def __init__(self, texts: dict[str, str], sources: dict[str, str] | None = None) -> None:
-        self.texts = texts
         self.sources = sources or {}
-        # Each template becomes a str.format string (literal braces escaped), rendered in C.
-        self._formats: dict[str, str] = {}
-        for name, text in texts.items():
-            pieces = _PLACEHOLDER.split(text)
-            literals, names = pieces[0::2], pieces[1::2]
-            bad = sorted(set(names) - TEMPLATE_VARS[name])
-            if bad:
-                where = self.sources.get(name, name)
-                raise ConfigError(
-                    f"{where}: unknown placeholder(s) {bad}; {name} may use {sorted(TEMPLATE_VARS[name]) or 'none'}"
-                )
-            fmt = [literals[0].replace("{", "{{").replace("}", "}}")]
-            for var, lit in zip(names, literals[1:]):
-                fmt.append("{" + var + "}")
-                fmt.append(lit.replace("{", "{{").replace("}", "}}"))
-            self._formats[name] = "".join(fmt)
+        self._sources_text = dict(texts)
+        self._compiled = {name: _compile(name, text, self.sources.get(name, name)) for name, text in texts.items()}
+        self.texts = {name: text if TEMPLATE_VARS[name] else self.render(name) for name, text in texts.items()}
         blob = json.dumps(texts, sort_keys=True).encode()
         self.version = hashlib.sha256(blob).hexdigest()[:12]
+
+    def __reduce__(self) -> tuple:  # compiled jinja2 templates do not pickle; a dask worker recompiles
+        return (Templates, (self._sources_text, self.sources))
 
     @classmethod
     def load(cls, directory: str | Path | None = None) -> Templates:
@@ -98,60 +130,25 @@ class Templates:
                 )
         for name in TEMPLATE_VARS:
             path = user / f"{name}.txt" if user is not None and (user / f"{name}.txt").is_file() else TEMPLATE_DIR / f"{name}.txt"
-            texts[name] = path.read_text(encoding="utf-8")
+            try:
+                texts[name] = path.read_text(encoding="utf-8")
+            except UnicodeDecodeError as exc:
+                raise ConfigError(f"{path}: not UTF-8 text ({exc.reason} at byte {exc.start}); save it as UTF-8") from exc
             sources[name] = str(path)
         return cls(texts, sources)
 
     def render(self, name: str, **values: str) -> str:
-        """The template with its placeholders filled (absent values render as "")."""
-        return self._formats[name].format_map(_Blank(values))
+        """The template with its placeholders filled; one it uses but was not given is a `ConfigError`."""
+        try:
+            return self._compiled[name].render(values)
+        except _RENDER_ERRORS as exc:
+            raise ConfigError(f"{self.sources.get(name, name)}: {_one_line(exc)}; {_may_use(name)}") from exc
 
     def lines(self, name: str) -> list[str]:
         return [ln.strip() for ln in self.texts[name].splitlines() if ln.strip()]
 
 
-# --------------------------------------------------------------------------- JSON schemas
-
-
-def attribution_schema(max_keywords: int, keyword_chars: int, error_chars: int) -> dict:
-    return {
-        "type": "object",
-        "properties": {
-            "keywords": {
-                "type": "array",
-                "items": {"type": "string", "minLength": 1, "maxLength": keyword_chars},
-                "minItems": 1,
-                "maxItems": max_keywords,
-            },
-            "error": {"type": "string", "minLength": 1, "maxLength": error_chars},
-        },
-        "required": ["keywords", "error"],
-        "additionalProperties": False,
-    }
-
-
-def hint_schema(max_chars: int, reasoning_chars: int = 0) -> dict:
-    """``{"hint"}``, or ``{"reasoning", "hint"}``: the model works the problem out first, then writes the hint."""
-    props: dict = {}
-    if reasoning_chars:
-        props["reasoning"] = {"type": "string", "minLength": 1, "maxLength": reasoning_chars}
-    props["hint"] = {"type": "string", "minLength": 1, "maxLength": max_chars}
-    return {"type": "object", "properties": props, "required": list(props), "additionalProperties": False}
-
-
-def judgment_schema(feedback_chars: int, correctness: bool = False) -> dict:
-    """``{"score", "feedback"}``; with `correctness` a ``"correct"`` verdict comes first."""
-    props: dict = {}
-    if correctness:
-        props["correct"] = {"type": "boolean"}
-    props["score"] = {"type": "integer", "minimum": 1, "maximum": 10}
-    props["feedback"] = {"type": "string", "minLength": 1, "maxLength": feedback_chars}
-    return {"type": "object", "properties": props, "required": list(props), "additionalProperties": False}
-
-
 # --------------------------------------------------------------------------- helpers
-
-
 
 
 _THINK_OPEN, _THINK_CLOSE = "<think>", "</think>"
@@ -227,123 +224,203 @@ def _clean_str(v: Any, max_chars: int) -> str | None:
     return v[:max_chars] if v else None
 
 
-# --------------------------------------------------------------------------- 1. attribution
+# --------------------------------------------------------------------------- the agents
 
 
-def attribution_messages(row: dict, t: Templates, max_failed: int = 2, failed_chars: int = 1500) -> list[dict]:
-    user = t.render(
-        "attribution_user",
-        problem=row["problem"],
-        answer=reference_text(row),
-        failed=format_failed(row.get("failed"), max_failed, failed_chars),
-    )
-    return [{"role": "system", "content": t.texts["attribution_system"]}, {"role": "user", "content": user}]
+class State(Protocol):
+    """What the agents read of a problem on its way through the stage (hint.py's `_Problem`)."""
+
+    row: dict  # the collapsed row
+    keywords: list[str]  # the attribution's, screened
+    error: str | None  # the attribution's diagnosis, screened
+    retry: int  # regenerations used
+    rejected: list[str]  # why the last regenerated candidate was rejected
+    candidate: str | None  # the hint under judgment or repair
+    last_violations: list[str]  # why the candidate was rejected
+    feedback: str | None  # the judge's, on the candidate
+    cand_no: int  # candidates produced so far (generation + repair)
 
 
-def parse_attribution(text: str, row: dict | None = None, max_keywords: int = 5, keyword_chars: int = 40, error_chars: int = 240) -> dict | None:
-    """``{"keywords": [...], "error": str | None}`` or None when there is no usable keyword."""
-    obj = json_object(text)
-    if obj is None:
-        return None
-    kws = obj.get("keywords")
-    if isinstance(kws, str):
-        kws = [k for k in re.split(r"[,;]", kws)]
-    if not isinstance(kws, list):
-        return None
-    keywords: list[str] = []
-    for k in kws:
-        k = _clean_str(k, keyword_chars)
-        if k and k.lower() not in {x.lower() for x in keywords}:
-            keywords.append(k)
-    keywords = keywords[:max_keywords]
-    if not keywords:
-        return None
-    return {"keywords": keywords, "error": _clean_str(obj.get("error"), error_chars)}
+class Agent(ABC):
+    """One agent, declared once: how its request is built and how its answer is read.
+
+    As distilabel's Task: `messages` builds the chat from a problem's state (format_input),
+    `schema` is the JSON its answer must follow (get_structured_output), `parse` reads the
+    raw text back into fields, or None when it is not the requested JSON (format_output;
+    the stage keeps the raw text in the trace either way). hint.py calls these for every
+    agent alike; what happens after an answer is its state machine.
+
+    A new agent: a subclass here, in `AGENTS`, with its ``<name>_system`` / ``<name>_user``
+    templates (`TEMPLATE_VARS`); in hint.py a `Phase` of the same name and the transition
+    that follows its answer; a `TokenLimits` field of the same name.
+    """
+
+    name: ClassVar[str]  # the request ids ("i:name:n"), seeds, stats, trace, max_tokens.<name>
+    creative: ClassVar[bool] = False  # sampled at temperature/top_p, else at analysis_temperature (greedy by default)
+
+    def attempt(self, s: State) -> int:
+        """The n of the request id ``i:name:n`` and of its seed."""
+        return s.cand_no
+
+    def sampling(self, cfg: HintConfig) -> tuple[float, float]:
+        """temperature, top_p."""
+        return (cfg.temperature, cfg.top_p) if self.creative else (cfg.analysis_temperature, 1.0)
+
+    def max_tokens(self, cfg: HintConfig) -> int:
+        return getattr(cfg.max_tokens, self.name)
+
+    @abstractmethod
+    def messages(self, s: State, cfg: HintConfig, t: Templates) -> list[dict]: ...
+
+    @abstractmethod
+    def schema(self, cfg: HintConfig, limits: RuleLimits) -> dict:
+        """The answer's JSON schema for a problem of a domain with these hint limits."""
+
+    def parse(self, text: str, cfg: HintConfig) -> dict | None:
+        """The answer's fields, or None (no JSON object in `text`, or not the fields asked for)."""
+        obj = json_object(text)
+        return None if obj is None else self.fields(obj, cfg)
+
+    @abstractmethod
+    def fields(self, obj: dict, cfg: HintConfig) -> dict | None:
+        """The answer's fields read from its JSON object, or None when they are not usable."""
+
+    def _chat(self, t: Templates, user: str) -> list[dict]:
+        return [{"role": "system", "content": t.texts[f"{self.name}_system"]}, {"role": "user", "content": user}]
 
 
-# --------------------------------------------------------------------------- 2. generation
+def _text(max_chars: int) -> dict:
+    return {"type": "string", "minLength": 1, "maxLength": max_chars}
 
 
-def generation_messages(
-    row: dict,
-    keywords: list[str],
-    error: str | None,
-    t: Templates,
-    rejected: list[str] | None = None,
-    diagnosis: bool = True,
-) -> list[dict]:
-    """`diagnosis` False: the Attribution agent did not run (an ablation), the prompt has the problem alone."""
-    previous = row.get("previous_hints") or []
-    escalation = t.render("generation_escalation", previous_hint=previous[-1]) if previous else ""
-    retry = t.render("generation_retry", violations=", ".join(rejected)) if rejected else ""
-    kws, err = ", ".join(keywords) if keywords else "(none)", error or "(unknown)"
-    user = t.render(
-        "generation_user",
-        problem=row["problem"],
-        answer=reference_text(row),
-        diagnosis=t.render("generation_diagnosis", keywords=kws, error=err) if diagnosis else "",
-        keywords=kws,
-        error=err,
-        escalation=escalation,
-        retry=retry,
-    )
-    return [{"role": "system", "content": t.texts["generation_system"]}, {"role": "user", "content": user}]
+def _object(props: dict) -> dict:
+    """A JSON object of exactly `props`, all required, in this order (the order the grammar writes them)."""
+    return {"type": "object", "properties": props, "required": list(props), "additionalProperties": False}
 
 
-def parse_hint(text: str, row: dict | None = None, max_chars: int = 10_000) -> dict | None:
-    """``{"hint": str}`` (plus the model's ``"reasoning"`` when it gave one) or None (not JSON, no hint, or blank)."""
-    obj = json_object(text)
-    if obj is None:
-        return None
-    hint = obj.get("hint")
-    if not isinstance(hint, str):
-        return None
-    hint = " ".join(hint.split())
-    if not hint:
-        return None
-    out = {"hint": hint[:max_chars]}
-    if isinstance(obj.get("reasoning"), str):
-        out["reasoning"] = obj["reasoning"]
-    return out
+class Attribution(Agent):
+    """1. problem, reference, failed responses -> {keywords, error}."""
 
+    name = "attribution"
 
-# --------------------------------------------------------------------------- 3. judgment
+    def attempt(self, s: State) -> int:
+        return 0
 
+    def messages(self, s: State, cfg: HintConfig, t: Templates) -> list[dict]:
+        row = s.row
+        return self._chat(t, t.render("attribution_user", problem=row["problem"], answer=reference_text(row),
+                                      failed=format_failed(row.get("failed"), cfg.max_failed, cfg.failed_chars)))
 
-def judgment_messages(row: dict, hint: str, t: Templates) -> list[dict]:
-    user = t.render("judgment_user", problem=row["problem"], answer=reference_text(row), hint=hint)
-    return [{"role": "system", "content": t.texts["judgment_system"]}, {"role": "user", "content": user}]
+    def schema(self, cfg: HintConfig, limits: RuleLimits) -> dict:
+        keywords = {"type": "array", "items": _text(cfg.keyword_chars), "minItems": 1, "maxItems": cfg.max_keywords}
+        return _object({"keywords": keywords, "error": _text(cfg.error_chars)})
 
-
-def parse_judgment(text: str, row: dict | None = None, feedback_chars: int = 240) -> dict | None:
-    """``{"score": float in [1, 10], "feedback": str}`` or None."""
-    obj = json_object(text)
-    if obj is None:
-        return None
-    score = obj.get("score")
-    if isinstance(score, str):
-        try:
-            score = float(score.strip())
-        except ValueError:
+    def fields(self, obj: dict, cfg: HintConfig) -> dict | None:
+        """``{"keywords": [...], "error": str | None}`` or None when there is no usable keyword."""
+        kws = obj.get("keywords")
+        if isinstance(kws, str):
+            kws = [k for k in re.split(r"[,;]", kws)]
+        if not isinstance(kws, list):
             return None
-    if isinstance(score, bool) or not isinstance(score, (int, float)) or not 1 <= score <= 10:
-        return None
-    out = {"score": float(score), "feedback": _clean_str(obj.get("feedback"), feedback_chars) or ""}
-    if isinstance(obj.get("correct"), bool):
-        out["correct"] = obj["correct"]
-    return out
+        keywords: list[str] = []
+        for k in kws:
+            k = _clean_str(k, cfg.keyword_chars)
+            if k and k.lower() not in {x.lower() for x in keywords}:
+                keywords.append(k)
+        keywords = keywords[: cfg.max_keywords]
+        if not keywords:
+            return None
+        return {"keywords": keywords, "error": _clean_str(obj.get("error"), cfg.error_chars)}
 
 
-# --------------------------------------------------------------------------- 4. repair
+_MAX_PARSED_HINT = 10_000
 
 
-def repair_messages(row: dict, hint: str, violations: list[str], feedback: str | None, t: Templates) -> list[dict]:
-    from mentor.stages.hint_rules import DESCRIPTIONS
+class Generation(Agent):
+    """2. problem, keywords, error (+ the last hint of an earlier round, + why the last try failed) -> {hint}."""
 
-    reasons = "\n".join(f"- {DESCRIPTIONS.get(v, v)}" for v in violations) or "- (none given)"
-    user = t.render("repair_user", problem=row["problem"], answer=reference_text(row), hint=hint, violations=reasons,
-                    feedback=feedback or "(none)")
-    return [{"role": "system", "content": t.texts["repair_system"]}, {"role": "user", "content": user}]
+    name = "generation"
+    creative = True
+
+    def messages(self, s: State, cfg: HintConfig, t: Templates) -> list[dict]:
+        """Without attribution (an ablation: cfg.attribution off) the prompt has the problem alone."""
+        row = s.row
+        previous = row.get("previous_hints") or []
+        escalation = t.render("generation_escalation", previous_hint=previous[-1]) if previous else ""
+        retry = t.render("generation_retry", violations=", ".join(s.rejected)) if s.retry and s.rejected else ""
+        kws, err = ", ".join(s.keywords) if s.keywords else "(none)", s.error or "(unknown)"
+        diagnosis = t.render("generation_diagnosis", keywords=kws, error=err) if cfg.attribution else ""
+        return self._chat(t, t.render("generation_user", problem=row["problem"], answer=reference_text(row), diagnosis=diagnosis,
+                                      keywords=kws, error=err, escalation=escalation, retry=retry))
+
+    def schema(self, cfg: HintConfig, limits: RuleLimits) -> dict:
+        """``{"hint"}``, or ``{"reasoning", "hint"}``: the model works the problem out first, then writes the hint."""
+        reasoning = {"reasoning": _text(cfg.reasoning_chars)} if cfg.reasoning_chars else {}
+        return _object(reasoning | {"hint": _text(limits.max_chars)})
+
+    def fields(self, obj: dict, cfg: HintConfig) -> dict | None:
+        """``{"hint": str}`` (plus the model's ``"reasoning"`` when it gave one) or None (no hint, or blank)."""
+        hint = obj.get("hint")
+        if not isinstance(hint, str):
+            return None
+        hint = " ".join(hint.split())
+        if not hint:
+            return None
+        out = {"hint": hint[:_MAX_PARSED_HINT]}  # the rules judge its length; this only bounds a runaway answer
+        if isinstance(obj.get("reasoning"), str):
+            out["reasoning"] = obj["reasoning"]
+        return out
+
+
+class Judgment(Agent):
+    """3. problem, reference, hint -> {correct, score, feedback} (after the rules pass)."""
+
+    name = "judgment"
+
+    def attempt(self, s: State) -> int:
+        return s.cand_no - 1  # the candidate it judges
+
+    def messages(self, s: State, cfg: HintConfig, t: Templates) -> list[dict]:
+        row = s.row
+        return self._chat(t, t.render("judgment_user", problem=row["problem"], answer=reference_text(row), hint=s.candidate or ""))
+
+    def schema(self, cfg: HintConfig, limits: RuleLimits) -> dict:
+        """``{"score", "feedback"}``; with judge_correctness a ``"correct"`` verdict comes first."""
+        correct = {"correct": {"type": "boolean"}} if cfg.judge_correctness else {}
+        return _object(correct | {"score": {"type": "integer", "minimum": 1, "maximum": 10}, "feedback": _text(cfg.feedback_chars)})
+
+    def fields(self, obj: dict, cfg: HintConfig) -> dict | None:
+        """``{"score": float in [1, 10], "feedback": str}`` (+ ``"correct"`` when given) or None."""
+        score = obj.get("score")
+        if isinstance(score, str):
+            try:
+                score = float(score.strip())
+            except ValueError:
+                return None
+        if isinstance(score, bool) or not isinstance(score, (int, float)) or not 1 <= score <= 10:
+            return None
+        out = {"score": float(score), "feedback": _clean_str(obj.get("feedback"), cfg.feedback_chars) or ""}
+        if isinstance(obj.get("correct"), bool):
+            out["correct"] = obj["correct"]
+        return out
+
+
+class Repair(Generation):
+    """4. problem, rejected hint, violations, feedback -> {hint} (the schema and parse of generation)."""
+
+    name = "repair"
+
+    def messages(self, s: State, cfg: HintConfig, t: Templates) -> list[dict]:
+        from mentor.stages.rules import describe
+
+        row = s.row
+        reasons = "\n".join(f"- {describe(v)}" for v in s.last_violations) or "- (none given)"
+        return self._chat(t, t.render("repair_user", problem=row["problem"], answer=reference_text(row), hint=s.candidate or "",
+                                      violations=reasons, feedback=s.feedback or "(none)"))
+
+
+ATTRIBUTION, GENERATION, JUDGMENT, REPAIR = Attribution(), Generation(), Judgment(), Repair()
+AGENTS: dict[str, Agent] = {a.name: a for a in (ATTRIBUTION, GENERATION, JUDGMENT, REPAIR)}
 
 
 # --------------------------------------------------------------------------- demo fake

@@ -50,10 +50,10 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from mentor.pipeline.errors import ConfigError, DataError, EngineError
 from mentor.pipeline.llm import Backend, GenRequest, GenResult
-from mentor.stages.hint_rules import RuleContext, check_hint
+from mentor.stages.rules import RuleContext, check_hint
 
 if TYPE_CHECKING:
-    from mentor.stages.hint import HintConfig
+    from mentor.stages.hint_config import HintConfig
     from mentor.stages.hint_agents import Templates
 
 log = logging.getLogger(__name__)
@@ -288,7 +288,7 @@ def score(items: Sequence[CalibrationItem], results: Sequence[GenResult], rows: 
     parse_failures = 0
     for it, res in zip(items, results):
         row = rows[it.problem_id]
-        parsed = agents.parse_judgment(res.text, row, cfg.feedback_chars)
+        parsed = agents.JUDGMENT.parse(res.text, cfg)
         threshold = cfg.for_domain(row.get("domain") or "math")[2]
         ok = accepts(parsed, threshold)
         parse_failures += parsed is None
@@ -460,7 +460,8 @@ def check_judge_path(collapsed: Sequence[str], cfg: HintConfig, backend_factory:
     A dataset with no problem to build the calibration set from is an error (there is nothing to check).
     `out` gets the report with every verdict (JSON, atomically).
     """
-    from mentor.pipeline.io import read_table, resolve_inputs, write_json_atomic
+    from mentor.pipeline.inputs import resolve_inputs
+    from mentor.pipeline.io import read_table, write_json_atomic
 
     paths = resolve_inputs(list(collapsed))
     table = read_table(paths, "collapsed").sort_by("problem_id")

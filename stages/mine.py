@@ -38,8 +38,9 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from mentor.pipeline.errors import ConfigError, DataError
 from mentor.pipeline.executor import Executor, LocalExecutor
-from mentor.pipeline.io import check_dataset_files, read_parquet_schema, resolve_inputs
-from mentor.pipeline.stage import Stats, StatsLayout
+from mentor.pipeline.inputs import resolve_inputs
+from mentor.pipeline.io import check_dataset_files, read_parquet_schema
+from mentor.pipeline.stage import Context, StageSpec, Stats, StatsLayout
 
 log = logging.getLogger(__name__)
 
@@ -462,14 +463,15 @@ def mine_to_dir(sources: Sequence[str], out_dir: str | Path, cfg: MineConfig, hi
     leaves the old pair or the new one.
     """
     from mentor.pipeline.faults import fault_point
-    from mentor.pipeline.io import outside_output, parquet_writer_atomic
-    from mentor.pipeline.outdir import check_output_dir, staged_output_dir
+    from mentor.pipeline.inputs import outside_output
+    from mentor.pipeline.io import parquet_writer_atomic
+    from mentor.pipeline.outdir import Owns, check_output_dir, staged_output_dir
     from mentor.pipeline.stage import write_stats
 
     check_output_dir(Path(out_dir))
     sources = [str(f) for f in outside_output(resolve_inputs(sources), sources, out_dir)]
     mined = mine_iter(sources, cfg, history, executor)
-    with staged_output_dir(out_dir, "mine", _owned) as staging:
+    with staged_output_dir(out_dir, "mine", Owns(("collapsed.parquet", "stats.json"))) as staging:
         with parquet_writer_atomic(staging / "collapsed.parquet", "collapsed") as write:
             for chunk in mined.chunks:
                 write(chunk)
@@ -479,9 +481,20 @@ def mine_to_dir(sources: Sequence[str], out_dir: str | Path, cfg: MineConfig, hi
     return mined.stats
 
 
-def _owned(name: str) -> bool:
-    """What mine (re)writes in its folder (and temporary files of earlier runs)."""
-    return name in ("collapsed.parquet", "stats.json") or (name.startswith(".") and name.endswith(".tmp"))
+class MineInputs(BaseModel):
+    """What `mentor mine` reads: canonical rollout shards, and earlier rounds' collapsed/hints files."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    sources: list[str]
+    history: list[str] = Field(default_factory=list)
 
 
-__all__ = ["MINE_STATS", "MineConfig", "count_part", "failed_shard", "mine", "mine_iter", "mine_to_dir", "truncate_keep_end"]
+def _run(inputs: MineInputs, cfg: MineConfig, out_dir: Path, ctx: Context) -> Stats:
+    return mine_to_dir(inputs.sources, out_dir, cfg, history=inputs.history, executor=ctx.tasks())
+
+
+STAGE = StageSpec("mine", MineInputs, MineConfig, _run)
+
+
+__all__ = ["STAGE", "MINE_STATS", "MineConfig", "count_part", "failed_shard", "mine", "mine_iter", "mine_to_dir", "truncate_keep_end"]

@@ -46,7 +46,7 @@ if TYPE_CHECKING:
     import pyarrow as pa
 
     from mentor.pipeline.stage import Stats
-    from mentor.stages.hint import HintConfig
+    from mentor.stages.hint_config import HintConfig
 
 log = logging.getLogger(__name__)
 

@@ -17,7 +17,8 @@ from mentor.pipeline.devices import engine_worker_env, local_gpus
 from mentor.pipeline.errors import ConfigError, EngineError
 from mentor.pipeline.llm import BackendSpec, FakeBackend, GenRequest, make_backend
 from mentor.stages import hint_agents
-from mentor.stages.hint import HintConfig, hint_shard
+from mentor.stages.hint import hint_shard
+from mentor.stages.hint_config import HintConfig
 
 # ----------------------------------------------------------------------------- devices
 
@@ -201,8 +202,8 @@ def test_thinking_is_off_in_the_template_and_stripped_from_answers(gsm8k_collaps
     assert out["keywords"] == ["unit rate"] and out["hint"] == "Work out the price of one item before scaling up."
     assert out["status"] == "accepted"
     # R1-style output (the template opened the block) and an unclosed block (ran out of tokens while thinking).
-    assert hint_agents.parse_hint('still thinking {"hint": "no"} </think>{"hint": "yes"}')["hint"] == "yes"
-    assert hint_agents.parse_hint('<think>{"hint": "half a thought"}') is None
+    assert hint_agents.GENERATION.parse('still thinking {"hint": "no"} </think>{"hint": "yes"}', cfg)["hint"] == "yes"
+    assert hint_agents.GENERATION.parse('<think>{"hint": "half a thought"}', cfg) is None
 
 
 def test_shards_split_over_the_engine_workers():

@@ -20,7 +20,7 @@ import pytest
 from bad_input_lib import Case, invoke, params, run_case, write_jsonl
 from mentor.pipeline.ids import text_id
 from mentor.stages.build import DEFAULT_INSTRUCTIONS
-from mentor.stages.ingest import GSM8K_MODELS
+from mentor.stages.ingest_formats import GSM8K_MODELS
 
 MATH = DEFAULT_INSTRUCTIONS["math"]
 

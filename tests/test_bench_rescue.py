@@ -152,3 +152,16 @@ def test_quick_is_a_small_dev_run(bench):
     args = bench.parse_args(["--quick"])
     assert args.split == "dev" and args.problems == bench.QUICK_PROBLEMS and args.arms == list(bench.QUICK_ARMS)
     assert args.work.endswith("quick") and args.placements == [DEFAULT_PLACEMENT] and args.gate == "control_half"
+
+
+def test_the_default_work_folder_is_outside_the_repository(bench, monkeypatch, tmp_path):
+    """The work folder (screens, hints, re-rolls: megabytes a run) goes to the mentor cache, never into the checkout."""
+    repo = Path(__file__).resolve().parents[1]
+    monkeypatch.chdir(repo)  # where a user runs the script from
+    monkeypatch.delenv("MENTOR_CACHE", raising=False)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    work = Path(bench.parse_args([]).work).resolve()
+    assert work == (tmp_path / "xdg" / "mentor" / "bench" / "rescue").resolve() and repo not in work.parents
+    monkeypatch.setenv("MENTOR_CACHE", str(tmp_path / "cache"))
+    assert bench.parse_args(["--quick"]).work == str(tmp_path / "cache" / "bench" / "rescue" / "quick")
+    assert bench.parse_args(["--work", "elsewhere"]).work == "elsewhere"  # an explicit --work is taken as given

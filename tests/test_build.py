@@ -332,7 +332,8 @@ def test_placement_is_checked_and_a_template_goes_without_it(tmp_path):
 @pytest.mark.parametrize("placement", ["before", "after", "system"])
 def test_rescue_re_rolls_the_prompts_build_writes(tmp_path, gsm8k_hints, gsm8k_collapsed, placement):
     """One layout: `mentor rescue`'s hinted and unhinted prompts are build's, message for message."""
-    from mentor.stages.rollout import RolloutConfig, rescue_items
+    from mentor.stages.rescue import rescue_items
+    from mentor.stages.rollout import RolloutConfig
 
     df = _placed(tmp_path, gsm8k_hints, placement)
     collapsed = pl.read_parquet(gsm8k_collapsed)
@@ -347,7 +348,7 @@ def test_rescue_re_rolls_the_prompts_build_writes(tmp_path, gsm8k_hints, gsm8k_c
 def test_ingest_recovers_the_problem_from_each_placement(tmp_path, gsm8k_hints, placement):
     """A logged prompt of any placement gives back its problem (ingest's last resort when no problem set names the id)."""
     from mentor.data import bundled
-    from mentor.stages.ingest import recover_problem
+    from mentor.stages.ingest_problems import recover_problem
 
     tok = _chat_tokenizer()
     df = _placed(tmp_path, gsm8k_hints, placement).filter(pl.col("hint_id").is_not_null())

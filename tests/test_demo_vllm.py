@@ -15,7 +15,7 @@ import sys
 import polars as pl
 import pytest
 
-from mentor.stages.hint_rules import check
+from mentor.stages.rules import check
 
 pytestmark = pytest.mark.vllm
 

@@ -139,7 +139,7 @@ def test_hint_through_vllm_serve_survives_a_server_restart(server, gsm8k_collaps
                            text=True, env=_env())
     try:
         deadline = time.monotonic() + 900
-        while not list((out / "_shards").glob("*.done.json")) and run.poll() is None and time.monotonic() < deadline:
+        while not list((out / "_shards").glob("_done/*.json")) and run.poll() is None and time.monotonic() < deadline:
             time.sleep(0.5)
         assert run.poll() is None, "the stage ended before the server could be killed"
         server.kill()  # mid-stage: the first shard is done, the others are not
@@ -151,7 +151,7 @@ def test_hint_through_vllm_serve_survives_a_server_restart(server, gsm8k_collaps
     assert "Traceback" not in stderr
     err = [line for line in stderr.splitlines() if line.startswith("Error:")]
     assert len(err) == 1 and server.url in err[0] and "rerun" in err[0], stderr[-3000:]
-    kept = len(list((out / "_shards").glob("*.done.json")))
+    kept = len(list((out / "_shards").glob("_done/*.json")))
     assert 1 <= kept < 4 and not (out / "hints.parquet").exists()
 
     server.start()

@@ -15,9 +15,10 @@ from mentor.cli import cli
 from mentor.pipeline.errors import ConfigError
 from mentor.pipeline.llm import BackendSpec, FakeBackend, GenRequest, GenResult
 from mentor.pipeline.schemas import HINTS, check_schema
-from mentor.stages.hint import HintConfig, HintStats, hint_shard, hint_to_dir, load_config
+from mentor.stages.hint import HintStats, hint_shard, hint_to_dir
+from mentor.stages.hint_config import HintConfig, load_config
 from mentor.stages.hint_agents import Templates
-from mentor.stages.hint_rules import check
+from mentor.stages.rules import check
 
 GOOD = '{"hint": "Count how many eggs are left after breakfast and baking before you think about money."}'
 GOOD2 = '{"hint": "Separate the eggs used at home from the eggs that are sold, then price only the sold ones."}'
@@ -129,6 +130,15 @@ def test_keywords_that_are_the_answer_are_dropped_and_fallback_is_generic():
     assert row["status"] == "fallback"
     assert "18" not in row["hint"]
     assert check(row["hint"], "math", "18").ok
+
+
+def test_keywords_that_spell_or_compute_the_answer_are_dropped():
+    """The answer in words or as arithmetic is as much a leak in a keyword as in a hint."""
+    attr = json.dumps({"keywords": ["eighteen dollars a day", "9 times 2 dollars", "eggs left to sell"],
+                       "error": "The attempts price all the eggs instead of the remaining ones."})
+    (row,), st = run([ROW], scripted(attribution=attr))
+    assert row["keywords"] == ["eggs left to sell"]
+    assert st.keyword_leaks == 2
 
 
 @pytest.mark.parametrize(
@@ -319,7 +329,7 @@ def test_hint_to_dir_resume_and_rerun(gsm8k_collapsed, tmp_path):
     with pytest.raises(KeyboardInterrupt):
         hint_to_dir(gsm8k_collapsed, out, cfg, killed, sample=150)
     assert not (out / "hints.parquet").exists()
-    assert len(list((out / "_shards").glob("*.done.json"))) == 2
+    assert len(list((out / "_shards").glob("_done/*.json"))) == 2
     # Resume: only the last two shards run.
     fake = scripted()
     resumed = CountingFactory(fake)
@@ -341,14 +351,21 @@ def test_hint_to_dir_resume_and_rerun(gsm8k_collapsed, tmp_path):
     assert again.made == 0 and again.fake.calls == 0
     assert json.loads((out / "stats.json").read_text())["this_run"]["engine_calls"] == 0
     assert pq.read_table(out / "hints.parquet").equals(hints)
-    old_shards = sorted(p.name for p in (out / "_shards").iterdir())
+    _, old_keys = _shard_files(out)
     # A config change recomputes.
     changed = CountingFactory(scripted())
     hint_to_dir(gsm8k_collapsed, out, HintConfig(shard_size=40, seed=1, judge_check={"enabled": False}), changed, sample=150)
     assert changed.fake.calls == 4 * 3
     # ... and leaves only its own shards behind.
-    shards = sorted(p.name for p in (out / "_shards").iterdir())
-    assert len(shards) == 8 and not set(shards) & set(old_shards)
+    shards, keys = _shard_files(out)
+    assert len(shards) == 8 and len(keys) == 4 and not keys & old_keys
+
+
+def _shard_files(out):
+    """Every file of the hint stage's shard folder, and the keys its done markers carry."""
+    folder = out / "_shards"
+    files = sorted(str(p.relative_to(folder)) for p in folder.rglob("*") if p.is_file())
+    return files, {json.loads(p.read_text())["key"] for p in (folder / "_done").glob("*.json")}
 
 
 def test_cli_hint_fake(gsm8k_collapsed, tmp_path):

@@ -9,7 +9,7 @@ import pytest
 from click.testing import CliRunner
 
 from mentor.cli import cli
-from mentor.stages.hint_rules import RuleLimits, check
+from mentor.stages.rules import RuleLimits, check
 
 
 @pytest.fixture(scope="module")
@@ -176,16 +176,16 @@ def test_math_verify_timeout_errs_on_the_safe_side(monkeypatch):
     import math_verify
     from math_verify.errors import TimeoutException
 
-    from mentor.stages import hint_rules
+    from mentor.stages.rules import numbers
 
     def slow(*a, **k):
         raise TimeoutException("too slow")
 
     monkeypatch.setattr(math_verify, "parse", slow)
-    monkeypatch.setattr(hint_rules, "_MV_CACHE", {})
+    monkeypatch.setattr(numbers, "_MV_CACHE", {})
     # A symbolic expression math-verify could not judge in time counts as a leak, and is not cached.
     assert "answer_leak" in _v(r"Consider $\frac{a+b}{c}$ here.", "p - q")
-    assert hint_rules._MV_CACHE == {}
+    assert numbers._MV_CACHE == {}
     # Plain numbers never need math-verify.
     assert _v("Add 3 and 4 first.", "18") == []
 
@@ -224,7 +224,7 @@ def test_restated_numbers_rule_spares_real_first_steps(gsm8k, shared_data):
     import re
 
     from mentor.pipeline.ids import text_id
-    from mentor.stages.hint_rules import check
+    from mentor.stages.rules import check
 
     steps = {}
     with open(shared_data / "gsm8k" / "test.jsonl", encoding="utf-8") as fh:
@@ -241,7 +241,7 @@ def test_restated_numbers_rule_spares_real_first_steps(gsm8k, shared_data):
 
 def test_trim_keeps_the_leading_sentences_that_pass(gsm8k):
     """Hints the 1.5B hinter wrote on the dev split: a true first step, then the rest of the solution."""
-    from mentor.stages.hint_rules import RuleContext, check_hint, trim_to_rules
+    from mentor.stages.rules import RuleContext, check_hint, trim_to_rules
 
     kyle = next(r for r in gsm8k if r["label"] == "26" and "Kyle" in r["problem"])
     ctx = RuleContext(domain="math", answer="26", problem=kyle["problem"])
@@ -291,3 +291,24 @@ def test_hints_that_start_mid_sentence_are_caught():
                  problem=task["problem"]).ok
     assert "starts_mid_sentence" in check("pair of the numbers that are closer than the threshold.", "code",
                                           task["label"], problem=task["problem"]).violations
+
+
+def test_each_rule_is_declared_once_in_the_registry():
+    """Name, repair message, trimmable and check live in one declaration; the rules run in declaration order."""
+    from mentor.stages.rules import RuleRegistry, describe
+
+    names = RuleRegistry.names()
+    assert names[:3] == ("empty", "too_long", "answer_leak") and len(set(names)) == len(names) == 14
+    assert all(describe(n) == RuleRegistry.get(n).description != n for n in names)
+    assert describe("judge_low_score") == "the judge scored the hint below the threshold" and describe("other") == "other"
+    assert RuleRegistry.trimmable() == {"too_long", "answer_leak", "final_answer_line", "full_solution", "answer_only",
+                                        "restates_numbers", "mentions_pipeline"}
+    assert [r.name for r in RuleRegistry.rules("math") if r.domain] == ["answer_only"]
+    assert [r.name for r in RuleRegistry.rules("code") if r.domain] == ["solution_code"]
+    with pytest.raises(ValueError, match="declared twice"):
+        RuleRegistry.add("empty", "again")(lambda text, ctx: False)
+    with pytest.raises(KeyError, match="no rule named"):
+        RuleRegistry.get("answer_leaks")
+    # Violations come in declaration order; an empty hint has that one violation alone.
+    assert check("   ", "math", "18").violations == ["empty"]
+    assert check("The answer is 18.", "math", "18").violations == ["answer_leak", "final_answer_line"]

@@ -11,7 +11,7 @@ import polars as pl
 import pytest
 
 from conftest import SHARED_DATA
-from mentor.stages.hint_rules import check
+from mentor.stages.rules import check
 
 UNITS = "zero one two three four five six seven eight nine ten eleven twelve thirteen fourteen fifteen sixteen seventeen eighteen nineteen".split()
 TENS = "_ _ twenty thirty forty fifty sixty seventy eighty ninety".split()
@@ -111,7 +111,7 @@ def test_first_steps_of_real_solutions_rarely_trip_the_new_checks():
     """The first sentence of each real MATH-500 solution is hint-like text written by people. Of those the
     older checks let through, the new checks flag only a few: each is a computation of the answer or a
     bare equation (listed when the bound is exceeded)."""
-    from mentor.stages.hint_rules import RuleContext, answer_only, indirect_leak
+    from mentor.stages.rules import RuleContext, answer_only, indirect_leak
 
     rows = [json.loads(line) for line in (SHARED_DATA / "math500" / "test.jsonl").read_text().splitlines()]
     flagged, total = [], 0

@@ -13,7 +13,7 @@ from click.testing import CliRunner
 
 from mentor.cli import cli
 from mentor.pipeline.ids import text_id
-from mentor.stages.ingest import GSM8K_MODELS
+from mentor.stages.ingest_formats import GSM8K_MODELS
 from mentor.stages.mine import MineConfig, mine
 
 

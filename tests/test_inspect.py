@@ -17,8 +17,9 @@ from mentor.pipeline.errors import ConfigError, DataError
 from mentor.pipeline.io import write_json_atomic, write_parquet_atomic
 from mentor.pipeline.schemas import conform
 from mentor.stages.build import BuildConfig, build
-from mentor.stages.inspect import detect, inspect_path, problem_history, render_table, to_json
 from mentor.stages.mine import MineConfig, mine_to_dir
+from mentor.workflows.report import detect, inspect_path, problem_history
+from mentor.workflows.report_render import render_table, to_json
 
 N_HINTED = 10
 N_RESCUED = 6

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import re
 from fractions import Fraction
+from types import SimpleNamespace
 
 import polars as pl
 import pyarrow.parquet as pq
@@ -21,8 +22,9 @@ from mentor.cli import cli
 from mentor.pipeline.errors import ConfigError, DataError, EngineError
 from mentor.pipeline.llm import FakeBackend, GenRequest
 from mentor.stages import hint_agents as agents
-from mentor.stages.hint import HintConfig, hint_to_dir
-from mentor.stages.hint_rules import check
+from mentor.stages.hint import hint_to_dir
+from mentor.stages.hint_config import HintConfig
+from mentor.stages.rules import check
 from mentor.stages.judge_check import (
     calibration_set,
     change_a_number,
@@ -160,8 +162,9 @@ def test_one_engine_call_with_the_runs_own_judgment_requests(rows):
     t = agents.Templates.load()
     by_id = {r["problem_id"]: r for r in rows}
     for req, v in zip(fake.log[0], report["verdicts"]):
-        assert req.messages == agents.judgment_messages(by_id[v["problem_id"]], v["hint"], t)
-        assert req.json_schema == agents.judgment_schema(cfg.feedback_chars, cfg.judge_correctness)
+        state = SimpleNamespace(row=by_id[v["problem_id"]], candidate=v["hint"])  # what the judgment agent reads
+        assert req.messages == agents.JUDGMENT.messages(state, cfg, t)
+        assert req.json_schema == agents.JUDGMENT.schema(cfg, cfg.for_domain("math")[3])
         assert (req.max_tokens, req.temperature) == (cfg.max_tokens.judgment, cfg.analysis_temperature)
         assert req.id.split(":")[1] == "judgment"
     assert report["status"] == "trusted" and report["action"] == "judge"
@@ -209,7 +212,7 @@ def test_an_untrusted_judge_is_replaced_by_the_rules_for_the_run(gsm8k_collapsed
     saved = json.loads((tmp_path / "h" / "judge_check.json").read_text())["report"]
     assert len(saved["verdicts"]) == 32 and all(v["raw"] for v in saved["verdicts"])
     # `mentor inspect` shows the check, and a problem's trace
-    from mentor.stages.inspect import inspect_path, problem_history
+    from mentor.workflows.report import inspect_path, problem_history
 
     shown = inspect_path(tmp_path / "h")["judge_check"]
     assert shown["status"] == "untrusted" and shown["balanced_accuracy"] == 0.5

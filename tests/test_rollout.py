@@ -16,7 +16,8 @@ from mentor.pipeline.errors import DataError
 from mentor.pipeline.io import read_dataset, write_parquet_atomic
 from mentor.pipeline.llm import FakeBackend, GenRequest
 from mentor.pipeline.schemas import code_label, prompt_label
-from mentor.stages.rollout import RolloutConfig, rescue_to_dir, rollout_to_dir
+from mentor.stages.rescue import rescue_to_dir
+from mentor.stages.rollout import RolloutConfig, rollout_to_dir
 
 
 @pytest.fixture(scope="module")
@@ -44,7 +45,7 @@ def test_rollout_from_problems(tmp_path, gsm8k):
     answers = dict(zip(probs["problem"], probs["label"]))
     right = set(probs["problem"][:2])
     backend = FakeBackend(_answer_script(answers, right))
-    stats = rollout_to_dir([str(src)], tmp_path / "out", RolloutConfig(k=3, round=5), backend)
+    stats = rollout_to_dir([str(src)], tmp_path / "out", RolloutConfig(k=3, round=5), backend).as_dict()
     assert backend.calls == 1 and len(backend.log[0]) == 12  # one engine call for all prompts
     assert len({r.seed for r in backend.log[0]}) == 12  # each rollout its own seed
     df = read_dataset([tmp_path / "out"], "rollouts")
@@ -81,7 +82,7 @@ def _prompt_shards(tmp_path, gsm8k) -> tuple[list, dict]:
 def test_rollout_from_prompt_shards(tmp_path, gsm8k):
     rows, answers = _prompt_shards(tmp_path, gsm8k)
     backend = FakeBackend(_answer_script(answers, set(answers)))
-    stats = rollout_to_dir([str(tmp_path / "prompts")], tmp_path / "out", RolloutConfig(k=2), backend)
+    stats = rollout_to_dir([str(tmp_path / "prompts")], tmp_path / "out", RolloutConfig(k=2), backend).as_dict()
     df = read_dataset([tmp_path / "out"], "rollouts")
     assert df.height == 12 and stats["prompts"] == 6 and stats["problems"] == 3
     assert set(df["round"]) == {2}  # from the label
@@ -145,7 +146,7 @@ def test_rescue_hinted_vs_unhinted(tmp_path, gsm8k_collapsed):
 
     backend = FakeBackend(script)
     summary = rescue_to_dir([str(tmp_path / "collapsed.parquet")], [str(tmp_path / "hints.parquet")], tmp_path / "rescue",
-                            RolloutConfig(k=3), backend)
+                            RolloutConfig(k=3), backend).as_dict()
     assert backend.calls == 1 and len(backend.log[0]) == 4 * 2 * 3
     assert summary["problems"] == 4 and summary["skipped_no_hint"] == 1
     assert summary["rescued_hinted"] == 2 and summary["rescued_unhinted"] == 0
@@ -235,7 +236,7 @@ def test_rollout_engine_failure_names_the_shard_and_a_rerun_redoes_only_the_rest
         rollout_to_dir(["gsm8k"], tmp_path / "out", cfg.model_copy(update={"limit": 5}), backend)
     assert sorted(p.name for p in (tmp_path / "out").glob("part-*.parquet")) == ["part-00000.parquet"]
     alive["ok"] = True
-    stats = rollout_to_dir(["gsm8k"], tmp_path / "out", cfg.model_copy(update={"limit": 5}), backend)
+    stats = rollout_to_dir(["gsm8k"], tmp_path / "out", cfg.model_copy(update={"limit": 5}), backend).as_dict()
     assert stats["shards"] == 3 and stats["shards_reused"] == 1 and stats["engine_calls"] == 2 and stats["rollouts"] == 10
     # The same rows as one uninterrupted run (seeds depend on positions, not on shards).
     fresh = FakeBackend(lambda r: _answer_script(answers, set(probs["problem"][:1]))(r))
@@ -261,7 +262,7 @@ def test_rescue_arms_share_problems_and_seeds(tmp_path, gsm8k_collapsed):
     write_parquet_atomic(_hints(collapsed, 3), tmp_path / "b.parquet", dataset="hints")  # no hint for the 4th
     backend = FakeBackend(lambda r: "\\boxed{-1}")
     s = rescue_to_dir([str(tmp_path / "c.parquet")], {"full": [str(tmp_path / "a.parquet")], "generic": [str(tmp_path / "b.parquet")]},
-                      tmp_path / "r", RolloutConfig(k=2), backend)
+                      tmp_path / "r", RolloutConfig(k=2), backend).as_dict()
     assert s["problems"] == 3 and s["skipped_no_hint"] == 1 and set(s["arms"]) == {"unhinted", "full", "generic"}
     assert s["arms"]["full"]["rescue_rate_ci95"][0] == 0.0 and s["arms"]["full"]["rescue_rate_ci95"][1] > 0.4
     by_arm: dict[str, list[int]] = {}
@@ -292,7 +293,7 @@ def test_rescue_gives_each_arm_its_placement(tmp_path, gsm8k_collapsed, capsys):
     backend = FakeBackend(lambda r: "\\boxed{-1}")
     arms = {"before": [str(tmp_path / "h.parquet")], "after": [str(tmp_path / "h.parquet")], "sys": [str(tmp_path / "h.parquet")]}
     s = rescue_to_dir([str(tmp_path / "c.parquet")], arms, tmp_path / "r", RolloutConfig(k=1), backend,
-                      arm_placements={"after": "after", "sys": "system"}, progress=True)
+                      arm_placements={"after": "after", "sys": "system"}, progress=True).as_dict()
     assert {a: s["arms"][a]["placement"] for a in arms} == {"before": "before", "after": "after", "sys": "system"}
     problems = dict(collapsed.select("problem_id", "problem").iter_rows())
     for req in backend.log[0]:

@@ -17,9 +17,11 @@ from pathlib import Path
 
 import pytest
 
-from mentor.training import sandbox
+from mentor.training import sandbox, sandbox_cgroups, sandbox_launch, sandbox_seccomp, sandbox_slots
 from mentor.training.code_verify import parse_code_label, run_humaneval
-from mentor.training.sandbox import REQUIRED_LAYERS, SandboxLimits, SandboxProcess, SandboxUnavailable, run_python
+from mentor.training.sandbox import run_python
+from mentor.training.sandbox_layers import REQUIRED_LAYERS, SandboxLimits, SandboxUnavailable
+from mentor.training.sandbox_process import SandboxProcess
 
 FAST = SandboxLimits(wall_seconds=6, cpu_seconds=3, memory_bytes=512 << 20)
 
@@ -27,7 +29,7 @@ FAST = SandboxLimits(wall_seconds=6, cpu_seconds=3, memory_bytes=512 << 20)
 @pytest.fixture(params=["default", "legacy"])
 def backend_kind(request, monkeypatch):
     if request.param == "legacy":
-        impl = sandbox._Legacy()
+        impl = sandbox_launch.Legacy()
         seen = sandbox._probe(impl)
         assert seen is not None, "the legacy backend does not start here"
         monkeypatch.setattr(sandbox, "_BACKEND", sandbox.Backend(impl, sandbox._verified(*seen), seen[1]))
@@ -36,7 +38,7 @@ def backend_kind(request, monkeypatch):
 
 def _slot_processes() -> list[str]:
     out = subprocess.run(["ps", "-e", "-o", "uid=,pid="], capture_output=True, text=True).stdout.split("\n")
-    slots = range(sandbox.UID_BASE, sandbox.UID_BASE + sandbox.SLOTS)
+    slots = range(sandbox_slots.UID_BASE, sandbox_slots.UID_BASE + sandbox_slots.SLOTS)
     return [line for line in out if line.split() and int(line.split()[0]) in slots]
 
 
@@ -208,7 +210,7 @@ def test_no_process_survives(backend_kind):
 
 def test_hostile_programs_without_namespaces(tmp_path, monkeypatch):
     """Legacy without namespaces (a container without privileges): uid, rlimits and the tripwire still contain them."""
-    impl = sandbox._Legacy()
+    impl = sandbox_launch.Legacy()
     seen = sandbox._probe(impl)
     monkeypatch.setattr(sandbox, "_BACKEND", sandbox.Backend(impl, sandbox._verified(*seen), seen[1]))
     limits = SandboxLimits(wall_seconds=6, cpu_seconds=3, memory_bytes=512 << 20, namespaces=False)
@@ -325,7 +327,7 @@ def test_probe_facts_are_json():
     be = sandbox.backend()
     json.dumps(be.facts)
     assert be.facts.get("uid") not in (0, None)
-    assert os.geteuid() != 0 or be.facts.get("uid") >= sandbox.UID_BASE
+    assert os.geteuid() != 0 or be.facts.get("uid") >= sandbox_slots.UID_BASE
 
 
 # --------------------------------------------------------------------------- mentor setup-sandbox
@@ -340,7 +342,7 @@ def test_setup_sandbox_reports_layers(monkeypatch):
     assert res.exit_code == 0, res.output
     assert f"sandbox backend: {sandbox.backend().name}" in res.output and "rlimits" in res.output
     # Where a layer is missing, --strict is an error naming it.
-    impl = sandbox._Legacy()
+    impl = sandbox_launch.Legacy()
     seen = sandbox._probe(impl)
     monkeypatch.setattr(sandbox, "_BACKEND", sandbox.Backend(impl, sandbox._verified(*seen), seen[1]))
     res = CliRunner().invoke(cli, ["setup-sandbox", "--no-install", "--strict"])
@@ -348,15 +350,15 @@ def test_setup_sandbox_reports_layers(monkeypatch):
 
 
 def test_setup_sandbox_install_plan(monkeypatch):
-    from mentor.cli import sandbox as cmd_sandbox
+    from mentor.cli import setup as cmd_setup
 
-    monkeypatch.setattr(cmd_sandbox.shutil, "which", lambda name: "/usr/bin/bwrap" if name == "bwrap" else None)
-    assert cmd_sandbox.install_commands() == []  # already there
-    monkeypatch.setattr(cmd_sandbox.shutil, "which", lambda name: None)
-    assert cmd_sandbox.install_commands() is None  # no apt-get: the manual step is printed instead
-    monkeypatch.setattr(cmd_sandbox.shutil, "which", lambda name: "/usr/bin/apt-get" if name == "apt-get" else None)
-    monkeypatch.setattr(cmd_sandbox.os, "geteuid", lambda: 0)
-    plan = cmd_sandbox.install_commands()
+    monkeypatch.setattr(cmd_setup.shutil, "which", lambda name: "/usr/bin/bwrap" if name == "bwrap" else None)
+    assert cmd_setup.install_commands() == []  # already there
+    monkeypatch.setattr(cmd_setup.shutil, "which", lambda name: None)
+    assert cmd_setup.install_commands() is None  # no apt-get: the manual step is printed instead
+    monkeypatch.setattr(cmd_setup.shutil, "which", lambda name: "/usr/bin/apt-get" if name == "apt-get" else None)
+    monkeypatch.setattr(cmd_setup.os, "geteuid", lambda: 0)
+    plan = cmd_setup.install_commands()
     assert plan[0][:3] == ["apt-get", "install", "-y"] and plan[1] == ["apt-get", "update"] and plan[-1] == plan[0]
 
 
@@ -420,7 +422,7 @@ def test_syscall_filter_denies_state_channels_and_hidden_memory(backend_kind):
     """Keyrings, file locks, inotify, memfd, SysV IPC and new user namespaces fail with EPERM; fork,
     threads and ordinary fcntl still work."""
     # audit=False: the legacy tripwire would refuse ctypes first; the kernel's filter is what is tested.
-    res = run_python(FILTERED % (sandbox.syscall_numbers(),), limits=SandboxLimits(wall_seconds=10, processes=4, audit=False))
+    res = run_python(FILTERED % (sandbox_seccomp.syscall_numbers(),), limits=SandboxLimits(wall_seconds=10, processes=4, audit=False))
     assert res.ok, res.stderr
     got = dict(eval(res.stdout))
     assert "seccomp" in res.layers
@@ -530,7 +532,7 @@ def test_without_a_memory_cgroup_it_warns_once_and_strict_refuses(monkeypatch, c
 
 def test_memory_cgroup_discovery_names_what_it_found():
     """Where a cgroup is found, it is a v1 or v2 memory cgroup directory this process can write."""
-    memcg, why = sandbox.MemCgroups.discover()
+    memcg, why = sandbox_cgroups.MemCgroups.discover()
     if memcg is None:
         assert why, "a missing memory cgroup always comes with its reason"
         pytest.skip(why)

@@ -90,3 +90,41 @@ def test_dask_executor_gives_results_in_item_order():
         assert ex.map(pow, range(6), 2) == [x**2 for x in range(6)]
         assert list(ex.imap(pow, iter(range(7)), 3)) == [x**3 for x in range(7)]
         assert ex.map(pow, [], 2) == [] and list(ex.imap(pow, [], 2)) == []
+
+
+# --------------------------------------------------------------------------- one way to be a stage
+
+
+def test_every_stage_has_the_stage_shape():
+    from pydantic import BaseModel
+
+    from mentor.stages import NAMES, stage
+
+    assert NAMES == ("ingest", "mine", "hint", "build", "rollout", "rescue")
+    for name in NAMES:
+        s = stage(name)
+        assert s.name == name
+        assert issubclass(s.Inputs, BaseModel) and issubclass(s.Config, BaseModel), name
+        assert callable(s.run), name
+    with pytest.raises(KeyError, match="no stage 'inspect'"):
+        stage("inspect")
+
+
+def test_run_stage_is_what_the_command_runs(tmp_path):
+    """`mentor mine` and `run_stage(stage("mine"), ...)` on the bundled real rollouts: the same outputs."""
+    from click.testing import CliRunner
+
+    from mentor.cli import cli
+    from mentor.data import bundled
+    from mentor.pipeline.stage import Context, Stats, run_stage
+    from mentor.stages import stage
+
+    logs = str(bundled("gsm8k_rollouts.parquet"))
+    stats = run_stage(stage("mine"), {"sources": [logs]}, {"k_failed": 1}, tmp_path / "api", Context(executor=LocalExecutor()))
+    assert isinstance(stats, Stats) and stats.collapsed > 0
+    res = CliRunner().invoke(cli, ["mine", logs, "--out", str(tmp_path / "cli"), "--k-failed", "1"])
+    assert res.exit_code == 0, res.output
+    assert json.loads(res.output) == stats.as_dict()
+    assert (tmp_path / "api" / "collapsed.parquet").read_bytes() == (tmp_path / "cli" / "collapsed.parquet").read_bytes()
+    with pytest.raises(ValueError, match="histroy"):  # the inputs are a model: a misspelt input is refused
+        run_stage(stage("mine"), {"sources": [logs], "histroy": []}, {}, tmp_path / "typo")

@@ -34,12 +34,12 @@ pytestmark = pytest.mark.verl
 from mentor.cli import cli  # noqa: E402
 from mentor.pipeline.errors import ConfigError  # noqa: E402
 from mentor.stages.build import BuildConfig, build  # noqa: E402
+from mentor.training.verl_checkpoints import prepare_logs  # noqa: E402
+from mentor.training.verl_hydra import compose  # noqa: E402
 from mentor.training.verl_launcher import (  # noqa: E402
     build_command,
-    compose,
     dry_run_text,
     parse_config,
-    prepare_logs,
     run_round,
 )
 from mentor.workflows.config import validate_workflow  # noqa: E402
@@ -156,7 +156,7 @@ def test_no_final_checkpoint_is_refused_and_gpus_checked_before_launch(tmp_path,
 
 def test_gpu_demand_is_read_from_verls_composed_config():
     from mentor.training.gpus import GpuShortage, GpuSupply
-    from mentor.training.verl_launcher import gpu_demand
+    from mentor.training.verl_hydra import gpu_demand
 
     two_nodes = gpu_demand(compose(["trainer.n_gpus_per_node=8", "trainer.nnodes=2"]))
     assert two_nodes.describe() == "16 GPUs (16 shared by actor, rollout, reference: nnodes 2 x n_gpus_per_node 8)"
@@ -181,7 +181,7 @@ def test_rerun_drops_the_rollouts_after_the_last_checkpoint(tmp_path):
     recs = [{"problem_id": f"p{i}", "ts": cut + (i - 2)} for i in range(5)]  # 3 before or at the save, 2 after
     (logs / "verl-host-1-aa.jsonl").write_text("".join(json.dumps(r) + "\n" for r in recs))
     (logs / "other.jsonl").write_text("{}\n")
-    from mentor.training.verl_launcher import last_checkpoint
+    from mentor.training.verl_checkpoints import last_checkpoint
 
     note = prepare_logs(logs, last_checkpoint(ckpt))
     assert note == "resuming from checkpoint step 20: dropped 2 rollout record(s) logged after it"

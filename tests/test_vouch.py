@@ -17,7 +17,8 @@ from mentor.pipeline.llm import FakeBackend, GenRequest
 from mentor.pipeline.prompts import INSTRUCTIONS
 from mentor.pipeline.schemas import check_schema
 from mentor.stages.build_render import prompt_messages
-from mentor.stages.hint import HintConfig, HintStats, hint_to_dir
+from mentor.stages.hint import HintStats, hint_to_dir
+from mentor.stages.hint_config import HintConfig
 from mentor.stages.rollout import problem_seed
 from mentor.stages.vouch import reroll_seed, vouch_shard
 

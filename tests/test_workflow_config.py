@@ -78,7 +78,8 @@ def test_missing_file():
 def test_openrlhf_workflows_parse_with_openrlhfs_own_parser(name, tmp_path):
     """The command each shipped OpenRLHF workflow builds for round 1 is accepted by OpenRLHF 0.11.2's parser."""
     pytest.importorskip("openrlhf")
-    from mentor.training.launcher import TrainConfig, build_command, check_with_openrlhf, with_overrides
+    from mentor.training.launcher import TrainConfig, build_command, with_overrides
+    from mentor.training.openrlhf_check import check_with_openrlhf
 
     wf = load_workflow(name)
     cfg = with_overrides(TrainConfig.model_validate(wf.trainer.config), round_=1, prompts=str(tmp_path / "p"),

@@ -78,7 +78,9 @@ from dataclasses import dataclass, field, replace
 from typing import Protocol
 
 from mentor.training.plaincodec import PlainError, check_plain
-from mentor.training.sandbox import SandboxLimits, SandboxProcess, SandboxUnavailable, run_python
+from mentor.training.sandbox import run_python
+from mentor.training.sandbox_layers import SandboxLimits, SandboxUnavailable
+from mentor.training.sandbox_process import SandboxProcess
 
 log = logging.getLogger(__name__)
 

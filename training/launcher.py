@@ -25,33 +25,29 @@ log's tail.
 Round k starts from round k-1's ``--ckpt.output_dir`` (found in that round's
 outcome.json) and uses a fresh ``--ckpt.path``: a loaded DeepSpeed checkpoint
 would restore the dataloader position of the old prompt file.
+
+OpenRLHF's own launch checks on the command (`mentor train --dry-run`) are in
+`openrlhf_check`, the GPUs a round reserves in `openrlhf_placement`.
 """
 
 from __future__ import annotations
 
-import ast
-import argparse
-import builtins
-import contextlib
 import datetime as _dt
-import importlib.util
-import io
 import logging
 import os
 import shlex
 import subprocess
 import sys
 import time
-import traceback
-import types
 from collections import deque
 from pathlib import Path
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from mentor.pipeline.errors import ConfigError, MentorError
-from mentor.pipeline.io import read_json, read_yaml_mapping, write_json_atomic
+from mentor.pipeline.errors import ConfigError, MentorError, config_error
+from mentor.pipeline.io import read_json, write_json_atomic
+from mentor.pipeline.yaml_io import read_yaml_mapping
 from mentor.training.rollout_log import ENV_DIR, ENV_ROUND, RAY_JOB_CONFIG_ENV, ray_job_config_env, reward_env_vars
 
 log = logging.getLogger(__name__)
@@ -154,8 +150,7 @@ def load_config(path: str | os.PathLike) -> TrainConfig:
     try:
         return TrainConfig(**data)
     except ValidationError as exc:
-        detail = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors())
-        raise ConfigError(f"{path}: {detail}") from exc
+        raise config_error(exc, str(path)) from exc
 
 
 def previous_final_model(round_: int, round_path: Path, previous_round_dir: str | None) -> str:
@@ -261,120 +256,6 @@ def build_env(cfg: TrainConfig) -> dict[str, str]:
     current = env.get(RAY_JOB_CONFIG_ENV, os.environ.get(RAY_JOB_CONFIG_ENV))
     env.update(ray_job_config_env(reward_env_vars(os.environ, env), current))
     return env
-
-
-# --------------------------------------------------------------------------- OpenRLHF's own parser
-
-
-def openrlhf_parser() -> argparse.ArgumentParser:
-    """OpenRLHF's `train_ppo_ray` argument parser, built by its own code.
-
-    The module imports ray (GPU-side) at the top and builds its parser inside
-    ``if __name__ == "__main__"``, so it cannot be imported on a CPU machine;
-    instead the parser-building statements of that block are read from the
-    installed source and executed as they are.
-    """
-    spec = importlib.util.find_spec("openrlhf.cli.train_ppo_ray")
-    if spec is None or not spec.origin:
-        raise ConfigError("openrlhf is not installed; pip install --no-deps openrlhf==0.11.2")
-    tree = ast.parse(Path(spec.origin).read_text(), filename=spec.origin)
-    main = next(
-        (n for n in tree.body if isinstance(n, ast.If) and "__main__" in ast.unparse(n.test)),
-        None,
-    )
-    if main is None:
-        raise ConfigError(f"{spec.origin}: no __main__ block; is this OpenRLHF 0.11.x?")
-    body = []
-    for stmt in main.body:
-        if "parse_args" in ast.unparse(stmt):
-            break
-        body.append(stmt)
-    module = ast.Module(body=body, type_ignores=[])
-    ns: dict[str, Any] = {"argparse": argparse, "datetime": _dt.datetime, "os": os}
-    exec(compile(module, spec.origin, "exec"), ns)  # noqa: S102 - OpenRLHF's own installed code
-    return ns["parser"]
-
-
-def _openrlhf_module() -> tuple[str, ast.Module, ast.If]:
-    spec = importlib.util.find_spec("openrlhf.cli.train_ppo_ray")
-    if spec is None or not spec.origin:
-        raise ConfigError("openrlhf is not installed; pip install --no-deps openrlhf==0.11.2")
-    tree = ast.parse(Path(spec.origin).read_text(), filename=spec.origin)
-    main = next((n for n in tree.body if isinstance(n, ast.If) and "__main__" in ast.unparse(n.test)), None)
-    if main is None:
-        raise ConfigError(f"{spec.origin}: no __main__ block; is this OpenRLHF 0.11.x?")
-    return spec.origin, tree, main
-
-
-class _Missing(types.ModuleType):
-    """Stands in for a module the dry run cannot import here (ray, modelscope): every attribute is a no-op."""
-
-    def __getattr__(self, name: str):
-        if name.startswith("__"):
-            raise AttributeError(name)
-        return lambda *a, **k: None
-
-
-def check_with_openrlhf(cmd: list[str]) -> tuple[Any, list[str]]:
-    """Run OpenRLHF's own launch checks on `cmd`'s flags; returns (the arguments it would train
-    with, the notes it printed). `ConfigError` with OpenRLHF's message when it rejects them.
-
-    The whole ``if __name__ == "__main__"`` block of ``openrlhf.cli.train_ppo_ray`` runs
-    (its parser, then every post-parse check and adjustment), with ``train`` replaced by a
-    function that keeps the parsed arguments. The module's imports other than the
-    standard library's (ray, vLLM, DeepSpeed) are skipped: only ``train`` uses them.
-    """
-    origin, tree, main = _openrlhf_module()
-    ns: dict[str, Any] = {"__name__": "__main__", "__file__": origin, "__builtins__": builtins}
-    for stmt in tree.body:
-        if stmt is main or (isinstance(stmt, (ast.Import, ast.ImportFrom)) and not _stdlib_import(stmt)):
-            continue  # ray, vLLM, DeepSpeed: only train() uses them (and importing vLLM takes half a minute)
-        exec(compile(ast.Module(body=[stmt], type_ignores=[]), origin, "exec"), ns)  # noqa: S102 - OpenRLHF's own code
-    captured: list[Any] = []
-    ns["train"] = captured.append
-    real_import = builtins.__import__
-
-    def tolerant_import(name, globals=None, locals=None, fromlist=(), level=0):
-        try:
-            return real_import(name, globals, locals, fromlist, level)
-        except ImportError:
-            return _Missing(name)  # e.g. modelscope for --use_ms: not needed to check the flags
-
-    ns["__builtins__"] = dict(vars(builtins), __import__=tolerant_import)
-    out, err = io.StringIO(), io.StringIO()
-    argv = sys.argv
-    sys.argv = [origin, *cmd[3:]]
-    try:
-        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-            exec(compile(ast.Module(body=main.body, type_ignores=[]), origin, "exec"), ns)  # noqa: S102
-    except SystemExit as exc:
-        if exc.code not in (0, None) or not captured:
-            lines = [ln for ln in err.getvalue().splitlines() if ln.strip()]
-            said = next((ln.split("error:", 1)[1].strip() for ln in reversed(lines) if "error:" in ln), None)
-            raise ConfigError(f"OpenRLHF's train_ppo_ray rejects the command: {said or (lines[-1] if lines else exc.code)}") from None
-    except AssertionError as exc:
-        raise ConfigError(f"OpenRLHF's train_ppo_ray rejects the command: {_assertion_text(exc, origin)}") from None
-    except Exception as exc:  # its checks raise other errors too (ValueError from a conversion, ...)
-        raise ConfigError(f"OpenRLHF's train_ppo_ray rejects the command: {type(exc).__name__}: {exc}") from None
-    finally:
-        sys.argv = argv
-    if not captured:
-        raise ConfigError("OpenRLHF's train_ppo_ray did not reach train() with this command; run it by hand to see why")
-    notes = [ln for ln in (out.getvalue() + err.getvalue()).splitlines() if ln.strip()]
-    return captured[0], notes
-
-
-def _stdlib_import(stmt: ast.Import | ast.ImportFrom) -> bool:
-    names = [a.name for a in stmt.names] if isinstance(stmt, ast.Import) else [stmt.module or ""]
-    return not getattr(stmt, "level", 0) and all(n.split(".")[0] in sys.stdlib_module_names for n in names)
-
-
-def _assertion_text(exc: AssertionError, origin: str) -> str:
-    """An assertion's message, or the failing line of OpenRLHF's source when it has none."""
-    if str(exc):
-        return str(exc)
-    frames = [f for f in traceback.extract_tb(exc.__traceback__) if f.filename == origin]
-    return f"assertion failed at {origin}:{frames[-1].lineno}: {frames[-1].line}" if frames else "an assertion failed"
 
 
 # --------------------------------------------------------------------------- running
@@ -535,7 +416,6 @@ def run_round(cfg: TrainConfig, **overrides: Any) -> dict[str, Any]:
         )
     return outcome
 
-
 __all__ = [
     "REWARD_FILE",
     "TrainConfig",
@@ -543,10 +423,8 @@ __all__ = [
     "actor_model",
     "build_command",
     "build_env",
-    "check_with_openrlhf",
     "dry_run_text",
     "load_config",
-    "openrlhf_parser",
     "preflight",
     "run_round",
     "with_overrides",

@@ -1,7 +1,7 @@
 """The GPUs an OpenRLHF 0.11 round reserves, read from OpenRLHF's own placement code.
 
 `openrlhf_demand(args)` runs, on the arguments OpenRLHF's launch code parsed
-(`mentor.training.launcher.check_with_openrlhf`), the installed source of
+(`mentor.training.openrlhf_check.check_with_openrlhf`), the installed source of
 
 - ``openrlhf.cli.train_ppo_ray.train`` up to the trainer's start (the colocation
   branches, its placement groups, which models exist: no reference model when
@@ -213,7 +213,7 @@ def round_demand(cmd: list[str], args: Any = None) -> GpuDemand:
     by OpenRLHF's code; one OpenRLHF refuses (e.g. colocate_all needs actor GPUs =
     engines x TP) is not offered.
     """
-    from mentor.training.launcher import check_with_openrlhf
+    from mentor.training.openrlhf_check import check_with_openrlhf
 
     if args is None:
         args, _ = check_with_openrlhf(cmd)

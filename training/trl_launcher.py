@@ -43,8 +43,10 @@ from typing import Any, Literal
 import polars as pl
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from mentor.pipeline.errors import ConfigError, DataError
-from mentor.pipeline.io import read_json, read_yaml_mapping, resolve_inputs, write_json_atomic
+from mentor.pipeline.errors import ConfigError, DataError, config_error
+from mentor.pipeline.inputs import resolve_inputs
+from mentor.pipeline.io import read_json, write_json_atomic
+from mentor.pipeline.yaml_io import read_yaml_mapping
 from mentor.training.launcher import OUTCOME, RoundPaths, TrainError, log_tail, outcome_record, previous_final_model
 from mentor.training.rollout_log import ENV_DIR
 from mentor.training.round_settings import round_updates
@@ -105,12 +107,6 @@ class TrlTrainConfig(RoundPaths, BaseModel):
         return self.prompts.split(",") if self.prompts else [str(self.round_path / "prompts")]
 
 
-def _errors(exc: ValidationError, prefix: str = "") -> str:
-    return "; ".join(
-        f"{prefix}{'.'.join(map(str, e['loc']))}: {'unknown key' if e['type'] == 'extra_forbidden' else e['msg']}" for e in exc.errors()
-    )
-
-
 def parse_config(data: dict[str, Any], where: str = "round config", require_trl: bool = True) -> TrlTrainConfig:
     """Validate mentor's fields and the GRPOConfig field names; `ConfigError` names the field.
 
@@ -120,7 +116,7 @@ def parse_config(data: dict[str, Any], where: str = "round config", require_trl:
     try:
         cfg = TrlTrainConfig.model_validate(data)
     except ValidationError as exc:
-        raise ConfigError(f"{where}: {_errors(exc)}") from exc
+        raise config_error(exc, where) from exc
     if require_trl or trl_installed():
         check_grpo_fields(cfg.grpo_fields, where)
     return cfg

@@ -27,6 +27,7 @@ verl's packaged ``ppo_trainer`` config by Hydra, as ``main_ppo``'s own
 No GPU is needed for that. The GPUs the composed config reserves (verl's
 resource pools: ``n_gpus_per_node`` on each of ``nnodes`` nodes, plus a reward
 model pool when enabled) are compared with the Ray cluster or this machine.
+Hydra's override syntax, the compose and the GPU count are in `verl_hydra`.
 
 After training: verl saves checkpoints under ``<train>/ckpt/global_step_N/actor``
 (FSDP shards). mentor runs verl's own model merger on the last one
@@ -36,21 +37,19 @@ folder the next round (``actor_rollout_ref.model.path``), `mentor rollout` and
 vLLM load. A killed round resumes: verl's ``trainer.resume_mode=auto`` restarts
 from the last checkpoint, and the rollouts the killed attempt logged after that
 checkpoint are dropped from the log (they are scored again); with no checkpoint
-yet, the attempt's log shards are removed.
+yet, the attempt's log shards are removed. Checkpoints, the merge and the log
+on resume are in `verl_checkpoints`.
 """
 
 from __future__ import annotations
 
 import contextlib
 import datetime as _dt
-import importlib.util
 import io
-import json
 import logging
 import os
 import re
 import shlex
-import shutil
 import subprocess
 import sys
 import time
@@ -59,20 +58,22 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from mentor.pipeline.errors import ConfigError
-from mentor.pipeline.io import read_yaml_mapping, resolve_inputs, write_json_atomic
+from mentor.pipeline.errors import ConfigError, config_error
+from mentor.pipeline.inputs import resolve_inputs
+from mentor.pipeline.io import write_json_atomic
+from mentor.pipeline.yaml_io import read_yaml_mapping
 from mentor.training.launcher import OUTCOME, RoundPaths, TrainError, log_tail, outcome_record, previous_final_model
 from mentor.training.rollout_log import ENV_DIR
 from mentor.training.round_settings import round_updates
+from mentor.training.verl_checkpoints import LATEST, last_checkpoint, merge_backend, merge_checkpoint, merge_command, prepare_logs
+from mentor.training.verl_hydra import INSTALL, compose, gpu_demand, hydra_unquote, hydra_value, one_line, verl_config_dir
 
 log = logging.getLogger(__name__)
 
 MAIN = "verl.trainer.main_ppo"
 REWARD_FILE = Path(__file__).resolve().parent / "verl_reward.py"
-INSTALL = "pip install verl==0.9.1 (its GPU stack as verl's docs say); for the config check alone: pip install --no-deps verl==0.9.1 'hydra-core>=1.3,<1.4' tensordict codetiming peft ray"
 ENV_ROUND = "MENTOR_ROUND"
 ENV_VARS_KEY = "ray_kwargs.ray_init.runtime_env.env_vars"
-LATEST = "latest_checkpointed_iteration.txt"
 
 # verl keys mentor sets from the round; `overrides` may not set them (the field to use instead).
 _OWNED = {
@@ -100,8 +101,6 @@ DEFAULTS: dict[str, Any] = {
     "trainer.project_name": "mentor",
 }
 _KEY = re.compile(r"(\+\+|\+|~)?([A-Za-z_][\w\-]*(?:\.[\w\-@]+)*)")
-_BARE = re.compile(r"[A-Za-z0-9_/][A-Za-z0-9_.:/+\-]*")
-_TYPED = {"true", "false", "null", "nan", "inf"}  # bare words Hydra reads as another type
 
 
 class VerlTrainConfig(RoundPaths, BaseModel):
@@ -143,18 +142,12 @@ class VerlTrainConfig(RoundPaths, BaseModel):
         return self.prompts.split(",") if self.prompts else [str(self.round_path / "prompts")]
 
 
-def _errors(exc: ValidationError) -> str:
-    return "; ".join(
-        f"{'.'.join(map(str, e['loc']))}: {'unknown key' if e['type'] == 'extra_forbidden' else e['msg']}" for e in exc.errors()
-    )
-
-
 def parse_config(data: dict[str, Any], where: str = "round config") -> VerlTrainConfig:
     """Validate mentor's fields and the override keys; `ConfigError` names the field."""
     try:
         cfg = VerlTrainConfig.model_validate(data)
     except ValidationError as exc:
-        raise ConfigError(f"{where}: {_errors(exc)}") from exc
+        raise config_error(exc, where) from exc
     try:
         _user_overrides(cfg.overrides)
     except ConfigError as exc:
@@ -212,32 +205,6 @@ def train_files(cfg: VerlTrainConfig) -> list[str]:
         else:
             out += [str(f.resolve()) for f in resolve_inputs([src])]
     return list(dict.fromkeys(out))
-
-
-def hydra_quote(text: str) -> str:
-    """`text` as a Hydra quoted string that Hydra reads back unchanged (no interpolation)."""
-    text = re.sub(r"(\\+)(?='|\$\{|$)", lambda m: m.group(1) * 2, text)
-    return "'" + text.replace("'", "\\'").replace("${", "\\${") + "'"
-
-
-def hydra_value(value: Any, quote: bool = False) -> str:
-    """A YAML value as a Hydra override value: strings that look plain stay bare (Hydra types them, so
-    "1e-6" is a float), others are quoted; lists and mappings in Hydra's syntax."""
-    if value is None:
-        return "null"
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, (int, float)):
-        return repr(value)
-    if isinstance(value, (list, tuple)):
-        return "[" + ",".join(hydra_value(v, quote) for v in value) + "]"
-    if isinstance(value, dict):
-        return "{" + ",".join(f"{k}:{hydra_value(v, quote)}" for k, v in value.items()) + "}"
-    text = str(value)
-    if quote:  # a path or name that must stay a string: bare only where Hydra cannot read anything else
-        plain = _BARE.fullmatch(text) and ("/" in text or (text.isidentifier() and text.lower() not in _TYPED))
-        return text if plain else hydra_quote(text)
-    return text if _BARE.fullmatch(text) else hydra_quote(text)
 
 
 def _user_overrides(overrides: dict[str, Any]) -> list[str]:
@@ -305,44 +272,7 @@ def build_env(cfg: VerlTrainConfig) -> dict[str, str]:
     return env | job | cfg.env
 
 
-# --------------------------------------------------------------------------- verl's own config code
-
-
-def verl_config_dir() -> Path:
-    """verl's packaged Hydra config folder (found without importing verl, which needs ray and tensordict)."""
-    spec = importlib.util.find_spec("verl")
-    if spec is None or not spec.submodule_search_locations:
-        raise ConfigError(f"verl is not installed; {INSTALL}")
-    d = Path(list(spec.submodule_search_locations)[0]) / "trainer" / "config"
-    if not (d / "ppo_trainer.yaml").is_file():
-        raise ConfigError(f"{d}: no ppo_trainer.yaml; is this verl 0.9.x?")
-    return d
-
-
-def _one_line(exc: BaseException) -> str:
-    text = " ".join(ln.strip() for ln in str(exc).splitlines() if ln.strip())
-    cause = exc.__cause__ or exc.__context__
-    if cause is not None and str(cause) and str(cause) not in text:
-        text += f" ({type(cause).__name__}: {' '.join(str(cause).split())})"
-    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
-
-
-def compose(overrides: list[str]):
-    """verl's ``ppo_trainer`` config composed by Hydra with `overrides`, as ``main_ppo``'s ``@hydra.main`` does."""
-    try:
-        from hydra import compose as hydra_compose
-        from hydra import initialize_config_dir
-        from hydra.core.global_hydra import GlobalHydra
-    except ImportError as exc:
-        raise ConfigError(f"the verl config check needs hydra-core ({exc}); {INSTALL}") from None
-    config_dir = verl_config_dir()
-    if GlobalHydra.instance().is_initialized():  # inside another Hydra app (tests): compose on a clean slate
-        GlobalHydra.instance().clear()
-    try:
-        with initialize_config_dir(config_dir=str(config_dir), version_base=None):
-            return hydra_compose(config_name="ppo_trainer", overrides=overrides)
-    except Exception as exc:  # Hydra's override parser and OmegaConf's struct checks raise many kinds
-        raise ConfigError(f"verl's config rejects the round's overrides: {_one_line(exc)}") from None
+# --------------------------------------------------------------------------- checks before launch
 
 
 def _expected(cfg: VerlTrainConfig, cmd: list[str]) -> dict[str, Any]:
@@ -352,7 +282,7 @@ def _expected(cfg: VerlTrainConfig, cmd: list[str]) -> dict[str, Any]:
     reward = str(Path(cfg.reward_file).resolve()) if cfg.reward_file else str(REWARD_FILE)
     return {
         "data.train_files": train_files(cfg),
-        "actor_rollout_ref.model.path": _unquote(value("actor_rollout_ref.model.path")),
+        "actor_rollout_ref.model.path": hydra_unquote(value("actor_rollout_ref.model.path")),
         "actor_rollout_ref.rollout.n": cfg.n_samples_per_prompt,
         "algorithm.adv_estimator": cfg.adv_estimator,
         "reward.custom_reward_function.path": reward,
@@ -362,13 +292,6 @@ def _expected(cfg: VerlTrainConfig, cmd: list[str]) -> dict[str, Any]:
         "trainer.default_local_dir": str(cfg.ckpt_path),
         ENV_VARS_KEY: reward_env(cfg),
     }
-
-
-def _unquote(text: str) -> str:
-    if len(text) >= 2 and text[0] == text[-1] == "'":
-        body = text[1:-1].replace("\\${", "${").replace("\\'", "'")
-        return re.sub(r"(\\+)(?='|\$\{|$)", lambda m: m.group(1)[: len(m.group(1)) // 2], body)
-    return text
 
 
 def check_with_verl(cfg: VerlTrainConfig, cmd: list[str]) -> tuple[Any, list[str]]:
@@ -403,33 +326,12 @@ def check_with_verl(cfg: VerlTrainConfig, cmd: list[str]) -> tuple[Any, list[str
         notes = [f"verl's validate_config did not run: {exc} (the Hydra compose did); {INSTALL}"]
         return composed, notes
     except Exception as exc:  # AssertionError, ValueError, Hydra's InstantiationException around them
-        raise ConfigError(f"verl's validate_config rejects the round: {_one_line(exc)}") from None
+        raise ConfigError(f"verl's validate_config rejects the round: {one_line(exc)}") from None
     finally:
         logging.disable(logging.NOTSET)
     notes = [ln.strip() for ln in (out.getvalue() + err.getvalue()).splitlines() if ln.strip()]
     notes += sorted({str(w.message) for w in caught})
     return composed, notes
-
-
-def gpu_demand(composed) -> Any:
-    """The GPUs verl's resource pools reserve for the composed config (`mentor.training.gpus.GpuDemand`)."""
-    from mentor.training.gpus import GpuDemand, GpuGroup
-
-    t = composed.trainer
-    per_node, nodes = int(t.n_gpus_per_node), int(t.nnodes)
-    total = per_node * nodes
-    rm = composed.reward.reward_model
-    rm_pool = int(rm.n_gpus_per_node) * int(rm.nnodes) if rm.enable and rm.enable_resource_pool else 0
-    # One resource pool, actor, rollout and reference colocated on it (verl's hybrid engine).
-    demand = GpuDemand.of_roles("verl", {"actor": total, "rollout": total, "reference": total}, nodes=nodes,
-                                per_node=per_node, shared=True, detail=f"nnodes {nodes} x n_gpus_per_node {per_node}",
-                                fixes=[("nnodes 1", per_node + rm_pool)] if nodes > 1 else [])
-    if rm_pool:  # a pool of its own for the reward model
-        demand.groups.append(GpuGroup(int(rm.n_gpus_per_node) * int(rm.nnodes), ("reward model",),
-                                      f"reward.reward_model nnodes {rm.nnodes} x n_gpus_per_node {rm.n_gpus_per_node}",
-                                      int(rm.n_gpus_per_node)))
-        demand.nodes += int(rm.nnodes)
-    return demand
 
 
 def preflight(cfg: VerlTrainConfig, composed, extra_env: dict[str, str]) -> dict[str, Any]:
@@ -472,87 +374,12 @@ def dry_run_text(cfg: VerlTrainConfig, start_from_base: bool = False) -> str:
     lines += ["# environment", *(f"export {k}={shlex.quote(v)}" for k, v in build_env(cfg).items()),
               "# command", shlex.join(cmd),
               "# then, on the last checkpoint (<ckpt>/global_step_N/actor)",
-              shlex.join(merge_command(cfg, cfg.ckpt_path / "global_step_N" / "actor", cfg.output_dir, _backend(composed)))
+              shlex.join(merge_command(cfg, cfg.ckpt_path / "global_step_N" / "actor", cfg.output_dir, merge_backend(composed)))
               if cfg.merge_model else "# (merge_model: false: no model merge)"]
     return "\n".join(lines)
 
 
-# --------------------------------------------------------------------------- checkpoints and the merger
-
-
-def last_checkpoint(ckpt: Path) -> tuple[int, Path] | None:
-    """(step, <ckpt>/global_step_N/actor) of the last checkpoint verl recorded, or None."""
-    marker = ckpt / LATEST
-    try:
-        step = int(marker.read_text().strip())
-    except (OSError, ValueError):
-        return None
-    actor = ckpt / f"global_step_{step}" / "actor"
-    return (step, actor) if actor.is_dir() else None
-
-
-def _backend(composed) -> str:
-    strategy = str(composed.actor_rollout_ref.actor.strategy) if composed is not None else "fsdp"
-    return "megatron" if strategy == "megatron" else "fsdp"
-
-
-def merge_command(cfg: VerlTrainConfig, actor_dir: Path, target: Path, backend: str = "fsdp") -> list[str]:
-    return [cfg.python, "-m", "verl.model_merger", "merge", "--backend", backend, "--local_dir", str(actor_dir),
-            "--target_dir", str(target)]
-
-
-def merge_checkpoint(cfg: VerlTrainConfig, actor_dir: Path, backend: str, fh) -> tuple[int, list[str]]:
-    """verl's model merger on `actor_dir` into a temporary folder, renamed to <train>/model when complete."""
-    final = cfg.output_dir
-    tmp = final.with_name(f".{final.name}.tmp")
-    shutil.rmtree(tmp, ignore_errors=True)
-    cmd = merge_command(cfg, actor_dir, tmp, backend)
-    fh.write(f"\n# mentor: merging {actor_dir} into {final}\n# {shlex.join(cmd)}\n".encode())
-    fh.flush()
-    try:
-        code = subprocess.run(cmd, stdout=fh, stderr=subprocess.STDOUT, check=False).returncode
-    except OSError as exc:
-        fh.write(f"cannot start {cmd[0]}: {exc}\n".encode())
-        return 127, cmd
-    if code == 0 and not (tmp / "config.json").is_file():
-        fh.write(f"# mentor: the merger exited 0 but wrote no config.json into {tmp}\n".encode())
-        code = 1
-    if code == 0:
-        shutil.rmtree(final, ignore_errors=True)
-        os.replace(tmp, final)
-    return code, cmd
-
-
-def prepare_logs(directory: Path, resume: tuple[int, Path] | None) -> str | None:
-    """Make a rerun's rollout log match what verl will redo: with no checkpoint, remove the killed
-    attempt's shards; resuming from one, drop the records logged after it (those steps are scored again)."""
-    shards = sorted(directory.glob("verl-*.jsonl")) if directory.is_dir() else []
-    if not shards:
-        return None
-    if resume is None:
-        for f in shards:
-            f.unlink()
-        return f"removed {len(shards)} rollout shard(s) of an earlier, unfinished attempt"
-    cutoff = (resume[1].parent.parent / LATEST).stat().st_mtime
-    dropped = 0
-    for f in shards:
-        tmp = f.with_name(f".{f.name}.tmp")
-        before = dropped
-        with open(f, "rb") as src, open(tmp, "wb") as dst:  # streamed: a round's log can be large
-            for line in src:
-                try:
-                    ts = float(json.loads(line).get("ts", 0))
-                except (ValueError, AttributeError, TypeError):
-                    ts = 0.0  # a torn line stays for ingest to quarantine
-                if ts <= cutoff:
-                    dst.write(line)
-                else:
-                    dropped += 1
-        if dropped > before:
-            os.replace(tmp, f)
-        else:
-            tmp.unlink()
-    return f"resuming from checkpoint step {resume[0]}: dropped {dropped} rollout record(s) logged after it"
+# --------------------------------------------------------------------------- the round
 
 
 def run_round(cfg: VerlTrainConfig, start_from_base: bool = False, **overrides: Any) -> dict[str, Any]:
@@ -590,9 +417,9 @@ def run_round(cfg: VerlTrainConfig, start_from_base: bool = False, **overrides: 
             if last is None:
                 fh.write(f"# mentor: verl exited 0 but {cfg.ckpt_path} holds no checkpoint ({LATEST})\n".encode())
             else:
-                merge_code, merge_cmd = merge_checkpoint(cfg, last[1], _backend(composed), fh)
+                merge_code, merge_cmd = merge_checkpoint(cfg, last[1], merge_backend(composed), fh)
                 final = cfg.output_dir if merge_code == 0 else None
-    model_path = next(_unquote(a.split("=", 1)[1]) for a in cmd if a.startswith("actor_rollout_ref.model.path="))
+    model_path = next(hydra_unquote(a.split("=", 1)[1]) for a in cmd if a.startswith("actor_rollout_ref.model.path="))
     outcome = {"kind": "verl", "verl_version": verl_version()} | outcome_record(
         cfg, code, final, model_path, cmd, extra_env, started, checkpoint=str(last[1]) if last else None,
         steps=last[0] if last else None, merge_command=merge_cmd, merge_exit_code=merge_code, preflight=checked,
@@ -605,7 +432,6 @@ def run_round(cfg: VerlTrainConfig, start_from_base: bool = False, **overrides: 
         raise TrainError(f"{what} (round {cfg.round}); full log: {cfg.log_file}\n--- last lines ---\n{log_tail(cfg.log_file)}")
     return outcome
 
-
 __all__ = [
     "DEFAULTS",
     "VerlTrainConfig",
@@ -613,17 +439,9 @@ __all__ = [
     "build_env",
     "build_overrides",
     "check_with_verl",
-    "compose",
     "dry_run_text",
-    "gpu_demand",
-    "hydra_quote",
-    "hydra_value",
-    "last_checkpoint",
     "load_config",
-    "merge_command",
-    "merge_checkpoint",
     "parse_config",
-    "prepare_logs",
     "run_round",
     "train_files",
     "with_overrides",

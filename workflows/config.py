@@ -13,8 +13,8 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from mentor.pipeline.errors import ConfigError
-from mentor.pipeline.io import read_yaml_mapping
+from mentor.pipeline.errors import ConfigError, config_error
+from mentor.pipeline.yaml_io import read_yaml_mapping
 from mentor.stages.mine import MineConfig
 from mentor.stages.rollout import RolloutConfig
 
@@ -138,7 +138,7 @@ Trainer = Annotated[OfflineTrainer | OpenRLHFTrainer | TrlTrainer | VerlTrainer 
 
 
 class HintSettings(_Strict):
-    """The hint stage: backend + the agents' settings (stages/hint.py HintConfig)."""
+    """The hint stage: backend + the agents' settings (stages/hint_config.py HintConfig)."""
 
     backend: BackendSettings = Field(default_factory=BackendSettings, description="The hint model.")
     sample: int | None = Field(None, ge=1, description="Hint only the first N collapsed problems (by problem_id); none = all.")
@@ -192,12 +192,7 @@ def validate_workflow(data: dict[str, Any], where: str = "workflow") -> Workflow
     try:
         wf = Workflow.model_validate(data)
     except ValidationError as exc:
-        lines = []
-        for e in exc.errors():
-            key = ".".join(str(p) for p in e["loc"])
-            msg = "unknown key" if e["type"] == "extra_forbidden" else e["msg"].removeprefix("Value error, ")
-            lines.append(f"{key}: {msg}")
-        raise ConfigError(f"{where}: " + "; ".join(lines)) from exc
+        raise config_error(exc, where) from exc
     try:
         check_sections(wf)
     except ConfigError as exc:
@@ -212,20 +207,20 @@ def check_sections(wf: Workflow) -> None:
     try:
         BuildConfig.model_validate(wf.build | {"base": wf.base})
     except ValidationError as exc:
-        raise _prefixed(exc, "build") from exc
-    from mentor.stages.hint import HintConfig
+        raise config_error(exc, prefix="build") from exc
+    from mentor.stages.hint_config import HintConfig
 
     try:
         HintConfig.model_validate(wf.hint.config)
     except ValidationError as exc:
-        raise _prefixed(exc, "hint.config") from exc
+        raise config_error(exc, prefix="hint.config") from exc
     if wf.trainer.kind == "openrlhf":
         from mentor.training.launcher import TrainConfig
 
         try:
             TrainConfig.model_validate(wf.trainer.config)
         except ValidationError as exc:
-            raise _prefixed(exc, "trainer.config") from exc
+            raise config_error(exc, prefix="trainer.config") from exc
     if wf.trainer.kind == "trl":
         from mentor.training.trl_launcher import parse_config
 
@@ -238,14 +233,6 @@ def check_sections(wf: Workflow) -> None:
         if "kind" in wf.trainer.config:
             raise ConfigError("trainer.config.kind: set by trainer.kind; remove it")
         parse_verl(wf.trainer.config, "trainer.config")
-
-
-def _prefixed(exc: ValidationError, prefix: str) -> ConfigError:
-    lines = []
-    for e in exc.errors():
-        key = ".".join([prefix, *(str(p) for p in e["loc"])])
-        lines.append(f"{key}: {'unknown key' if e['type'] == 'extra_forbidden' else e['msg'].removeprefix('Value error, ')}")
-    return ConfigError("; ".join(lines))
 
 
 def resolve_workflow_path(path: str | Path) -> Path:

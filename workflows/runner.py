@@ -27,6 +27,7 @@ import subprocess
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -35,9 +36,11 @@ import yaml
 from mentor.pipeline.errors import ConfigError, DataError, MentorError
 from mentor.pipeline.executor import executor_for
 from mentor.pipeline.faults import fault_point
-from mentor.pipeline.io import atomic_path, glob_files, read_json, sha256_file, write_parquet_atomic
+from mentor.pipeline.inputs import glob_files
+from mentor.pipeline.io import atomic_path, read_json, sha256_file, write_parquet_atomic
 from mentor.pipeline.rundir import STAGES, RunDir, StageDir, inputs_key, stage_key
-from mentor.pipeline.stage import counts
+from mentor.pipeline.stage import Context, counts, run_stage
+from mentor.stages import stage as stage_by_name
 from mentor.workflows.config import Workflow
 
 log = logging.getLogger(__name__)
@@ -107,22 +110,27 @@ class Runner:
                 # Existing logs stand in for round 0's training: recorded, nothing launched.
                 sources = self._initial_sources()
                 train_token = self._step(r, "train", {"initial_rollouts": self.wf.initial_rollouts.model_dump()},
-                                         [self._initial_token()], lambda sd: {"kind": "initial_rollouts", "files": sources})
+                                         [self._initial_token()], partial(self._initial_train, sources))
                 logs_dir = None
             else:
                 if prompts_dir is None:
                     prompts_dir, prompts_token = self._base_prompts(base_token)
-                train_token = self._step(r, "train", self._train_config(), [prompts_token], lambda sd, r=r, p=prompts_dir: self._train(r, p, sd))
+                train_token = self._step(r, "train", self._train_config(), [prompts_token], partial(self._train, r, prompts_dir))
                 logs_dir = self.rd.stage(r, "train").path / "logs"
-            ingest_token = self._step(r, "ingest", self._ingest_config(r), [train_token, base_token],
-                                      lambda sd, r=r, logs=logs_dir: self._ingest(r, logs, sd))
+            ingest_token = self._stage(r, self._ingest_job(r, logs_dir), [train_token, base_token])
             history, history_tokens = self._history(r)
-            mine_token = self._step(r, "mine", self.wf.mine, [ingest_token, *history_tokens],
-                                    lambda sd, h=history: self._mine(r, h, sd))
-            hint_token = self._step(r, "hint", self.wf.hint.model_dump(exclude={"worker_resources"}), [mine_token], lambda sd, r=r: self._hint(r, sd))
-            build_token = self._step(r, "build", self.wf.build, [hint_token, base_token], lambda sd, r=r: self._build(r, sd))
+            mine_token = self._stage(r, self._mine_job(r, history), [ingest_token, *history_tokens])
+            hint_token = self._stage(r, self._hint_job(r), [mine_token])
+            build_token = self._stage(r, self._build_job(r), [hint_token, base_token])
             prompts_dir, prompts_token = self.rd.stage(r, "build").path, build_token
         return self.ran
+
+    def _stage(self, r: int, job: "_Job", upstream: list[str]) -> str:
+        """Run one of the stages (`mentor.stages.stage`) the one way: `run_stage`, its counts in the marker."""
+        def work(sd: StageDir) -> dict:
+            return counts(run_stage(stage_by_name(job.stage), job.inputs, job.cfg, sd.path, job.ctx), SUMMARY[job.stage])
+
+        return self._step(r, job.stage, job.key, upstream, work)
 
     def _step(self, r: int, stage: str, config: Any, upstream: list[str], fn: Callable[[StageDir], dict]) -> str:
         """Run one stage unless done; returns its token (key + output fingerprint) for what follows."""
@@ -194,21 +202,21 @@ class Runner:
         return out
 
     def _initial_token(self) -> str:
-        from mentor.pipeline.io import resolve_inputs
+        from mentor.pipeline.inputs import resolve_inputs
 
         files = resolve_inputs(self._initial_sources(), suffixes=(".parquet", ".jsonl", ".json", ".jsonl.gz"))
         return "initial:" + inputs_key(files)
 
     def _base_prompts(self, base_token: str) -> tuple[Path, str]:
         """Unhinted prompts of the base set: what round 0's trainer trains on without initial logs."""
-        from mentor.stages.build import BuildConfig, build
+        from mentor.stages.build import BuildConfig
 
         sd = self.rd.base_prompts()
         cfg = BuildConfig.model_validate(self.wf.build | {"base": str(self.problems_path), "hints": [], "round": 0})
         key = stage_key("base-prompts", cfg.model_dump(exclude={"base"}), [base_token])
         if not sd.is_done(key):
             sd.begin(key)
-            stats = build(cfg, sd.path)
+            stats = run_stage(stage_by_name("build"), {}, cfg, sd.path)
             sd.finish(key, {"rows": stats.rows, "fingerprint": fingerprint(sd.path)})
         return sd.path, self._token(sd, key)
 
@@ -230,6 +238,11 @@ class Runner:
     def _train_config(self) -> dict:
         return self.wf.trainer.model_dump(mode="json")
 
+    @staticmethod
+    def _initial_train(sources: list[str], sd: StageDir) -> dict:
+        """Round 0 on existing logs: nothing trains; the marker records the files."""
+        return {"kind": "initial_rollouts", "files": sources}
+
     def _train(self, r: int, prompts: Path, sd: StageDir) -> dict:
         from mentor.pipeline.llm import release_engines
 
@@ -240,12 +253,9 @@ class Runner:
         logs = sd.path / "logs"
         logs.mkdir(parents=True, exist_ok=True)
         if t.kind == "offline":
-            from mentor.stages.rollout import rollout_to_dir
-
-            spec = t.policy.spec()
             cfg = t.rollout.model_copy(update={"seed": t.rollout.seed + 1000 * r, "round": r})
-            stats = rollout_to_dir([str(prompts)], logs, cfg, spec)
-            return {"kind": "offline", "rollouts": stats.get("rollouts") if isinstance(stats, dict) else None}
+            stats = run_stage(stage_by_name("rollout"), {"prompts": [str(prompts)]}, cfg, logs, Context(backend=t.policy.spec()))
+            return {"kind": "offline", "rollouts": stats.rollouts}
         if t.kind == "openrlhf":
             from mentor.training.launcher import TrainConfig, run_round
 
@@ -351,47 +361,54 @@ class Runner:
         fmt = {"offline": "canonical", "openrlhf": "openrlhf", "trl": "openrlhf", "verl": "openrlhf"}.get(self.wf.trainer.kind)
         return {"format": fmt or self.wf.trainer.format, "round": r}
 
-    def _ingest(self, r: int, logs: Path | None, sd: StageDir) -> dict:
-        from mentor.stages.ingest import ingest
-
-        cfg = self._ingest_config(r)
+    def _ingest_job(self, r: int, logs: Path | None) -> "_Job":
+        key = self._ingest_config(r)
         if logs is None:
             sources = self._initial_sources()
         elif self.wf.trainer.kind == "external":
             sources = read_json(self.rd.stage(r, "train").done_dir / f"{self.rd.stage(r, 'train').done_key()}.done")["files"]
         else:
             sources = [str(logs)]
-        stats = ingest(sources, sd.path, fmt=cfg["format"], round_=r, domain=self.wf.domain,
-                       mapping=cfg.get("map") or {}, problems=str(self.problems_path))
-        return counts(stats, ("rollouts", "problems"))
+        cfg = {"format": key["format"], "round": r, "domain": self.wf.domain, "mapping": key.get("map") or {},
+               "problems": str(self.problems_path)}
+        return _Job("ingest", key, {"sources": sources}, cfg)
 
-    def _mine(self, r: int, history: list[str], sd: StageDir) -> dict:
-        from mentor.stages.mine import mine_to_dir
+    def _mine_job(self, r: int, history: list[str]) -> "_Job":
+        return _Job("mine", self.wf.mine, {"sources": [str(self.rd.stage(r, "ingest").path)], "history": history},
+                    self.wf.mine, Context(executor=executor_for(self.opts.client)))
 
-        stats = mine_to_dir([str(self.rd.stage(r, "ingest").path)], sd.path, self.wf.mine, history=history,
-                            executor=executor_for(self.opts.client))
-        return counts(stats, ("collapsed", "problems"))
-
-    def _hint(self, r: int, sd: StageDir) -> dict:
-        from mentor.stages.hint import HintConfig, hint_to_dir
-
+    def _hint_job(self, r: int) -> "_Job":
         h = self.wf.hint
-        cfg = HintConfig.model_validate(h.config)
-        spec = h.backend.spec()
         # On a GPU cluster each hint task needs the workers' GPU resource (one engine per worker).
-        executor = executor_for(self.opts.client, resources=h.worker_resources)
-        stats = hint_to_dir(self.rd.stage(r, "mine").path / "collapsed.parquet", sd.path, cfg, spec, executor=executor,
-                            sample=h.sample, progress=self.opts.progress)
-        return counts(stats, ("problems", "accepted", "repaired", "fallback", "engine_calls"))
+        ctx = Context(executor=executor_for(self.opts.client, resources=h.worker_resources), backend=h.backend.spec(),
+                      progress=self.opts.progress)
+        inputs = {"collapsed": [str(self.rd.stage(r, "mine").path / "collapsed.parquet")], "sample": h.sample}
+        return _Job("hint", h.model_dump(exclude={"worker_resources"}), inputs, h.config, ctx)
 
-    def _build(self, r: int, sd: StageDir) -> dict:
-        from mentor.stages.build import BuildConfig, build
-
+    def _build_job(self, r: int) -> "_Job":
         hints = self.rd.stage(r, "hint").path / "hints.parquet"
-        cfg = BuildConfig.model_validate(
-            self.wf.build | {"base": str(self.problems_path), "hints": [str(hints)] if hints.exists() else [], "round": r + 1}
-        )
-        return counts(build(cfg, sd.path), ("rows", "hinted_rows"))
+        cfg = self.wf.build | {"base": str(self.problems_path), "hints": [str(hints)] if hints.exists() else [], "round": r + 1}
+        return _Job("build", self.wf.build, {}, cfg)
+
+
+# What a stage's done marker keeps of its stats.
+SUMMARY = {
+    "ingest": ("rollouts", "problems"),
+    "mine": ("collapsed", "problems"),
+    "hint": ("problems", "accepted", "repaired", "fallback", "engine_calls"),
+    "build": ("rows", "hinted_rows"),
+}
+
+
+@dataclass
+class _Job:
+    """One stage of a round: its name, what its resume key hashes, and what `run_stage` gets."""
+
+    stage: str
+    key: Any
+    inputs: dict[str, Any]
+    cfg: Any
+    ctx: Context = field(default_factory=Context)
 
 
 def _read_or_none(path: Path) -> Any:

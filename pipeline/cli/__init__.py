@@ -1,7 +1,9 @@
 """The `mentor` click group.
 
-Commands live in small modules (``mentor.cli.data``, ``.build``, ``.hint``,
-``.run``, ``.train``, ``.sandbox``), thin layers over the stages, imported only
+Commands live in small modules grouped by what a user does (``mentor.cli.data``:
+ingest, mine; ``.hint``: hint and its checks; ``.build``; ``.train``; ``.evaluate``:
+rollout, rescue; ``.run``: workflows; ``.report``: inspect; ``.setup``: the
+machine and servers), thin layers over the stages, imported only
 when invoked, so ``mentor --help`` stays fast and a user who only mines logs
 never imports an inference engine.
 """
@@ -24,17 +26,17 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
     "hint": ("mentor.cli.hint", "hint", "Hint collapsed problems with four LLM agents on vLLM (attribution, generation, judgment, repair)."),
     "check-hint": ("mentor.cli.hint", "check_hint", "Run the hint rules (answer leak, full solution, ...) on one hint; exit 1 when it fails."),
     "check-judge": ("mentor.cli.hint", "check_judge", "Score the LLM judge on known-good and known-bad hints; exit 1 when it cannot tell them apart."),
-    "serve": ("mentor.cli.hint", "serve", "Start `vllm serve` for a model with mentor's engine settings (an OpenAI-compatible server for --backend openai)."),
-    "setup-cpu": ("mentor.cli.hint", "setup_cpu", "Prepare a CPU machine for vLLM and convert the embedded SmolLM2 demo model."),
-    "setup-sandbox": ("mentor.cli.sandbox", "setup_sandbox", "Install bubblewrap (apt) where possible and print the code sandbox's layers."),
+    "serve": ("mentor.cli.setup", "serve", "Start `vllm serve` for a model with mentor's engine settings (an OpenAI-compatible server for --backend openai)."),
+    "setup-cpu": ("mentor.cli.setup", "setup_cpu", "Prepare a CPU machine for vLLM and convert the embedded SmolLM2 demo model."),
+    "setup-sandbox": ("mentor.cli.setup", "setup_sandbox", "Install bubblewrap (apt) where possible and print the code sandbox's layers."),
     "train": ("mentor.cli.train", "train", "Run one OpenRLHF GRPO round from round.yaml (--dry-run prints the command)."),
-    "rollout": ("mentor.cli.train", "rollout", "Sample k responses per prompt with vLLM, verify them, write canonical rollouts."),
-    "rescue": ("mentor.cli.train", "rescue", "Re-roll collapsed problems with and without their hints; report the rescue rate."),
+    "rollout": ("mentor.cli.evaluate", "rollout", "Sample k responses per prompt with vLLM, verify them, write canonical rollouts."),
+    "rescue": ("mentor.cli.evaluate", "rescue", "Re-roll collapsed problems with and without their hints; report the rescue rate."),
     "build": ("mentor.cli.build", "build", "Build next-epoch prompt shards (base problems + hints) for OpenRLHF and verl."),
     "run": ("mentor.cli.run", "run", "Run a round-by-round workflow (train -> ingest -> mine -> hint -> build); resumable."),
     "status": ("mentor.cli.run", "status", "Show a run directory's state per round and stage: done/running/interrupted/failed/pending, counts, errors."),
-    "demo": ("mentor.cli.run", "demo", "One round on the bundled real GSM8K rollouts with the embedded CPU model (mentor run gsm8k-demo)."),
-    "inspect": ("mentor.cli.build", "inspect", "Summarise rollouts, collapsed, hints, prompts, rescue outputs or a run directory."),
+    "demo": ("mentor.cli.run", "demo", "One round on the bundled real GSM8K rollouts with a CPU model (mentor run gsm8k-demo)."),
+    "inspect": ("mentor.cli.report", "inspect", "Summarise rollouts, collapsed, hints, prompts, rescue outputs or a run directory."),
 }
 
 

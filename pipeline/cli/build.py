@@ -1,4 +1,4 @@
-"""`mentor build` and `mentor inspect`: thin click commands over stages.build / stages.inspect."""
+"""`mentor build`: a thin click command over stages.build."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from pathlib import Path
 import click
 
 from mentor.cli.options import parse_map
-from mentor.pipeline.errors import ConfigError
+from mentor.pipeline.errors import ConfigError, config_error
 
 
 def _read_text(path: str | None, option: str) -> str | None:
@@ -72,8 +72,9 @@ def build(base, hints, out_dir, mode, round_, shard_rows, shard_bytes, placement
     """Build next-epoch prompt shards (base problems + hints) for OpenRLHF and verl."""
     from pydantic import ValidationError
 
+    from mentor.pipeline.stage import run_stage
+    from mentor.stages import stage
     from mentor.stages.build import BuildConfig
-    from mentor.stages.build import build as run_build
 
     if system_prompt and system_file:
         raise ConfigError("give --system or --system-file, not both")
@@ -98,43 +99,17 @@ def build(base, hints, out_dir, mode, round_, shard_rows, shard_bytes, placement
     try:
         cfg = BuildConfig(**kwargs)
     except ValidationError as exc:
-        raise ConfigError("; ".join(f"{'.'.join(map(str, e['loc'])) or 'config'}: {e['msg']}" for e in exc.errors())) from exc
+        raise config_error(exc, flags={"mapping": "--map", "hint_statuses": "--status", "instructions": "--instruction",
+                                       "system_prompt": "--system"}) from exc
     templates = [Path(p) for p in (template_file, plain_template_file, system_file) if p]
     # The stage logs its warnings for library callers; the command prints them itself, once.
     stage_log = logging.getLogger("mentor.stages.build")
     level = stage_log.level
     stage_log.setLevel(max(level, logging.ERROR))
     try:
-        stats = run_build(cfg, out_dir, template_files=templates)
+        stats = run_stage(stage("build"), {"template_files": templates}, cfg, out_dir)
     finally:
         stage_log.setLevel(level)
     for w in stats.warnings:
         click.echo(f"warning: {w}", err=True)
     click.echo(json.dumps(stats.as_dict(), sort_keys=True))
-
-
-@click.command()
-@click.argument("path", type=click.Path())
-@click.option("--format", "fmt", default="table", show_default=True, type=click.Choice(["table", "json"]),
-              help="table: readable on a terminal; json: one valid JSON document.")
-@click.option("--plot", "plot_out", type=click.Path(dir_okay=False), metavar="OUT.png",
-              help="Also write a PNG of collapse rate and hint status per round (run directory or rollouts).")
-@click.option("--problem", "problem_id", metavar="ID", help="Show one problem's history across rounds instead of the summary.")
-def inspect(path, fmt, plot_out, problem_id):
-    """Summarise rollouts, collapsed, hints, prompts, rescue outputs or a whole run directory."""
-    from mentor.stages import inspect as ins
-
-    if problem_id is not None:
-        result = ins.problem_history(path, problem_id)
-        title = f"problem {problem_id} in {path}"
-    else:
-        result = ins.inspect_path(path)
-        title = f"{result['kind']}: {path}"
-    if plot_out:
-        summary = result if problem_id is None else ins.inspect_path(path)
-        ins.plot(summary, plot_out)
-        click.echo(f"plot: {plot_out}", err=True)
-    if fmt == "json":
-        click.echo(ins.to_json(result))
-    else:
-        click.echo(ins.render_table(result, title=title))

@@ -8,7 +8,7 @@ import logging
 import click
 
 from mentor.cli.options import FiniteFloatRange, executor_options, parse_map
-from mentor.pipeline.errors import ConfigError
+from mentor.pipeline.errors import config_error
 
 
 @click.command()
@@ -26,15 +26,17 @@ from mentor.pipeline.errors import ConfigError
               help="Longer responses are clipped (head and tail kept) and counted.")
 def ingest(sources, fmt, out_dir, round_, domain, maps, problems, max_response_bytes):
     """Convert rollout logs into canonical rollout Parquet shards."""
-    from mentor.stages.ingest import ingest as run_ingest
+    from mentor.pipeline.stage import run_stage
+    from mentor.stages import stage
 
+    cfg = {"format": fmt, "round": round_, "domain": domain, "mapping": parse_map(maps), "problems": problems,
+           "max_response_bytes": max_response_bytes}
     # The stage logs its warnings for library callers; the command prints them itself, once.
     stage_log = logging.getLogger("mentor.stages.ingest")
     level = stage_log.level
     stage_log.setLevel(max(level, logging.ERROR))
     try:
-        stats = run_ingest(list(sources), out_dir, fmt=fmt, round_=round_, domain=domain,
-                           mapping=parse_map(maps), problems=problems, max_response_bytes=max_response_bytes)
+        stats = run_stage(stage("ingest"), {"sources": list(sources)}, cfg, out_dir)
     finally:
         stage_log.setLevel(level)
     if fmt == "auto":
@@ -61,13 +63,16 @@ def mine(rollouts, out_dir, correct_col, threshold, min_rollouts, k_failed, fail
     from pydantic import ValidationError
 
     from mentor.pipeline.executor import open_executor
-    from mentor.stages.mine import MineConfig, mine_to_dir
+    from mentor.pipeline.stage import Context, run_stage
+    from mentor.stages import stage
+    from mentor.stages.mine import MineConfig
 
     try:
         cfg = MineConfig(correct_col=correct_col, threshold=threshold, min_rollouts=min_rollouts,
                          k_failed=k_failed, failed_budget_chars=failed_budget_chars)
     except ValidationError as exc:
-        raise ConfigError("; ".join(f"--{'-'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors())) from exc
+        raise config_error(exc, flags={"failed_budget_chars": "--failed-budget"}) from exc
     with open_executor(workers, scheduler) as executor:
-        stats = mine_to_dir(list(rollouts), out_dir, cfg, history=list(history), executor=executor)
+        stats = run_stage(stage("mine"), {"sources": list(rollouts), "history": list(history)}, cfg, out_dir,
+                          Context(executor=executor))
     click.echo(json.dumps(stats.as_dict(), sort_keys=True))

@@ -43,7 +43,7 @@ def _run(workflow: str, run_dir: str | None, rounds: int | None, from_stage: str
 
 
 def _summary(run_dir: Path) -> None:
-    from mentor.stages.inspect import summarize_run
+    from mentor.workflows.report import summarize_run
 
     click.echo(json.dumps(summarize_run(run_dir), indent=2, sort_keys=True, default=str))
 
@@ -67,18 +67,21 @@ def run(workflow, run_dir, rounds, from_stage, only, force, sample, workers, sch
 @click.option("--run-dir", type=click.Path(file_okay=False), default="runs/gsm8k-demo", show_default=True, help="Run directory.")
 @click.option("--sample", type=click.IntRange(1, 2**31 - 1), help="Collapsed problems to hint (default: the workflow's, 4).")
 @click.option("--force", is_flag=True, help="Re-run every stage even if done.")
-@click.option("--model", help="The hint model instead of the embedded SmolLM2-135M, e.g. qwen2.5-coder-0.5b "
-                              "(after `mentor setup-cpu --model qwen2.5-coder-0.5b`).")
+@click.option("--model", help="The hint model instead of the workflow's qwen2.5-coder-0.5b (prepared by `mentor setup-cpu "
+                              "--model qwen2.5-coder-0.5b`), e.g. smollm2-135m: the embedded plumbing model, no download, "
+                              "faster, its hints read as nonsense.")
 def demo(run_dir, sample, force, model):
-    """One round on the bundled real GSM8K rollouts with the embedded CPU model (= mentor run gsm8k-demo)."""
-    logging.getLogger("mentor").setLevel(logging.INFO)
-    if model is not None:
-        from mentor.pipeline.models import check_model
+    """One round on the bundled real GSM8K rollouts with a CPU model (= mentor run gsm8k-demo)."""
+    from mentor.pipeline.models import check_model
+    from mentor.workflows.config import load_workflow
 
-        check_model(model)  # before any work: a model that is not set up is a one-line error with the fix
+    logging.getLogger("mentor").setLevel(logging.INFO)
+    # Before any work: a model that is not set up is a one-line error with the fix.
+    check_model(model if model is not None else load_workflow("gsm8k-demo").hint.backend.model)
     out = _run("gsm8k-demo", run_dir, None, None, None, force, None, None, sample, model)
     _print_status(out, "table")
-    from mentor.stages.inspect import summarize_run, render_table
+    from mentor.workflows.report import summarize_run
+    from mentor.workflows.report_render import render_table
 
     click.echo(render_table(summarize_run(out)))
     _show_a_hint(out)

@@ -1,6 +1,6 @@
 """Benchmark `mentor build` on a synthetic base set with hints: wall time, and the floor.
 
-    python tests/benchmarks/bench_build.py [--problems 1000000] [--hint-share 0.1] [--repeat 5] [--dir /tmp/mentor-bench-build]
+    python tests/benchmarks/bench_build.py [--problems 1000000] [--hint-share 0.1] [--repeat 5] [--dir $TMPDIR/mentor-bench-build]
 
 Generates (once, reused) a synthetic base problem set (schema: problems, one
 Parquet file, ~200-character math problems) and a hints set for `hint-share` of
@@ -28,6 +28,7 @@ import json
 import os
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 BUILD = r"""
@@ -119,7 +120,8 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--problems", type=int, default=1_000_000)
     ap.add_argument("--hint-share", type=float, default=0.1)
-    ap.add_argument("--dir", default="/tmp/mentor-bench-build")
+    ap.add_argument("--dir", default=str(Path(tempfile.gettempdir()) / "mentor-bench-build"),
+                    help="Work folder, reused between runs (default: mentor-bench-build in the system temp dir).")
     ap.add_argument("--repeat", type=int, default=5, help="Rounds of (build, floor); the best time of each counts.")
     args = ap.parse_args()
     folder = Path(args.dir)

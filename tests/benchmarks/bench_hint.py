@@ -5,7 +5,7 @@
     backend; a quarter of the problems leak the answer once and go through a
     repair, so rules, judgment and repair paths are all exercised. No target:
     real runs are bound by the engine (see (b)).
-    Also a floor under the issue's design, over the same rows: only the three
+    Also a floor under the design, over the same rows: only the three
     requests every problem needs (attribution, generation, judgment), each
     built by the agents' message builders into one `GenRequest`, answered by
     the same fake, its JSON decoded, and the rule checks on the one hint --
@@ -30,6 +30,7 @@ import os
 import sys
 import tempfile
 import time
+from types import SimpleNamespace
 
 
 def collapsed_rows() -> list[dict]:
@@ -42,7 +43,8 @@ def collapsed_rows() -> list[dict]:
 
 def bench_orchestration(base: list[dict], n: int) -> dict:
     from mentor.pipeline.llm import FakeBackend, GenRequest
-    from mentor.stages.hint import HintConfig, HintStats, hint_shard
+    from mentor.stages.hint import HintStats, hint_shard
+    from mentor.stages.hint_config import HintConfig
     from mentor.stages.hint_agents import fake_script
 
     rows = [dict(base[i % len(base)], problem_id=f"p-bench-{i:07d}") for i in range(n)]
@@ -81,33 +83,39 @@ def bench_floor(base: list[dict], n: int) -> dict:
 
     from mentor.pipeline.llm import FakeBackend, GenRequest
     from mentor.stages import hint_agents as ha
-    from mentor.stages.hint import HintConfig
-    from mentor.stages.hint_rules import RuleContext, check_hint
+    from mentor.stages.hint_config import HintConfig
+    from mentor.stages.rules import RuleContext, check_hint
 
     cfg = HintConfig()
     limits = cfg.for_domain("math")[3]
     t = ha.Templates.load()
     rows = [dict(base[i % len(base)], problem_id=f"p-bench-{i:07d}") for i in range(n)]
-    a_schema = ha.attribution_schema(cfg.max_keywords, cfg.keyword_chars, cfg.error_chars)
-    h_schema, j_schema = ha.hint_schema(cfg.max_hint_chars), ha.judgment_schema(cfg.feedback_chars)
+    attribution, generation, judgment = ha.ATTRIBUTION, ha.GENERATION, ha.JUDGMENT
+    a_schema, h_schema, j_schema = (a.schema(cfg, limits) for a in (attribution, generation, judgment))
     mt = cfg.max_tokens
 
     def waves() -> tuple[float, float]:
         """Seconds of (the three waves of requests, the rule checks)."""
         fake = FakeBackend(script=ha.fake_script, record=False)
+        # what each agent reads of a problem (hint_agents.State), made before the clock starts
+        states = [SimpleNamespace(row=r, keywords=[], error=None, retry=0, rejected=[], candidate=None) for r in rows]
         t0 = time.perf_counter()
-        res = fake.generate([GenRequest(f"{i}:attribution:0", ha.attribution_messages(r, t, cfg.max_failed, cfg.failed_chars),
-                                        mt.attribution, 0.0, 1.0, i, a_schema) for i, r in enumerate(rows)])
-        attr = [ha.json_object(x.text) or {} for x in res]
-        res = fake.generate([GenRequest(f"{i}:generation:0", ha.generation_messages(r, a.get("keywords") or [], a.get("error"), t),
-                                        mt.generation, 0.7, 0.95, i, h_schema) for i, (r, a) in enumerate(zip(rows, attr))])
+        res = fake.generate([GenRequest(f"{i}:attribution:0", attribution.messages(s, cfg, t),
+                                        mt.attribution, 0.0, 1.0, i, a_schema) for i, s in enumerate(states)])
+        for s, x in zip(states, res):
+            a = ha.json_object(x.text) or {}
+            s.keywords, s.error = a.get("keywords") or [], a.get("error")
+        res = fake.generate([GenRequest(f"{i}:generation:0", generation.messages(s, cfg, t),
+                                        mt.generation, 0.7, 0.95, i, h_schema) for i, s in enumerate(states)])
         hints = [(ha.json_object(x.text) or {}).get("hint") or "" for x in res]
         t1 = time.perf_counter()
         for r, h in zip(rows, hints):
             check_hint(h, RuleContext(domain="math", answer=r["label"], problem=r["problem"], limits=limits))
         t2 = time.perf_counter()
-        res = fake.generate([GenRequest(f"{i}:judgment:0", ha.judgment_messages(r, h, t), mt.judgment, 0.0, 1.0, i, j_schema)
-                             for i, (r, h) in enumerate(zip(rows, hints))])
+        for s, h in zip(states, hints):
+            s.candidate = h
+        res = fake.generate([GenRequest(f"{i}:judgment:0", judgment.messages(s, cfg, t), mt.judgment, 0.0, 1.0, i, j_schema)
+                             for i, s in enumerate(states)])
         scores = [ha.json_object(x.text) for x in res]
         assert len(scores) == n
         return (t1 - t0) + (time.perf_counter() - t2), t2 - t1
@@ -130,7 +138,8 @@ def bench_floor(base: list[dict], n: int) -> dict:
 def bench_vllm(base: list[dict], n: int, repeat: int = 1) -> dict:
     from mentor.pipeline.llm import GenRequest, make_backend
     from mentor.stages import hint_agents as ha
-    from mentor.stages.hint import HintConfig, HintStats, hint_shard
+    from mentor.stages.hint import HintStats, hint_shard
+    from mentor.stages.hint_config import HintConfig
 
     backend = make_backend("vllm", max_model_len=4096)
     waves: list[tuple[list, list, float]] = []
@@ -148,8 +157,8 @@ def bench_vllm(base: list[dict], n: int, repeat: int = 1) -> dict:
     # schema (xgrammar caches compiled grammars per process, so the replay would otherwise get them
     # free), and a whole untimed stage run on other problems, so that neither timed run is the first
     # to meet the engine's batch shapes.
-    schemas = [ha.attribution_schema(cfg.max_keywords, cfg.keyword_chars, cfg.error_chars),
-               ha.hint_schema(cfg.max_hint_chars), ha.judgment_schema(cfg.feedback_chars)]
+    limits = cfg.for_domain("math")[3]
+    schemas = [a.schema(cfg, limits) for a in (ha.ATTRIBUTION, ha.GENERATION, ha.JUDGMENT)]
     backend.generate([GenRequest(f"warm{i}", [{"role": "user", "content": "Say hi."}], max_tokens=2, json_schema=s)
                       for i, s in enumerate(schemas)])
     hint_shard(base[n : 2 * n], cfg, backend, stats=HintStats())

@@ -1,6 +1,6 @@
 """Benchmark `mentor mine` on a synthetic rollout log: wall time, peak memory, and the floor.
 
-    python tests/benchmarks/bench_mine.py [--rows 20000000] [--shards 20] [--dir /tmp/mentor-bench-mine]
+    python tests/benchmarks/bench_mine.py [--rows 20000000] [--shards 20] [--dir $TMPDIR/mentor-bench-mine]
 
 Generates (once, reused) `rows` canonical rollouts in Parquet shards, k=4 rollouts
 per problem, ~1/3 collapsed, ~250-byte responses; then, each in its own process
@@ -23,6 +23,7 @@ import os
 import resource
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -119,7 +120,8 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--rows", type=int, default=20_000_000)
     ap.add_argument("--shards", type=int, default=20)
-    ap.add_argument("--dir", default="/tmp/mentor-bench-mine")
+    ap.add_argument("--dir", default=str(Path(tempfile.gettempdir()) / "mentor-bench-mine"),
+                    help="Work folder, reused between runs (default: mentor-bench-mine in the system temp dir).")
     args = ap.parse_args()
     base = Path(args.dir)
     paths = generate(base / "rollouts", args.rows, args.shards)

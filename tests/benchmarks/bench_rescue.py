@@ -50,7 +50,8 @@ outputs. Progress bars on stderr (``--no-progress``).
 
 Splits: dev = even positions of the problem set, report = odd positions, all =
 both. Tune on dev, report on report. Every step is a resumable mentor stage
-under ``--work``: rerunning after a change recomputes only what it affects.
+under ``--work`` (default: bench/rescue in the mentor cache, ~/.cache/mentor;
+never inside the repository): rerunning after a change recomputes only what it affects.
 Needs ../shared/data (MENTOR_SHARED_DATA) for the reference solutions.
 """
 
@@ -152,7 +153,7 @@ def reference_hints(collapsed, domain: str, hinted_round: int = 0):
     from mentor.pipeline.ids import content_hash
     from mentor.pipeline.schemas import HINTS
     from mentor.stages.hint_agents import Templates
-    from mentor.stages.hint_rules import check
+    from mentor.stages.rules import check
 
     solutions = reference_solutions(domain)
     generic = Templates.load().lines(f"fallback_{domain}")[0]
@@ -277,11 +278,13 @@ def run(args: argparse.Namespace) -> list[dict]:
 
     from mentor.pipeline.io import read_json, write_parquet_atomic
     from mentor.pipeline.llm import BackendSpec, close_backends, hold_engines
-    from mentor.stages.hint import HintConfig, hint_to_dir, load_config
-    from mentor.stages.hint_rules import check
+    from mentor.stages.hint import hint_to_dir
+    from mentor.stages.hint_config import HintConfig, load_config
+    from mentor.stages.rules import check
     from mentor.stages.build_render import DEFAULT_PLACEMENT
     from mentor.stages.mine import MineConfig, mine_to_dir
-    from mentor.stages.rollout import RolloutConfig, rescue_to_dir, rollout_to_dir
+    from mentor.stages.rescue import rescue_to_dir
+    from mentor.stages.rollout import RolloutConfig, rollout_to_dir
 
     work = Path(args.work) / f"{args.domain}-{args.split}"
     work.mkdir(parents=True, exist_ok=True)
@@ -297,9 +300,13 @@ def run(args: argparse.Namespace) -> list[dict]:
         screened = {"problems": None, "collapsed_from": args.collapsed}
     else:
         problems = split_problems(args.domain, args.split, args.problems)
+        if args.screen_from:  # screen only these problems (e.g. another policy's collapsed set) with this policy
+            ids = pl.read_parquet(args.screen_from, columns=["problem_id"])["problem_id"]
+            problems = problems.filter(pl.col("problem_id").is_in(ids.implode()))
         write_parquet_atomic(problems, work / "problems.parquet", dataset="problems")
         screen_cfg = RolloutConfig(k=args.screen_k, seed=args.seed, shard_size=SCREEN_SHARD[args.domain], **sampling)
-        screen = rollout_to_dir([str(work / "problems.parquet")], work / "screen", screen_cfg, policy, progress=not args.no_progress)
+        screen = rollout_to_dir([str(work / "problems.parquet")], work / "screen", screen_cfg, policy,
+                                progress=not args.no_progress).as_dict()
         mine_to_dir([str(work / "screen")], work / "collapsed", MineConfig(min_rollouts=args.screen_k))
         collapsed = pl.read_parquet(work / "collapsed" / "collapsed.parquet")
         screened = {"problems": problems.height, "screen_mean_correct": screen["mean_correct"],
@@ -391,7 +398,7 @@ def run(args: argparse.Namespace) -> list[dict]:
     t2 = time.monotonic()
     summary = rescue_to_dir([str(source)], arm_files, work / "rescue",
                             RolloutConfig(k=args.k, seed=args.seed + 1, placement=placement, **sampling), policy,
-                            progress=not args.no_progress)
+                            progress=not args.no_progress).as_dict()
     close_backends()
     report = pl.read_parquet(work / "rescue" / "rescue.parquet")
     answers = {r["problem_id"]: r for r in collapsed.iter_rows(named=True)}
@@ -498,11 +505,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="The positive control that must beat unhinted (paired 95%% interval above 0) before any hint arm is "
                    "run; no placement separating: 'cannot show a hint effect', and the run stops. off: no controls.")
     p.add_argument("--controls-only", action="store_true", help="Stop after the positive controls (a placement sweep).")
-    p.add_argument("--collapsed", help="Use this collapsed.parquet instead of screening (e.g. a committed work folder's).")
+    p.add_argument("--collapsed", help="Use this collapsed.parquet instead of screening "
+                   "(e.g. tests/benchmarks/data/gsm8k-report-collapsed.parquet, the math report split's 177).")
+    p.add_argument("--screen-from", help="Screen only the split's problems whose problem_id is in this Parquet file "
+                   "(e.g. another policy's collapsed set), with this policy.")
     p.add_argument("--quick", action="store_true", help=f"A small setting for iterating: {QUICK_PROBLEMS} dev problems screened "
                    "(the screen is reused after the first run), arms generic full reference.")
     p.add_argument("--no-progress", action="store_true", help="No progress bars (stderr).")
-    p.add_argument("--work", default="runs/bench-rescue", help="Where every stage writes (resumable).")
+    p.add_argument("--work", help="Where every stage writes (resumable); default: bench/rescue in the mentor cache "
+                   "(~/.cache/mentor, or $MENTOR_CACHE), outside the repository.")
     p.add_argument("--no-plot", action="store_true")
     args = p.parse_args(argv)
     args.split = args.split or ("dev" if args.quick else "report" if args.domain == "math" else "all")
@@ -521,6 +532,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args.placements = list(dict.fromkeys(args.placements or [args.placement or DEFAULT_PLACEMENT]))
     if args.placement and args.placement not in args.placements:
         args.placements.append(args.placement)
+    if args.work is None:
+        from mentor.pipeline.models import cache_dir
+
+        args.work = str(cache_dir() / "bench" / "rescue")
     if args.quick:
         args.work = str(Path(args.work) / "quick")
     return args

@@ -38,7 +38,8 @@ def collapsed(path: Path) -> Path:
 def timed_hint(src: Path, out: Path, spec, sample: int, skip: int = 0) -> tuple[float, dict]:
     import polars as pl
 
-    from mentor.stages.hint import HintConfig, hint_to_dir
+    from mentor.stages.hint import hint_to_dir
+    from mentor.stages.hint_config import HintConfig
 
     part = out.with_suffix(".parquet")
     pl.read_parquet(src).sort("problem_id").slice(skip, sample).write_parquet(part)

@@ -1,7 +1,10 @@
-"""The fallback sandbox backend, for machines without a working bubblewrap (standard library only).
+"""Harness source, never imported: the fallback (legacy) sandbox layers, for machines without a working bubblewrap.
 
-Its source runs inside the sandboxed interpreter, before `sandbox_harness`'s
-role, as root or as the calling user: nothing here may import mentor. In order:
+`sandbox_launch.harness_source` pastes this file's text between `plaincodec`'s and
+`sandbox_harness`'s into the program the legacy backend runs; `sandbox_harness` calls
+its `legacy_setup` (standard library only). It runs inside the sandboxed interpreter,
+before `sandbox_harness`'s role, as root or as the calling user: nothing here may
+import mentor. In order:
 
 1. namespaces via unshare(2): network, PID and mount (as root directly; as a
    normal user inside a new user namespace, where the kernel allows it);
@@ -15,7 +18,7 @@ role, as root or as the calling user: nothing here may import mentor. In order:
    kills everything it started); parent-death signal SIGKILL;
 4. as root: the bounding set emptied, no_new_privs, and the real, effective and
    saved uid/gid set to the run's own unprivileged uid (a slot uid, see
-   `sandbox`), so files readable only by root stay unreadable and
+   `sandbox_slots`), so files readable only by root stay unreadable and
    RLIMIT_NPROC counts only this run's processes. If that uid could not run
    the interpreter, the run stops here: code never runs as uid 0. As a normal
    user: its own uid, with every capability of its user namespace dropped.

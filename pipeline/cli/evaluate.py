@@ -1,0 +1,138 @@
+"""Sampling the policy: `mentor rollout` (k verified responses per prompt) and `mentor rescue` (re-rolls of
+collapsed problems with and without hints) — thin click commands over stages.rollout / stages.rescue."""
+
+from __future__ import annotations
+
+import json
+
+import click
+
+from mentor.cli.options import server_backend_options, server_options
+from mentor.pipeline.errors import config_error
+
+
+def _policy_options(f):
+    f = server_options(f)
+    f = click.option("--backend", default="vllm", show_default=True, type=click.Choice(["vllm", "openai", "fake"]),
+                     help="vllm: an engine in this process; openai: an OpenAI-compatible server at --base-url "
+                          "(--policy is then its served name); fake: tests only.")(f)
+    f = click.option("--policy", "policy", default=None, metavar="MODEL",
+                     help="Policy model: a folder, an HF name, or a CPU model name from `mentor setup-cpu --model` "
+                          "(qwen2.5-coder-0.5b, qwen2.5-coder-1.5b); default: the embedded demo model.")(f)
+    f = click.option("--shard-size", type=click.IntRange(min=1), default=256, show_default=True,
+                     help="Prompts per shard (one engine call and one resumable output file each).")(f)
+    f = click.option("--k", type=click.IntRange(min=1), default=4, show_default=True, help="Rollouts per prompt.")(f)
+    f = click.option("--max-tokens", type=click.IntRange(min=1), default=1024, show_default=True, help="Max new tokens per rollout.")(f)
+    f = click.option("--temperature", type=click.FloatRange(min=0.0), default=1.0, show_default=True, help="Sampling temperature.")(f)
+    f = click.option("--top-p", type=click.FloatRange(min=0.0, max=1.0, min_open=True), default=1.0, show_default=True, help="Nucleus sampling.")(f)
+    f = click.option("--seed", type=int, default=0, show_default=True, help="Base seed (each rollout gets its own).")(f)
+    f = click.option("--limit", type=click.IntRange(min=1), default=None, help="Only the first N prompts/problems.")(f)
+    f = click.option("--round", "round_", type=click.IntRange(min=0), default=None, help="Round stamped on the rollouts.")(f)
+    f = click.option("--max-model-len", type=click.IntRange(min=16), default=None, help="vLLM max_model_len (memory on small machines).")(f)
+    f = click.option("--tensor-parallel-size", type=click.IntRange(min=1), default=None, help="vLLM tensor parallel size (GPUs) [default: 1].")(f)
+    f = click.option("--progress/--no-progress", default=None,
+                     help="A progress bar of rollouts on stderr, moved as each shard finishes [default: on when stderr is a terminal].")(f)
+    return f
+
+
+def _config(k, max_tokens, temperature, top_p, seed, limit, round_, shard_size):
+    from pydantic import ValidationError
+
+    from mentor.stages.rollout import RolloutConfig
+
+    try:
+        return RolloutConfig(k=k, max_tokens=max_tokens, temperature=temperature, top_p=top_p, seed=seed, limit=limit,
+                             round=round_, shard_size=shard_size)
+    except ValidationError as exc:
+        raise config_error(exc, flags=True) from exc
+
+
+def _progress(flag: bool | None) -> bool:
+    import sys
+
+    return sys.stderr.isatty() if flag is None else flag
+
+
+def _backend(backend, policy, max_model_len, tensor_parallel_size, base_url=None, max_concurrency=64,
+             structured_output="response_format"):
+    """A BackendSpec: the engine starts only once the inputs have been read and a shard needs sampling."""
+    from mentor.pipeline.llm import BackendSpec
+
+    if backend == "fake":
+        return BackendSpec("fake", policy)
+    if backend == "openai":
+        return BackendSpec("openai", policy, server_backend_options(
+            policy, base_url, max_concurrency, structured_output,
+            engine_flags={"--max-model-len": max_model_len, "--tensor-parallel-size": tensor_parallel_size}))
+    from mentor.pipeline.models import check_model
+
+    check_model(policy)  # a named model that is not set up: the setup command, now
+    opts = {"tensor_parallel_size": tensor_parallel_size or 1}
+    if max_model_len:
+        opts["max_model_len"] = max_model_len
+    return BackendSpec("vllm", policy, opts)
+
+
+@click.command()
+@click.argument("prompts", nargs=-1, required=True)
+@click.option("--out", "out_dir", required=True, type=click.Path(file_okay=False),
+              help="Writes DIR/part-NNNNN.parquet (rollouts, one per shard) and DIR/stats.json.")
+@_policy_options
+def rollout(prompts, out_dir, backend, base_url, max_concurrency, structured_output, policy, k, max_tokens, temperature,
+            top_p, seed, limit, round_, max_model_len, tensor_parallel_size, shard_size, progress):
+    """Sample k responses per prompt (vLLM offline), verify them, write canonical rollouts.
+
+    PROMPTS: prompt shards from `mentor build`, a problems dataset, or a bundled set (gsm8k, math500, humaneval).
+    """
+    from mentor.pipeline.stage import Context, run_stage
+    from mentor.stages import stage
+
+    cfg = _config(k, max_tokens, temperature, top_p, seed, limit, round_, shard_size)
+    spec = _backend(backend, policy, max_model_len, tensor_parallel_size, base_url, max_concurrency, structured_output)
+    _print(run_stage(stage("rollout"), {"prompts": list(prompts)}, cfg, out_dir, Context(backend=spec, progress=_progress(progress))))
+
+
+def _print(stats) -> None:
+    """The stage's stats on stdout, one JSON line, without the config (the user just gave it)."""
+    out = stats.as_dict()
+    out.pop("config", None)
+    click.echo(json.dumps(out, sort_keys=True))
+
+
+def _arms(hints: tuple[str, ...], arms: tuple[str, ...]) -> dict[str, list[str]]:
+    out: dict[str, list[str]] = {"hinted": list(hints)} if hints else {}
+    for spec in arms:
+        name, sep, path = spec.partition("=")
+        if not sep or not name or not path:
+            raise click.BadParameter(f"{spec!r} is not NAME=HINTS (e.g. full=runs/x/hints/hints.parquet)", param_hint="--arm")
+        out.setdefault(name.strip(), []).append(path.strip())
+    if not out:
+        raise click.UsageError("give the hints to test: --hints HINTS (the arm 'hinted') or --arm NAME=HINTS (repeatable)")
+    return out
+
+
+@click.command()
+@click.option("--collapsed", "collapsed", multiple=True, required=True,
+              help="collapsed.parquet from `mentor mine` (repeatable), or a problems dataset / bundled set name.")
+@click.option("--hints", "hints", multiple=True, help="hints.parquet from `mentor hint` (repeatable): the arm 'hinted'.")
+@click.option("--arm", "arms", multiple=True, metavar="NAME=HINTS",
+              help="A named arm of hints (repeatable), e.g. --arm full=a/hints.parquet --arm generic=b/hints.parquet.")
+@click.option("--out", "out_dir", required=True, type=click.Path(file_okay=False), help="Writes DIR/rescue.parquet, DIR/rescue.json, DIR/rollouts/.")
+@click.option("--placement", type=click.Choice(["before", "after", "system"]), default=None,
+              help="Where the hint goes, as `mentor build --placement` puts it [default: build's default, before].")
+@_policy_options
+def rescue(collapsed, hints, arms, out_dir, placement, backend, base_url, max_concurrency, structured_output, policy, k,
+           max_tokens, temperature, top_p, seed, limit, round_, max_model_len, tensor_parallel_size, shard_size, progress):
+    """Re-roll collapsed problems without a hint and under each arm of hints; report each arm's rescue rate.
+
+    Every arm re-rolls the same problems (those with a hint in every arm) with the same seeds.
+    """
+    from mentor.pipeline.stage import Context, run_stage
+    from mentor.stages import stage
+
+    cfg = _config(k, max_tokens, temperature, top_p, seed, limit, round_, shard_size)
+    if placement:
+        cfg = cfg.model_copy(update={"placement": placement})
+    inputs = {"collapsed": list(collapsed), "arms": _arms(hints, arms)}
+    spec = _backend(backend, policy, max_model_len, tensor_parallel_size, base_url, max_concurrency, structured_output)
+    _print(run_stage(stage("rescue"), inputs, cfg, out_dir, Context(backend=spec, progress=_progress(progress))))

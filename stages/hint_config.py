@@ -1,0 +1,140 @@
+"""Settings of the hint stage (`mentor hint`, a workflow's ``hint:`` section): `HintConfig` and `load_config`.
+
+`mentor.stages.hint` is the stage; its ``STAGE.Config`` is `HintConfig`.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from mentor.pipeline.errors import config_error
+from mentor.stages.judge_check import JudgeCheckConfig
+from mentor.stages.rules import RuleLimits
+from mentor.stages.vouch import VouchConfig
+
+
+# Qwen3's switch; templates that have no such variable ignore it.
+THINKING_OFF = {"enable_thinking": False}
+
+
+class DomainOverrides(BaseModel):
+    """Per-domain settings that replace the global ones when set."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    max_retry: int | None = Field(None, ge=0, description="Regenerations from the keywords after the refines are spent.")
+    max_refine: int | None = Field(None, ge=0, description="Repair rounds per generated hint.")
+    judge_threshold: float | None = Field(None, ge=1, le=10, description="Minimum judge score (1-10) to accept.")
+    max_hint_chars: int | None = Field(None, ge=40, description="Longest acceptable hint, characters.")
+    max_hint_sentences: int | None = Field(None, ge=1, description="Most sentences in a hint.")
+
+
+class TokenLimits(BaseModel):
+    """max_tokens per agent call (JSON output is also bounded by its schema)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    attribution: int = Field(200, ge=16, description="max_tokens of an attribution call.")
+    generation: int = Field(360, ge=16, description="max_tokens of a generation call (reasoning + hint).")
+    judgment: int = Field(120, ge=16, description="max_tokens of a judgment call.")
+    repair: int = Field(360, ge=16, description="max_tokens of a repair call (reasoning + hint).")
+
+
+class HintConfig(BaseModel):
+    """Settings of `mentor hint` (also the `hint:` section of a workflow)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    max_retry: int = Field(2, ge=0, description="Regenerations from the keywords after the refines are spent (the method's Max Retry).")
+    max_refine: int = Field(2, ge=0, description="Repair rounds per generated hint (the method's Max Refine).")
+    judge_threshold: float = Field(7.0, ge=1, le=10, description="A hint that passes the rules is accepted when the judge's score (1-10) reaches this.")
+    llm_judge: bool = Field(True, description="Ask the LLM judge after the rules pass (off: the rules alone decide).")
+    judge_correctness: bool = Field(True, description="The judge first states whether every statement and calculation of the hint "
+                                    "is correct; a hint judged incorrect is rejected whatever its score.")
+    feedback_chars: int = Field(240, ge=16, description="Longest judge feedback, characters.")
+    trim_hints: bool = Field(True, description="A hint rejected only for what follows its first sentences (too long, the answer, "
+                             "the worked solution) is cut back to its longest leading run of whole sentences that passes the rules, "
+                             "and goes on to the judge; off: such a hint goes to repair.")
+    reasoning_chars: int = Field(600, ge=0, description="Room for the generation and repair agents to work the problem out "
+                                 "(towards the reference answer) before they write the hint; kept in the trace, never in the hint. 0: off.")
+    attribution: bool = Field(True, description="Run the Attribution agent (off: the hint is generated from the problem alone, "
+                              "the method's 'without Attribution' ablation).")
+    max_failed: int = Field(2, ge=0, description="Failed responses shown to the attribution agent.")
+    failed_chars: int = Field(1500, ge=64, description="Characters kept per failed response in the prompt (mostly its end).")
+    max_keywords: int = Field(5, ge=1, le=20, description="Keywords the attribution agent may return.")
+    keyword_chars: int = Field(40, ge=4, description="Longest keyword, characters.")
+    error_chars: int = Field(240, ge=16, description="Longest attributed error, characters.")
+    generation: bool = Field(True, description="Run the Generation agent (off: the hint is the keyword template filled with the "
+                             "attribution's keywords, the 'without Generation' ablation; with attribution off too, the generic default hint).")
+    domains: dict[Literal["math", "code"], DomainOverrides] = Field(default_factory=dict, description="Per-domain overrides, e.g. {code: {max_refine: 3}}.")
+    max_tokens: TokenLimits = Field(default_factory=TokenLimits, description="max_tokens per agent.")
+    temperature: float = Field(0.7, ge=0, le=2, description="Sampling temperature of generation and repair.")
+    top_p: float = Field(0.95, gt=0, le=1, description="Nucleus sampling of generation and repair.")
+    analysis_temperature: float = Field(0.0, ge=0, le=2, description="Temperature of attribution and judgment.")
+    seed: int = Field(0, description="Base seed; each request's seed derives from it, the problem id, the agent and the attempt.")
+    max_hint_chars: int = Field(RuleLimits.max_chars, ge=40, description="Longest acceptable hint, characters (also the JSON schema's maxLength).")
+    max_hint_sentences: int = Field(RuleLimits.max_sentences, ge=1, description="Most sentences in a hint.")
+    chat_template_kwargs: dict[str, Any] = Field(
+        default_factory=lambda: dict(THINKING_OFF),
+        description="Variables for the hint model's chat template, for every agent. The default turns a thinking model's "
+        "thinking off (Qwen3's enable_thinking); a template that does not use a variable ignores it. {}: the template's defaults.")
+    agent_chat_template_kwargs: dict[Literal["attribution", "generation", "judgment", "repair"], dict[str, Any]] = Field(
+        default_factory=dict, description="Per-agent additions to chat_template_kwargs, e.g. {judgment: {enable_thinking: true}} "
+        "lets the judge think (its <think> block is dropped before the verdict is read).")
+    templates_dir: str | None = Field(None, description="Directory whose <name>.txt files replace the bundled prompt templates.")
+    shard_size: int = Field(512, ge=1, description="Problems per shard (one shard = one batch of waves; dask runs shards in parallel).")
+    judge_check: JudgeCheckConfig = Field(default_factory=JudgeCheckConfig, description="Score the LLM judge on known-good "
+                                          "and known-bad hints before the run trusts it (stages/judge_check.py).")
+    vouch: VouchConfig | None = Field(None, description="Keep a hint only when the policy, re-rolled with it, earns reward; "
+                                      "else try the next candidate (stages/vouch.py). None: off.")
+
+    def for_domain(self, domain: str) -> tuple[int, int, float, RuleLimits]:
+        o = self.domains.get(domain)  # type: ignore[call-overload]
+        pick = lambda name: getattr(o, name) if o is not None and getattr(o, name) is not None else getattr(self, name)  # noqa: E731
+        limits = RuleLimits(max_chars=pick("max_hint_chars"), max_sentences=pick("max_hint_sentences"))
+        return pick("max_retry"), pick("max_refine"), pick("judge_threshold"), limits
+
+    def template_kwargs(self, agent: str) -> dict[str, Any] | None:
+        """The chat-template variables of `agent`'s requests (None: none)."""
+        kw = {**self.chat_template_kwargs, **self.agent_chat_template_kwargs.get(agent, {})}  # type: ignore[call-overload]
+        return kw or None
+
+    def semantic(self) -> dict[str, Any]:
+        """The settings that change outputs (not how the work is split or where templates live).
+
+        The chat-template variables count only when changed from their defaults: the default
+        changes no output of a model whose template does not read it, and keeps the keys of runs
+        made before the setting existed.
+        """
+        # judge_check changes outputs only through its verdict, which a checked run folds into llm_judge.
+        out = self.model_dump(mode="json", exclude={"shard_size", "templates_dir", "judge_check"})
+        if out["chat_template_kwargs"] == THINKING_OFF:
+            del out["chat_template_kwargs"]
+        if not out["agent_chat_template_kwargs"]:
+            del out["agent_chat_template_kwargs"]
+        if out["vouch"] is None:
+            del out["vouch"]
+        return out
+
+
+def load_config(path: str | Path | None, **overrides: Any) -> HintConfig:
+    """HintConfig from a YAML file (top level, or under a `hint:` key) plus CLI overrides."""
+    data: dict[str, Any] = {}
+    if path:
+        from mentor.pipeline.yaml_io import read_yaml_mapping
+
+        loaded = read_yaml_mapping(path, "hint settings")
+        data = loaded.get("hint", loaded) if isinstance(loaded.get("hint"), dict) else loaded
+    data.update({k: v for k, v in overrides.items() if v is not None})
+    from pydantic import ValidationError
+
+    try:
+        return HintConfig(**data)
+    except ValidationError as exc:
+        raise config_error(exc, f"{path}: invalid hint config" if path else "invalid hint config") from exc
+
+
+__all__ = ["THINKING_OFF", "DomainOverrides", "HintConfig", "TokenLimits", "load_config"]

@@ -1,0 +1,85 @@
+"""What a sandbox promises: its layers, what a missing one means, its resource limits.
+
+Each run reports the layers in force (`sandbox.SandboxResult.layers`, and the
+``hello`` of worker/tester): ``process`` (a separate ``python -I -S -B``),
+``env`` (clean environment), ``fsview`` (only interpreter and system files
+visible, read-only), ``fsro`` (legacy: everything read-only), ``netns``,
+``pidns``, ``procns`` (a private /proc, its cross-uid views such as
+/proc/key-users masked), ``uid`` (a real non-zero uid), ``nocaps`` (no
+capabilities, no_new_privs), ``rlimits`` (CPU, address space, file size,
+processes, open files, no core), ``nproc`` (PID namespace + RLIMIT_NPROC of a
+uid of its own: a fork bomb is bounded whatever the uid), ``timeout`` (wall
+clock kill), ``seccomp`` (a syscall filter: no kernel keyrings, file locks,
+inotify/fanotify, memfd or SysV IPC, io_uring, bpf, perf events,
+userfaultfd, and no new user namespace), ``memcg`` (a memory cgroup of its
+own: ``memory.max`` with swap off on cgroup v2, ``memory.limit_in_bytes`` +
+``memsw`` on v1; kernel memory such as tmpfs inodes is charged to it),
+``tmpcap`` (where there is no memory cgroup: /tmp limited in inodes as well as
+bytes; `MEMCG_FALLBACK`), ``audit`` (legacy tripwire, never required). When one of
+`REQUIRED_LAYERS` is missing, a warning naming it is logged once per process;
+with ``MENTOR_SANDBOX_STRICT=1`` the run refuses instead (`SandboxUnavailable`).
+Whatever the backend, code never runs as uid 0: the harness checks its own
+identity before any untrusted code runs and exits if it is root.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+REQUIRED_LAYERS = ("process", "env", "fsview", "netns", "pidns", "procns", "uid", "nocaps", "rlimits", "nproc", "timeout",
+                   "seccomp", "memcg")
+# Where `memcg` is missing, these stand in for it (and are named as missing too when they are not there).
+MEMCG_FALLBACK = ("tmpcap",)
+# What a missing layer means, as the warning says it.
+LAYER_MEANING = {
+    "process": "the code does not run in a separate isolated interpreter",
+    "env": "the code sees the caller's environment variables",
+    "fsview": "the code can read every world-readable file, datasets and their tests included",
+    "netns": "the code can reach the network",
+    "pidns": "the code can see other processes and leave processes behind",
+    "procns": "the code can see other processes, or other uids' key quotas, in /proc",
+    "uid": "the code does not run as an unprivileged uid of its own",
+    "nocaps": "the code keeps capabilities",
+    "rlimits": "its CPU, memory, file-size and process limits are not all set",
+    "nproc": "it has no process limit of its own: a fork bomb is bounded only by the wall-clock kill",
+    "timeout": "it has no wall-clock limit",
+    "seccomp": "the code can use kernel keyrings, file locks, inotify, memfd/SysV shared memory and new user namespaces: "
+               "state that outlives the run, signals between concurrent sandboxes, memory outside its limits",
+    "memcg": "no memory cgroup bounds the sandbox as a whole: memory outside the address-space limit (page cache, pipes, "
+             "kernel objects) is bounded only by the per-process limits, the syscall filter and the /tmp caps",
+    "tmpcap": "its writable /tmp has no inode limit (and no memory cgroup charges its inodes): empty files can fill "
+              "the host's kernel memory",
+}
+
+
+class SandboxUnavailable(RuntimeError):
+    """A required layer cannot be had here and MENTOR_SANDBOX_STRICT=1 is set (or no uid can be dropped to)."""
+
+
+@dataclass(frozen=True)
+class SandboxLimits:
+    """Resource limits of one sandboxed run."""
+
+    wall_seconds: float = 10.0
+    cpu_seconds: int = 10
+    memory_bytes: int = 1 << 30  # address space per process; CPython itself needs ~30 MiB
+    file_bytes: int = 16 << 20  # largest file (also stdout/stderr) it may write
+    processes: int = 4  # RLIMIT_NPROC of its own uid: processes + threads (worker/tester use 1)
+    open_files: int = 64
+    tmp_bytes: int = 16 << 20  # size of its writable /tmp (bwrap)
+    tmp_inodes: int = 4096  # files and directories its /tmp may hold (bwrap, `tmpcap`)
+    cgroup_bytes: int | None = None  # memory cgroup limit for the whole sandbox; None: memory_bytes + tmp_bytes + 64 MiB
+    max_output: int = 64 << 10  # bytes of stdout/stderr kept
+    max_message: int = 4 << 20  # largest worker/tester message
+    namespaces: bool = True  # legacy backend: try namespaces
+    audit: bool = True  # legacy backend: the audit-hook tripwire
+
+    @property
+    def group_bytes(self) -> int:
+        return int(self.cgroup_bytes) if self.cgroup_bytes else int(self.memory_bytes + self.tmp_bytes + (64 << 20))
+
+
+
+def identity_ok(ident: dict) -> bool:
+    """Whether the identity a harness reported is an unprivileged one (never uid 0, real or effective)."""
+    return isinstance(ident, dict) and ident.get("uid") not in (0, None) and ident.get("euid") not in (0, None)

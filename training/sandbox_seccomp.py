@@ -1,0 +1,90 @@
+"""The syscall filter every sandbox runs under (classic BPF, as ``bwrap --seccomp`` and the legacy layers load it)."""
+
+from __future__ import annotations
+
+import platform
+import struct
+import sys
+from functools import lru_cache
+
+
+# The syscalls a sandbox never needs and that hold state beyond the run, open a channel to another
+# sandbox, or hold memory outside RLIMIT_AS: kernel keyrings (the slot uid's user keyring outlives
+# the run), flock/fcntl locks and inotify/fanotify watches (on the read-only files every sandbox
+# shares), memfd and SysV shared memory (pages outside the address space), io_uring, bpf,
+# perf_event_open and userfaultfd (attack surface); plus new user namespaces (a tmpfs of its own,
+# keyrings of its own) and clone3, whose flags sit in memory a filter cannot read (ENOSYS: glibc
+# falls back to clone, whose flags it checks).
+_SYSCALLS = {
+    "x86_64": (0xC000003E, {
+        "add_key": 248, "request_key": 249, "keyctl": 250, "flock": 73, "inotify_init": 253, "inotify_add_watch": 254,
+        "inotify_init1": 294, "fanotify_init": 300, "fanotify_mark": 301, "memfd_create": 319, "memfd_secret": 447,
+        "shmget": 29, "shmat": 30, "shmctl": 31, "shmdt": 67, "semget": 64, "semop": 65, "semctl": 66, "semtimedop": 220,
+        "msgget": 68, "msgsnd": 69, "msgrcv": 70, "msgctl": 71, "io_uring_setup": 425, "io_uring_enter": 426,
+        "io_uring_register": 427, "userfaultfd": 323, "perf_event_open": 298, "bpf": 321,
+        "fcntl": 72, "unshare": 272, "clone": 56, "clone3": 435}),
+    "aarch64": (0xC00000B7, {
+        "add_key": 217, "request_key": 218, "keyctl": 219, "flock": 32, "inotify_init1": 26, "inotify_add_watch": 27,
+        "fanotify_init": 262, "fanotify_mark": 263, "memfd_create": 279, "memfd_secret": 447,
+        "shmget": 194, "shmat": 196, "shmctl": 195, "shmdt": 197, "semget": 190, "semop": 193, "semctl": 191,
+        "semtimedop": 192, "msgget": 186, "msgsnd": 189, "msgrcv": 188, "msgctl": 187, "io_uring_setup": 425,
+        "io_uring_enter": 426, "io_uring_register": 427, "userfaultfd": 282, "perf_event_open": 241, "bpf": 280,
+        "fcntl": 25, "unshare": 97, "clone": 220, "clone3": 435}),
+}
+_SPECIAL = ("fcntl", "unshare", "clone", "clone3")
+# fcntl commands that take, test or watch a lock or lease: F_GETLK, F_SETLK, F_SETLKW, F_OFD_GETLK,
+# F_OFD_SETLK, F_OFD_SETLKW, F_SETLEASE, F_GETLEASE, F_NOTIFY.
+_LOCK_CMDS = (5, 6, 7, 36, 37, 38, 1024, 1025, 1026)
+_CLONE_NEWUSER = 0x10000000
+
+
+def syscall_numbers() -> dict[str, int]:
+    """This machine's numbers of the filtered syscalls ({} where the filter is not available)."""
+    return dict(_SYSCALLS.get(platform.machine(), (0, {}))[1])
+
+
+@lru_cache(maxsize=1)
+def seccomp_filter() -> bytes | None:
+    """The classic-BPF program (``struct sock_filter[]``, as ``bwrap --seccomp`` reads it); None on other CPUs."""
+    if platform.machine() not in _SYSCALLS or sys.byteorder != "little":
+        return None
+    arch, nr = _SYSCALLS[platform.machine()]
+    ld, jeq, jge, jset, ret = 0x20, 0x15, 0x35, 0x45, 0x06  # BPF_LD|W|ABS, BPF_JMP|JEQ/JGE/JSET|K, BPF_RET|K
+    allow, errno = 0x7FFF0000, 0x00050000
+    prog: list[list] = []  # [code, jump-if-true label, jump-if-false label, k]
+
+    def op(code: int, k: int = 0, yes: str | None = None) -> None:
+        prog.append([code, yes, None, k])
+
+    op(ld, 4)  # seccomp_data.arch
+    prog.append([jeq, None, "enosys", arch])  # another ABI (i386 on x86_64): nothing
+    op(ld, 0)  # seccomp_data.nr
+    if arch == 0xC000003E:
+        op(jge, 0x40000000, "enosys")  # the x32 ABI
+    for name, n in nr.items():
+        if name not in _SPECIAL:
+            op(jeq, n, "eperm")
+    op(jeq, nr["clone3"], "enosys")
+    op(jeq, nr["fcntl"], "fcntl")
+    op(jeq, nr["unshare"], "userns")
+    op(jeq, nr["clone"], "userns")
+    op(ret, allow)
+    labels = {"fcntl": len(prog)}
+    op(ld, 24)  # low word of args[1]: the command
+    for cmd in _LOCK_CMDS:
+        op(jeq, cmd, "eperm")
+    op(ret, allow)
+    labels["userns"] = len(prog)
+    op(ld, 16)  # low word of args[0]: the flags of unshare and clone
+    op(jset, _CLONE_NEWUSER, "eperm")
+    op(ret, allow)
+    labels["eperm"] = len(prog)
+    op(ret, errno | 1)  # EPERM
+    labels["enosys"] = len(prog)
+    op(ret, errno | 38)  # ENOSYS
+    out = bytearray()
+    for i, (code, yes, no, k) in enumerate(prog):
+        jt, jf = ((labels[x] - i - 1) if x else 0 for x in (yes, no))
+        assert 0 <= jt < 256 and 0 <= jf < 256
+        out += struct.pack("=HBBI", code, jt, jf, k)
+    return bytes(out)
