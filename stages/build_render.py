@@ -29,7 +29,7 @@ if TYPE_CHECKING:
 # A solution prefix (a final assistant message to continue, as QuestA does) is not offered:
 # all three would close it as a finished assistant turn and start a new one after it.
 PLACEMENTS = ("before", "after", "system")
-DEFAULT_PLACEMENT = "before"
+DEFAULT_PLACEMENT = "after"
 # The hinted user message of the placements that put the hint there; "system" keeps the
 # plain user message and puts SYSTEM_HINT into the system message.
 PLACEMENT_TEMPLATES = {"before": HINT_TEMPLATE, "after": "{problem}\n\nHint: {hint}"}

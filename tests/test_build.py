@@ -86,7 +86,7 @@ def built(tmp_path_factory, gsm8k_hints) -> Path:
 # --------------------------------------------------------------------------- the shards
 
 
-def test_every_base_problem_gets_one_prompt_and_hints_go_first(built, gsm8k_hints):
+def test_every_base_problem_gets_one_prompt_and_the_hint_follows_the_problem(built, gsm8k_hints):
     df = read_prompts(built)
     hints = pl.read_parquet(gsm8k_hints)
     assert df.height == 1319 and df.get_column("problem_id").n_unique() == 1319
@@ -106,7 +106,7 @@ def test_every_base_problem_gets_one_prompt_and_hints_go_first(built, gsm8k_hint
         instruction = DEFAULT_INSTRUCTIONS["math"]
         if row["hint_id"]:
             h = by_id[row["problem_id"]]
-            assert user == f"Hint: {h['hint']}\n\n{problem}\n\n{instruction}"
+            assert user == f"{problem}\n\nHint: {h['hint']}\n\n{instruction}"  # the default placement, "after"
             assert row["hint_id"] == h["hint_id"]
         else:
             assert user == f"{problem}\n\n{instruction}"
@@ -152,13 +152,15 @@ def test_mode_both_keeps_the_unhinted_prompt_beside_the_hinted(tmp_path, gsm8k_h
     df = read_prompts(out)
     assert df.height == 1319 + 20 and st.rows == 1339 and st.hinted_rows == 20 and st.unhinted_rows == 1319
     hinted_ids = set(df.filter(pl.col("hint_id").is_not_null()).get_column("problem_id"))
+    hint_of = {r["problem_id"]: r["hint"] for r in pl.read_parquet(gsm8k_hints).iter_rows(named=True)}
     rows = df.to_dicts()
     for i, row in enumerate(rows):
         assert row["prompt"][0] == {"role": "system", "content": "You are a careful solver."}
         if row["hint_id"]:
             prev = rows[i - 1]  # the unhinted twin comes right before
             assert prev["problem_id"] == row["problem_id"] and prev["hint_id"] is None
-            assert row["prompt"][1]["content"].endswith(prev["prompt"][1]["content"])
+            problem, instruction = prev["prompt"][1]["content"].rsplit("\n\n", 1)
+            assert row["prompt"][1]["content"] == f"{problem}\n\nHint: {hint_of[row['problem_id']]}\n\n{instruction}"
     assert df.group_by("problem_id").len().filter(pl.col("len") == 2).height == len(hinted_ids) == 20
 
 
@@ -232,7 +234,7 @@ def test_labels_escape_like_json_dumps(tmp_path):
     for row in df.iter_rows(named=True):
         r = base.filter(pl.col("problem_id") == row["problem_id"]).row(0, named=True)
         assert row["label"] == prompt_label("math", r["label"], r["problem_id"], row["hint_id"], 3)
-    assert df["prompt"][0][0]["content"].startswith('Hint: Use "half" of {x}\n\nSolve {x}.')
+    assert df["prompt"][0][0]["content"].startswith('Solve {x}.\n\nHint: Use "half" of {x}\n\n')
 
 
 def test_user_template_file_and_instruction_placement(tmp_path, gsm8k_hints):
@@ -475,7 +477,7 @@ def test_datasets_loads_files_glob_and_the_directory(built, tmp_path):
         assert ds.num_rows == 1319
         assert ds.column_names == PROMPTS.names
     row = next(r for r in by_dir if r["hint_id"])
-    assert row["prompt"][0]["role"] == "user" and row["prompt"][0]["content"].startswith("Hint: ")
+    assert row["prompt"][0]["role"] == "user" and "\n\nHint: " in row["prompt"][0]["content"]
     assert parse_prompt_label(row["label"])["problem_id"] == row["problem_id"]
     assert by_files.features["prompt"] == by_dir.features["prompt"]
 
@@ -700,7 +702,7 @@ def test_hints_without_ids_are_skipped_and_counted(tmp_path):
     assert any("2 hint(s) skipped: null problem_id, hint_id or round" in w and "hints.parquet" in w for w in st.warnings)
     df = read_prompts(tmp_path / "o")
     first = df.filter(pl.col("problem_id") == ids[0]).row(0, named=True)
-    assert first["hint_id"] is None and not first["prompt"][0]["content"].startswith("Hint:")
+    assert first["hint_id"] is None and "Hint:" not in first["prompt"][0]["content"]
     assert json.loads((tmp_path / "o" / "stats.json").read_text())["hints_missing_ids"] == 2
 
 
@@ -721,7 +723,7 @@ def test_empty_hints_and_several_hints_per_problem(tmp_path):
     st = build(BuildConfig(base="gsm8k", hints=[str(multi)]), tmp_path / "mo")
     assert st.hints_superseded == 1 and st.hints_duplicate_rows == 1 and st.round == 2
     row = read_prompts(tmp_path / "mo").filter(pl.col("problem_id") == pid).row(0, named=True)
-    assert row["hint_id"] == "h1" and row["prompt"][0]["content"].startswith("Hint: newer")
+    assert row["hint_id"] == "h1" and "\n\nHint: newer\n\n" in row["prompt"][0]["content"]
     clash = make_hints(
         [{"problem_id": pid, "hint": "a", "hint_id": "ha", "round": 1}, {"problem_id": pid, "hint": "b", "hint_id": "hb", "round": 1}],
         tmp_path / "c" / "hints.parquet",
@@ -771,7 +773,7 @@ def test_end_to_end_with_fake_hint_stage(tmp_path, gsm8k_collapsed):
     joined = hinted.join(hints.select("problem_id", "hint_id", "hint"), on="problem_id")
     for row in joined.iter_rows(named=True):
         assert row["hint_id"] == row["hint_id_right"]
-        assert row["prompt"][0]["content"].startswith(f"Hint: {row['hint']}\n\n")
+        assert f"\n\nHint: {row['hint']}\n\n" in row["prompt"][0]["content"]
 
 
 def test_seeded_order_is_plain_splitmix64():
@@ -806,7 +808,7 @@ def test_mixed_domains_get_their_own_instruction_and_label(tmp_path):
         user = row["prompt"][0]["content"]
         assert user.endswith("\n\n" + DEFAULT_INSTRUCTIONS[dom]) and row["ability"] == dom
         assert row["label"] == prompt_label(dom, ref["label"], ref["problem_id"], row["hint_id"], 2)
-        assert user.startswith("Hint: Sort first.\n\n") == (ref["problem_id"] == pid)
+        assert (f"{ref['problem']}\n\nHint: Sort first.\n\n" in user) == (ref["problem_id"] == pid)
 
 
 def test_rebuild_in_place_is_not_hidden_by_the_datasets_cache(tmp_path):

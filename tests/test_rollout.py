@@ -138,7 +138,7 @@ def test_rescue_hinted_vs_unhinted(tmp_path, gsm8k_collapsed):
 
     def script(req):
         user = req.messages[-1]["content"]
-        hinted = user.startswith("Hint: ")
+        hinted = "\n\nHint: " in user
         for text, ans in answers.items():
             if text in user:
                 return f"\\boxed{{{ans}}}" if hinted and text in lucky else "\\boxed{-1}"
@@ -154,9 +154,9 @@ def test_rescue_hinted_vs_unhinted(tmp_path, gsm8k_collapsed):
     rep = pl.read_parquet(tmp_path / "rescue" / "rescue.parquet")
     assert rep.height == 4 and rep["correct_hinted"].to_list() == [3, 3, 0, 0]
     assert rep["rescued_unhinted"].sum() == 0 and rep["hint_id"].to_list() == ["h-0", "h-1", "h-2", "h-3"]
-    # The hinted prompt: hint before the problem in the user message (as `mentor build` lays it out).
-    hinted = [r for r in backend.log[0] if r.messages[0]["content"].startswith("Hint: ")]
-    assert len(hinted) == 12 and small["problem"][0] in hinted[0].messages[0]["content"]
+    # The hinted prompt: the hint after the problem in the user message (as `mentor build` lays it out by default).
+    hinted = [r for r in backend.log[0] if "\n\nHint: " in r.messages[0]["content"]]
+    assert len(hinted) == 12 and hinted[0].messages[0]["content"].startswith(small["problem"][0] + "\n\nHint: ")
     ro = read_dataset([tmp_path / "rescue" / "rollouts"], "rollouts")
     assert ro.height == 24 and ro.select("problem_id", "round", "sample_idx").is_unique().all()
     assert json.loads((tmp_path / "rescue" / "rescue.json").read_text())["rescued_hinted"] == 2
@@ -267,7 +267,7 @@ def test_rescue_arms_share_problems_and_seeds(tmp_path, gsm8k_collapsed):
     assert s["arms"]["full"]["rescue_rate_ci95"][0] == 0.0 and s["arms"]["full"]["rescue_rate_ci95"][1] > 0.4
     by_arm: dict[str, list[int]] = {}
     for req in backend.log[0]:
-        hinted = req.messages[0]["content"].startswith("Hint: ")
+        hinted = "\n\nHint: " in req.messages[0]["content"]
         by_arm.setdefault("hinted" if hinted else "unhinted", []).append(req.seed)
     # Rollout j of a problem has the same seed in every arm.
     assert sorted(by_arm["unhinted"] * 2) == sorted(by_arm["hinted"])
@@ -293,7 +293,7 @@ def test_rescue_gives_each_arm_its_placement(tmp_path, gsm8k_collapsed, capsys):
     backend = FakeBackend(lambda r: "\\boxed{-1}")
     arms = {"before": [str(tmp_path / "h.parquet")], "after": [str(tmp_path / "h.parquet")], "sys": [str(tmp_path / "h.parquet")]}
     s = rescue_to_dir([str(tmp_path / "c.parquet")], arms, tmp_path / "r", RolloutConfig(k=1), backend,
-                      arm_placements={"after": "after", "sys": "system"}, progress=True).as_dict()
+                      arm_placements={"before": "before", "sys": "system"}, progress=True).as_dict()
     assert {a: s["arms"][a]["placement"] for a in arms} == {"before": "before", "after": "after", "sys": "system"}
     problems = dict(collapsed.select("problem_id", "problem").iter_rows())
     for req in backend.log[0]:
@@ -311,17 +311,17 @@ def test_rescue_gives_each_arm_its_placement(tmp_path, gsm8k_collapsed, capsys):
     with pytest.raises(Exception, match="placement for arm"):
         rescue_to_dir([str(tmp_path / "c.parquet")], arms, tmp_path / "r2", RolloutConfig(k=1), backend, arm_placements={"nope": "after"})
     res = CliRunner().invoke(cli, ["rescue", "--collapsed", str(tmp_path / "c.parquet"), "--hints", str(tmp_path / "h.parquet"),
-                                   "--backend", "fake", "--k", "1", "--placement", "after", "--out", str(tmp_path / "r3")],
+                                   "--backend", "fake", "--k", "1", "--placement", "before", "--out", str(tmp_path / "r3")],
                              catch_exceptions=False)
     assert res.exit_code == 0, res.output
     out = json.loads(res.output.strip().splitlines()[-1])
-    assert out["arms"]["hinted"]["placement"] == "after" and "rescue:" not in res.output  # no bar when stderr is not a terminal
+    assert out["arms"]["hinted"]["placement"] == "before" and "rescue:" not in res.output  # no bar when stderr is not a terminal
     rolled = pl.read_parquet(tmp_path / "r3" / "rollouts" / "*.parquet").filter(pl.col("hint_id").is_not_null())
-    assert rolled.height == 3 and not rolled["prompt"].str.starts_with("Hint:").any()
+    assert rolled.height == 3 and rolled["prompt"].str.starts_with("Hint:").all()
 
 
 def test_the_default_placement_keeps_earlier_runs_resumable():
-    """Outputs made before placements existed keep their keys: the default layout hashes as before."""
+    """Outputs made before placements existed keep their keys under --placement before (their layout, then the default)."""
     from mentor.pipeline.prompts import HINT_TEMPLATE
     from mentor.stages.build_render import DEFAULT_PLACEMENT, PLACEMENT_TEMPLATES
 

@@ -48,7 +48,7 @@ def _instructions(pairs: tuple[str, ...]) -> dict[str, str] | None:
 @click.option("--shard-bytes", type=click.IntRange(1024, 1 << 50), help="Target uncompressed bytes per shard (instead of --shard-rows).")
 @click.option("--placement", type=click.Choice(["before", "after", "system"]), default=None,
               help="Where the hint goes: before the problem, after it (just before the instruction) or in the system "
-                   "message [default: before]; OpenRLHF, verl and TRL read each the same way.")
+                   "message [default: after, where the policies measured read a hint best]; OpenRLHF, verl and TRL read each the same way.")
 @click.option("--template", "template_file", type=click.Path(exists=True, dir_okay=False),
               help="File with the hinted user message; placeholders {hint}, {problem}, optional {instruction} (instead of --placement).")
 @click.option("--plain-template", "plain_template_file", type=click.Path(exists=True, dir_okay=False),

@@ -119,7 +119,7 @@ def _arms(hints: tuple[str, ...], arms: tuple[str, ...]) -> dict[str, list[str]]
               help="A named arm of hints (repeatable), e.g. --arm full=a/hints.parquet --arm generic=b/hints.parquet.")
 @click.option("--out", "out_dir", required=True, type=click.Path(file_okay=False), help="Writes DIR/rescue.parquet, DIR/rescue.json, DIR/rollouts/.")
 @click.option("--placement", type=click.Choice(["before", "after", "system"]), default=None,
-              help="Where the hint goes, as `mentor build --placement` puts it [default: build's default, before].")
+              help="Where the hint goes, as `mentor build --placement` puts it [default: build's default, after].")
 @_policy_options
 def rescue(collapsed, hints, arms, out_dir, placement, backend, base_url, max_concurrency, structured_output, policy, k,
            max_tokens, temperature, top_p, seed, limit, round_, max_model_len, tensor_parallel_size, shard_size, progress):
