@@ -483,7 +483,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--hinter", default="qwen2.5-coder-1.5b", help="Hint model for the four agents.")
     p.add_argument("--backend", choices=("vllm", "fake"), default="vllm", help="fake: plumbing only (tests).")
     p.add_argument("--fake-policy", default="mentor.stages.hint_agents:fake_script", help=argparse.SUPPRESS)
-    p.add_argument("--problems", type=int, help="Problems of the split to screen (default: 400 math, 177 of them collapsed at 0/8 with the default models, all code; --quick 60).")
+    p.add_argument("--problems", type=int, help=f"Problems of the split to screen (default: 400 math, 177 of them collapsed at 0/8 with the default models, all code; --quick {QUICK_PROBLEMS}).")
     p.add_argument("--max-collapsed", type=int, help="Keep at most this many collapsed problems (problem_id order).")
     p.add_argument("--screen-k", type=int, default=8, help="Samples of the collapse screen (collapsed = none right).")
     p.add_argument("--k", type=int, default=4, help="Re-rolls per problem and arm.")
@@ -510,7 +510,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--screen-from", help="Screen only the split's problems whose problem_id is in this Parquet file "
                    "(e.g. another policy's collapsed set), with this policy.")
     p.add_argument("--quick", action="store_true", help=f"A small setting for iterating: {QUICK_PROBLEMS} dev problems screened "
-                   "(the screen is reused after the first run), arms generic full reference.")
+                   f"(the screen is reused after the first run), arms {' '.join(QUICK_ARMS)}.")
     p.add_argument("--no-progress", action="store_true", help="No progress bars (stderr).")
     p.add_argument("--work", help="Where every stage writes (resumable); default: bench/rescue in the mentor cache "
                    "(~/.cache/mentor, or $MENTOR_CACHE), outside the repository.")
