@@ -2,6 +2,7 @@
 
 Each case: exit code, first line of the message, quarantine counters, and (on an
 error) the output folder left exactly as it was. See bad_input_lib.py.
+Over 500 lines because the corpus of cases is data: one table of bad inputs per format.
 """
 
 from __future__ import annotations

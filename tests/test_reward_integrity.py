@@ -17,6 +17,7 @@ standard library, inputs that made the trusted process do unbounded work
 (hash-collision floods, backtracking regexes, a stderr flood), and memory
 outside the documented limits (memfd, SysV shm, a tmpfs of its own user
 namespace, an inode flood, many processes under one address-space limit).
+Over 500 lines: the attack corpus is the test, one exploit per threat-model row.
 """
 
 from __future__ import annotations

@@ -4,6 +4,7 @@ Which layers apply depends on the machine (bubblewrap or the legacy fallback,
 root or not); each run reports them in `SandboxResult.layers`, and the tests
 run on the machine's backend and on the legacy backend explicitly.
 (`test_reward_integrity` drives the same attacks through the reward entry points.)
+Over 500 lines: one test per attack class of docs/sandbox.md's threat model, kept beside each other.
 """
 
 from __future__ import annotations

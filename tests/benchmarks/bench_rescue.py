@@ -53,6 +53,7 @@ both. Tune on dev, report on report. Every step is a resumable mentor stage
 under ``--work`` (default: bench/rescue in the mentor cache, ~/.cache/mentor;
 never inside the repository): rerunning after a change recomputes only what it affects.
 Needs ../shared/data (MENTOR_SHARED_DATA) for the reference solutions.
+Over 500 lines so that the experiment (screen, controls, arms, report) reads top to bottom in one file.
 """
 
 from __future__ import annotations
