@@ -3,20 +3,17 @@
 ``openrlhf.cli.train_ppo_ray`` imports ray at the top and builds its parser inside
 ``if __name__ == "__main__"``, so it cannot be imported on a CPU machine; its
 statements are read from the installed source and executed as they are
-(`check_with_openrlhf`, `openrlhf_parser`). `openrlhf_placement` then reads the
+(`check_with_openrlhf`). `openrlhf_placement` then reads the
 GPUs a round reserves from the arguments this returns.
 """
 
 from __future__ import annotations
 
-import argparse
 import ast
 import builtins
 import contextlib
-import datetime as _dt
 import importlib.util
 import io
-import os
 import sys
 import traceback
 import types
@@ -35,21 +32,6 @@ def _openrlhf_module() -> tuple[str, ast.Module, ast.If]:
     if main is None:
         raise ConfigError(f"{spec.origin}: no __main__ block; is this OpenRLHF 0.11.x?")
     return spec.origin, tree, main
-
-
-def openrlhf_parser() -> argparse.ArgumentParser:
-    """OpenRLHF's `train_ppo_ray` argument parser, built by its own code: the parser-building
-    statements of its ``__main__`` block, up to ``parse_args``, executed as they are."""
-    origin, _, main = _openrlhf_module()
-    body = []
-    for stmt in main.body:
-        if "parse_args" in ast.unparse(stmt):
-            break
-        body.append(stmt)
-    module = ast.Module(body=body, type_ignores=[])
-    ns: dict[str, Any] = {"argparse": argparse, "datetime": _dt.datetime, "os": os}
-    exec(compile(module, origin, "exec"), ns)  # noqa: S102 - OpenRLHF's own installed code
-    return ns["parser"]
 
 
 class _Missing(types.ModuleType):
