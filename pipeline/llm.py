@@ -64,6 +64,10 @@ class GenResult:
     completion_tokens: int = 0
 
 
+# Told how many requests just finished, while an engine call runs (progress bars).
+OnDone = Callable[[int], None]
+
+
 @runtime_checkable
 class Backend(Protocol):
     name: str
@@ -72,14 +76,16 @@ class Backend(Protocol):
     prompt_tokens: int
     completion_tokens: int
 
-    def generate(self, requests: Sequence[GenRequest]) -> list[GenResult]: ...
+    def generate(self, requests: Sequence[GenRequest], on_done: OnDone | None = None) -> list[GenResult]: ...
 
 
 class CountingBackend:
     """Base class: checks the one-result-per-request contract and keeps the counters.
 
     Subclasses implement `_generate`. `calls` counts engine calls (an empty
-    request list is not a call).
+    request list is not a call). `on_done(n)`, when given, is told as requests
+    finish (n of them at a time) while the call runs, for progress bars; a
+    backend that cannot tell reports them all at the end.
     """
 
     name = "base"
@@ -91,13 +97,13 @@ class CountingBackend:
         self.prompt_tokens = 0
         self.completion_tokens = 0
 
-    def _generate(self, requests: Sequence[GenRequest]) -> list[GenResult]:  # pragma: no cover - abstract
+    def _generate(self, requests: Sequence[GenRequest], on_done: OnDone | None) -> list[GenResult]:  # pragma: no cover
         raise NotImplementedError
 
-    def generate(self, requests: Sequence[GenRequest]) -> list[GenResult]:
+    def generate(self, requests: Sequence[GenRequest], on_done: OnDone | None = None) -> list[GenResult]:
         if not requests:
             return []
-        results = self._generate(requests)
+        results = self._generate(requests, on_done)
         if len(results) != len(requests):
             raise RuntimeError(f"{self.name} backend returned {len(results)} results for {len(requests)} requests")
         pt = ct = 0
@@ -155,7 +161,7 @@ class FakeBackend(CountingBackend):
         self.record = record
         self.log: list[list[GenRequest]] = []
 
-    def _generate(self, requests: Sequence[GenRequest]) -> list[GenResult]:
+    def _generate(self, requests: Sequence[GenRequest], on_done: OnDone | None) -> list[GenResult]:
         if self.record:
             self.log.append(list(requests))
         out = []
@@ -172,6 +178,8 @@ class FakeBackend(CountingBackend):
                 text, ct, finish = text[: req.max_tokens * 4], req.max_tokens, "length"
             pt = sum(_approx_tokens(m.get("content", "")) for m in req.messages)
             out.append(GenResult(req.id, text, finish, pt, ct))
+        if on_done is not None:
+            on_done(len(out))
         return out
 
 

@@ -39,7 +39,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from mentor.pipeline.errors import ConfigError, EngineError
-from mentor.pipeline.llm import CountingBackend, GenRequest, GenResult
+from mentor.pipeline.llm import CountingBackend, GenRequest, GenResult, OnDone
 
 log = logging.getLogger(__name__)
 
@@ -127,13 +127,16 @@ class OpenAIBackend(CountingBackend):
 
     # ------------------------------------------------------------------ generation
 
-    async def _one(self, client, sem: asyncio.Semaphore, req: GenRequest) -> GenResult | Exception:
+    async def _one(self, client, sem: asyncio.Semaphore, req: GenRequest, on_done: OnDone | None) -> GenResult | Exception:
         openai = self._openai
         async with sem:
             try:
                 resp = await client.chat.completions.create(**self._body(req))
             except openai.BadRequestError as exc:
                 return exc  # this request's problem, unless every request of the wave has it
+            finally:
+                if on_done is not None:
+                    on_done(1)
         choice = resp.choices[0] if resp.choices else None
         usage = resp.usage
         pt = usage.prompt_tokens if usage else 0
@@ -142,15 +145,15 @@ class OpenAIBackend(CountingBackend):
             return GenResult(req.id, "", "error", pt, ct)
         return GenResult(req.id, choice.message.content or "", choice.finish_reason or "stop", pt, ct)
 
-    async def _wave(self, requests: Sequence[GenRequest]) -> list[GenResult | Exception]:
+    async def _wave(self, requests: Sequence[GenRequest], on_done: OnDone | None) -> list[GenResult | Exception]:
         sem = asyncio.Semaphore(self.max_concurrency)
         async with self._client(asynchronous=True) as client:
-            return await asyncio.gather(*(self._one(client, sem, r) for r in requests))
+            return await asyncio.gather(*(self._one(client, sem, r, on_done) for r in requests))
 
-    def _generate(self, requests: Sequence[GenRequest]) -> list[GenResult]:
+    def _generate(self, requests: Sequence[GenRequest], on_done: OnDone | None) -> list[GenResult]:
         openai = self._openai
         try:
-            outs = _run(self._wave(requests))
+            outs = _run(self._wave(requests, on_done))
         except openai.AuthenticationError as exc:
             raise EngineError(f"the server at {self.base_url} refused the API key: {_one_line(exc)}") from exc
         except openai.NotFoundError as exc:

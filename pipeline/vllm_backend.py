@@ -52,7 +52,7 @@ from pathlib import Path
 from typing import Any
 
 from mentor.pipeline.errors import ConfigError, EngineError
-from mentor.pipeline.llm import CountingBackend, GenRequest, GenResult
+from mentor.pipeline.llm import CountingBackend, GenRequest, GenResult, OnDone
 
 log = logging.getLogger(__name__)
 
@@ -180,6 +180,32 @@ def _engine_cause(path: Path | None) -> str | None:
         if m and not m.group(1).startswith(("Exception in", "EngineCore")):
             return m.group(1).strip()[:300]
     return None
+
+
+class _NullStream:
+    """Where `_counting_bar`'s bars draw: nowhere (mentor draws its own bar)."""
+
+    def write(self, text: str) -> int:
+        return len(text)
+
+    def flush(self) -> None:
+        pass
+
+
+def _counting_bar(on_done: OnDone):
+    """A ``use_tqdm`` for ``llm.chat``: vLLM's own per-request bar, drawn nowhere, that tells `on_done` as requests finish."""
+    from tqdm import tqdm
+
+    class _Counting(tqdm):
+        def update(self, n: float | None = 1):
+            on_done(int(n or 0))
+            return super().update(n)
+
+    def make(*args: Any, **kwargs: Any) -> tqdm:
+        kwargs["file"] = _NullStream()
+        return _Counting(*args, **kwargs)
+
+    return make
 
 
 def _reason(exc: BaseException, log_path: Path | None = None) -> str:
@@ -369,11 +395,13 @@ class VLLMBackend(CountingBackend):
             structured_outputs=structured,
         )
 
-    def chat(self, conversations: list[list[dict]], params: list, chat_template_kwargs: dict | None = None) -> list:
+    def chat(self, conversations: list[list[dict]], params: list, chat_template_kwargs: dict | None = None,
+             on_done: OnDone | None = None) -> list:
         """The raw engine call (also what the benchmark times as the baseline)."""
-        return self.llm.chat(conversations, params, use_tqdm=False, chat_template_kwargs=chat_template_kwargs)
+        use_tqdm = _counting_bar(on_done) if on_done is not None else False
+        return self.llm.chat(conversations, params, use_tqdm=use_tqdm, chat_template_kwargs=chat_template_kwargs)
 
-    def _chat_batches(self, requests: Sequence[GenRequest]) -> list:
+    def _chat_batches(self, requests: Sequence[GenRequest], on_done: OnDone | None = None) -> list:
         """The engine's outputs in request order: one ``llm.chat`` per distinct set of chat-template variables.
 
         vLLM takes the template variables per call, not per prompt; every agent of a hint
@@ -385,18 +413,19 @@ class VLLMBackend(CountingBackend):
         outputs: list = [None] * len(requests)
         for idx in groups.values():
             kwargs = requests[idx[0]].chat_template_kwargs
-            got = self.chat([requests[i].messages for i in idx], [self.sampling_params(requests[i]) for i in idx], kwargs)
+            got = self.chat([requests[i].messages for i in idx], [self.sampling_params(requests[i]) for i in idx], kwargs,
+                            on_done)
             if len(got) != len(idx):
                 raise RuntimeError(f"vLLM returned {len(got)} outputs for {len(idx)} prompts")
             for i, out in zip(idx, got):
                 outputs[i] = out
         return outputs
 
-    def _generate(self, requests: Sequence[GenRequest]) -> list[GenResult]:
+    def _generate(self, requests: Sequence[GenRequest], on_done: OnDone | None) -> list[GenResult]:
         if self.dead is not None:
             raise EngineError(f"the vLLM engine failed earlier ({self.dead}){self._see_log()}")
         try:
-            outputs = self._chat_batches(requests)
+            outputs = self._chat_batches(requests, on_done)
         except Exception as exc:
             self.dead = _reason(exc, self.log_path)
             raise EngineError(f"the vLLM engine failed on a batch of {len(requests)} requests ({self.dead}){self._see_log()}") from exc

@@ -518,6 +518,7 @@ def hint_to_dir(
     any change recomputes exactly what it affects.
     """
     from tqdm.auto import tqdm
+    from tqdm.contrib.logging import logging_redirect_tqdm
 
     from mentor.pipeline.inputs import resolve_inputs
     from mentor.pipeline.io import read_table, write_parquet_atomic
@@ -536,17 +537,22 @@ def hint_to_dir(
     from mentor.stages.vouch import per_rescued as _per_rescued
 
     given = cfg
+    bar = tqdm(total=len(rows), desc="hint", unit="problem", disable=not progress, dynamic_ncols=True)
+    if cfg.llm_judge and cfg.judge_check.enabled:
+        bar.set_postfix_str("checking the judge", refresh=True)  # one engine call (its start included) before any shard
     try:
-        cfg, judge_report = checked_config(cfg, whole, out_dir, templates, backend_factory, executor, describe_backend)
+        with logging_redirect_tqdm():  # the check's one-line verdict prints above the bar, not through it
+            cfg, judge_report = checked_config(cfg, whole, out_dir, templates, backend_factory, executor, describe_backend)
     except BaseException:
+        bar.close()
         release_engines(executor)  # the check's engine ends with the stage, however it ends
         raise
+    bar.set_postfix_str("", refresh=True)
     out_dir = Path(out_dir)
     plan = ShardPlan(out_dir / "_shards", "hint", rows, shard_size_for(cfg, len(rows), executor), dataset="hints",
                      owns_folder=True, config={"hint": cfg.semantic(), "prompt_version": templates.version,
                                                "backend": describe_backend(backend_factory), "schema": SCHEMA_VERSION})
     stats = HintStats()
-    bar = tqdm(total=len(rows), desc="hint", unit="problem", disable=not progress, dynamic_ncols=True)
     ticker = _Ticker(bar)
     computed: list[ShardResult] = []
     finished = 0

@@ -45,7 +45,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from mentor.pipeline.errors import DataError, EngineError
 from mentor.pipeline.inputs import resolve_inputs
 from mentor.pipeline.io import read_dataset, read_parquet_schema
-from mentor.pipeline.llm import Backend, GenRequest, describe_backend, release_engines
+from mentor.pipeline.llm import Backend, GenRequest, OnDone, describe_backend, release_engines
 from mentor.pipeline.prompts import INSTRUCTIONS
 from mentor.pipeline.schemas import SCHEMA_VERSION, check_schema, parse_prompt_label
 from mentor.pipeline.shards import Shard, ShardPlan
@@ -202,11 +202,13 @@ def sample_and_verify(
     verifier: Callable[[str, str, str | None], float] | None = None,
     first_index: int = 0,
     seed_fn: SeedFn | None = None,
+    on_done: OnDone | None = None,
 ) -> list[dict[str, Any]]:
     """k rollouts per item in ONE backend call, each verified; rows in item order, then sample order.
 
     `first_index` is the position of ``items[0]`` in the whole set (seeds
-    depend on it); `seed_fn(i, item, j)` replaces the positional seeds.
+    depend on it); `seed_fn(i, item, j)` replaces the positional seeds;
+    `on_done(n)` is told as rollouts finish sampling (progress bars).
     """
     if verifier is None:
         from mentor.training.verify import verify as verifier  # noqa: N813
@@ -224,7 +226,7 @@ def sample_and_verify(
         for j in range(cfg.k)
     ]
     t0 = time.monotonic()
-    results = backend.generate(requests)
+    results = backend.generate(requests, on_done=on_done)
     log.info("sampled %d rollouts in %.1fs", len(results), time.monotonic() - t0)
     pairs = list(zip(requests, results))
 
@@ -339,7 +341,7 @@ def _sample_shard(shard: Shard, cfg: RolloutConfig, engine: _Engine, seed_fn: Se
     bar.set_postfix_str(f"sampling shard {shard.index + 1}/{shard.total} ({len(items) * cfg.k} rollouts)", refresh=True)
     try:
         with _heartbeat(bar):
-            rows = sample_and_verify(backend, items, cfg, first_index=shard.start, seed_fn=seed_fn)
+            rows = sample_and_verify(backend, items, cfg, first_index=shard.start, seed_fn=seed_fn, on_done=bar.update)
     except EngineError as exc:
         raise shard.failure(exc, f"{len(items)} prompts from {items[0].problem_id}",
                             kept=f"{shard.index} finished shard(s) are kept in {shard.path.parent}") from exc
@@ -360,8 +362,8 @@ def run_shards(
     """Sample `items` shard by shard, in this process, into resumable shards of `parts_dir` (`mentor.pipeline.shards`).
 
     The engine is built (a `BackendSpec` is called) only when a shard needs sampling.
-    `progress`: a bar of rollouts on stderr, moved as each shard finishes (one engine call
-    each, so smaller shards move it more often), its postfix naming the shard being sampled.
+    `progress`: a bar of rollouts on stderr, moved as rollouts finish (the server and vLLM
+    backends tell as each request finishes), its postfix naming the shard being sampled.
     """
     from tqdm.auto import tqdm
 
@@ -371,12 +373,12 @@ def run_shards(
     with tqdm(total=len(items) * cfg.k, desc=stage, unit="rollout", disable=not progress, dynamic_ncols=True) as bar:
         for shard, res in plan.run(_sample_shard, cfg, _Engine(backend), seed_fn, bar):
             rows = pl.read_parquet(shard.path).to_dicts()
+            bar.update(len(out.rows) + len(rows) - bar.n)  # a reused shard, or what the backend did not tell
             out.rows.extend(rows)
             out.shards += 1
             out.prompt_tokens += res.record["prompt_tokens"]
             out.completion_tokens += res.record["completion_tokens"]
             out.model = out.model or res.record.get("model")
-            bar.update(len(rows))
             if not res.reused:
                 out.computed += 1
                 out.engine_calls += 1

@@ -121,9 +121,11 @@ def test_server_backend_sends_seeds_schema_and_template_kwargs_and_keeps_order()
         reqs = [GenRequest(f"r{i}", [{"role": "user", "content": f"q{i}"}], max_tokens=9, temperature=0.7, top_p=0.9,
                            seed=100 + i, json_schema=schema if i % 2 else None, chat_template_kwargs={"enable_thinking": False})
                 for i in range(10)]
-        res = backend.generate(reqs)
+        told: list[int] = []
+        res = backend.generate(reqs, on_done=told.append)
     finally:
         server.shutdown()
+    assert told == [1] * 10  # each request told as it came back (progress bars)
     assert [r.id for r in res] == [f"r{i}" for i in range(10)]
     assert [r.text for r in res] == [f"Q{i}" for i in range(10)]  # paired by position
     assert backend.prompt_tokens == 70 and backend.completion_tokens == 30

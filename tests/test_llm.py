@@ -69,7 +69,7 @@ class _Broken(CountingBackend):
         super().__init__("m")
         self.mode = mode
 
-    def _generate(self, requests):
+    def _generate(self, requests, on_done):
         if self.mode == "short":
             return [GenResult(requests[0].id, "", "stop")]
         return [GenResult(r.id + "x", "", "stop") for r in requests]

@@ -44,14 +44,15 @@ def _drive(model: Path, options: str) -> subprocess.CompletedProcess:
                                                                              for j in range({PROMPT_WORDS}))}}])
                     for i in range({N_REQUESTS})]
             backend = VLLMBackend({str(model)!r}, max_model_len=2048, **{options})
+            told = []
             try:
-                res = backend.generate(reqs)
+                res = backend.generate(reqs, on_done=told.append)
             except EngineError as exc:
                 print(json.dumps({{"error": str(exc)}}))
                 raise SystemExit(3)
             print(json.dumps({{"ids": [r.id for r in res], "finish": sorted({{r.finish_reason for r in res}}),
                               "completion": [r.completion_tokens for r in res], "prompt_tokens": backend.prompt_tokens,
-                              "calls": backend.calls, "dtype": str(backend.llm.model_config.dtype)}}))
+                              "calls": backend.calls, "dtype": str(backend.llm.model_config.dtype), "told": told}}))
     """)
     env = {**__import__("os").environ, "HF_HUB_OFFLINE": "1", "VLLM_CPU_KVCACHE_SPACE": "1"}
     return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=900, env=env)
@@ -66,6 +67,8 @@ def test_seeded_batch_that_chunks_finishes(tiny_model):
     assert out["ids"] == [f"r{i}" for i in range(N_REQUESTS)]
     assert out["calls"] == 1 and min(out["completion"]) > 0
     assert set(out["finish"]) <= {"stop", "length"}
+    # Progress: every request was told as it finished, over many engine steps (not once at the end).
+    assert sum(out["told"]) == N_REQUESTS and len(out["told"]) > 1
     # The batch really was larger than one default CPU step of 4096 tokens (so it would have chunked).
     assert out["prompt_tokens"] > 8 * 4096
     # The tiny model is saved in bfloat16; AVX2-only cores run it in float32 (torch emulates 16-bit floats there).
