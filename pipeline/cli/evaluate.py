@@ -31,7 +31,7 @@ def _policy_options(f):
     f = click.option("--max-model-len", type=click.IntRange(min=16), default=None, help="vLLM max_model_len (memory on small machines).")(f)
     f = click.option("--tensor-parallel-size", type=click.IntRange(min=1), default=None, help="vLLM tensor parallel size (GPUs) [default: 1].")(f)
     f = click.option("--progress/--no-progress", default=None,
-                     help="A progress bar of rollouts on stderr, moved as each shard finishes [default: on when stderr is a terminal].")(f)
+                     help="A progress bar of rollouts on stderr, moved as each rollout finishes [default: on when stderr is a terminal].")(f)
     return f
 
 
