@@ -470,7 +470,7 @@ def test_ingest_bad_input(case: Case, tmp_path, old_output, monkeypatch):
     run_case(case, tmp_path / "case", prepare_out=lambda out: shutil.copytree(old_output, out) if case.out != "." else None)
 
 
-def test_corpus_covers_the_issue_classes():
+def test_corpus_covers_the_issue_classes(shared_data):  # the corpus is built from the real data (skips without it)
     ids = {c.id for c in CASES}
     for needed in ("bom-first-record-kept", "second-file-not-utf8", "openrlhf-pid-null", "max-response-bytes-0",
                    "jsonl-sample-idx-fractions", "openrlhf-round-string", "deep-json-nesting", "symlink-loop-glob",
