@@ -193,7 +193,12 @@ class _NullStream:
 
 
 def _counting_bar(on_done: OnDone):
-    """A ``use_tqdm`` for ``llm.chat``: vLLM's own per-request bar, drawn nowhere, that tells `on_done` as requests finish."""
+    """A ``use_tqdm`` for ``llm.chat``: vLLM's own bars, drawn nowhere; the finished-requests one tells `on_done`.
+
+    vLLM calls ``use_tqdm`` twice per ``chat``: once wrapping the conversations it renders
+    (an iterable, "Rendering conversations") and once with ``total=`` for the requests the
+    engine finishes. Only the second counts requests.
+    """
     from tqdm import tqdm
 
     class _Counting(tqdm):
@@ -203,7 +208,8 @@ def _counting_bar(on_done: OnDone):
 
     def make(*args: Any, **kwargs: Any) -> tqdm:
         kwargs["file"] = _NullStream()
-        return _Counting(*args, **kwargs)
+        counts_requests = not args and kwargs.get("iterable") is None
+        return (_Counting if counts_requests else tqdm)(*args, **kwargs)
 
     return make
 
