@@ -142,13 +142,13 @@ def bench_vllm(base: list[dict], n: int, repeat: int = 1) -> dict:
     from mentor.stages.hint_config import HintConfig
 
     backend = make_backend("vllm", max_model_len=4096)
-    waves: list[tuple[list, list, float]] = []
+    waves: list[tuple[list, list, dict | None, float]] = []
     raw_chat = backend.chat
 
-    def timed_chat(conversations, params):
+    def timed_chat(conversations, params, chat_template_kwargs=None, on_done=None):
         t = time.perf_counter()
-        out = raw_chat(conversations, params)
-        waves.append((conversations, params, time.perf_counter() - t))
+        out = raw_chat(conversations, params, chat_template_kwargs, on_done)
+        waves.append((conversations, params, chat_template_kwargs, time.perf_counter() - t))
         return out
 
     cfg = HintConfig(max_retry=1, max_refine=1,
@@ -173,12 +173,12 @@ def bench_vllm(base: list[dict], n: int, repeat: int = 1) -> dict:
         hint_shard(rows, cfg, backend, stats=st)
         stage = time.perf_counter() - t0
         backend.chat = raw_chat
-        in_stage_chat = sum(w[2] for w in waves)
+        in_stage_chat = sum(w[3] for w in waves)
         reset_ok = backend.llm.reset_prefix_cache()  # False would mean the replay ran with a warm prefix cache
         t0 = time.perf_counter()
         replay_tokens = 0
-        for conversations, params, _ in waves:
-            for out in raw_chat(conversations, params):
+        for conversations, params, template_kwargs, _ in waves:
+            for out in raw_chat(conversations, params, template_kwargs):
                 replay_tokens += len(out.outputs[0].token_ids) if out.outputs else 0
         replay = time.perf_counter() - t0
         runs.append({
