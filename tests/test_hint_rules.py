@@ -259,6 +259,41 @@ def test_trim_keeps_the_leading_sentences_that_pass(gsm8k):
     assert trim_to_rules(hint, ctx, []) is None
 
 
+def test_hints_that_loop_are_caught_and_trimmed(gsm8k, shared_data):
+    """Looping hints the 1.5B hinter wrote on the dev split; honest text that names a quantity twice is spared."""
+    import re
+
+    from mentor.stages.rules import RuleContext, check_hint, trim_to_rules
+
+    looping = ("First, calculate the total number of students by multiplying the number of classes each day "
+               "(5 weekdays + 1 Saturday) by the number of students per class (15). Then, calculate the total number "
+               "of classes by multiplying the number of classes each day (5 weekdays + 1 Saturday) by the number of "
+               "classes per day (8).")
+    assert "repeats_itself" in _v(looping, "999")
+    sophia = next(r for r in gsm8k if "Sophia" in r["problem"] and "tank" in r["problem"])
+    ctx = RuleContext(domain="math", answer=sophia["label"], problem=sophia["problem"])
+    loop = ("To find out how many miles Sophia can drive on a single tank of gas, divide the distance she drove by "
+            "the gallons she used. Then multiply by the size of the tank. To find out how many miles she can drive "
+            "on a single tank of gas, divide the distance she drove by the gallons she used.")
+    v = check_hint(loop, ctx)
+    assert "repeats_itself" in v
+    assert trim_to_rules(loop, ctx, v) == ("To find out how many miles Sophia can drive on a single tank of gas, "
+                                           "divide the distance she drove by the gallons she used. Then multiply "
+                                           "by the size of the tank.")
+    fine = ("Consider the total number of days in the first year and the number of cups per bag. Divide the total "
+            "number of days by the number of cups per bag.")
+    assert "repeats_itself" not in _v(fine, "999")
+    # Real solution text: no GSM8K first step is flagged, and at most 1% of the first halves of a solution.
+    firsts, halves = [], []
+    with open(shared_data / "gsm8k" / "test.jsonl", encoding="utf-8") as fh:
+        for line in fh:
+            steps = [s for s in re.sub(r"<<[^>]*>>", "", json.loads(line)["answer"]).split("\n")[:-1] if s.strip()]
+            firsts.append(steps[0])
+            halves.append(" ".join(steps[: max(1, len(steps) // 2)]))
+    assert not [s for s in firsts if "repeats_itself" in _v(s, "999")]
+    assert sum("repeats_itself" in _v(s, "999") for s in halves) <= 0.01 * len(halves)
+
+
 def test_hints_that_talk_about_the_pipeline_are_caught():
     """The solver never sees the reference answer or the rejected hint the agents are shown."""
     for hint in ["The reference answer provides the answer to the problem.",
@@ -298,11 +333,11 @@ def test_each_rule_is_declared_once_in_the_registry():
     from mentor.stages.rules import RuleRegistry, describe
 
     names = RuleRegistry.names()
-    assert names[:3] == ("empty", "too_long", "answer_leak") and len(set(names)) == len(names) == 14
+    assert names[:3] == ("empty", "too_long", "answer_leak") and len(set(names)) == len(names) == 15
     assert all(describe(n) == RuleRegistry.get(n).description != n for n in names)
     assert describe("judge_low_score") == "the judge scored the hint below the threshold" and describe("other") == "other"
     assert RuleRegistry.trimmable() == {"too_long", "answer_leak", "final_answer_line", "full_solution", "answer_only",
-                                        "restates_numbers", "mentions_pipeline"}
+                                        "restates_numbers", "repeats_itself", "mentions_pipeline"}
     assert [r.name for r in RuleRegistry.rules("math") if r.domain] == ["answer_only"]
     assert [r.name for r in RuleRegistry.rules("code") if r.domain] == ["solution_code"]
     with pytest.raises(ValueError, match="declared twice"):

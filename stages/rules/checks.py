@@ -187,6 +187,25 @@ def starts_mid_sentence(text: str, ctx: RuleContext) -> bool:
     return not (ctx.domain == "code" and re.search(r"\b" + m.group(1) + r"\b", ctx.problem))
 
 
+# 10 words: no GSM8K reference first step repeats a run that long, 4 of 1,319 first halves of a solution do;
+# 6 caught honest hints that name a quantity twice ("the total number of days ... the total number of days").
+REPEAT_NGRAM = 10
+
+
+@rule("repeats_itself", "the hint says the same thing twice; say each step once", trimmable=True)
+def repeats_itself(text: str, ctx: RuleContext) -> bool:
+    """The same run of REPEAT_NGRAM words twice: a small hinter that loops ("calculate the number of classes each
+    day ... then calculate the number of classes each day ..."). Trimming keeps the sentences before the repeat."""
+    words = WORD.findall(text.lower())
+    seen: set[tuple[str, ...]] = set()
+    for i in range(len(words) - REPEAT_NGRAM + 1):
+        gram = tuple(words[i : i + REPEAT_NGRAM])
+        if gram in seen:
+            return True
+        seen.add(gram)
+    return False
+
+
 # The agents see the reference answer and rejected hints; the solver sees neither.
 _PIPELINE = re.compile(r"\b(reference (answer|solution)|(rejected|previous|earlier|original) hint)\b", re.I)
 
