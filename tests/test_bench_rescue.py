@@ -151,6 +151,7 @@ def test_quick_is_a_small_dev_run(bench):
 
     args = bench.parse_args(["--quick"])
     assert args.split == "dev" and args.problems == bench.QUICK_PROBLEMS and args.arms == list(bench.QUICK_ARMS)
+    assert "full" in args.arms and "vouched" not in args.arms  # the method's own arm; vouching (3x its cost) by --arms
     assert args.work.endswith("quick") and args.placements == [DEFAULT_PLACEMENT] and args.gate == "control_half"
 
 

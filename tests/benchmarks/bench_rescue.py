@@ -71,7 +71,7 @@ from pathlib import Path
 
 ARMS = ("generic", "full", "vouched", "no_attribution", "no_judgment", "no_generation", "reference")
 DEFAULT_ARMS = ("generic", "full", "vouched", "no_attribution", "no_judgment", "reference")
-QUICK_ARMS = ("generic", "full", "vouched", "reference")
+QUICK_ARMS = ("generic", "full", "reference")  # vouched (opt-in in the method) costs 3x full: --arms adds it
 QUICK_PROBLEMS = 48
 # HintConfig overrides per arm (on top of the --hint-config file, if any).
 ARM_CONFIG = {
