@@ -219,18 +219,24 @@ def test_an_operation_in_words_relates_the_numbers(gsm8k):
     assert _v("Let the sold eggs be what remains after breakfast and baking, then price those.", "18", problem=problem) == []
 
 
-def test_restated_numbers_rule_spares_real_first_steps(gsm8k, shared_data):
-    """The first step of every GSM8K reference solution (a strong, honest hint) passes the three newer rules."""
+def _gsm8k_solution_steps(shared_data) -> dict[str, list[str]]:
+    """problem_id -> the steps of its GSM8K reference solution (calculator notes and the "####" line dropped)."""
     import re
 
     from mentor.pipeline.ids import text_id
-    from mentor.stages.rules import check
 
     steps = {}
     with open(shared_data / "gsm8k" / "test.jsonl", encoding="utf-8") as fh:
         for line in fh:
             r = json.loads(line)
-            steps[text_id(r["question"])] = re.sub(r"<<[^>]*>>", "", r["answer"]).split("\n")[0]
+            lines = re.sub(r"<<[^>]*>>", "", r["answer"]).split("\n")[:-1]
+            steps[text_id(r["question"])] = [s for s in lines if s.strip()]
+    return steps
+
+
+def test_restated_numbers_rule_spares_real_first_steps(gsm8k, shared_data):
+    """The first step of every GSM8K reference solution (a strong, honest hint) passes the three newer rules."""
+    steps = {pid: s[0] for pid, s in _gsm8k_solution_steps(shared_data).items()}
     flagged = []
     for row in gsm8k:
         v = check(steps[row["problem_id"]], "math", row["label"], problem=row["problem"]).violations
@@ -260,9 +266,8 @@ def test_trim_keeps_the_leading_sentences_that_pass(gsm8k):
 
 
 def test_hints_that_loop_are_caught_and_trimmed(gsm8k, shared_data):
-    """Looping hints the 1.5B hinter wrote on the dev split; honest text that names a quantity twice is spared."""
-    import re
-
+    """A loop the 1.5B hinter wrote on the dev split (its first two sentences) and one of the same shape, cut back
+    to what comes before the repeat; honest text that names a quantity twice is spared."""
     from mentor.stages.rules import RuleContext, check_hint, trim_to_rules
 
     looping = ("First, calculate the total number of students by multiplying the number of classes each day "
@@ -284,12 +289,9 @@ def test_hints_that_loop_are_caught_and_trimmed(gsm8k, shared_data):
             "number of days by the number of cups per bag.")
     assert "repeats_itself" not in _v(fine, "999")
     # Real solution text: no GSM8K first step is flagged, and at most 1% of the first halves of a solution.
-    firsts, halves = [], []
-    with open(shared_data / "gsm8k" / "test.jsonl", encoding="utf-8") as fh:
-        for line in fh:
-            steps = [s for s in re.sub(r"<<[^>]*>>", "", json.loads(line)["answer"]).split("\n")[:-1] if s.strip()]
-            firsts.append(steps[0])
-            halves.append(" ".join(steps[: max(1, len(steps) // 2)]))
+    solutions = _gsm8k_solution_steps(shared_data).values()
+    firsts = [steps[0] for steps in solutions]
+    halves = [" ".join(steps[: max(1, len(steps) // 2)]) for steps in solutions]
     assert not [s for s in firsts if "repeats_itself" in _v(s, "999")]
     assert sum("repeats_itself" in _v(s, "999") for s in halves) <= 0.01 * len(halves)
 
