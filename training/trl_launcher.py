@@ -168,10 +168,16 @@ def trl_version() -> str:
 
 
 def on_gpu() -> bool:
+    """Whether this machine has a GPU, asked without initialising CUDA here.
+
+    `mentor run` may start a hint engine in this process after a TRL round; torch's
+    ``cuda.is_available()`` would initialise CUDA and poison fork for it, while
+    ``cuda.device_count()`` answers through NVML and does not.
+    """
     try:
         import torch
 
-        return bool(torch.cuda.is_available())
+        return torch.cuda.device_count() > 0
     except Exception:
         return False
 
