@@ -95,8 +95,13 @@ def test_dry_run_checked_by_verls_own_config(tmp_path, round_dir):
     assert c.reward.custom_reward_function.name == "compute_score"
     assert (c.trainer.n_gpus_per_node, c.trainer.nnodes, c.trainer.total_epochs) == (8, 1, 1)
     assert c.trainer.default_local_dir == str(round_dir.resolve() / "train" / "ckpt")
-    env = c.ray_kwargs.ray_init.runtime_env.env_vars
-    assert env.MENTOR_ROLLOUT_DIR == str(round_dir.resolve() / "rollouts" / "log") and env.MENTOR_ROUND == "0"
+    # The reward workers' variables travel once, in the job config Ray merges into verl's own ray.init;
+    # never also under ray_kwargs (Ray refuses a variable set in both).
+    job = json.loads(shlex.split(next(ln for ln in out.splitlines() if ln.startswith("export RAY_JOB_CONFIG_JSON_ENV_VAR=")))[1]
+                     .split("=", 1)[1])
+    env = job["runtime_env"]["env_vars"]
+    assert env["MENTOR_ROLLOUT_DIR"] == str(round_dir.resolve() / "rollouts" / "log") and env["MENTOR_ROUND"] == "0"
+    assert not [k for k in (c.ray_kwargs.ray_init.get("runtime_env") or {}).get("env_vars", {}) if k.startswith("MENTOR_")]
     assert c.data.train_batch_size == 64 and c.trainer.save_freq > 0
     assert "verl.model_merger merge --backend fsdp" in out
 
@@ -139,6 +144,21 @@ def test_rejections_name_the_key(tmp_path, round_dir):
     wf["trainer"] = {"kind": "verl", "config": {"overrides": {"bad key": 1}}}
     with pytest.raises(ConfigError, match="trainer.config: overrides: 'bad key' is not a dotted verl key"):
         validate_workflow(wf)
+
+
+def test_a_runtime_env_ray_would_not_merge_is_refused_before_launch(tmp_path, round_dir, monkeypatch):
+    """Inside `ray job submit` the job's runtime env is already set; a variable verl's ray.init also sets is refused by
+    Ray ("Failed to merge the Job's runtime env"): found before launch, with Ray's own merge."""
+    monkeypatch.delenv("NCCL_DEBUG", raising=False)
+    monkeypatch.setenv("RAY_JOB_CONFIG_JSON_ENV_VAR", json.dumps({"runtime_env": {"env_vars": {"NCCL_DEBUG": "INFO"}}}))
+    res = CliRunner().invoke(cli, ["train", "--config", _yaml(tmp_path, _base(round_dir)), "--dry-run"])
+    assert res.exit_code == 2 and "Traceback" not in res.output
+    assert "ray.init in verl's run_ppo would refuse this round" in res.output and "NCCL_DEBUG" in res.output
+    monkeypatch.setenv("RAY_OVERRIDE_JOB_RUNTIME_ENV", "1")  # Ray's switch: verl's value wins
+    res = CliRunner().invoke(cli, ["train", "--config", _yaml(tmp_path, _base(round_dir)), "--dry-run"])
+    assert res.exit_code == 0, res.output
+    job = json.loads(shlex.split(next(ln for ln in res.stdout.splitlines() if ln.startswith("export RAY_JOB_CONFIG")))[1].split("=", 1)[1])
+    assert job["runtime_env"]["env_vars"]["NCCL_DEBUG"] == "INFO" and "MENTOR_ROLLOUT_DIR" in job["runtime_env"]["env_vars"]
 
 
 def test_no_final_checkpoint_is_refused_and_gpus_checked_before_launch(tmp_path, round_dir, monkeypatch):
@@ -248,6 +268,10 @@ def test_workflow_round_trains_with_verl_and_merges_the_model(tmp_path, tiny_mod
     seen = json.loads((train / "ckpt" / "standin.json").read_text())
     assert seen["train_files"] == [str(p) for p in sorted((run_dir / "round-000" / "prompts").glob("part-*.parquet"))]
     assert (seen["n"], seen["adv_estimator"], seen["env_vars"]["MENTOR_ROUND"]) == (4, "grpo", "1")
+    # verl's own run_ppo started Ray (ray.init with verl's runtime env merged with the job's); the TaskRunner
+    # actor got the rollout dir from that runtime env, as a worker on another node would.
+    assert seen["runtime_env_vars"]["MENTOR_ROLLOUT_DIR"] == str(run_dir / "round-001" / "train" / "logs")
+    assert seen["runtime_env_vars"]["MENTOR_ROUND"] == "1" and "TOKENIZERS_PARALLELISM" in seen["runtime_env_vars"]
     assert seen["scores"] == [1.0, 0.0, 1.0, 0.0] * 2
 
     # The merged model is a Hugging Face folder: the original weights (in bfloat16, as the merger saves them)

@@ -1,19 +1,21 @@
-"""verl's side of a round on a CPU machine, for tests: real checkpoints, real argv parsing, real reward loading.
+"""verl's side of a round on a CPU machine, for tests: real checkpoints, real argv parsing, real ``ray.init``, real reward loading.
 
-No GPU here, so verl's training loop (Ray, vLLM rollout servers, TransferQueue) cannot run. What can:
+No GPU here, so verl's training loop (its workers, vLLM rollout servers, TransferQueue) cannot run. What can:
 
 - `write_fsdp_checkpoint`: an FSDP checkpoint written by verl's own ``FSDPCheckpointManager`` from a
   model sharded with verl's own ``apply_fsdp2`` over ``world_size`` CPU processes (gloo), in the
   layout verl's trainer saves (``global_step_N/actor/model_world_size_W_rank_R.pt``, ``fsdp_config.json``,
   ``huggingface/``, and ``latest_checkpointed_iteration.txt`` beside the step folders).
 - ``python tests/verl_standin.py OVERRIDES...``: stands in for ``python -m verl.trainer.main_ppo
-  OVERRIDES...``. It runs verl's own ``main_ppo.main`` (its ``@hydra.main`` parses the overrides, then
-  ``validate_config``) with ``run_ppo`` replaced by: apply the job's
-  ``ray_kwargs.ray_init.runtime_env.env_vars`` (what Ray gives each worker), load the reward function
-  with verl's own ``get_custom_reward_fn``, score ``n`` made-up responses (the right answer for even
-  ones, a wrong one for odd) of the first two prompt rows with the keyword arguments verl's naive
-  reward manager passes, then write the checkpoint of ``actor_rollout_ref.model.path`` into
-  ``trainer.default_local_dir``. What it saw goes to ``<default_local_dir>/standin.json``.
+  OVERRIDES...``. It runs verl's own ``main_ppo.main``: its ``@hydra.main`` parses the overrides,
+  ``validate_config`` runs, and verl's own ``run_ppo`` starts Ray with ``ray.init`` and the runtime env
+  verl builds (its defaults, ``ray_kwargs.ray_init``, merged by Ray with the job config in
+  ``RAY_JOB_CONFIG_JSON_ENV_VAR``). Only the TaskRunner actor, which needs GPUs, is replaced: the
+  stand-in actor loads the reward function with verl's own ``get_custom_reward_fn``, scores ``n``
+  made-up responses (the right answer for even ones, a wrong one for odd) of the first two prompt rows
+  with the keyword arguments verl's naive reward manager passes, then writes the checkpoint of
+  ``actor_rollout_ref.model.path`` into ``trainer.default_local_dir``. What it saw (its environment
+  and the runtime env Ray gave it included) goes to ``<default_local_dir>/standin.json``.
 """
 
 from __future__ import annotations
@@ -66,14 +68,13 @@ def write_fsdp_checkpoint(model_dir: str | os.PathLike, ckpt_dir: str | os.PathL
     return actor
 
 
-def _run_ppo(config, task_runner_class) -> None:
+def standin_round(config) -> None:
+    """What the stand-in TaskRunner does inside its Ray actor (see the module docstring)."""
     import pyarrow.parquet as pq
-    from omegaconf import OmegaConf
+    import ray
 
     from verl.trainer.ppo.reward import get_custom_reward_fn
 
-    env_vars = OmegaConf.to_container(config.ray_kwargs.ray_init.runtime_env).get("env_vars", {})
-    os.environ.update({k: str(v) for k, v in env_vars.items()})  # Ray applies the job's runtime env to each worker
     score = get_custom_reward_fn(config)
     rows = pq.read_table(list(config.data.train_files)[0]).slice(0, 2).to_pylist()
     scores = []
@@ -85,15 +86,37 @@ def _run_ppo(config, task_runner_class) -> None:
                                 extra_info=dict(row["extra_info"], num_turns=None, rollout_reward_scores={})))
     ckpt = Path(config.trainer.default_local_dir)
     write_fsdp_checkpoint(config.actor_rollout_ref.model.path, ckpt, step=1)
+    runtime_env = ray.get_runtime_context().runtime_env or {}
     seen = {"model": config.actor_rollout_ref.model.path, "train_files": list(config.data.train_files),
             "n": int(config.actor_rollout_ref.rollout.n), "adv_estimator": config.algorithm.adv_estimator,
-            "env_vars": env_vars, "scores": scores, "cwd": os.getcwd()}
+            "max_prompt_length": int(config.data.max_prompt_length),
+            "env_vars": {k: v for k, v in os.environ.items() if k.startswith("MENTOR_")},
+            "runtime_env_vars": dict(runtime_env.get("env_vars") or {}), "scores": scores, "cwd": os.getcwd()}
     (ckpt / "standin.json").write_text(json.dumps(seen, indent=1))
 
 
 if __name__ == "__main__":
+    import ray
+
     import verl.trainer.main_ppo as main_ppo
 
-    main_ppo.run_ppo = _run_ppo
+    here = str(Path(__file__).resolve().parent)
+
+    @ray.remote(num_cpus=1)
+    class StandinTaskRunner:
+        def run(self, config):
+            # As a module of its own (not __main__), so the processes it spawns for the checkpoint find it.
+            sys.path.insert(0, here)
+            import verl_standin
+
+            verl_standin.standin_round(config)
+
+    main_ppo.TaskRunnerV1 = StandinTaskRunner  # main() picks its TaskRunner by trainer.use_v1
+    try:
+        import verl.trainer.main_ppo_v0 as v0
+
+        v0.TaskRunner = StandinTaskRunner
+    except ImportError:
+        pass
     sys.argv = ["verl.trainer.main_ppo", *sys.argv[1:]]
     main_ppo.main()

@@ -32,11 +32,12 @@ DEFAULT_TIMEOUT_S = 180.0
 
 
 def probe_cluster(env: dict[str, str], init: str = "openrlhf", python: str | None = None,
-                  timeout_s: float = DEFAULT_TIMEOUT_S) -> dict | None:
+                  timeout_s: float = DEFAULT_TIMEOUT_S, runtime_env: dict | None = None) -> dict | None:
     """The Ray cluster the trainer launched with `env` will join, probed; None when it starts a fresh local one.
 
     `init`: how to join: ``openrlhf`` (OpenRLHF's own ray.init call, when openrlhf is installed) or ``plain``
-    (``ray.init()``). A ConfigError names the address when joining or probing fails.
+    (``ray.init(runtime_env=runtime_env)``: the runtime env the trainer's own ray.init passes, e.g. verl's).
+    A ConfigError names the address when joining or probing fails.
     """
     address = env.get("RAY_ADDRESS", "")
     if address == "local":
@@ -51,6 +52,8 @@ def probe_cluster(env: dict[str, str], init: str = "openrlhf", python: str | Non
         return None  # no ray here: the trainer's ray.init() can only start a local cluster from this environment
     token = uuid.uuid4().hex[:12]
     cmd = [python, "-m", "mentor.training.ray_preflight", "--init", init, "--token", token, "--timeout", str(timeout_s / 2)]
+    if runtime_env is not None:
+        cmd += ["--runtime-env", json.dumps(runtime_env)]
     try:
         proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout_s, check=False)
     except subprocess.TimeoutExpired:
@@ -118,7 +121,7 @@ def _probe(token: str, node_id: str) -> dict[str, Any]:
     return out
 
 
-def _run(init: str, token: str, timeout_s: float) -> dict[str, Any]:
+def _run(init: str, token: str, timeout_s: float, runtime_env: dict | None = None) -> dict[str, Any]:
     import ray
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
@@ -126,7 +129,7 @@ def _run(init: str, token: str, timeout_s: float) -> dict[str, Any]:
     if address is None:
         return {"cluster": None}
     if not (init == "openrlhf" and _openrlhf_init()):
-        ray.init(log_to_driver=False)
+        ray.init(log_to_driver=False, runtime_env=runtime_env)
     try:
         nodes = [n for n in ray.nodes() if n.get("Alive")]
         task = ray.remote(num_cpus=0)(_probe)
@@ -164,9 +167,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--init", choices=["openrlhf", "plain"], default="plain")
     p.add_argument("--token", default=uuid.uuid4().hex[:12])
     p.add_argument("--timeout", type=float, default=120.0)
+    p.add_argument("--runtime-env", type=json.loads, default=None, help="the runtime env (JSON) of the trainer's ray.init")
     a = p.parse_args(argv)
     try:
-        report = _run(a.init, a.token, a.timeout)
+        report = _run(a.init, a.token, a.timeout, a.runtime_env)
     except Exception as exc:  # noqa: BLE001 - one line for the launcher
         report = {"error": f"{type(exc).__name__}: {str(exc).strip().splitlines()[0] if str(exc).strip() else ''}"}
     print(json.dumps(report), flush=True)

@@ -8,16 +8,25 @@ The command is verl's own entry point with Hydra overrides built from the round:
       actor_rollout_ref.model.path=<previous round's final model | base model in round 0>
       reward.custom_reward_function.path=<mentor's verl_reward.py> reward.custom_reward_function.name=compute_score
       trainer.n_gpus_per_node=N trainer.nnodes=M trainer.default_local_dir=<train>/ckpt
-      ++ray_kwargs.ray_init.runtime_env.env_vars.MENTOR_ROLLOUT_DIR=<the round's log dir> (and MENTOR_ROUND, MENTOR_*)
+      data.max_prompt_length=<the round's longest prompt, in the policy's tokens>
       <mentor's defaults, then the config's `overrides` (any verl key, dotted)>
 
-verl's ``run_ppo`` merges ``ray_kwargs.ray_init.runtime_env`` into the runtime
-environment of its ``ray.init``, so the variables reach every Ray worker that
-scores rollouts (the TaskRunner, the reward-loop workers), on a fresh local
-cluster and on one started by ``ray start`` alike. The same variables also go
-into ``RAY_JOB_CONFIG_JSON_ENV_VAR``, the job config Ray merges into that
-``ray.init`` (and what the pre-launch probe of `mentor.training.ray_preflight`
-checks on every node).
+The reward workers' variables (``MENTOR_ROLLOUT_DIR``, ``MENTOR_ROUND``, every
+``MENTOR_*``) travel in one place only: the job config in
+``RAY_JOB_CONFIG_JSON_ENV_VAR``, which Ray merges into the runtime env of verl's
+own ``ray.init`` (verl's defaults plus ``ray_kwargs.ray_init.runtime_env``), so
+they reach every Ray worker that scores rollouts (the TaskRunner, the
+reward-loop workers) on a fresh local cluster and on one started by ``ray
+start`` alike, and the pre-launch probe of `mentor.training.ray_preflight`
+checks them on every node. Ray refuses to merge two runtime envs that set the
+same variable ("Failed to merge the Job's runtime env"), so the same keys never
+also go under ``ray_kwargs``; before launch `check_ray_init` runs verl's
+``get_ppo_ray_runtime_env`` and Ray's own merge on the round's environment.
+
+Prompts are never cut: verl drops or left-truncates prompts longer than
+``data.max_prompt_length`` (512 by default). The launcher measures the round's
+longest prompt with the policy's tokenizer (`mentor.training.prompt_limits`) and
+sets the limit to it, or refuses a round whose own limit is smaller.
 
 Checks before launch (and all of ``--dry-run``): the overrides are composed with
 verl's packaged ``ppo_trainer`` config by Hydra, as ``main_ppo``'s own
@@ -46,6 +55,7 @@ from __future__ import annotations
 import contextlib
 import datetime as _dt
 import io
+import json
 import logging
 import os
 import re
@@ -63,7 +73,7 @@ from mentor.pipeline.inputs import resolve_inputs
 from mentor.pipeline.io import write_json_atomic
 from mentor.pipeline.yaml_io import read_yaml_mapping
 from mentor.training.launcher import OUTCOME, RoundPaths, TrainError, log_tail, outcome_record, previous_final_model
-from mentor.training.rollout_log import ENV_DIR
+from mentor.training.rollout_log import ENV_DIR, RAY_JOB_CONFIG_ENV, REWARD_ENV_PREFIX, ray_job_config_env
 from mentor.training.round_settings import round_updates
 from mentor.training.verl_checkpoints import LATEST, last_checkpoint, merge_backend, merge_checkpoint, merge_command, prepare_logs
 from mentor.training.verl_hydra import INSTALL, compose, gpu_demand, hydra_unquote, hydra_value, one_line, verl_config_dir
@@ -216,8 +226,9 @@ def _user_overrides(overrides: dict[str, Any]) -> list[str]:
         prefix, name = m.group(1) or "", m.group(2)
         if name in _OWNED:
             raise ConfigError(f"overrides: {name} is set by mentor; use {_OWNED[name]} instead")
-        if name.startswith(ENV_VARS_KEY + "."):
-            raise ConfigError(f"overrides: {name}: the reward workers' variables come from env (MENTOR_* go there)")
+        if name.startswith(f"{ENV_VARS_KEY}.{REWARD_ENV_PREFIX}"):
+            raise ConfigError(f"overrides: {name}: set it under env instead (MENTOR_* variables reach the Ray workers "
+                              f"through the job's runtime env, and Ray refuses a variable set in both)")
         if prefix == "~":
             out.append(f"~{name}" if value is None else f"~{name}={hydra_value(value)}")
         else:
@@ -251,8 +262,7 @@ def build_overrides(cfg: VerlTrainConfig, start_from_base: bool = False) -> list
     per_round = {"trainer.experiment_name": f"round-{cfg.round:03d}",
                  "hydra.run.dir": str(cfg.train_path / "hydra")}  # Hydra's outputs/ (and verl's cwd) in the round's folder
     defaults = [f"{k}={hydra_value(v, quote=k == 'hydra.run.dir')}" for k, v in (DEFAULTS | per_round).items() if k not in user]
-    env = [f"++{ENV_VARS_KEY}.{k}={hydra_value(v, quote=True)}" for k, v in sorted(reward_env(cfg).items())]
-    return owned + defaults + env + _user_overrides(cfg.overrides)
+    return owned + defaults + _user_overrides(cfg.overrides)
 
 
 def build_command(cfg: VerlTrainConfig, start_from_base: bool = False) -> list[str]:
@@ -261,15 +271,64 @@ def build_command(cfg: VerlTrainConfig, start_from_base: bool = False) -> list[s
 
 
 def build_env(cfg: VerlTrainConfig) -> dict[str, str]:
-    """The variables mentor adds to the trainer's environment (the driver's and, through Ray's job config, the workers')."""
+    """The variables mentor adds to the trainer's environment: the driver's, and through Ray's job config
+    (``RAY_JOB_CONFIG_JSON_ENV_VAR``, kept and extended when already set) every Ray worker's."""
     env = reward_env(cfg)
+    return env | ray_job_config_env(env, cfg.env.get(RAY_JOB_CONFIG_ENV, os.environ.get(RAY_JOB_CONFIG_ENV))) | \
+        {k: v for k, v in cfg.env.items() if k != RAY_JOB_CONFIG_ENV}
+
+
+@contextlib.contextmanager
+def _environ(env: dict[str, str]):
+    saved = dict(os.environ)
+    os.environ.clear()
+    os.environ.update(env)
     try:
-        from mentor.training.rollout_log import ray_job_config_env
-    except ImportError:  # an older rollout_log: verl's own runtime_env carries the variables alone
-        job = {}
-    else:
-        job = ray_job_config_env(env, os.environ.get("RAY_JOB_CONFIG_JSON_ENV_VAR"))
-    return env | job | cfg.env
+        yield
+    finally:
+        os.environ.clear()
+        os.environ.update(saved)
+
+
+def ray_init_runtime_env(composed, env: dict[str, str]) -> dict[str, Any]:
+    """The runtime env verl's ``run_ppo`` hands to ``ray.init`` for `composed` in a driver whose environment is
+    `env`: verl's ``get_ppo_ray_runtime_env`` (which drops the variables the driver already has), then
+    ``ray_kwargs.ray_init.runtime_env`` over it, as ``run_ppo`` merges them."""
+    from omegaconf import OmegaConf
+
+    from verl.trainer.constants_ppo import get_ppo_ray_runtime_env
+
+    with _environ(env):
+        default = get_ppo_ray_runtime_env(composed)
+    if OmegaConf.select(composed, "transfer_queue.enable"):
+        default.setdefault("env_vars", {})["TRANSFER_QUEUE_ENABLE"] = "1"
+    given = OmegaConf.select(composed, "ray_kwargs.ray_init.runtime_env") or {}
+    return OmegaConf.to_container(OmegaConf.merge(default, given), resolve=True)
+
+
+def check_ray_init(composed, env: dict[str, str]) -> str | None:
+    """Refuse a round whose ``ray.init`` Ray would reject: the job's runtime env (``RAY_JOB_CONFIG_JSON_ENV_VAR``)
+    and verl's runtime env merged by Ray's own ``_merge_runtime_env``. Returns a note when it cannot check."""
+    if not env.get(RAY_JOB_CONFIG_ENV):
+        return None
+    try:
+        from ray.runtime_env.runtime_env import _merge_runtime_env
+    except ImportError as exc:
+        return f"the runtime env merge of ray.init was not checked ({exc})"
+    try:
+        driver = ray_init_runtime_env(composed, env)
+    except ImportError as exc:
+        return f"the runtime env merge of ray.init was not checked ({exc})"
+    job = (json.loads(env[RAY_JOB_CONFIG_ENV]).get("runtime_env") or {})
+    if _merge_runtime_env(job, driver, override=env.get("RAY_OVERRIDE_JOB_RUNTIME_ENV") == "1") is None:
+        fields = sorted((set(job) & set(driver)) - {"env_vars"})
+        keys = sorted(set(job.get("env_vars") or {}) & set(driver.get("env_vars") or {}))
+        raise ConfigError(
+            f"ray.init in verl's run_ppo would refuse this round: the job's runtime env ({RAY_JOB_CONFIG_ENV}) and "
+            f"verl's runtime env (ray_kwargs.ray_init.runtime_env and verl's defaults) both set "
+            f"{', '.join([*fields, *keys])}; set each in one of them only, or RAY_OVERRIDE_JOB_RUNTIME_ENV=1 "
+            "to let verl's win")
+    return None
 
 
 # --------------------------------------------------------------------------- checks before launch
@@ -290,7 +349,6 @@ def _expected(cfg: VerlTrainConfig, cmd: list[str]) -> dict[str, Any]:
         "trainer.n_gpus_per_node": cfg.n_gpus_per_node,
         "trainer.nnodes": cfg.nnodes,
         "trainer.default_local_dir": str(cfg.ckpt_path),
-        ENV_VARS_KEY: reward_env(cfg),
     }
 
 
@@ -341,7 +399,12 @@ def preflight(cfg: VerlTrainConfig, composed, extra_env: dict[str, str]) -> dict
     from mentor.training.rollout_log import check_rollout_reach
 
     demand = gpu_demand(composed) if composed is not None else None
-    cluster = probe_cluster(dict(os.environ) | extra_env, init="plain", python=cfg.python)
+    env = dict(os.environ) | extra_env
+    try:  # join as verl's run_ppo does: its runtime env, which Ray merges with the job's
+        runtime_env = ray_init_runtime_env(composed, env) if composed is not None else None
+    except ImportError:
+        runtime_env = None
+    cluster = probe_cluster(env, init="plain", python=cfg.python, runtime_env=runtime_env)
     supply = cluster_supply(cluster) if cluster else local_gpus()
     if demand is not None:
         demand.check(supply)
@@ -365,6 +428,8 @@ def dry_run_text(cfg: VerlTrainConfig, start_from_base: bool = False) -> str:
     """The command, its environment, verl's verdict, the GPUs it needs, and the merge step."""
     cmd = build_command(cfg, start_from_base)
     composed, notes = _checked(cfg, cmd)
+    if composed is not None:
+        notes += [n for n in [check_ray_init(composed, dict(os.environ) | build_env(cfg))] if n]
     lines = [f"# verl {verl_version()} GRPO round {cfg.round}"]
     if composed is not None:
         demand = gpu_demand(composed)
@@ -392,6 +457,8 @@ def run_round(cfg: VerlTrainConfig, start_from_base: bool = False, **overrides: 
         raise ConfigError("trainer.save_freq must be > 0: verl saves the last step only then, and the round's model is "
                           "merged from it (or set merge_model: false)")
     extra_env = build_env(cfg)
+    if composed is not None:
+        notes += [n for n in [check_ray_init(composed, dict(os.environ) | extra_env)] if n]
     checked = preflight(cfg, composed, extra_env) if cfg.preflight else None
     cfg.train_path.mkdir(parents=True, exist_ok=True)
     cfg.rollout_dir.mkdir(parents=True, exist_ok=True)
