@@ -44,3 +44,21 @@ def gsm8k_collapsed(tmp_path_factory, bundled_rollouts) -> Path:
     out = tmp_path_factory.mktemp("collapsed")
     mine_to_dir([str(bundled_rollouts)], out, MineConfig())
     return out / "collapsed.parquet"
+
+
+@pytest.fixture(scope="session")
+def policy_model() -> str:
+    """A model folder with a tokenizer and chat template (the embedded SmolLM2): launchers measure prompts with it."""
+    from mentor.pipeline.models import ensure_embedded_model
+
+    return str(ensure_embedded_model())
+
+
+@pytest.fixture(scope="session")
+def gsm8k_prompts(tmp_path_factory) -> str:
+    """`mentor build --base gsm8k` (1,319 unhinted prompts): what a round trains on."""
+    from mentor.stages.build import BuildConfig, build
+
+    out = tmp_path_factory.mktemp("gsm8k-prompts") / "prompts"
+    build(BuildConfig(base="gsm8k", round=0), out)
+    return str(out)

@@ -27,12 +27,12 @@ from mentor.training.openrlhf_placement import openrlhf_demand, round_demand  # 
 from mentor.workflows.config import load_workflow, validate_workflow  # noqa: E402
 from mentor.workflows.runner import RunOptions, Runner  # noqa: E402
 
+from fake_trainers import fake_trainer  # noqa: E402
+
 pytestmark = pytest.mark.openrlhf
 WORKFLOWS = Path(__file__).resolve().parents[1] / "workflows"
 
-FAKE_TRAINER = f"""#!{sys.executable}
-import os, sys
-out = sys.argv[sys.argv.index("--ckpt.output_dir") + 1]
+FAKE_TRAINER = """out = sys.argv[sys.argv.index("--ckpt.output_dir") + 1]
 os.makedirs(out, exist_ok=True)
 open(os.path.join(out, "started"), "w").write("yes")
 """
@@ -48,10 +48,13 @@ def _no_cluster(monkeypatch, tmp_path):
 
 @pytest.fixture()
 def trainer(tmp_path) -> str:
-    path = tmp_path / "fake-trainer"
-    path.write_text(FAKE_TRAINER)
-    path.chmod(path.stat().st_mode | stat.S_IEXEC)
-    return str(path)
+    return fake_trainer(tmp_path / "fake-trainer", FAKE_TRAINER)
+
+
+@pytest.fixture()
+def inputs(policy_model, gsm8k_prompts) -> dict[str, str]:
+    """Rounds that launch measure their prompts with the policy's tokenizer: real prompts and a real tokenizer."""
+    return {"base_model": policy_model, "prompts": gsm8k_prompts}
 
 
 def _demand(**kw):
@@ -85,17 +88,17 @@ def test_counts_follow_openrlhf_placement():
         _demand(actor_gpus_per_node=8, ref_gpus_per_node=8, vllm_num_engines=4, extra_args={"train.colocate_all": True})
 
 
-def _round_yaml(tmp_path: Path, trainer: str, **kw) -> Path:
-    conf = {"round": 0, "round_dir": str(tmp_path / "run" / "round-000"), "base_model": "base/model", "python": trainer,
+def _round_yaml(tmp_path: Path, trainer: str, inputs: dict[str, str], **kw) -> Path:
+    conf = {"round": 0, "round_dir": str(tmp_path / "run" / "round-000"), "python": trainer, **inputs,
             "actor_gpus_per_node": 8, "ref_gpus_per_node": 8, "vllm_num_engines": 8, **kw}
     path = tmp_path / "round.yaml"
     path.write_text(yaml.safe_dump(conf))
     return path
 
 
-def test_train_refuses_a_round_the_machine_cannot_place(tmp_path, trainer, monkeypatch):
+def test_train_refuses_a_round_the_machine_cannot_place(tmp_path, trainer, monkeypatch, inputs):
     monkeypatch.setenv("MENTOR_FAKE_GPUS", "8")
-    res = CliRunner().invoke(cli, ["train", "--config", str(_round_yaml(tmp_path, trainer))])
+    res = CliRunner().invoke(cli, ["train", "--config", str(_round_yaml(tmp_path, trainer, inputs))])
     assert res.exit_code == 2
     msg = res.output.strip().removeprefix("Error: ")
     assert msg == (
@@ -106,7 +109,7 @@ def test_train_refuses_a_round_the_machine_cannot_place(tmp_path, trainer, monke
     assert not (tmp_path / "run" / "round-000" / "train").exists()  # the trainer never started
 
     # The fix the message names: the same round colocated fits on the 8 GPUs and launches.
-    res = CliRunner().invoke(cli, ["train", "--config", str(_round_yaml(tmp_path, trainer, extra_args={"train.colocate_all": True}))])
+    res = CliRunner().invoke(cli, ["train", "--config", str(_round_yaml(tmp_path, trainer, inputs, extra_args={"train.colocate_all": True}))])
     assert res.exit_code == 0, res.output
     outcome = json.loads((tmp_path / "run" / "round-000" / "train" / "outcome.json").read_text())
     assert (tmp_path / "run" / "round-000" / "train" / "model" / "started").exists()
@@ -114,14 +117,14 @@ def test_train_refuses_a_round_the_machine_cannot_place(tmp_path, trainer, monke
     assert outcome["preflight"]["ray_cluster"] is None  # no cluster: OpenRLHF's ray.init() starts a local one
 
 
-def test_dry_run_prints_the_gpus_on_a_machine_without_any(tmp_path, trainer, monkeypatch):
+def test_dry_run_prints_the_gpus_on_a_machine_without_any(tmp_path, trainer, monkeypatch, inputs):
     monkeypatch.setenv("MENTOR_FAKE_GPUS", "0")  # a login node
-    res = CliRunner().invoke(cli, ["train", "--config", str(_round_yaml(tmp_path, trainer)), "--dry-run"])
+    res = CliRunner().invoke(cli, ["train", "--config", str(_round_yaml(tmp_path, trainer, inputs)), "--dry-run"])
     assert res.exit_code == 0, res.output
     assert "# GPUs: this round needs 24 GPUs (8 actor + 8 reference + 8 vLLM: 8 engines x TP 1)" in res.output
     assert "#   or with extra_args 'train.colocate_all': true: 8" in res.output
     assert "#   or with extra_args 'train.colocate_actor_ref': true: 16" in res.output
-    res = CliRunner().invoke(cli, ["train", "--config", str(_round_yaml(tmp_path, trainer))])
+    res = CliRunner().invoke(cli, ["train", "--config", str(_round_yaml(tmp_path, trainer, inputs))])
     assert res.exit_code == 2 and "this machine (MENTOR_FAKE_GPUS=0) has 0" in res.output
 
 
@@ -143,11 +146,12 @@ def test_shipped_workflows_say_their_cluster_and_one_fits_a_single_node(tmp_path
         assert "# Cluster:" in (WORKFLOWS / name).read_text()
 
 
-def test_run_refuses_at_round_start(tmp_path, trainer, monkeypatch):
+def test_run_refuses_at_round_start(tmp_path, trainer, monkeypatch, inputs):
     monkeypatch.setenv("MENTOR_FAKE_GPUS", "4")
     wf = yaml.safe_load((WORKFLOWS / "deepmath-openrlhf.yaml").read_text())
     wf.update(name="gpu-check", base="gsm8k", base_map={}, rounds=1, hint={"backend": {"backend": "fake"}})
     wf["trainer"]["config"]["python"] = trainer
+    wf["trainer"]["config"]["base_model"] = inputs["base_model"]  # a tokenizer here: the launcher measures the prompts
     run_dir = tmp_path / "run"
     with pytest.raises(GpuShortage, match=r"this round needs 8 GPUs \(8 shared by actor, reference, vLLM: .*has 4"):
         Runner(validate_workflow(wf), run_dir, RunOptions(progress=False)).run()

@@ -16,10 +16,11 @@ from mentor.cli import cli
 from mentor.pipeline.errors import ConfigError
 from mentor.training.launcher import TrainConfig, TrainError, build_command, run_round
 
+from fake_trainers import fake_trainer
+
 # Stands in for `python -m openrlhf.cli.train_ppo_ray`: writes the final model
 # folder, notes where the reward log points, and exits with $FAKE_EXIT.
-FAKE = f"""#!{sys.executable}
-import json, os, sys
+FAKE = """import json
 argv = sys.argv[1:]
 assert argv[:2] == ["-m", "openrlhf.cli.train_ppo_ray"], argv
 out = argv[argv.index("--ckpt.output_dir") + 1]
@@ -27,7 +28,7 @@ code = int(os.environ.get("FAKE_EXIT", "0"))
 print("step 1/1 loss=0.1")
 if code == 0:
     os.makedirs(out, exist_ok=True)
-    json.dump({{"rollout_dir": os.environ["MENTOR_ROLLOUT_DIR"], "argv": argv}}, open(os.path.join(out, "seen.json"), "w"))
+    json.dump({"rollout_dir": os.environ["MENTOR_ROLLOUT_DIR"], "argv": argv}, open(os.path.join(out, "seen.json"), "w"))
 else:
     print("Traceback (most recent call last):\\nRuntimeError: CUDA out of memory", file=sys.stderr)
 sys.exit(code)
@@ -43,33 +44,42 @@ def _three_gpus(monkeypatch):
 
 @pytest.fixture()
 def fake_python(tmp_path) -> str:
-    path = tmp_path / "fake-python"
-    path.write_text(FAKE)
-    path.chmod(path.stat().st_mode | stat.S_IEXEC)
-    return str(path)
+    return fake_trainer(tmp_path / "fake-python", FAKE)
 
 
-def _config(tmp_path: Path, fake_python: str, round_: int, **kw) -> Path:
-    conf = {"round": round_, "round_dir": str(tmp_path / "run" / f"round-{round_:03d}"), "base_model": "base/model",
-            "python": fake_python, **kw}
+@pytest.fixture()
+def base_model(policy_model) -> str:
+    return policy_model
+
+
+@pytest.fixture()
+def prompts(gsm8k_prompts) -> str:
+    return gsm8k_prompts
+
+
+def _config(tmp_path: Path, fake_python: str, round_: int, base_model: str = "base/model", prompts: str | None = None,
+            **kw) -> Path:
+    conf = {"round": round_, "round_dir": str(tmp_path / "run" / f"round-{round_:03d}"), "base_model": base_model,
+            "python": fake_python, **({"prompts": prompts} if prompts else {}), **kw}
     path = tmp_path / f"round-{round_}.yaml"
     path.write_text(yaml.safe_dump(conf))
     return path
 
 
-def test_rounds_chain_through_outcomes(tmp_path, fake_python):
-    res = CliRunner().invoke(cli, ["train", "--config", str(_config(tmp_path, fake_python, 0))], catch_exceptions=False)
+def test_rounds_chain_through_outcomes(tmp_path, fake_python, base_model, prompts):
+    res = CliRunner().invoke(cli, ["train", "--config", str(_config(tmp_path, fake_python, 0, base_model, prompts))],
+                             catch_exceptions=False)
     assert res.exit_code == 0, res.output
     r0 = tmp_path / "run" / "round-000" / "train"
     outcome = json.loads((r0 / "outcome.json").read_text())
     assert outcome["exit_code"] == 0 and outcome["final_model"] == str(r0 / "model")
-    assert outcome["actor_model"] == "base/model"
+    assert outcome["actor_model"] == base_model and outcome["longest_prompt"] > 100
     seen = json.loads((r0 / "model" / "seen.json").read_text())
     assert seen["rollout_dir"] == str(tmp_path / "run" / "round-000" / "rollouts" / "log")
     assert "step 1/1" in (r0 / "train.log").read_text()
 
     # Round 1 starts from round 0's final model, with a fresh checkpoint dir.
-    res = CliRunner().invoke(cli, ["train", "--config", str(_config(tmp_path, fake_python, 1)), "--dry-run"])
+    res = CliRunner().invoke(cli, ["train", "--config", str(_config(tmp_path, fake_python, 1, prompts=prompts)), "--dry-run"])
     assert res.exit_code == 0
     assert f"--actor.model_name_or_path {r0 / 'model'}" in res.output
     assert "round-001/train/ckpt" in res.output and "round-000/train/ckpt" not in res.output
@@ -81,15 +91,15 @@ def test_round_without_previous_model_is_a_clear_error(tmp_path, fake_python):
     assert "round-001/train/outcome.json does not exist" in res.output
 
 
-def test_failing_trainer_reports_log_tail(tmp_path, fake_python, monkeypatch):
+def test_failing_trainer_reports_log_tail(tmp_path, fake_python, monkeypatch, base_model, prompts):
     monkeypatch.setenv("FAKE_EXIT", "3")
-    cfg = TrainConfig(**yaml.safe_load(_config(tmp_path, fake_python, 0).read_text()))
+    cfg = TrainConfig(**yaml.safe_load(_config(tmp_path, fake_python, 0, base_model, prompts).read_text()))
     with pytest.raises(TrainError) as err:
         run_round(cfg)
     assert "exited with code 3" in str(err.value) and "CUDA out of memory" in str(err.value)
     outcome = json.loads((cfg.train_path / "outcome.json").read_text())
     assert outcome["exit_code"] == 3 and outcome["final_model"] is None
-    res = CliRunner().invoke(cli, ["train", "--config", str(_config(tmp_path, fake_python, 0))])
+    res = CliRunner().invoke(cli, ["train", "--config", str(_config(tmp_path, fake_python, 0, base_model, prompts))])
     assert res.exit_code == 1 and "CUDA out of memory" in res.output
 
 

@@ -43,12 +43,12 @@ from mentor.pipeline.schemas import prompt_label  # noqa: E402
 from mentor.training.launcher import REWARD_FILE, TrainConfig, build_env, preflight, build_command, run_round  # noqa: E402
 from mentor.training.rollout_log import RAY_JOB_CONFIG_ENV, RolloutDirUnreachable  # noqa: E402
 
+from fake_trainers import fake_trainer  # noqa: E402
+
 pytestmark = [pytest.mark.openrlhf, pytest.mark.ray]
 
 # Stands in for `python -m openrlhf.cli.train_ppo_ray` once the checks let it start.
-FAKE_TRAINER = f"""#!{sys.executable}
-import os, sys
-out = sys.argv[sys.argv.index("--ckpt.output_dir") + 1]
+FAKE_TRAINER = """out = sys.argv[sys.argv.index("--ckpt.output_dir") + 1]
 os.makedirs(out, exist_ok=True)
 open(os.path.join(out, "started"), "w").write(os.environ.get("RAY_ADDRESS", ""))
 """
@@ -136,16 +136,16 @@ def ray_head(_no_token_auth):
         shutil.rmtree(temp, ignore_errors=True)
 
 
-def _trainer(tmp_path: Path) -> str:
-    path = tmp_path / "fake-trainer"
-    path.write_text(FAKE_TRAINER)
-    path.chmod(0o755)
-    return str(path)
+@pytest.fixture()
+def round_inputs(policy_model, gsm8k_prompts) -> dict[str, str]:
+    """A round that launches measures its prompts with the policy's tokenizer: real ones."""
+    return {"base_model": policy_model, "prompts": gsm8k_prompts}
 
 
-def _cfg(tmp_path: Path, **kw) -> TrainConfig:
-    return TrainConfig(round=0, round_dir=str(tmp_path / "shared" / "round-000"), base_model="base/model",
-                       python=_trainer(tmp_path), **kw)
+def _cfg(tmp_path: Path, inputs: dict[str, str] | None = None, **kw) -> TrainConfig:
+    return TrainConfig(round=0, round_dir=str(tmp_path / "shared" / "round-000"),
+                       python=fake_trainer(tmp_path / "fake-trainer", FAKE_TRAINER), **(inputs or {"base_model": "base/model"}),
+                       **kw)
 
 
 def _samples() -> list[list[str]]:
@@ -187,7 +187,7 @@ def test_existing_cluster_reward_logs_reach_the_round_dir(ray_head, tmp_path, mo
     assert not bare_dir.exists() or not list(bare_dir.glob("*.jsonl"))
 
 
-def test_round_start_checks_the_cluster_gpus_and_log_dir(ray_head, tmp_path, monkeypatch):
+def test_round_start_checks_the_cluster_gpus_and_log_dir(ray_head, tmp_path, monkeypatch, round_inputs):
     monkeypatch.setenv("RAY_ADDRESS", ray_head["address"])
     monkeypatch.delenv("MENTOR_FAKE_GPUS", raising=False)
     cfg = _cfg(tmp_path, actor_gpus_per_node=2, ref_gpus_per_node=2, vllm_num_engines=2)
@@ -197,7 +197,8 @@ def test_round_start_checks_the_cluster_gpus_and_log_dir(ray_head, tmp_path, mon
     assert not list(cfg.rollout_dir.glob(".mentor-probe-*"))  # probes cleaned up
 
     big = tmp_path / "big.yaml"
-    big.write_text(yaml.safe_dump(_cfg(tmp_path, actor_gpus_per_node=8, ref_gpus_per_node=8, vllm_num_engines=8).model_dump()))
+    big.write_text(yaml.safe_dump(_cfg(tmp_path, round_inputs, actor_gpus_per_node=8, ref_gpus_per_node=8,
+                                       vllm_num_engines=8).model_dump()))
     res = CliRunner().invoke(cli, ["train", "--config", str(big)])
     assert res.exit_code == 2, res.output
     assert "this round needs 24 GPUs (8 actor + 8 reference + 8 vLLM: 8 engines x TP 1)" in res.output
@@ -206,10 +207,10 @@ def test_round_start_checks_the_cluster_gpus_and_log_dir(ray_head, tmp_path, mon
     assert not (cfg.train_path / "model").exists()  # nothing launched
 
 
-def test_unwritable_log_dir_refuses_the_round(ray_head, tmp_path, monkeypatch):
+def test_unwritable_log_dir_refuses_the_round(ray_head, tmp_path, monkeypatch, round_inputs):
     monkeypatch.setenv("RAY_ADDRESS", ray_head["address"])
     (tmp_path / "a-file").write_text("not a folder")
-    cfg = _cfg(tmp_path, rollout_log_dir=str(tmp_path / "a-file" / "log"))
+    cfg = _cfg(tmp_path, round_inputs, rollout_log_dir=str(tmp_path / "a-file" / "log"))
     with pytest.raises(RolloutDirUnreachable) as err:
         run_round(cfg)
     msg = str(err.value)
@@ -232,7 +233,7 @@ def test_fresh_local_cluster_gets_the_settings_too(tmp_path, monkeypatch):
     assert _ingest(cfg.rollout_dir, tmp_path / "ingested").height == 2
 
 
-def test_node_with_its_own_disk_refuses_the_round(ray_head, tmp_path, monkeypatch):
+def test_node_with_its_own_disk_refuses_the_round(ray_head, tmp_path, monkeypatch, round_inputs):
     """A second node whose view of the run folder is a disk of its own (a private mount namespace
     with a tmpfs over it): its probe lands where this machine cannot read, so the round refuses."""
     if shutil.which("unshare") is None or subprocess.run(["unshare", "-m", "true"], capture_output=True).returncode != 0:
@@ -249,7 +250,7 @@ def test_node_with_its_own_disk_refuses_the_round(ray_head, tmp_path, monkeypatc
         if worker.poll() is not None or time.monotonic() > deadline:
             pytest.fail(f"the second Ray node did not join: {log.read_text(errors='replace')[-2000:]}")
         time.sleep(0.5)
-    cfg = _cfg(tmp_path)
+    cfg = _cfg(tmp_path, round_inputs)
     with pytest.raises(RolloutDirUnreachable) as err:
         run_round(cfg)
     msg = str(err.value)

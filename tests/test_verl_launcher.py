@@ -106,6 +106,37 @@ def test_dry_run_checked_by_verls_own_config(tmp_path, round_dir):
     assert "verl.model_merger merge --backend fsdp" in out
 
 
+def test_the_prompt_limit_holds_the_longest_hinted_prompt(tmp_path, tiny_model):
+    """verl cuts prompts over data.max_prompt_length (512 unless set); a hinted LiveCodeBench-sized prompt is longer."""
+    from transformers import AutoTokenizer
+
+    d = tmp_path / "round-001"
+    hints = tmp_path / "hints.parquet"
+    from mentor.data import bundled
+    from test_build import make_hints
+
+    ids = pl.read_parquet(bundled("humaneval_problems.parquet"))["problem_id"]
+    make_hints([{"problem_id": i, "hint": "Consider every branch of the input before you return. " * 40}
+                for i in ids.head(20).to_list()], hints)
+    build(BuildConfig(base="humaneval", hints=[str(hints)], round=1), d / "prompts")
+    tok = AutoTokenizer.from_pretrained(tiny_model)
+    prompts = pl.read_parquet(d / "prompts" / "*.parquet")["prompt"].to_list()
+    want = max(len(tok(tok.apply_chat_template(p, tokenize=False, add_generation_prompt=True), add_special_tokens=False)
+                   ["input_ids"]) for p in prompts)
+    assert want > 512  # verl's default would have cut these
+    cfg = parse_config(_base(d, base_model=str(tiny_model), round=0))
+    out = dry_run_text(cfg)
+    cmd = shlex.split(next(ln for ln in out.splitlines() if "verl.trainer.main_ppo" in ln))
+    assert compose(cmd[3:]).data.max_prompt_length == want  # what main_ppo's own Hydra reads
+    assert f"# longest prompt: {want} tokens ({tiny_model}, {len(prompts)} prompts, measured)" in out
+    # A limit the user set below it: refused with both numbers, before anything starts.
+    low = parse_config(_base(d, base_model=str(tiny_model), overrides={"data.max_prompt_length": 512, "data.train_batch_size": 64,
+                                                                       "actor_rollout_ref.actor.ppo_mini_batch_size": 32}))
+    with pytest.raises(ConfigError, match=rf"longest prompt is {want} tokens .* over data.max_prompt_length=512"):
+        dry_run_text(low)
+    assert not (d / "train").exists()
+
+
 def test_paths_hydra_would_misread_survive(tmp_path):
     d = tmp_path / "it's a ${run},[x]=y" / "round-000"
     build(BuildConfig(base="humaneval", round=0, shard_rows=100), d / "prompts")
@@ -161,14 +192,17 @@ def test_a_runtime_env_ray_would_not_merge_is_refused_before_launch(tmp_path, ro
     assert job["runtime_env"]["env_vars"]["NCCL_DEBUG"] == "INFO" and "MENTOR_ROLLOUT_DIR" in job["runtime_env"]["env_vars"]
 
 
-def test_no_final_checkpoint_is_refused_and_gpus_checked_before_launch(tmp_path, round_dir, monkeypatch):
-    cfg = parse_config(_base(round_dir, overrides={"trainer.save_freq": -1, "data.train_batch_size": 64,
-                                                   "actor_rollout_ref.actor.ppo_mini_batch_size": 32}))
+def test_no_final_checkpoint_is_refused_and_gpus_checked_before_launch(tmp_path, round_dir, monkeypatch, tiny_model):
+    cfg = parse_config(_base(round_dir, base_model=str(tiny_model), overrides={
+        "trainer.save_freq": -1, "data.train_batch_size": 64, "actor_rollout_ref.actor.ppo_mini_batch_size": 32}))
     with pytest.raises(ConfigError, match="trainer.save_freq must be > 0"):
         run_round(cfg)
     monkeypatch.setenv("MENTOR_FAKE_GPUS", "4")
     monkeypatch.delenv("RAY_ADDRESS", raising=False)
     with pytest.raises(ConfigError, match=r"this round needs 8 GPUs .*MENTOR_FAKE_GPUS=4\) has 4"):
+        run_round(parse_config(_base(round_dir, base_model=str(tiny_model))))
+    # A round whose prompts cannot be measured in the policy's tokens (its tokenizer is not here) is refused.
+    with pytest.raises(ConfigError, match="could not be measured in the policy's tokens"):
         run_round(parse_config(_base(round_dir)))
     assert not (round_dir / "train" / "train.log").exists()  # refused before anything started
     assert "# GPUs: 8 GPUs" in dry_run_text(parse_config(_base(round_dir)))  # a dry run does not refuse
@@ -272,6 +306,14 @@ def test_workflow_round_trains_with_verl_and_merges_the_model(tmp_path, tiny_mod
     # actor got the rollout dir from that runtime env, as a worker on another node would.
     assert seen["runtime_env_vars"]["MENTOR_ROLLOUT_DIR"] == str(run_dir / "round-001" / "train" / "logs")
     assert seen["runtime_env_vars"]["MENTOR_ROUND"] == "1" and "TOKENIZERS_PARALLELISM" in seen["runtime_env_vars"]
+    # verl's own config got the round's prompt limit: the longest prompt in the policy's tokens.
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(tiny_model)
+    prompts = pl.read_parquet(run_dir / "round-000" / "prompts" / "*.parquet")["prompt"].to_list()
+    assert seen["max_prompt_length"] == max(
+        len(tok(tok.apply_chat_template(p, tokenize=False, add_generation_prompt=True), add_special_tokens=False)["input_ids"])
+        for p in prompts)
     assert seen["scores"] == [1.0, 0.0, 1.0, 0.0] * 2
 
     # The merged model is a Hugging Face folder: the original weights (in bfloat16, as the merger saves them)

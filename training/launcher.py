@@ -13,6 +13,14 @@ The command (flags as OpenRLHF 0.11.2's ``train_ppo_ray`` parser spells them)::
       --actor.num_nodes/--actor.num_gpus_per_node/--ref.*/--vllm.num_engines/... from the config
       <extra_args from the config>
 
+Prompts are never cut (`mentor.training.prompt_limits`): OpenRLHF keeps only the
+last ``data.max_len - rollout.max_new_tokens`` tokens of a prompt, so the launcher
+measures the round's longest prompt in the policy's tokens and, where
+``data.max_len`` is not set, raises it above OpenRLHF's 2048 when that prompt and
+its response (``rollout.max_new_tokens``, else 1024) need more; a ``data.max_len``
+set in ``extra_args`` that cannot hold it is refused. The trainer's own Python
+(``python``) loads the reward file first, as OpenRLHF will.
+
 It runs with ``MENTOR_ROLLOUT_DIR`` pointing at the round's rollout log dir,
 so the reward file logs every rollout there; the variable reaches the Ray
 workers on every node through the job's runtime env (``RAY_JOB_CONFIG_JSON_ENV_VAR``,
@@ -46,8 +54,11 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from mentor.pipeline.errors import ConfigError, MentorError, config_error
+from mentor.pipeline.inputs import resolve_inputs
 from mentor.pipeline.io import read_json, write_json_atomic
 from mentor.pipeline.yaml_io import read_yaml_mapping
+from mentor.training.prompt_limits import LongestPrompt, longest_prompt, require
+from mentor.training.reward_check import check_reward_loads
 from mentor.training.rollout_log import ENV_DIR, ENV_ROUND, RAY_JOB_CONFIG_ENV, ray_job_config_env, reward_env_vars
 
 log = logging.getLogger(__name__)
@@ -216,8 +227,53 @@ def _extra_argv(extra: dict[str, Any]) -> list[str]:
     return argv
 
 
-def build_command(cfg: TrainConfig) -> list[str]:
-    """The exact trainer command line for this round."""
+MAX_LEN, MAX_NEW = "data.max_len", "rollout.max_new_tokens"
+OPENRLHF_MAX_LEN = 2048  # --data.max_len's default in OpenRLHF 0.11.2 (prompt + response)
+RESPONSE_ROOM = 1024  # room kept for a response when rollout.max_new_tokens is unset (OpenRLHF's budget is then dynamic)
+
+
+def prompt_limit(cfg: TrainConfig, dry_run: bool = False) -> tuple[list[str], LongestPrompt]:
+    """The ``--data.max_len`` flags the round needs so that OpenRLHF cuts no prompt (none when the default holds
+    them or the config sets it), and the measured longest prompt. A ``data.max_len`` set too small is refused."""
+    model = actor_model(cfg)
+    try:
+        files = resolve_inputs(cfg.prompt_dataset.split(","), suffixes=(".parquet",))
+    except ConfigError as exc:
+        if not dry_run:
+            raise ConfigError(f"prompts {cfg.prompt_dataset}: {exc}; run `mentor build` first (or set prompts)") from None
+        return [], LongestPrompt(None, 0, model, "measured", f"the prompts are not there yet ({exc})")
+    found = longest_prompt(files, model, cache=True)
+    tokens = require(found, dry_run)
+    extra = {k.removeprefix("--"): v for k, v in cfg.extra_args.items()}
+    new = int(extra[MAX_NEW]) if extra.get(MAX_NEW) else None
+    if tokens is None:
+        return [], found
+    if extra.get(MAX_LEN) is not None:
+        given = int(extra[MAX_LEN])
+        if tokens + (new or 1) > given:
+            raise ConfigError(
+                f"the round's longest prompt is {tokens} tokens ({found.tokenizer}); with data.max_len={given}"
+                + (f" and rollout.max_new_tokens={new}" if new else "") + f" OpenRLHF keeps only the last "
+                f"{given - (new or 1)} tokens of a prompt: raise data.max_len to at least {tokens + (new or 1)} (or leave "
+                "it unset and mentor sets it), or make the hints shorter")
+        return [], found
+    need = tokens + (new or RESPONSE_ROOM)
+    return ([f"--{MAX_LEN}", str(need)] if need > OPENRLHF_MAX_LEN else []), found
+
+
+def round_command(cfg: TrainConfig, dry_run: bool = False) -> tuple[list[str], LongestPrompt]:
+    """The round's command with its prompt limit, and the longest prompt it was set from."""
+    limit, found = prompt_limit(cfg, dry_run)
+    return build_command(cfg, limit), found
+
+
+def check_reward(cfg: TrainConfig, env: dict[str, str]) -> str:
+    """The trainer's Python loads the reward file as OpenRLHF's ``SingleTurnAgentExecutor`` does (by path)."""
+    return check_reward_loads(cfg.python, Path(cfg.reward_file).resolve() if cfg.reward_file else REWARD_FILE, "reward_func", env)
+
+
+def build_command(cfg: TrainConfig, limit: list[str] | tuple[str, ...] = ()) -> list[str]:
+    """The exact trainer command line for this round (`limit`: the prompt-limit flags of `prompt_limit`)."""
     reward = str(Path(cfg.reward_file).resolve()) if cfg.reward_file else str(REWARD_FILE)
     cmd = [
         cfg.python, "-m", "openrlhf.cli.train_ppo_ray",
@@ -238,6 +294,7 @@ def build_command(cfg: TrainConfig) -> list[str]:
         "--ref.num_gpus_per_node", str(cfg.ref_gpus_per_node),
         "--vllm.num_engines", str(cfg.vllm_num_engines),
         "--vllm.tensor_parallel_size", str(cfg.vllm_tensor_parallel_size),
+        *limit,
     ]
     return cmd + _extra_argv(cfg.extra_args)
 
@@ -269,11 +326,13 @@ def log_tail(path: Path, n: int = 40) -> str:
         return ""
 
 
-def dry_run_text(cfg: TrainConfig, args: Any = None) -> str:
-    """The environment, the command and (with `args`, what OpenRLHF parsed) the GPUs the round needs."""
-    cmd = build_command(cfg)
+def dry_run_text(cfg: TrainConfig, args: Any = None, planned: tuple[list[str], LongestPrompt] | None = None) -> str:
+    """The environment, the command, the longest prompt, the reward check and (with `args`, what OpenRLHF parsed)
+    the GPUs the round needs. `planned`: `round_command(cfg, dry_run=True)` when already made."""
+    cmd, found = planned or round_command(cfg, dry_run=True)
     env = build_env(cfg)
     lines = ["# environment"] + [f"export {k}={shlex.quote(v)}" for k, v in env.items()] + ["# command", shlex.join(cmd)]
+    lines += [f"# longest prompt: {found.describe()}", f"# checked: {check_reward(cfg, dict(os.environ) | env)}"]
     if args is not None:
         from mentor.training.openrlhf_placement import round_demand
 
@@ -384,8 +443,9 @@ def run_round(cfg: TrainConfig, **overrides: Any) -> dict[str, Any]:
     """
     if overrides:
         cfg = with_overrides(cfg, **overrides)
-    cmd = build_command(cfg)
+    cmd, found = round_command(cfg)
     extra_env = build_env(cfg)
+    check_reward(cfg, dict(os.environ) | extra_env)
     checked = preflight(cfg, cmd, extra_env) if cfg.preflight else None
     cfg.train_path.mkdir(parents=True, exist_ok=True)
     cfg.rollout_dir.mkdir(parents=True, exist_ok=True)
@@ -405,7 +465,7 @@ def run_round(cfg: TrainConfig, **overrides: Any) -> dict[str, Any]:
             fh.write(f"cannot start {cmd[0]}: {exc}\n")
     final = cfg.output_dir if code == 0 and cfg.output_dir.exists() else None
     outcome = outcome_record(cfg, code, final, cmd[cmd.index("--actor.model_name_or_path") + 1], cmd, extra_env, started,
-                             preflight=checked)
+                             preflight=checked, longest_prompt=found.tokens)
     if code == 0 and final is None:
         outcome["warning"] = f"the trainer exited 0 but {cfg.output_dir} does not exist"
     write_json_atomic(outcome, cfg.train_path / OUTCOME)
@@ -423,9 +483,12 @@ __all__ = [
     "actor_model",
     "build_command",
     "build_env",
+    "check_reward",
     "dry_run_text",
     "load_config",
     "preflight",
+    "prompt_limit",
+    "round_command",
     "run_round",
     "with_overrides",
 ]

@@ -12,7 +12,10 @@ sample per call from worker threads (``asyncio.to_thread`` in
 
 It returns ``{"rewards", "scores", "extra_logs"}`` (float tensors; ``scores`` in
 [0, 1], used by dynamic filtering) and never raises: an internal error gives
-reward 0 and is logged. Every rollout is appended to this process's shard in the
+reward 0 and is logged. Loading it is another matter: where mentor cannot be
+imported (a trainer image on another Python, mentor not installed) the load
+fails at once with one line naming the Python and the fix, so the trainer stops
+at start instead of training on rewards that are all 0. Every rollout is appended to this process's shard in the
 rollout directory (``MENTOR_ROLLOUT_DIR``, or ``mentor_reward.json`` beside this
 file); `mentor ingest --format openrlhf DIR` reads them back. The engine actors run
 on any node of the Ray cluster: `mentor train` hands them ``MENTOR_ROLLOUT_DIR``
@@ -29,11 +32,14 @@ import logging
 
 log = logging.getLogger("mentor.training.openrlhf_reward")
 
-try:  # mentor is installed in the trainer's environment; importing it must not kill the engine
+try:
     from mentor.training.reward_core import STATS, score_and_log, split_query, target_from_label
-except Exception:  # pragma: no cover - only without mentor installed
-    log.exception("mentor is not importable in this environment: every reward will be 0")
-    score_and_log = None  # type: ignore[assignment]
+except Exception as exc:  # fail at load, loudly: without mentor every reward would be 0
+    import sys
+
+    raise ImportError(f"{__file__}: mentor is not importable in the trainer's Python ({sys.version.split()[0]}, "
+                      f"{sys.executable}): {type(exc).__name__}: {exc}; install it there: pip install 'mentor[reward]' "
+                      "(Python >= 3.10)") from exc
 
 
 def _one(query, prompt, label) -> tuple[float, bool]:
@@ -55,7 +61,7 @@ def reward_func(queries, prompts, labels):
         try:
             prompt = prompts[i] if i < len(prompts) else ""
             label = labels[i] if i < len(labels) else None
-            r, e = _one(queries[i], prompt, label) if score_and_log is not None else (0.0, False)
+            r, e = _one(queries[i], prompt, label)
         except Exception:
             log.exception("mentor reward_func failed on sample %d; reward 0", i)
             r, e, errors = 0.0, False, errors + 1

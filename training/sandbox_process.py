@@ -39,7 +39,7 @@ def parse_message(line: bytes | str) -> dict | None:
     Python's int-digit limit off, long integer literals are refused.
     """
     try:
-        limit = sys.get_int_max_str_digits()
+        limit = getattr(sys, "get_int_max_str_digits", lambda: 0)()  # Python < 3.10.7 has no limit: treat it as off
         extra = {"parse_int": _bounded_int} if limit == 0 or limit > 4300 else {}
         obj = json.loads(line, object_pairs_hook=_small_object, **extra)
     except (ValueError, RecursionError, UnicodeDecodeError):

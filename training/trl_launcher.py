@@ -21,6 +21,13 @@ mentor's defaults on top of TRL's: ``num_generations`` = the group size (4),
 ``num_train_epochs`` 1 (one pass over the round's prompts), ``report_to`` none,
 ``output_dir`` the round's ckpt folder; without a GPU also ``use_cpu``, and
 ``bf16`` and ``gradient_checkpointing`` off (TRL leaves bf16 on with use_cpu).
+
+Before launch (and in ``--dry-run``): the trainer's Python imports mentor's TRL
+reward module (`mentor.training.reward_check`), and the round's longest prompt is
+measured with the policy's tokenizer (`mentor.training.prompt_limits`). TRL 1.16
+cuts no prompt, so there is no prompt limit to set; a round whose longest prompt
+plus ``max_completion_length`` does not fit the context (``vllm_max_model_length``
+when set, else the model's ``max_position_embeddings``) is refused with the numbers.
 """
 
 from __future__ import annotations
@@ -48,6 +55,8 @@ from mentor.pipeline.inputs import resolve_inputs
 from mentor.pipeline.io import read_json, write_json_atomic
 from mentor.pipeline.yaml_io import read_yaml_mapping
 from mentor.training.launcher import OUTCOME, RoundPaths, TrainError, log_tail, outcome_record, previous_final_model
+from mentor.training.prompt_limits import LongestPrompt, model_context, require, token_lengths
+from mentor.training.reward_check import check_reward_loads
 from mentor.training.rollout_log import ENV_DIR
 from mentor.training.round_settings import round_updates
 
@@ -330,6 +339,40 @@ def check_with_accelerate(cmd: list[str]) -> None:
         logging.disable(logging.NOTSET)
 
 
+REWARD_MODULE = "mentor.training.trl_reward"
+
+
+def check_reward(cfg: TrlTrainConfig, env: dict[str, str]) -> str:
+    """The trainer's Python imports mentor's TRL reward, as the round's process (`trl_train`) will."""
+    return check_reward_loads(cfg.python, REWARD_MODULE, "make_reward", env, kind="module")
+
+
+def check_prompt_room(cfg: TrlTrainConfig, spec: dict[str, Any], rows: pl.DataFrame, dry_run: bool = False) -> LongestPrompt:
+    """The longest selected prompt in the policy's tokens, and a refusal when it and a completion overflow the context."""
+    model = spec["model"]
+    try:
+        from transformers import AutoTokenizer
+
+        tok = AutoTokenizer.from_pretrained(model)
+    except Exception as exc:  # offline and not cached, no tokenizer files
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        found = LongestPrompt(None, rows.height, model, "measured", f"cannot load the tokenizer of {model}: {first[:200]}")
+    else:
+        found = LongestPrompt(max(token_lengths(rows["prompt"].to_list(), tok)), rows.height, model, "measured")
+    tokens = require(found, dry_run)
+    grpo = spec["grpo"]
+    completion = int(grpo.get("max_completion_length") or getattr(grpo_config_class(), "max_completion_length", 512) or 512)
+    key, context = ("vllm_max_model_length", grpo.get("vllm_max_model_length")) if grpo.get("use_vllm") else (None, None)
+    if context is None:
+        key, context = "the model's max_position_embeddings", model_context(model)
+    if tokens is not None and context and tokens + completion > int(context):
+        raise ConfigError(f"the round's longest prompt is {tokens} tokens ({model}); with max_completion_length={completion} "
+                          f"it needs {tokens + completion} tokens of context, over {key}={context}: lower "
+                          "max_completion_length" + (", raise vllm_max_model_length" if grpo.get("use_vllm") else "")
+                          + ", or make the hints shorter")
+    return found
+
+
 def build_command(cfg: TrlTrainConfig, cpu_threads: int | None = None) -> list[str]:
     """The trainer command: one process, or `accelerate launch` starting `num_processes` of them."""
     trainer = ["-m", "mentor.training.trl_train", str(cfg.train_path / ROUND_FILE)]
@@ -351,10 +394,13 @@ def dry_run_text(cfg: TrlTrainConfig, start_from_base: bool = False) -> str:
     spec = round_spec(cfg, start_from_base)
     args = resolve_grpo(cfg)
     try:
-        rows = select_prompts(cfg).height
-        prompts = f"{rows} prompt row(s) from {', '.join(spec['prompts'])} (select {cfg.select}, limit {cfg.limit})"
+        selected = select_prompts(cfg)
+        prompts = f"{selected.height} prompt row(s) from {', '.join(spec['prompts'])} (select {cfg.select}, limit {cfg.limit})"
+        longest = check_prompt_room(cfg, spec, selected, dry_run=True).describe()
     except (ConfigError, DataError) as exc:
-        prompts = f"not readable yet: {exc}"
+        if "longest prompt" in str(exc):
+            raise
+        prompts = longest = f"not readable yet: {exc}"
     resolved = args.to_dict()
     cmd = build_command(cfg, spec["cpu_threads"])
     check_with_accelerate(cmd)
@@ -365,6 +411,8 @@ def dry_run_text(cfg: TrlTrainConfig, start_from_base: bool = False) -> str:
         f"GPUs: {demand.describe() if demand else 'none (use_cpu)'}",
         f"# model: {spec['model']}",
         f"# prompts: {prompts}",
+        f"# longest prompt: {longest}",
+        f"# checked: {check_reward(cfg, dict(os.environ) | build_env(cfg, spec))}",
         f"# final model: {spec['final_model']}",
         "# environment",
         *(f"export {k}={shlex.quote(v)}" for k, v in build_env(cfg, spec).items()),
@@ -430,7 +478,10 @@ def run_round(cfg: TrlTrainConfig, start_from_base: bool = False, **overrides: A
         cfg = with_overrides(cfg, **overrides)
     resolve_grpo(cfg)  # TRL's own checks before anything starts
     spec = round_spec(cfg, start_from_base)
-    rows = select_prompts(cfg).height
+    selected = select_prompts(cfg)
+    rows = selected.height
+    check_prompt_room(cfg, spec, selected)
+    check_reward(cfg, dict(os.environ) | build_env(cfg, spec))
     cmd = build_command(cfg, spec["cpu_threads"])
     check_with_accelerate(cmd)
     demand = gpu_demand(cfg, spec)

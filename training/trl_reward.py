@@ -38,12 +38,7 @@ from typing import Any
 
 log = logging.getLogger("mentor.training.trl_reward")
 
-try:  # importing mentor must never kill the trainer: without it every reward is 0
-    from mentor.training.reward_core import STATS, count, score_and_log, target_from_label
-except Exception:  # pragma: no cover - only without mentor installed
-    log.exception("mentor is not importable in this environment: every reward will be 0")
-    score_and_log = None  # type: ignore[assignment]
-    STATS = {}  # type: ignore[assignment]
+from mentor.training.reward_core import STATS, count, score_and_log, target_from_label
 
 TRAINER = "trl"
 
@@ -119,8 +114,6 @@ class TrlReward:
         except TypeError:
             log.error("mentor trl reward: completions is a %s, not a list; no rewards", type(completions).__name__)
             return []
-        if score_and_log is None:
-            return [0.0] * n
         if label is None and not self._warned_label:
             self._warned_label = True
             log.warning("mentor trl reward: no 'label' column reached the reward function; every reward is 0 "

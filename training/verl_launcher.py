@@ -73,6 +73,8 @@ from mentor.pipeline.inputs import resolve_inputs
 from mentor.pipeline.io import write_json_atomic
 from mentor.pipeline.yaml_io import read_yaml_mapping
 from mentor.training.launcher import OUTCOME, RoundPaths, TrainError, log_tail, outcome_record, previous_final_model
+from mentor.training.prompt_limits import LongestPrompt, longest_prompt, refuse, require
+from mentor.training.reward_check import check_reward_loads
 from mentor.training.rollout_log import ENV_DIR, RAY_JOB_CONFIG_ENV, REWARD_ENV_PREFIX, ray_job_config_env
 from mentor.training.round_settings import round_updates
 from mentor.training.verl_checkpoints import LATEST, last_checkpoint, merge_backend, merge_checkpoint, merge_command, prepare_logs
@@ -243,7 +245,25 @@ def reward_env(cfg: VerlTrainConfig) -> dict[str, str]:
     return env | {ENV_DIR: str(cfg.rollout_dir), ENV_ROUND: str(cfg.round)}
 
 
-def build_overrides(cfg: VerlTrainConfig, start_from_base: bool = False) -> list[str]:
+PROMPT_LIMIT = "data.max_prompt_length"
+
+
+def prompt_limit(cfg: VerlTrainConfig, start_from_base: bool = False, dry_run: bool = False) -> tuple[int | None, LongestPrompt]:
+    """``data.max_prompt_length`` for the round: the longest prompt in the policy's tokens, unless `overrides` set
+    it (then it must hold that prompt). (None, ...) when the overrides set it or, in a dry run, it was not measured."""
+    found = longest_prompt(train_files(cfg), actor_model(cfg, start_from_base),
+                           cache=True)
+    tokens = require(found, dry_run)
+    given = next((v for k, v in cfg.overrides.items() if k.lstrip("+~") == PROMPT_LIMIT), None)
+    if given is None:
+        return tokens, found
+    if tokens is not None and int(given) < tokens:
+        refuse(PROMPT_LIMIT, int(given), found, "verl's dataset drops or its agent loop left-truncates longer prompts")
+    return None, found
+
+
+def build_overrides(cfg: VerlTrainConfig, start_from_base: bool = False, max_prompt_length: int | None = None) -> list[str]:
+    """The Hydra overrides of the round; `max_prompt_length` (from `prompt_limit`) sets ``data.max_prompt_length``."""
     files = train_files(cfg)
     reward = str(Path(cfg.reward_file).resolve()) if cfg.reward_file else str(REWARD_FILE)
     owned = [
@@ -262,12 +282,19 @@ def build_overrides(cfg: VerlTrainConfig, start_from_base: bool = False) -> list
     per_round = {"trainer.experiment_name": f"round-{cfg.round:03d}",
                  "hydra.run.dir": str(cfg.train_path / "hydra")}  # Hydra's outputs/ (and verl's cwd) in the round's folder
     defaults = [f"{k}={hydra_value(v, quote=k == 'hydra.run.dir')}" for k, v in (DEFAULTS | per_round).items() if k not in user]
-    return owned + defaults + _user_overrides(cfg.overrides)
+    limit = [f"{PROMPT_LIMIT}={max_prompt_length}"] if max_prompt_length is not None and PROMPT_LIMIT not in user else []
+    return owned + limit + defaults + _user_overrides(cfg.overrides)
 
 
-def build_command(cfg: VerlTrainConfig, start_from_base: bool = False) -> list[str]:
+def build_command(cfg: VerlTrainConfig, start_from_base: bool = False, max_prompt_length: int | None = None) -> list[str]:
     """The exact trainer command line for this round."""
-    return [cfg.python, "-m", MAIN, *build_overrides(cfg, start_from_base)]
+    return [cfg.python, "-m", MAIN, *build_overrides(cfg, start_from_base, max_prompt_length)]
+
+
+def check_reward(cfg: VerlTrainConfig, env: dict[str, str]) -> str:
+    """The trainer's Python loads the reward function as verl's ``get_custom_reward_fn`` does (by path)."""
+    reward = Path(cfg.reward_file).resolve() if cfg.reward_file else REWARD_FILE
+    return check_reward_loads(cfg.python, reward, cfg.reward_function, env)
 
 
 def build_env(cfg: VerlTrainConfig) -> dict[str, str]:
@@ -426,16 +453,19 @@ def _checked(cfg: VerlTrainConfig, cmd: list[str]) -> tuple[Any, list[str]]:
 
 def dry_run_text(cfg: VerlTrainConfig, start_from_base: bool = False) -> str:
     """The command, its environment, verl's verdict, the GPUs it needs, and the merge step."""
-    cmd = build_command(cfg, start_from_base)
+    limit, found = prompt_limit(cfg, start_from_base, dry_run=True)
+    cmd = build_command(cfg, start_from_base, limit)
     composed, notes = _checked(cfg, cmd)
-    if composed is not None:
-        notes += [n for n in [check_ray_init(composed, dict(os.environ) | build_env(cfg))] if n]
+    env = dict(os.environ) | build_env(cfg)
+    ray_note = check_ray_init(composed, env) if composed is not None else None
     lines = [f"# verl {verl_version()} GRPO round {cfg.round}"]
     if composed is not None:
         demand = gpu_demand(composed)
         lines += [f"# GPUs: {demand.describe()}",
                   f"# checked: Hydra compose of {verl_config_dir() / 'ppo_trainer.yaml'} with these overrides, then verl's validate_config"]
     lines += [f"# verl: {n}" for n in notes]
+    lines += [f"# longest prompt: {found.describe()}" + (f"; {PROMPT_LIMIT}={limit}" if limit is not None else ""),
+              f"# checked: {check_reward(cfg, env)}", "# " + (ray_note or "checked: Ray merges the job's runtime env with verl's ray.init runtime env")]
     lines += ["# environment", *(f"export {k}={shlex.quote(v)}" for k, v in build_env(cfg).items()),
               "# command", shlex.join(cmd),
               "# then, on the last checkpoint (<ckpt>/global_step_N/actor)",
@@ -451,14 +481,17 @@ def run_round(cfg: VerlTrainConfig, start_from_base: bool = False, **overrides: 
     """Run one verl round and merge its model; record the outcome; raise TrainError on failure."""
     if overrides:
         cfg = with_overrides(cfg, **overrides)
-    cmd = build_command(cfg, start_from_base)
+    limit, found = prompt_limit(cfg, start_from_base)
+    cmd = build_command(cfg, start_from_base, limit)
     composed, notes = _checked(cfg, cmd)
+    notes.append(f"longest prompt: {found.describe()}")
     if cfg.merge_model and composed is not None and int(composed.trainer.save_freq) <= 0:
         raise ConfigError("trainer.save_freq must be > 0: verl saves the last step only then, and the round's model is "
                           "merged from it (or set merge_model: false)")
     extra_env = build_env(cfg)
     if composed is not None:
         notes += [n for n in [check_ray_init(composed, dict(os.environ) | extra_env)] if n]
+    notes.append(check_reward(cfg, dict(os.environ) | extra_env))
     checked = preflight(cfg, composed, extra_env) if cfg.preflight else None
     cfg.train_path.mkdir(parents=True, exist_ok=True)
     cfg.rollout_dir.mkdir(parents=True, exist_ok=True)

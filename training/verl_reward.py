@@ -30,9 +30,12 @@ log = logging.getLogger("mentor.training.verl_reward")
 try:
     from mentor.pipeline.ids import text_id
     from mentor.training.reward_core import Target, score_and_log
-except Exception:  # pragma: no cover - only without mentor installed
-    log.exception("mentor is not importable in this environment: every score will be 0")
-    score_and_log = None  # type: ignore[assignment]
+except Exception as exc:  # fail at load, loudly: without mentor every score would be 0
+    import sys
+
+    raise ImportError(f"{__file__}: mentor is not importable in the trainer's Python ({sys.version.split()[0]}, "
+                      f"{sys.executable}): {type(exc).__name__}: {exc}; install it there: pip install 'mentor[reward]' "
+                      "(Python >= 3.10)") from exc
 
 
 def _domain(ground_truth) -> tuple[str, str | dict]:
@@ -53,8 +56,6 @@ def _domain(ground_truth) -> tuple[str, str | dict]:
 
 def compute_score(data_source, solution_str, ground_truth, extra_info=None, **kwargs) -> float:
     """Correctness of `solution_str` in [0, 1]; 0.0 on any internal error (logged)."""
-    if score_and_log is None:
-        return 0.0
     try:
         info = extra_info if isinstance(extra_info, dict) else {}
         domain, reference = _domain(ground_truth)

@@ -31,11 +31,11 @@ def train(config_path, dry_run, check):
         return _train_trl(config_path, dry_run)
     if kind == "verl":
         return _train_verl(config_path, dry_run, check)
-    from mentor.training.launcher import build_command, dry_run_text, load_config, run_round
+    from mentor.training.launcher import dry_run_text, load_config, round_command, run_round
     from mentor.training.openrlhf_check import check_with_openrlhf
 
     cfg = load_config(config_path)
-    cmd = build_command(cfg)
+    cmd, found = round_command(cfg, dry_run=True)
     args = None
     if check:
         try:
@@ -50,7 +50,7 @@ def train(config_path, dry_run, check):
     else:
         cfg = cfg.model_copy(update={"preflight": False})
     if dry_run:
-        click.echo(dry_run_text(cfg, args))
+        click.echo(dry_run_text(cfg, args, (cmd, found)))
         return
     outcome = run_round(cfg)
     click.echo(json.dumps({k: outcome[k] for k in ("round", "exit_code", "final_model", "log_file", "duration_s")}, sort_keys=True))
