@@ -243,7 +243,10 @@ class _Shard:
         if schema is None:
             schema = self.schemas[key] = a.schema(cfg, p.ctx.limits)
         temperature, top_p = a.sampling(cfg)
-        return GenRequest(f"{p.i}:{a.name}:{n}", a.messages(p, cfg, self.t), a.max_tokens(cfg), temperature, top_p,
+        max_tokens = a.max_tokens(cfg)
+        if cfg.thinks(a.name):  # room to think, and no grammar forcing "{" before it (`HintConfig.thinks`)
+            max_tokens, schema = max_tokens + cfg.max_tokens.thinking, None
+        return GenRequest(f"{p.i}:{a.name}:{n}", a.messages(p, cfg, self.t), max_tokens, temperature, top_p,
                           self._seed(p, a.name, n), schema, cfg.template_kwargs(a.name))
 
     def _seed(self, p: _Problem, agent: str, n: int) -> int:

@@ -41,6 +41,8 @@ class TokenLimits(BaseModel):
     generation: int = Field(360, ge=16, description="max_tokens of a generation call (reasoning + hint).")
     judgment: int = Field(120, ge=16, description="max_tokens of a judgment call.")
     repair: int = Field(360, ge=16, description="max_tokens of a repair call (reasoning + hint).")
+    thinking: int = Field(4096, ge=0, description="Added to the max_tokens of an agent whose chat template variables turn "
+                          "thinking on (enable_thinking: true): its <think> block comes before its JSON answer.")
 
 
 class HintConfig(BaseModel):
@@ -101,6 +103,13 @@ class HintConfig(BaseModel):
         """The chat-template variables of `agent`'s requests (None: none)."""
         kw = {**self.chat_template_kwargs, **self.agent_chat_template_kwargs.get(agent, {})}  # type: ignore[call-overload]
         return kw or None
+
+    def thinks(self, agent: str) -> bool:
+        """Whether `agent` runs with thinking on (Qwen3's ``enable_thinking: true``): it then gets
+        ``max_tokens.thinking`` more tokens and no JSON grammar, which would force ``{`` first and leave
+        no room to think (its answer is read after the ``</think>`` block)."""
+        kw = self.template_kwargs(agent) or {}
+        return kw.get("enable_thinking") is True
 
     def semantic(self) -> dict[str, Any]:
         """The settings that change outputs (not how the work is split or where templates live).

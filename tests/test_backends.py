@@ -208,6 +208,34 @@ def test_thinking_is_off_in_the_template_and_stripped_from_answers(gsm8k_collaps
     assert hint_agents.GENERATION.parse('<think>{"hint": "half a thought"}', cfg) is None
 
 
+def test_a_thinking_judge_has_room_to_think(gsm8k_collapsed):
+    """docs/gpus.md: `{judgment: {enable_thinking: true}}` lets the judge think. Its thinking comes before the
+    verdict, so it needs tokens beyond the verdict's cap and no grammar that forces "{" first."""
+    import polars as pl
+
+    cfg = HintConfig(agent_chat_template_kwargs={"judgment": {"enable_thinking": True}}, max_retry=0, max_refine=0,
+                     judge_check={"enabled": False})
+    assert cfg.thinks("judgment") and not cfg.thinks("generation")
+    thinking = "Let me check each step of the hint against the problem. " * 60  # ~900 tokens, as Qwen3 writes
+
+    def script(req):
+        props = (req.json_schema or {}).get("properties", {})
+        if "keywords" in props:
+            return json.dumps({"keywords": ["unit rate"], "error": "divides the wrong way"})
+        if "hint" in props:
+            return json.dumps({"hint": "Work out the price of one item before scaling up."})
+        return f'<think>{thinking}</think>{{"correct": true, "score": 9, "feedback": "Points the way."}}'
+
+    row = pl.read_parquet(gsm8k_collapsed).sort("problem_id").head(1).to_dicts()
+    fake = FakeBackend(script)
+    out = hint_shard(row, cfg, fake).to_pylist()[0]
+    judged = [r for call in fake.log for r in call if ":judgment:" in r.id]
+    assert judged and all(r.json_schema is None and r.max_tokens == cfg.max_tokens.judgment + cfg.max_tokens.thinking
+                          for r in judged)
+    assert all(r.json_schema is not None for call in fake.log for r in call if ":judgment:" not in r.id)
+    assert out["status"] == "accepted" and out["judge_score"] == 9
+
+
 def test_shards_split_over_the_engine_workers():
     """The default shard size would give 432 problems one shard: 1 of 8 engines busy."""
     from mentor.stages.hint import shard_size_for
