@@ -27,6 +27,7 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
     "check-hint": ("mentor.cli.hint", "check_hint", "Run the hint rules (answer leak, full solution, ...) on one hint; exit 1 when it fails."),
     "check-judge": ("mentor.cli.hint", "check_judge", "Score the LLM judge on known-good and known-bad hints; exit 1 when it cannot tell them apart."),
     "serve": ("mentor.cli.setup", "serve", "Start `vllm serve` for a model with mentor's engine settings (an OpenAI-compatible server for --backend openai)."),
+    "doctor": ("mentor.cli.setup", "doctor", "Check this node before the first round: driver/CUDA/torch, GPUs, vLLM, the hint model, reward files, Ray, disk."),
     "setup-cpu": ("mentor.cli.setup", "setup_cpu", "Prepare a CPU machine for vLLM and convert the embedded SmolLM2 demo model."),
     "setup-sandbox": ("mentor.cli.setup", "setup_sandbox", "Install bubblewrap (apt) where possible and print the code sandbox's layers."),
     "train": ("mentor.cli.train", "train", "Run one OpenRLHF GRPO round from round.yaml (--dry-run prints the command)."),

@@ -177,3 +177,44 @@ def setup_sandbox(no_install, strict):
                    "code checks without them)", err=True)
         if strict:
             raise MentorError(f"sandbox layers missing: {', '.join(missing)}; see docs/sandbox.md (bubblewrap, memory cgroup)")
+
+
+@click.command("doctor")
+@click.option("--role", type=click.Choice(["hint", "trainer", "all"]), default="all", show_default=True,
+              help="What this node does: hint (vLLM engine), trainer (reward files, Ray, rollout log), or both.")
+@click.option("--model", default=None, help="The hint model (a folder, an HF name in the local cache, or a CPU model name); "
+              "default: the embedded SmolLM2-135M.")
+@click.option("--tensor-parallel-size", type=click.IntRange(1, 64), default=1, show_default=True, help="GPUs per engine.")
+@click.option("--gpu-memory-utilization", type=click.FloatRange(0.05, 1.0), default=0.9, show_default=True,
+              help="The share of each GPU the engine may take (vLLM's default).")
+@click.option("--base-url", default=None, help="Check the OpenAI-compatible server at this URL instead of starting an engine "
+              "(--model is then the served name).")
+@click.option("--engine/--no-engine", default=True, show_default=True, help="Start an engine and send it one request "
+              "(minutes for a large model).")
+@click.option("--python", "python", default=None, help="The trainer environment's Python (the round config's `python`); "
+              "default: this one.")
+@click.option("--rollout-dir", default=None, help="Where the reward files will log rollouts (checked from every Ray node); "
+              "default: <out>/rollout-log-probe.")
+@click.option("--out", default=".", show_default=True, type=click.Path(file_okay=False),
+              help="Where the run's shards and logs will go (free space, writable).")
+@click.option("--json", "as_json", is_flag=True, help="Print the checks as one JSON list instead of lines.")
+def doctor(role, model, tensor_parallel_size, gpu_memory_utilization, base_url, engine, python, rollout_dir, out, as_json):
+    """Check this node before the first round: driver/CUDA/torch, GPUs, vLLM, the hint model's fit, one engine
+    request, the trainer's reward files, Ray and the rollout log, the disk. Exit 1 when a check finds a problem."""
+    from mentor.workflows.doctor import DoctorOptions, as_json as to_json, run_checks
+
+    opts = DoctorOptions(role=role, model=model, tensor_parallel_size=tensor_parallel_size,
+                         gpu_memory_utilization=gpu_memory_utilization, base_url=base_url, engine=engine, python=python,
+                         rollout_dir=rollout_dir, out=out)
+    checks = []
+    for check in run_checks(opts):
+        checks.append(check)
+        if not as_json:
+            click.echo(check.line())
+    if as_json:
+        click.echo(to_json(checks))
+    problems = [c for c in checks if c.status == "problem"]
+    if not as_json:
+        click.echo(f"{len(checks)} checks: {len(problems)} problem(s), {sum(c.status == 'skip' for c in checks)} skipped")
+    if problems:
+        raise SystemExit(1)

