@@ -115,3 +115,29 @@ def test_config_errors(tmp_path, fake_python):
     cmd = build_command(cfg)
     assert cmd[-6:] == ["--train.batch_size", "8", "--ds.lora.target_modules", "q_proj", "v_proj", "--vllm.enforce_eager"]
     assert os.path.isabs(cmd[cmd.index("--data.prompt_dataset") + 1])
+
+
+def test_prompts_over_openrlhfs_limit_raise_it_or_are_refused(tmp_path, fake_python, base_model):
+    """OpenRLHF keeps only the last data.max_len - rollout.max_new_tokens tokens of a prompt. Long hinted prompts
+    raise data.max_len above its 2048 default; a data.max_len set too small is refused with both numbers."""
+    import polars as pl
+
+    from mentor.data import bundled
+    from mentor.stages.build import BuildConfig, build
+    from mentor.training.launcher import round_command
+    from test_build import make_hints
+
+    ids = pl.read_parquet(bundled("humaneval_problems.parquet"))["problem_id"].head(10).to_list()
+    hints = make_hints([{"problem_id": i, "hint": "Check every branch of the input before you return. " * 150} for i in ids],
+                       tmp_path / "hints.parquet")
+    build(BuildConfig(base="humaneval", hints=[str(hints)], round=1), tmp_path / "prompts")
+    cfg = TrainConfig(round=0, round_dir=str(tmp_path / "round-000"), base_model=base_model, prompts=str(tmp_path / "prompts"),
+                      python=fake_python)
+    cmd, found = round_command(cfg, dry_run=True)
+    assert found.tokens > 1100 and found.rows == 164
+    assert cmd[cmd.index("--data.max_len") + 1] == str(found.tokens + 1024)  # room for a 1024-token response
+    small = cfg.model_copy(update={"extra_args": {"data.max_len": 2048, "rollout.max_new_tokens": 1024}})
+    with pytest.raises(ConfigError, match=rf"longest prompt is {found.tokens} tokens .*data.max_len=2048 and "
+                                          rf"rollout.max_new_tokens=1024 OpenRLHF keeps only the last 1024 tokens"):
+        run_round(small)
+    assert not (tmp_path / "round-000" / "train" / "train.log").exists()

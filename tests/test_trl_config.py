@@ -167,3 +167,19 @@ def test_gpu_processes_are_checked_against_the_gpus(round_dir, monkeypatch):
     from mentor.training.trl_launcher import check_gpus, gpu_demand, round_spec
 
     check_gpus(gpu_demand(cfg, round_spec(cfg)))  # 4 processes fit 4 GPUs
+
+
+def test_a_prompt_and_completion_over_the_models_context_is_refused(tmp_path, round_dir, policy_model):
+    """TRL 1.16 cuts no prompt: the round's longest prompt plus max_completion_length must fit the model's context
+    (the embedded SmolLM2's max_position_embeddings, 8192), measured with its tokenizer, before anything starts."""
+    base = {"kind": "trl", "round_dir": str(round_dir), "base_model": policy_model, "round": 0}
+    out = CliRunner().invoke(cli, ["train", "--config", _write(tmp_path, base), "--dry-run"])
+    assert out.exit_code == 0, out.output
+    longest = int(next(ln for ln in out.output.splitlines() if ln.startswith("# longest prompt: ")).split()[3])
+    assert 100 < longest < 400  # GSM8K prompts in SmolLM2's tokens
+    too_long = base | {"max_completion_length": 8192 - longest + 1}
+    res = CliRunner().invoke(cli, ["train", "--config", _write(tmp_path, too_long)])
+    assert res.exit_code == 2 and "Traceback" not in res.output
+    assert (f"the round's longest prompt is {longest} tokens" in res.output and "it needs 8193 tokens of context" in res.output
+            and "max_position_embeddings=8192" in res.output)
+    assert not (round_dir / "train" / "train.log").exists()

@@ -51,7 +51,7 @@ GPU_MEMORY_UTILIZATION = 0.9
 ENGINE_OVERHEAD_GIB = 2.0
 MIN_KV_GIB = 1.0
 MIN_FREE_DISK_GIB = 10.0
-CUDA12_INDEX = "https://download.pytorch.org/whl/cu128"
+CUDA12_INDEX = "https://download.pytorch.org/whl/cu129"
 
 
 @dataclass
