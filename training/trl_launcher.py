@@ -480,7 +480,7 @@ def run_round(cfg: TrlTrainConfig, start_from_base: bool = False, **overrides: A
     spec = round_spec(cfg, start_from_base)
     selected = select_prompts(cfg)
     rows = selected.height
-    check_prompt_room(cfg, spec, selected)
+    found = check_prompt_room(cfg, spec, selected)
     check_reward(cfg, dict(os.environ) | build_env(cfg, spec))
     cmd = build_command(cfg, spec["cpu_threads"])
     check_with_accelerate(cmd)
@@ -512,7 +512,7 @@ def run_round(cfg: TrlTrainConfig, start_from_base: bool = False, **overrides: A
     outcome = {"kind": "trl", "trl_version": trl_version()} | outcome_record(
         cfg, code, final, spec["model"], cmd, extra_env, started,
         prompts_used=rows, steps=metrics.get("global_step"), metrics=metrics.get("last_log"),
-        processes=metrics.get("processes", cfg.num_processes),
+        processes=metrics.get("processes", cfg.num_processes), longest_prompt=found.tokens,
     )
     if code == 0 and final is None:
         outcome["warning"] = f"the trainer exited 0 but {cfg.output_dir} holds no model"

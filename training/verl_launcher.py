@@ -523,6 +523,7 @@ def run_round(cfg: VerlTrainConfig, start_from_base: bool = False, **overrides: 
     outcome = {"kind": "verl", "verl_version": verl_version()} | outcome_record(
         cfg, code, final, model_path, cmd, extra_env, started, checkpoint=str(last[1]) if last else None,
         steps=last[0] if last else None, merge_command=merge_cmd, merge_exit_code=merge_code, preflight=checked,
+        longest_prompt=found.tokens,
     )
     if code == 0 and cfg.merge_model and final is None:
         outcome["warning"] = "verl finished but the round's model was not merged: see the log"
