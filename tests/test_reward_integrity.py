@@ -764,7 +764,8 @@ def warm(entry_points, tasks):
 
 @pytest.mark.parametrize("name", sorted(TRUSTED_WORK) + sorted(TRUSTED_TEXT))
 def test_trusted_process_work_is_bounded(name, entry_points, tasks, caller, warm):
-    """Each input costs this (trusted) process at most 1 s of CPU per entry point, whatever the sandbox does.
+    """Each input costs this (trusted) process at most 0.1 s of CPU per entry point (1 s until issue 48),
+    whatever the sandbox does.
 
     Before issue 34 (measured by us with these inputs, per path, MENTOR_CODE_TIMEOUT=10): 17-19 s for
     the set, 8-9 s for the dict, 16 / 5 / 5 s for the token run (OpenRLHF / verl / TRL), 2.4-2.9 s for
@@ -776,7 +777,7 @@ def test_trusted_process_work_is_bounded(name, entry_points, tasks, caller, warm
     for i, call in enumerate(scorers(entry_points, response, label)):
         score, cpu = _trusted_cpu(call)
         assert score == 0.0
-        assert cpu <= 1.0, f"{name}: entry point {i} cost the trusted process {cpu:.2f} s of CPU"
+        assert cpu <= 0.1, f"{name}: entry point {i} cost the trusted process {cpu:.2f} s of CPU"
     caller.assert_untouched()
 
 

@@ -221,8 +221,10 @@ def backend_for(impl) -> Backend | None:
         missing["tmpcap"] = ("not root: /tmp is bwrap's tmpfs, limited in size only (mount(8) refuses a normal user)"
                              if getattr(impl, "name", "") == "bwrap" else "the legacy backend's work dir could not be a tmpfs of its own")
     if "ramview" not in layers:
-        missing["ramview"] = (getattr(impl, "view_why", "") or "the probe saw a disk-backed directory in the sandbox"
-                              if getattr(impl, "name", "") == "bwrap" else "the legacy backend reads the host's files")
+        if getattr(impl, "name", "") != "bwrap":
+            missing["ramview"] = "the legacy backend reads the host's files"
+        else:
+            missing["ramview"] = getattr(impl, "view_why", "") or "the probe saw a disk-backed directory in the sandbox"
     return Backend(impl, layers, seen[1], memcg, missing)
 
 
