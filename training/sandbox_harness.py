@@ -617,8 +617,11 @@ def _probe_state(cfg):
         out["nowait"] = _worked(lambda: os.preadv(fh.fileno(), [bytearray(16)], 0, os.RWF_NOWAIT))
     out["sockbuf"] = _worked(lambda: socket.socket(socket.AF_UNIX).setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 1 << 20))
     out["pidfd"] = _worked(lambda: os.close(os.pidfd_open(os.getpid())))
-    with open("/proc/stat") as fh:
-        out["proc_stat"] = bool(fh.read().strip())
+    try:
+        with open("/proc/stat") as fh:
+            out["proc_stat"] = bool(fh.read().strip())
+    except OSError:
+        out["proc_stat"] = False
     out["tmp_opts"], out["disk_mounts"] = [], []
     try:
         with open("/proc/self/mountinfo") as fh:
