@@ -23,23 +23,24 @@ nothing: new PID, network, IPC, UTS and cgroup namespaces; a root filesystem
 that holds only the interpreter, its standard library (no ``site-packages``)
 and the system libraries they load, taken from a copy in RAM
 (`sandbox_view`: no page cache of a disk for sandboxes to share), a private
-``/proc`` (the host's cumulative counters masked) and minimal ``/dev``, all
-read-only, plus an empty tmpfs ``/tmp`` limited in bytes and inodes as the
-work dir; ``--die-with-parent``, ``--new-session``, a clean environment.
-Started as root, bwrap keeps only CAP_SETUID/SETGID/SETPCAP for ``setpriv``
-and CAP_SYS_ADMIN for ``mount(8)``, which first mounts /tmp with a size *and*
-an inode limit; ``setpriv`` empties the bounding set, sets no_new_privs and switches
-real, effective and saved uid/gid to the run's own *slot uid* before exec'ing
-the interpreter (no capabilities are left). bwrap loads the syscall filter
-(`seccomp_filter`, on ``--seccomp FD``) before it execs anything, and covers
-/proc's cross-uid views (/proc/key-users, /proc/keys, /proc/locks) and the
-host's cumulative counters (/proc/stat...) with an empty file. The launcher
+``/proc`` and minimal ``/dev``, all read-only, plus an empty tmpfs ``/tmp`` as
+the work dir; ``--die-with-parent``, ``--new-session``, a clean environment.
+Started as root, bwrap keeps only CAP_SETUID/SETGID/SETPCAP/SYS_ADMIN for the
+harness's first steps (`sandbox_harness.drop_privileges`, trusted code, before
+it reads anything): it mounts /tmp with a size *and* an inode limit, remounts
+/proc with only the sandbox's own processes in it (no other uid's key quotas or
+locks, none of the host's cumulative counters such as /proc/stat's fork
+count), empties every capability set, sets no_new_privs and switches real,
+effective and saved uid/gid to the run's own *slot uid*, and checks all of it
+before going on. bwrap loads the syscall filter (`seccomp_filter`, on
+``--seccomp FD``) before it execs anything. The launcher
 enters the sandbox's memory cgroup (`MemCgroups`) before exec'ing bwrap. The
 copy keeps every file at its own path, in directories (``/root`` included)
 that are 0755, so a pyenv Python under /root (0700 on the host) runs as the
 slot uid while nothing else of /root exists inside. Started as a normal user,
 bwrap uses a user namespace and the code keeps the user's own (unprivileged)
-uid (and /tmp has no inode limit: mount(8) refuses a normal user).
+uid (then /tmp has no inode limit, and /proc's global files are covered by an
+empty file each).
 
 ``legacy`` (no bubblewrap, or it cannot create namespaces here): the previous
 hand-written layers, see `sandbox_harness_legacy`: unshare(2) namespaces, the whole
@@ -218,7 +219,7 @@ def backend_for(impl) -> Backend | None:
         missing["seccomp"] = (f"no syscall filter for this CPU ({platform.machine()})" if seccomp_filter() is None
                               else "the syscall filter did not hold in the probe")
     if "tmpcap" not in layers:
-        missing["tmpcap"] = ("not root: /tmp is bwrap's tmpfs, limited in size only (mount(8) refuses a normal user)"
+        missing["tmpcap"] = ("not root: /tmp is bwrap's tmpfs, limited in size only"
                              if getattr(impl, "name", "") == "bwrap" else "the legacy backend's work dir could not be a tmpfs of its own")
     if "ramview" not in layers:
         if getattr(impl, "name", "") != "bwrap":

@@ -90,7 +90,7 @@ _LOADER = "import binascii, marshal, sys; exec(marshal.loads(binascii.a2b_base64
 def harness_args(legacy: bool) -> tuple[str, ...]:
     """What follows ``python -I -S -B`` to run the harness: ``-c SOURCE``, or, when the sandbox runs this
     very interpreter, its code object compiled once here and marshalled (this interpreter's format), which
-    saves every sandbox compiling 37 KB of source (50 KB legacy; about 5 ms of its CPU; unmarshalling takes 0.2 ms)."""
+    saves every sandbox compiling 39 KB of source (54 KB legacy; about 5 ms of its CPU; unmarshalling takes 0.2 ms)."""
     src = harness_source(legacy)
     if os.environ.get("MENTOR_SANDBOX_PYTHON") or interpreter().exe != os.path.realpath(getattr(sys, "_base_executable", None) or sys.executable):
         return ("-c", src)
@@ -130,7 +130,9 @@ class Launch:
 # /proc files that show other uids' state through a private /proc (key quotas of every uid, locks), and
 # the host's cumulative counters that a run can move and a later run read back (state across runs):
 # /proc/stat's fork count rose by exactly 3 between two sandbox runs here, plus whatever the first
-# forked; CPU, interrupt, paging, disk and pressure totals are the same kind, only noisier.
+# forked; /proc/vmstat counts OOM kills; CPU, interrupt, disk and pressure totals are the same kind,
+# only noisier. Hidden with the rest of /proc's global files where /proc can be mounted
+# ``subset=pid``; these are the masks where it cannot (a normal user's bwrap, kernels before 5.8).
 _PROC_MASKS = ("/proc/key-users", "/proc/keys", "/proc/locks", "/proc/stat", "/proc/vmstat", "/proc/zoneinfo",
                "/proc/interrupts", "/proc/softirqs", "/proc/diskstats", "/proc/schedstat", "/proc/uptime")
 _PROC_DIR_MASKS = ("/proc/pressure",)
@@ -143,13 +145,10 @@ class Bwrap:
     def __init__(self, path: str) -> None:
         self.path = path
         self.root = os.geteuid() == 0
-        self.sh = shutil.which("sh", path="/usr/bin:/bin")
-        # As root, /tmp is mounted inside by mount(8) with an inode limit (bwrap's --tmpfs only takes a size).
-        self.mount = shutil.which("mount", path="/usr/bin:/bin") if self.root else None
         interp = interpreter()
-        tools = tuple(t for t in (self.sh, self.mount, "/usr/bin/setpriv" if self.root else None) if t)
+        sh = shutil.which("sh", path="/usr/bin:/bin")  # for the code's own subprocess(shell=True)
         # What the sandbox reads comes from a copy in RAM (`sandbox_view`); without one, from the disk.
-        self.view, self.view_why = sandbox_view.ensure(interp.exe, interp.stdlib, interp.site_packages, tools)
+        self.view, self.view_why = sandbox_view.ensure(interp.exe, interp.stdlib, interp.site_packages, (sh,) if sh else ())
         self._view_args = sandbox_view.bwrap_args(self.view) if self.view else None
 
     def _disk_view(self) -> list[str]:
@@ -188,21 +187,23 @@ class Bwrap:
         else:
             argv += self._disk_view()
         argv += ["--proc", "/proc", "--dev", "/dev"]
-        empty = SLOT_LOCKS.empty_file()
-        for p in _PROC_MASKS:
-            if os.path.exists(p):
-                argv += ["--ro-bind", empty, p]
-        for p in _PROC_DIR_MASKS:
-            if os.path.isdir(p):
-                argv += ["--perms", "0555", "--tmpfs", p]
-        tmp_opts = f"size={int(limits.tmp_bytes)},nr_inodes={int(limits.tmp_inodes)},mode=1777,nosuid,nodev"
-        # /tmp gets an inode limit (as root: mount(8) inside, before setpriv), whether or not a memory
-        # cgroup charges its inodes: 400,000 empty files pinned 366 MiB of unreclaimable kernel memory
-        # in one sample, well inside the cgroup's 1.08 GiB.
-        prestep = bool(self.mount and self.sh)
-        if prestep:
+        if self.root:
+            # /tmp gets an inode limit as well as a size, whether or not a memory cgroup charges its inodes
+            # (400,000 empty files pinned 366 MiB of unreclaimable kernel memory in one sample, well inside
+            # the cgroup's 1.08 GiB), and /proc loses what is not the sandbox's own processes: the harness
+            # does both, as root, before it becomes the slot uid (`sandbox_harness.drop_privileges`;
+            # bwrap's --tmpfs takes a size only, and one remount of /proc costs less than 12 bind mounts).
             argv += ["--perms", "1777", "--dir", "/tmp"]
+            cfg["drop"] = {"uid": uid, "tmp": f"size={int(limits.tmp_bytes)},nr_inodes={int(limits.tmp_inodes)},mode=1777",
+                           "proc_masks": _PROC_MASKS, "proc_dir_masks": _PROC_DIR_MASKS}
         else:
+            empty = SLOT_LOCKS.empty_file()
+            for p in _PROC_MASKS:
+                if os.path.exists(p):
+                    argv += ["--ro-bind", empty, p]
+            for p in _PROC_DIR_MASKS:
+                if os.path.isdir(p):
+                    argv += ["--perms", "0555", "--tmpfs", p]
             argv += ["--perms", "1777", "--size", str(int(limits.tmp_bytes)), "--tmpfs", "/tmp"]
         if program is not None:
             argv += ["--perms", "0755", "--dir", "/sandbox", "--ro-bind", program, "/sandbox/main.py"]
@@ -211,18 +212,9 @@ class Bwrap:
         for k, v in _clean_env("/tmp").items():
             argv += ["--setenv", k, v]
         if self.root:
-            caps = ["CAP_SETUID", "CAP_SETGID", "CAP_SETPCAP"] + (["CAP_SYS_ADMIN"] if prestep else [])
-            for cap in caps:
+            for cap in ("CAP_SETUID", "CAP_SETGID", "CAP_SETPCAP", "CAP_SYS_ADMIN"):
                 argv += ["--cap-add", cap]
-            argv += ["--"]
-            if prestep:
-                # Mounted by trusted binaries before setpriv drops every capability and the uid.
-                argv += [self.sh, "-c", f'{self.mount} -t tmpfs -o "$0" tmpfs /tmp && cd /tmp && exec "$@"', tmp_opts]
-                layers.append("tmpcap")
-            argv += ["/usr/bin/setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups",
-                     "--inh-caps=-all", "--bounding-set=-all", "--no-new-privs", "--"]
-        else:
-            argv += ["--"]
+        argv += ["--"]
         prog = seccomp_filter()
         if prog is not None:
             layers.append("seccomp")

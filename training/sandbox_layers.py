@@ -6,8 +6,8 @@ Each run reports the layers in force (`sandbox.SandboxResult.layers`, and the
 visible, read-only), ``ramview`` (those files are a copy in RAM, `sandbox_view`:
 no page cache, inode or dentry cache of a disk that sandboxes share), ``fsro``
 (legacy: everything read-only), ``netns``, ``pidns``, ``procns`` (a private
-/proc, its cross-uid views such as /proc/key-users and the host's cumulative
-counters such as /proc/stat masked), ``uid`` (a real non-zero uid), ``nocaps``
+/proc without the cross-uid views such as /proc/key-users and the host's
+cumulative counters such as /proc/stat), ``uid`` (a real non-zero uid), ``nocaps``
 (no capabilities, no_new_privs), ``rlimits`` (CPU, address space, file size,
 processes, open files, queued signals, message queues, no core), ``nproc`` (PID
 namespace + RLIMIT_NPROC of a uid of its own: a fork bomb is bounded whatever

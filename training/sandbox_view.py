@@ -14,7 +14,7 @@ pinned and no failed lookup is remembered (tmpfs keeps no negative dentries).
 
 The copy holds the interpreter, its standard library (without its test suites,
 site-packages, ``config-*`` and optimised bytecode), the shared libraries these
-and the launch tools (``sh``, ``mount``, ``setpriv``) load (``ldd``), plus
+and ``sh`` load (``ldd``), plus
 ``libgcc_s`` (glibc loads it when a thread exits), the dynamic loader's cache,
 the C.UTF-8 locale and the time-zone data; ``/usr/bin/python3`` in it is the
 sandbox's interpreter. About 80 MB with pyenv's Python 3.11. Files keep their
