@@ -1185,14 +1185,18 @@ KERNEL_MEMORY = {
     # grew the slab by 200 MiB here, which stayed).
     "negative_dentries": (
         "import os\n"
-        "def negative():\n    return int(open('/proc/sys/fs/dentry-state').read().split()[4])\n"
+        "def negative():\n"
+        "    try:\n"
+        "        return int(open('/proc/sys/fs/dentry-state').read().split()[4])\n"
+        "    except OSError:\n"
+        "        return None\n"
         "before, run = negative(), os.urandom(8).hex()\n"
         "for i in range(300000):\n"
         "    try:\n"
         "        os.stat(f'/usr/mentor-missing-{run}-{i}')\n"
         "    except OSError:\n"
         "        pass\n"
-        "if negative() - before >= 200000:\n    print('held')\n"
+        "if before is not None and negative() - before >= 200000:\n    print('held')\n"
     ),
 }
 
