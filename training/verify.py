@@ -9,7 +9,11 @@ Math
 The final answer is taken from the response (`extract_math_answer`: the last
 ``\\boxed{...}``; else "the answer is X"; else "A: X" / "#### X"; else the last
 number) and compared with the reference by math-verify, which handles LaTeX,
-fractions vs decimals, sets, intervals, units and so on.
+fractions vs decimals, sets, intervals, units and so on. The extraction is
+linear in the response (a flood of newlines or whitespace costs one pass), and
+an answer whose evaluation would explode (``10^{10^{10}}``, ``100000000!``,
+``(a+b+c+d)^{20}``...) is refused before math-verify sees it
+(`mentor.training.math_bounds`).
 
 Why a process pool. math-verify bounds its own work with ``signal.alarm``,
 which only works in the main thread, and OpenRLHF calls reward functions from
