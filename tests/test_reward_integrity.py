@@ -166,13 +166,15 @@ del _try
                 found += procs.read_text().split()
         return found
 
-    def assert_untouched(self) -> None:
+    def assert_untouched(self, processes: bool = True) -> None:
+        """`processes=False` where there is no memory cgroup to look in and other users' sandboxes may be
+        running (their slot uids are the same)."""
         time.sleep(0.3)
         assert self.canary.read_text() == "alive"
         assert self.victim.read_text() == "precious"
         assert not Path(f"/tmp/{self.marker}").exists()
         assert self.hits == 0, "a sandbox reached a socket of the caller"
-        assert self.leftovers() == [], "processes left behind"
+        assert not processes or self.leftovers() == [], "processes left behind"
 
     def close(self) -> None:
         import shutil
@@ -192,13 +194,15 @@ def caller(tmp_path):
 PROMPT = "<|im_start|>user\nSolve it.<|im_end|>\n<|im_start|>assistant\n"
 
 
-def scorers(entry_points, response: str, label: str, problem_id: str = "he/test") -> list:
-    """One zero-argument call per trainer path (OpenRLHF, verl, TRL) that scores `response` against `label`."""
+def scorers(entry_points, response: str, label: str, problem_id: str = "he/test", domain: str = "code") -> list:
+    """One zero-argument call per trainer path (OpenRLHF, verl, TRL) that scores `response` against `label`
+    (a code label, or for ``domain="math"`` the reference answer)."""
     reward_func, compute_score, trl_reward = entry_points
-    plabel = prompt_label("code", label, problem_id, None, 0)
+    plabel = prompt_label(domain, label, problem_id, None, 0)
+    source = "openai/humaneval" if domain == "code" else "math"
     return [
         lambda: float(reward_func([PROMPT + response + "<|im_end|>"], [PROMPT], [plabel])["rewards"][0]),
-        lambda: float(compute_score("openai/humaneval", response, label, {"problem_id": problem_id})),
+        lambda: float(compute_score(source, response, label, {"problem_id": problem_id})),
         lambda: float(trl_reward(prompts=[[{"role": "user", "content": "Solve it."}]],
                                  completions=[[{"role": "assistant", "content": response}]], completion_ids=None,
                                  label=[plabel])[0]),
@@ -568,7 +572,7 @@ def _state_put(s):
 # next call (humaneval) or the next case (stdio) arrives: the oracle of a tester that stops at the
 # first failed assert. Without that oracle every guess looks confirmed; without the state, every run
 # starts from nothing.
-SEARCH = KEYRING_STATE + r'''
+SEARCH_LOGIC = r'''
 K = 4
 def _dec(s):
     s -= 1
@@ -592,6 +596,7 @@ def _answer(i):
     _state_put(_enc(_k, _bits, 1))
     return True
 '''
+SEARCH = KEYRING_STATE + SEARCH_LOGIC
 SECRET = (True, False, False, True)
 SEARCH_LABEL = code_label("def check(candidate):\n" + "".join(f"    assert candidate({i}) == {b}\n" for i, b in enumerate(SECRET)),
                           "guess", "humaneval", setup="def guess(i):\n    pass\n")
@@ -759,7 +764,8 @@ def warm(entry_points, tasks):
 
 @pytest.mark.parametrize("name", sorted(TRUSTED_WORK) + sorted(TRUSTED_TEXT))
 def test_trusted_process_work_is_bounded(name, entry_points, tasks, caller, warm):
-    """Each input costs this (trusted) process at most 1 s of CPU per entry point, whatever the sandbox does.
+    """Each input costs this (trusted) process at most 0.1 s of CPU per entry point (1 s until issue 48),
+    whatever the sandbox does.
 
     Before issue 34 (measured by us with these inputs, per path, MENTOR_CODE_TIMEOUT=10): 17-19 s for
     the set, 8-9 s for the dict, 16 / 5 / 5 s for the token run (OpenRLHF / verl / TRL), 2.4-2.9 s for
@@ -771,7 +777,7 @@ def test_trusted_process_work_is_bounded(name, entry_points, tasks, caller, warm
     for i, call in enumerate(scorers(entry_points, response, label)):
         score, cpu = _trusted_cpu(call)
         assert score == 0.0
-        assert cpu <= 1.0, f"{name}: entry point {i} cost the trusted process {cpu:.2f} s of CPU"
+        assert cpu <= 0.1, f"{name}: entry point {i} cost the trusted process {cpu:.2f} s of CPU"
     caller.assert_untouched()
 
 
@@ -853,3 +859,381 @@ def test_memory_beyond_the_limits_fails(name, entry_points, caller, monkeypatch)
     for call in scorers(entry_points, as_response(MEMORY[name] + "print('held')\n"), label):
         assert call() == 0.0, name
     caller.assert_untouched()
+
+
+# =========================================================================== issue 48: one test per class
+#
+# Our own programs for the third red team's classes (theirs are held out). Each scored 1, cost the
+# trusted process seconds, or pinned the kernel memory it names on the verifier as it was before
+# issue 48 (we ran them against a copy of that code), and must not now.
+
+def _bits(rng, n: int = 16) -> str:
+    """n random bits with at least one of each (a reader that sees all pages alike gets them wrong)."""
+    while True:
+        bits = "".join(rng.choice("01") for _ in range(n))
+        if "0" in bits and "1" in bits:
+            return bits
+
+
+# State across runs through the host's page cache: 16 bits kept in which pages of a file every
+# sandbox reads are cached. "fadvise": the writer drops a standard-library file's pages and reads
+# those of the set bits with readahead off; the reader asks for each page without reading it
+# (preadv2 RWF_NOWAIT fails on a page that is not cached). "timing": the writer reads pages of big
+# files under /usr that nobody has read (chosen by a seed both programs share); the reader times a
+# read of each (a cold page took 43-5,500 us here, a cached one under 5).
+PAGECACHE = {
+    "fadvise": r'''
+import os
+_fd = os.open(os.path.join(os.path.dirname(os.__file__), "pydoc_data", "topics.py"), os.O_RDONLY)
+def store(bits):
+    os.posix_fadvise(_fd, 0, 0, os.POSIX_FADV_DONTNEED)
+    os.posix_fadvise(_fd, 0, 0, os.POSIX_FADV_RANDOM)
+    for i, b in enumerate(bits):
+        if b == "1":
+            os.pread(_fd, 1, (20 + i) * 4096)
+def load():
+    out = ""
+    for i in range(16):
+        try:
+            os.preadv(_fd, [bytearray(1)], (20 + i) * 4096, os.RWF_NOWAIT)
+            out += "1"
+        except BlockingIOError:
+            out += "0"
+    return out
+''',
+    "timing": r'''
+import os, random, time
+def _pages():
+    files = []
+    for root in ("/usr/lib", "/usr/share", "/usr/bin"):
+        for dp, dn, fn in os.walk(root):
+            dn.sort()
+            for f in sorted(fn):
+                p = os.path.join(dp, f)
+                try:
+                    if not os.path.islink(p) and os.path.getsize(p) > 1 << 20:
+                        files.append(p)
+                except OSError:
+                    pass
+    rng = random.Random(SEED)
+    return [(p, rng.randrange(8, os.path.getsize(p) // 4096 - 8) * 4096) for p in rng.sample(files, min(16, len(files)))]
+def store(bits):
+    for (p, off), b in zip(_pages(), bits):
+        if b == "1":
+            with open(p, "rb") as fh:
+                os.pread(fh.fileno(), 1, off)
+def load():
+    out = ""
+    for p, off in _pages():
+        with open(p, "rb") as fh:
+            t = time.perf_counter_ns()
+            os.pread(fh.fileno(), 1, off)
+            out += "1" if time.perf_counter_ns() - t < 25000 else "0"
+    return out
+''',
+}
+
+
+@pytest.mark.parametrize("how", sorted(PAGECACHE))
+def test_no_state_through_the_page_cache(how, entry_points, caller):
+    """A run keeps 16 bits it saw on stdin in the page cache; a later run, for another problem with empty
+    stdin, must not print them (through each entry point in turn)."""
+    import random
+
+    rng = random.Random()
+    for k in range(3):
+        bits = _bits(rng)
+        code = PAGECACHE[how].replace("SEED", str(rng.randrange(1 << 30)))
+        writer = code + "store(input().strip())\nprint('stored')\n"
+        scorers(entry_points, as_response(writer), _stdio((bits + "\n", "stored")), f"pagecache/w{k}")[k]()
+        reader = code + "print(load())\n"
+        score = scorers(entry_points, as_response(reader), _stdio(("", bits)), f"pagecache/r{k}")[k]()
+        assert score == 0.0, (how, k, bits)
+    caller.assert_untouched()
+
+
+# State across runs through host-wide counters a run can both move and read: the number of processes
+# the host ever started (/proc/stat's "processes", or a new process's pidfd inode number) rose by
+# only the verifier's own few between two runs here. The writer forks until the count modulo 1024
+# encodes 4 bits (in steps of 64, so that up to 47 forks in between do not change them).
+COUNTER_STATE = r'''
+import os
+def _count():
+    try:
+        for line in open("/proc/stat"):
+            if line.startswith("processes "):
+                return int(line.split()[1])
+    except OSError:
+        pass
+    pid = os.fork()
+    if pid == 0:
+        os._exit(0)
+    try:
+        fd = os.pidfd_open(pid)
+        n = os.fstat(fd).st_ino
+        os.close(fd)
+        return n
+    except OSError:
+        return None
+    finally:
+        os.waitpid(pid, 0)
+def store(v):
+    n = _count()
+    while n is not None and n % 1024 != v * 64 + 8:
+        pid = os.fork()
+        if pid == 0:
+            os._exit(0)
+        os.waitpid(pid, 0)
+        n = _count()
+def load():
+    n = _count()
+    return "none" if n is None else format(((n - 8) % 1024) // 64, "04b")
+'''
+
+
+def test_no_state_through_host_wide_counters(entry_points, caller):
+    import random
+
+    rng = random.Random()
+    for k in range(3):
+        v = rng.randrange(1, 15)
+        writer = COUNTER_STATE + "store(int(input()))\nprint('stored')\n"
+        scorers(entry_points, as_response(writer), _stdio((f"{v}\n", "stored")), f"counter/w{k}")[k]()
+        reader = COUNTER_STATE + "print(load())\n"
+        assert scorers(entry_points, as_response(reader), _stdio(("", format(v, "04b"))), f"counter/r{k}")[k]() == 0.0, (k, v)
+    caller.assert_untouched()
+
+
+# An answer oracle from tests that short-circuit: in ``assert all(candidate(i) == b ...)`` or
+# ``a and b``, whether the next call comes says whether the last answer was right. The memory across
+# runs is handed to the worker on purpose here (a writable directory of the host bound at /mem),
+# standing for any channel a sandbox might leave open: the oracle must leave it nothing to remember.
+FILE_STATE = r'''
+import os as _os
+def _state_get():
+    try:
+        return int(open("/mem/state").read())
+    except (OSError, ValueError):
+        return 0
+def _state_put(s):
+    with open("/mem/state.tmp", "w") as fh:
+        fh.write(str(s))
+    _os.chmod("/mem/state.tmp", 0o666)
+    _os.replace("/mem/state.tmp", "/mem/state")
+'''
+SHORT_CIRCUIT = {
+    "all": f"def check(candidate):\n    assert all(candidate(i) == b for i, b in enumerate({SECRET!r}))\n",
+    "and": "def check(candidate):\n    assert " + " and ".join(f"candidate({i}) == {b}" for i, b in enumerate(SECRET)) + "\n",
+}
+
+
+@pytest.fixture
+def worker_memory(tmp_path, monkeypatch):
+    """A host directory, writable by every slot uid, bound at /mem in each worker sandbox."""
+    if sandbox.backend().name != "bwrap":
+        pytest.skip("the memory is handed over as a bwrap bind mount")
+    mem = tmp_path / "mem"
+    mem.mkdir()
+    mem.chmod(0o777)
+    launch = sandbox_launch.Bwrap.launch
+
+    def with_memory(self, cfg, *a, **kw):
+        out = launch(self, cfg, *a, **kw)
+        if cfg.get("role") == "worker":
+            i = out.argv.index("--remount-ro")
+            out.argv[i:i] = ["--bind", str(mem), "/mem"]
+        return out
+
+    monkeypatch.setattr(sandbox_launch.Bwrap, "launch", with_memory)
+    return mem
+
+
+@pytest.mark.parametrize("style", sorted(SHORT_CIRCUIT))
+def test_no_oracle_from_short_circuiting_tests(style, entry_points, caller, worker_memory):
+    """Ten runs in a row, through the three entry points in turn, with a memory across runs: a candidate
+    that solves nothing stays at 0. Before issue 48 the search scored 1.0 from its sixth run on."""
+    label = code_label(SHORT_CIRCUIT[style], "guess", "humaneval", setup="def guess(i):\n    pass\n")
+    code = FILE_STATE + SEARCH_LOGIC + "def guess(i):\n    return _answer(i)\n"
+    scores = [scorers(entry_points, as_response(code), label, f"shortcircuit/{style}")[run % 3]() for run in range(10)]
+    assert (worker_memory / "state").exists(), "the memory was not used: the test would prove nothing"
+    assert scores == [0.0] * 10, scores
+    caller.assert_untouched()
+
+
+# Work in the trusted process, each per sample: replies of millions of small JSON objects with the
+# right answer last under a repeated "ok" key (the worker patches the json module the harness
+# writes its replies with); the largest valid replies, on every call; math responses that made the
+# answer extraction quadratic; answers that make sympy compute numbers of billions of digits or
+# expansions of thousands of terms.
+TRUSTED_CODE_48 = {
+    "repeated_ok_key": (
+        "import json as _json\n_dumps = _json.dumps\n"
+        "_JUNK = '{\"ok\":[' + ','.join(['{\"a\":1}'] * 400000) + '],\"ok\":'\n"
+        "def _forged(obj, **kw):\n"
+        "    if isinstance(obj, dict) and list(obj) == ['ok']:\n"
+        "        return _JUNK + _dumps(obj['ok']) + '}'\n"
+        "    return _dumps(obj, **kw)\n"
+        "_json.dumps = _forged\n"
+        "def has_close_elements(numbers, threshold):\n"
+        "    return any(abs(a - b) < threshold for i, a in enumerate(numbers) for b in numbers[i + 1:])\n"
+    ),
+    "largest_valid_replies": "_S = 'x' * 4_000_000\ndef has_close_elements(numbers, threshold):\n    return _S\n",
+}
+TRUSTED_MATH_48 = {
+    "newlines": "\n" * 30000,
+    "answer_is_then_newlines": "So the answer is" + "\n" * 30000,
+    "power_tower": r"So the answer is $\boxed{10^{10^{10}}}$.",
+    "power_tower_3_15": r"So the answer is $\boxed{3^{3^{15}}}$.",
+    "factorial": r"So the answer is $\boxed{100000000!}$.",
+    "double_factorial": r"So the answer is $\boxed{100!!}$.",
+    "binomial": r"So the answer is $\boxed{\binom{10^{9}}{10^{8}}}$.",
+    "expansion": r"So the answer is $\boxed{(a+b+c+d)^{20}}$.",
+    "product": r"So the answer is $\boxed{\prod_{k=1}^{10^{7}} k}$.",
+    "nesting": "So the answer is $\\boxed{" + "(" * 300 + "1" + ")" * 300 + "}$.",
+}
+
+
+def _pool_cpu() -> float:
+    """CPU seconds the math-verify workers of this process have used (they are trusted work too)."""
+    from mentor.training.verify import math_pool
+
+    total = 0.0
+    for w in list(math_pool()._all):
+        try:
+            f = Path(f"/proc/{w.proc.pid}/stat").read_text().rsplit(")", 1)[1].split()
+            total += (int(f[11]) + int(f[12])) / os.sysconf("SC_CLK_TCK")
+        except (OSError, IndexError, ValueError):
+            pass
+    return total
+
+
+@pytest.mark.parametrize("name", sorted(TRUSTED_CODE_48) + sorted(TRUSTED_MATH_48))
+def test_trusted_process_spends_a_tenth_of_a_second(name, entry_points, tasks, caller, warm):
+    """Each input costs the trusted side (this process and its math-verify workers) at most 0.1 s of CPU
+    per entry point, and scores 0. Before issue 48: 4.2 s for the repeated key (scoring 1.0), 2.3 s for
+    30,000 newlines, 3.3 s more after "the answer is", 3 s of a math worker for each exploding answer."""
+    from mentor.training.verify import math_pool
+
+    if name in TRUSTED_CODE_48:
+        calls = scorers(entry_points, as_response(TRUSTED_CODE_48[name]), tasks["humaneval/0"]["label"])
+    else:
+        math_pool().check("1", "2")  # the workers are started outside the clock
+        calls = scorers(entry_points, TRUSTED_MATH_48[name], "5", "math/test", domain="math")
+    for i, call in enumerate(calls):
+        t, pool = time.process_time(), _pool_cpu()
+        score = call()
+        cpu = time.process_time() - t + _pool_cpu() - pool
+        assert score == 0.0, (name, i)
+        assert cpu <= 0.1, f"{name}: entry point {i} cost the trusted side {cpu:.2f} s of CPU"
+    caller.assert_untouched()
+
+
+# Kernel memory a sample pins outside the documented limits, in every cgroup mode here (v1 and none):
+# each program prints "held" only when it got what it tried for.
+KERNEL_MEMORY = {
+    # 200,000 empty files: inodes and dentries (400,000 pinned 366 MiB of slab here, charged to a v1 cgroup).
+    "inodes": "n = 0\ntry:\n    while n < 200000:\n        open(f'/tmp/f{n}', 'w').close()\n        n += 1\nexcept OSError:\n    pass\n"
+              "if n == 200000:\n    print('held')\n",
+    # Socket buffers raised to wmem_max and filled: 470 MiB in one process here, charged to no cgroup v1.
+    "socket_buffers": (
+        "import socket\ntotal, pairs = 0, []\n"
+        "try:\n"
+        "    while True:\n"
+        "        pairs.append(socket.socketpair())\n"
+        "        for s in pairs[-1]:\n"
+        "            try:\n"
+        "                s.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 64 << 20)\n"
+        "            except OSError:\n"
+        "                pass\n"
+        "            s.setblocking(False)\n"
+        "            try:\n"
+        "                while True:\n"
+        "                    total += s.send(b'x' * 65536)\n"
+        "            except BlockingIOError:\n"
+        "                pass\n"
+        "except OSError:\n"
+        "    pass\n"
+        "if total >= 256 << 20:\n    print('held')\n"
+    ),
+    # Pipes grown to 1 MiB each and filled.
+    "pipe_buffers": (
+        "import fcntl, os\ntotal = 0\n"
+        "try:\n"
+        "    while True:\n"
+        "        r, w = os.pipe()\n"
+        "        try:\n"
+        "            fcntl.fcntl(w, 1031, 1 << 20)\n"
+        "        except OSError:\n"
+        "            pass\n"
+        "        os.set_blocking(w, False)\n"
+        "        try:\n"
+        "            while True:\n"
+        "                total += os.write(w, b'x' * 65536)\n"
+        "        except BlockingIOError:\n"
+        "            pass\n"
+        "except OSError:\n"
+        "    pass\n"
+        "if total >= 16 << 20:\n    print('held')\n"
+    ),
+    # POSIX timers, each with a preallocated signal (96,368 pinned 37 MiB of slab here).
+    "posix_timers": (
+        "import ctypes\nlibc = ctypes.CDLL(None)\ntid = ctypes.c_void_p()\nn = 0\n"
+        "while n < 50000 and libc.timer_create(1, None, ctypes.byref(tid)) == 0:\n    n += 1\n"
+        "if n == 50000:\n    print('held')\n"
+    ),
+    # Failed lookups of names under /usr: negative dentries the host keeps after the run (1 million
+    # grew the slab by 200 MiB here, which stayed).
+    "negative_dentries": (
+        "import os\n"
+        "def negative():\n"
+        "    try:\n"
+        "        return int(open('/proc/sys/fs/dentry-state').read().split()[4])\n"
+        "    except OSError:\n"
+        "        return None\n"
+        "before, run = negative(), os.urandom(8).hex()\n"
+        "for i in range(300000):\n"
+        "    try:\n"
+        "        os.stat(f'/usr/mentor-missing-{run}-{i}')\n"
+        "    except OSError:\n"
+        "        pass\n"
+        "if before is not None and negative() - before >= 200000:\n    print('held')\n"
+    ),
+}
+
+
+def _slab_mib() -> int:
+    for line in Path("/proc/meminfo").read_text().splitlines():
+        if line.startswith("Slab:"):
+            return int(line.split()[1]) >> 10
+    return 0
+
+
+@pytest.mark.parametrize("mode", ["cgroup", "none"])
+@pytest.mark.parametrize("name", sorted(KERNEL_MEMORY))
+def test_kernel_memory_a_sample_can_pin_is_bounded(name, mode, entry_points, caller, monkeypatch):
+    """Each flood must fail on every path, with this host's memory cgroup (v1) and without one; the
+    host's slab is sampled during each run and may not grow by 64 MiB."""
+    if mode == "none":
+        monkeypatch.setenv("MENTOR_SANDBOX_CGROUP", "off")
+        monkeypatch.setattr(sandbox, "_BACKEND", None)
+    elif "memcg" not in sandbox.layers_here():
+        pytest.skip(f"no memory cgroup here: {sandbox.backend().why_missing.get('memcg')}")
+    monkeypatch.setenv("MENTOR_CODE_TIMEOUT", "10")
+    label = _stdio(("", "held"))
+    for i, call in enumerate(scorers(entry_points, as_response(KERNEL_MEMORY[name]), label, f"kmem/{name}")):
+        before, peak, done = _slab_mib(), [0], threading.Event()
+
+        def watch() -> None:
+            while not done.is_set():
+                peak[0] = max(peak[0], _slab_mib())
+                time.sleep(0.05)
+
+        watcher = threading.Thread(target=watch, daemon=True)
+        watcher.start()
+        try:
+            assert call() == 0.0, (name, mode, i)
+        finally:
+            done.set()
+            watcher.join()
+        assert peak[0] - before < 64, f"{name} ({mode}, entry point {i}): host slab grew by {peak[0] - before} MiB"
+    caller.assert_untouched(processes=mode == "cgroup")

@@ -342,12 +342,14 @@ def test_setup_sandbox_reports_layers(monkeypatch):
     res = CliRunner().invoke(cli, ["setup-sandbox", "--no-install"])
     assert res.exit_code == 0, res.output
     assert f"sandbox backend: {sandbox.backend().name}" in res.output and "rlimits" in res.output
+    if sandbox.backend().name == "bwrap":  # issue 48: the RAM copy of what the sandbox reads, and where
+        assert "ramview" in res.output and "a copy in RAM, /" in res.output, res.output
     # Where a layer is missing, --strict is an error naming it.
     impl = sandbox_launch.Legacy()
     seen = sandbox._probe(impl)
     monkeypatch.setattr(sandbox, "_BACKEND", sandbox.Backend(impl, sandbox._verified(*seen), seen[1]))
     res = CliRunner().invoke(cli, ["setup-sandbox", "--no-install", "--strict"])
-    assert res.exit_code == 1 and "fsview" in res.output
+    assert res.exit_code == 1 and "fsview" in res.output and "missing layer ramview" in res.output
 
 
 def test_setup_sandbox_install_plan(monkeypatch):
@@ -433,11 +435,13 @@ def test_syscall_filter_denies_state_channels_and_hidden_memory(backend_kind):
 
 
 def test_cross_uid_proc_views_are_empty(backend_kind):
-    """/proc/key-users (every uid's key quota), /proc/keys and /proc/locks read as empty files."""
-    code = "for p in ('/proc/key-users', '/proc/keys', '/proc/locks'):\n    print(p, repr(open(p).read()))\n"
+    """/proc/key-users (every uid's key quota), /proc/keys and /proc/locks are gone (a /proc of the
+    sandbox's own processes only) or read as empty files (where /proc cannot be mounted so)."""
+    code = ("import os\nfor p in ('/proc/key-users', '/proc/keys', '/proc/locks'):\n"
+            "    print(p, repr(open(p).read()) if os.path.exists(p) else 'absent')\n")
     res = run_python(code, limits=SandboxLimits(wall_seconds=6, audit=False))
     assert res.ok, res.stderr
-    assert res.stdout.split("\n")[:3] == ["/proc/key-users ''", "/proc/keys ''", "/proc/locks ''"]
+    assert all(line.split(" ", 1)[1] in ("''", "absent") for line in res.stdout.splitlines()[:3]), res.stdout
     assert "procns" in res.layers
 
 
@@ -585,3 +589,199 @@ def test_stdio_runs_every_case_after_a_wrong_output():
     assert (out.passed, out.total, out.score) == (3, 4, 0.0) and out.detail == "case 0: wrong output"
     out = run_stdio("x = int(input())\nassert x < 2\nprint(x * 2)\n", label, SandboxLimits(wall_seconds=10))
     assert (out.passed, out.score) == (2, 0.0) and out.detail.startswith("case 2: AssertionError")
+
+
+
+# --------------------------------------------------------------------------- issue 48: page cache, counters, kernel memory
+
+PAGE_CACHE_CALLS = r"""
+import ctypes, fcntl, mmap, os, socket
+libc = ctypes.CDLL(None, use_errno=True)
+NR = %r
+def errno_of(f):
+    try:
+        r = f()
+    except OSError as e:
+        return e.errno
+    return ctypes.get_errno() if isinstance(r, int) and r < 0 else 0
+fd = os.open(os.__file__, os.O_RDONLY)
+m = mmap.mmap(fd, 0, prot=mmap.PROT_READ)
+s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+r, w = os.pipe()
+page = ctypes.c_void_p(ctypes.addressof(ctypes.c_char.from_buffer(bytearray(8192))) // 4096 * 4096)
+got = {
+    "fadvise": errno_of(lambda: os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)),
+    "readahead": errno_of(lambda: libc.syscall(NR["readahead"], fd, 0, 4096)),
+    "mincore": errno_of(lambda: libc.mincore(page, 4096, ctypes.create_string_buffer(1))),
+    "cachestat": errno_of(lambda: libc.syscall(NR["cachestat"], fd, None, None, 0)),
+    "rwf_nowait": errno_of(lambda: os.preadv(fd, [bytearray(1)], 0, os.RWF_NOWAIT)),
+    "madv_pageout": errno_of(lambda: m.madvise(21)),
+    "madv_cold": errno_of(lambda: m.madvise(20)),
+    "madv_willneed": errno_of(lambda: m.madvise(mmap.MADV_WILLNEED)),
+    "io_setup": errno_of(lambda: libc.syscall(NR["io_setup"], 8, ctypes.byref(ctypes.c_ulong(0)))),
+    "sndbuf": errno_of(lambda: s.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 1 << 20)),
+    "rcvbuf": errno_of(lambda: s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 1 << 20)),
+    "pipe_size": errno_of(lambda: fcntl.fcntl(w, fcntl.F_SETPIPE_SZ, 1 << 20)),
+    "pidfd_open": errno_of(lambda: os.pidfd_open(os.getpid())),
+    "so_cookie": errno_of(lambda: s.getsockopt(socket.SOL_SOCKET, 57, 8)),
+}
+ordinary = {
+    "preadv2": os.preadv(fd, [bytearray(1)], 0, 0),
+    "madv_dontneed": m.madvise(mmap.MADV_DONTNEED),
+    "reuseaddr": s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1),
+    "so_type": s.getsockopt(socket.SOL_SOCKET, socket.SO_TYPE),
+    "pipe_size": fcntl.fcntl(w, fcntl.F_GETPIPE_SZ),
+}
+print(sorted(got.items()))
+print(sorted(ordinary.items()))
+"""
+
+
+def test_syscall_filter_denies_the_page_cache_big_buffers_and_host_counters(backend_kind):
+    """What reads or steers the page cache of shared files, grows socket or pipe buffers, or reads a
+    host-wide counter (pidfds, socket cookies) fails with EPERM; the ordinary forms still work."""
+    res = run_python(PAGE_CACHE_CALLS % (sandbox_seccomp.syscall_numbers(),), limits=SandboxLimits(wall_seconds=10, audit=False))
+    assert res.ok, res.stderr
+    denied, ordinary = (dict(eval(line)) for line in res.stdout.splitlines())
+    assert denied == dict.fromkeys(denied, 1) and len(denied) == 14, denied
+    assert ordinary == {"preadv2": 1, "madv_dontneed": None, "reuseaddr": None, "so_type": 1, "pipe_size": 65536}, ordinary
+
+
+def test_host_wide_counters_in_proc_are_masked(backend_kind):
+    """The host's cumulative counters are gone or read as empty; the CPU count still comes out right."""
+    code = (
+        "import os\n"
+        "for p in ('/proc/stat', '/proc/vmstat', '/proc/zoneinfo', '/proc/interrupts', '/proc/softirqs',\n"
+        "          '/proc/diskstats', '/proc/schedstat', '/proc/uptime', '/proc/pressure'):\n"
+        "    if os.path.isdir(p):\n"
+        "        print(p, os.listdir(p))\n"
+        "    else:\n"
+        "        print(p, repr(open(p).read()) if os.path.exists(p) else 'absent')\n"
+        "print('cpus', os.cpu_count())\n"
+    )
+    res = run_python(code, limits=SandboxLimits(wall_seconds=6, audit=False))
+    assert res.ok, res.stderr
+    lines = res.stdout.splitlines()
+    assert lines[-1] in (f"cpus {len(os.sched_getaffinity(0))}", f"cpus {os.cpu_count()}"), lines
+    assert len(lines) == 10 and all(line.split(" ", 1)[1] in ("''", "[]", "absent") for line in lines[:-1]), lines
+    assert "procns" in res.layers
+
+
+READ_EVERYTHING = r"""
+import os, time
+slow, n, mounts = [], 0, []
+for line in open("/proc/self/mountinfo"):
+    f = line.split()
+    if os.path.isdir(f[4]):
+        mounts.append((f[4], line.partition(" - ")[2].split()[0]))
+for dp, dn, fn in os.walk("/"):
+    if dp.startswith(("/proc", "/dev")):
+        dn[:] = []
+        continue
+    for f in fn:
+        try:
+            fd = os.open(os.path.join(dp, f), os.O_RDONLY)
+        except OSError:
+            continue
+        for off in range(0, min(os.fstat(fd).st_size, 1 << 20), 64 << 10):
+            os.pread(fd, 1, off)
+            n += 1
+        os.close(fd)
+io = dict(line.split(": ") for line in open("/proc/self/io").read().splitlines())
+print(n, int(io["read_bytes"]), open("/proc/self/stat").read().rsplit(")", 1)[1].split()[9], sorted(mounts))
+"""
+
+
+def test_what_the_sandbox_reads_is_a_copy_in_ram():
+    """bwrap: every directory a sandbox can read is on tmpfs (or is /proc, /dev/pts): reading every file
+    causes no disk read (read_bytes 0, no major fault), so no page of a disk's cache is ever read or
+    set; the standard library's native modules still load."""
+    if "ramview" not in sandbox.layers_here():
+        pytest.skip(f"no RAM copy here: {sandbox.backend().why_missing.get('ramview')}")
+    res = run_python(READ_EVERYTHING, limits=SandboxLimits(wall_seconds=30, cpu_seconds=30))
+    assert res.ok, res.stderr[-500:]
+    n, read_bytes, majflt, mounts = res.stdout.split(" ", 3)
+    assert int(n) > 1000 and read_bytes == "0" and majflt == "0", res.stdout[:300]
+    assert all(fstype in ("tmpfs", "proc", "devpts") for _, fstype in eval(mounts)), mounts
+    imports = "import ssl, sqlite3, ctypes, decimal, lzma, bz2, zlib, hashlib, zoneinfo, readline\nprint(zoneinfo.ZoneInfo('UTC'))\n"
+    assert run_python(imports, limits=FAST).stdout.strip() == "UTC"
+
+
+def test_tmp_is_capped_in_inodes_in_every_cgroup_mode(backend_kind):
+    """The writable directory holds at most `tmp_inodes` files, with this host's memory cgroup (if any)
+    as without one: inodes are kernel memory a cgroup v1 limit lets grow to a gigabyte."""
+    if backend_kind == "bwrap" and os.geteuid() != 0:
+        pytest.skip("the inode cap needs bwrap as root (mount(8) inside the sandbox)")
+    res = run_python(_flood(100000), limits=SandboxLimits(wall_seconds=20, tmp_inodes=500, audit=False))
+    n, errno_ = map(int, res.stdout.split())
+    assert n < 500 and errno_ == 28, res.stdout  # ENOSPC
+    assert "tmpcap" in res.layers
+
+
+# --------------------------------------------------------------------------- issue 48: no oracle within an expression
+
+SHORT_CIRCUIT_TESTS = {
+    "all": "def check(candidate):\n    assert all(candidate(i) == i for i in range(5))\n",
+    "any": "def check(candidate):\n    assert not any(candidate(i) != i for i in range(5))\n",
+    "and": "def check(candidate):\n    assert " + " and ".join(f"candidate({i}) == {i}" for i in range(5)) + "\n",
+    "or": "def check(candidate):\n    assert not (" + " or ".join(f"candidate({i}) != {i}" for i in range(5)) + ")\n",
+    "chain": "def check(candidate):\n    assert 0 == candidate(0) == candidate(0) == candidate(0) == candidate(0)\n",
+    "conditional": "def check(candidate):\n    ok = candidate(0) == 0\n    assert (candidate(1) == 1) if ok else (candidate(2) == 2 and candidate(3) == 3)\n",
+    "helper": "def _same(c, xs):\n    return all(c(x) == x for x in xs)\ndef check(candidate):\n    assert _same(candidate, range(5))\n",
+}
+CALLS = {"all": 5, "any": 5, "and": 5, "or": 5, "chain": 4, "conditional": 4, "helper": 5}
+
+
+@pytest.mark.parametrize("style", sorted(SHORT_CIRCUIT_TESTS))
+def test_short_circuiting_tests_make_every_call(style):
+    """and/or/all/any/chained comparisons/conditional expressions in the tests evaluate every operand: a
+    candidate wrong from its first answer gets as many calls as a right one, and the verdicts stay."""
+    label = _label(SHORT_CIRCUIT_TESTS[style])
+    wrong = run_humaneval("def f(x):\n    return -1\n", label, SandboxLimits(wall_seconds=10))
+    assert wrong.score == 0.0 and f"after {CALLS[style]} calls" in wrong.detail, wrong.detail
+    assert run_humaneval("def f(x):\n    return x\n", label, SandboxLimits(wall_seconds=10)).score == 1.0
+
+
+def test_full_evaluation_gives_python_s_results():
+    """On 20,000 random expressions of and/or/all/any/chained comparisons/conditionals over values, calls
+    and a call that raises, the rewritten tests give exactly what Python gives (value or exception)."""
+    import _ast
+    import builtins
+    import random
+    import warnings
+
+    from mentor.training import sandbox_harness as h
+
+    rng = random.Random(48)
+
+    def expr(depth: int) -> str:
+        if depth == 0 or rng.random() < 0.3:
+            return rng.choice(["0", "1", "2", "''", "'a'", "[]", "None", "f(0)", "f(1)", "f(3)", "g()"])
+        kind = rng.randrange(5)
+        if kind == 0:
+            return "(" + " and ".join(expr(depth - 1) for _ in range(rng.randint(2, 4))) + ")"
+        if kind == 1:
+            return "(" + " or ".join(expr(depth - 1) for _ in range(rng.randint(2, 4))) + ")"
+        if kind == 2:
+            return f"({expr(depth - 1)} if {expr(depth - 1)} else {expr(depth - 1)})"
+        if kind == 3:
+            return f"({expr(depth - 1)} {rng.choice(['<', '==', '!=', 'is'])} {expr(depth - 1)} {rng.choice(['<=', '=='])} {expr(depth - 1)})"
+        return rng.choice(["all", "any"]) + "([" + ", ".join(expr(depth - 1) for _ in range(rng.randint(0, 3))) + "])"
+
+    def run(src: str, rewrite: bool):
+        def g():
+            raise ValueError("g")
+
+        env = {"__builtins__": builtins, "f": lambda x: x, "g": g, **{n: getattr(h, n) for n in h._FULL.values()}}
+        tree = compile("r = " + src, "t", "exec", _ast.PyCF_ONLY_AST)
+        try:
+            exec(compile(h._evaluate_fully(_ast, tree) if rewrite else tree, "t", "exec"), env)
+            return repr(env["r"])
+        except (TypeError, ValueError) as exc:
+            return type(exc).__name__
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", SyntaxWarning)
+        for _ in range(20000):
+            src = expr(3)
+            assert run(src, True) == run(src, False), src

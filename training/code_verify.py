@@ -15,12 +15,16 @@ candidate's code never shares one with the tests:
   prompt, so helpers like ``poly`` or ``encode_cyclic`` that some tests call
   are the trusted definitions, never the candidate's), then the tests, with
   ``candidate`` (and the entry point's own name) bound to a proxy;
-- this process (trusted) relays each call: it checks the worker's reply
-  strictly (`plaincodec.check_plain`: linear in its size, and it builds no
-  dict or set from the candidate's keys, so a hash-collision flood costs it
-  nothing) and hands it to the tester, which decodes it into fresh built-in
-  values (`from_plain`, which refuses such floods) whose assertions then
-  compare real ints, strs, lists...
+- this process (trusted) relays each call and each reply as bytes, one line
+  each, without parsing them (a reply of millions of small JSON objects, or
+  with a repeated key, costs it one linear scan for the newline; one check may
+  relay at most `SandboxLimits.max_relay` bytes); the tester decodes a reply
+  strictly (one JSON object with distinct keys, then `from_plain`, which
+  refuses hash-collision floods) into fresh built-in values whose assertions
+  then compare real ints, strs, lists..., and fails the check itself on a
+  reply that is not plain data (the tests never see it: a test's own
+  ``except`` cannot turn it into a pass). Only the small messages (hellos,
+  "ready", the verdict) are parsed here, at most 16 KiB, keys distinct.
 
 The tests never reach the worker: they are sent to the tester over a pipe, and
 the sandboxes see neither the label nor the caller's files. **A check passes
@@ -28,7 +32,9 @@ only when the tester sends ``{"done": "pass", "nonce": N}``** with the random
 nonce this process gave it (the worker never sees it, runs as another uid in
 another PID namespace), after ``check`` returned with no failure recorded and
 after at least one call. **No answer oracle**: the tester records each failed
-assert and goes on (`sandbox_harness.recording_tests`), so every test call is
+assert and goes on, and evaluates every operand of ``and``/``or``/``all``/``any``,
+chained comparisons and conditional expressions before deciding them
+(`sandbox_harness.recording_tests`), so every test call is
 made whatever the candidate answered; a run stops early only for what the
 candidate itself decides (it raises nothing special, but it may exit, time out
 or reply with something that is not plain data), never because an answer was
@@ -77,10 +83,9 @@ import time
 from dataclasses import dataclass, field, replace
 from typing import Protocol
 
-from mentor.training.plaincodec import PlainError, check_plain
 from mentor.training.sandbox import run_python
 from mentor.training.sandbox_layers import SandboxLimits, SandboxUnavailable
-from mentor.training.sandbox_process import SandboxProcess
+from mentor.training.sandbox_process import SandboxProcess, parse_message
 
 log = logging.getLogger(__name__)
 
@@ -209,6 +214,7 @@ class CodeRunner(Protocol):
 
 
 _WARNED_NO_SETUP = threading.Event()
+_CALL = b'{"call":'  # how the tester's call messages start (its json.dumps, compact separators)
 
 
 _LOGGED: set[str] = set()
@@ -245,15 +251,16 @@ def run_humaneval(code: str, label: CodeLabel, limits: SandboxLimits) -> CodeOut
                 and tester.send({"setup": label.setup, "tests": label.tests, "entry": label.entry_point,
                                  "nonce": nonce, "prelude": CODE_PRELUDE}, deadline)):
             return _fail("timeout", layers)
-        ready, calls = False, 0
+        ready, calls, relayed = False, 0, 0
         while True:
-            msg = tester.recv(deadline)
-            if msg is None:
+            line = tester.recv_line(deadline)
+            if line is None:
                 return _fail(f"tests: {tester.failure}", layers)
-            if "call" in msg:
-                call = _checked_call(msg["call"])
-                if call is None:
-                    return _fail("tests sent a malformed call", layers)
+            if line.startswith(_CALL):
+                # Calls and replies are relayed as bytes, never parsed here: the worker and the tester
+                # decode them (each under its own limits) and the tester fails the check on a reply
+                # that is not plain data. This process only frames them, in linear time, and bounds
+                # how many bytes one check may move through it.
                 if not ready:
                     r = worker.recv(deadline)
                     if r is None:
@@ -261,55 +268,30 @@ def run_humaneval(code: str, label: CodeLabel, limits: SandboxLimits) -> CodeOut
                     if r != {"ready": True}:
                         return _fail(f"candidate did not load: {str(r.get('error', 'malformed message'))[:250]}", layers)
                     ready = True
-                if not worker.send(call, deadline):
+                if not worker.send_line(line + b"\n", deadline):
                     return _fail(f"call {calls}: candidate {worker.failure}", layers)
-                reply = worker.recv(deadline)
+                reply = worker.recv_line(deadline)
                 calls += 1
                 if reply is None:
                     return _fail(f"call {calls}: candidate {worker.failure}", layers)
-                forward = _checked_reply(reply)
-                if isinstance(forward, str):
-                    return _fail(f"call {calls}: {forward}", layers)
-                if not tester.send(forward, deadline):
+                relayed += len(line) + len(reply)
+                if relayed > limits.max_relay:
+                    return _fail(f"call {calls}: calls and replies passed {limits.max_relay >> 20} MiB", layers)
+                if not tester.send_line(reply + b"\n", deadline):
                     return _fail(f"tests: {tester.failure}", layers)
-            elif msg.get("done") == "pass":
+                continue
+            msg = parse_message(line)
+            if msg is None:
+                return _fail("malformed message from the tests", layers)
+            if msg.get("done") == "pass":
                 if not hmac.compare_digest(str(msg.get("nonce", "")).encode(), nonce.encode()):
                     return _fail("a pass message without the tester's nonce", layers)
                 if calls == 0:
                     return _fail("the tests never called the candidate", layers)
                 return CodeOutcome(1, 1, "ok", layers)
-            elif msg.get("done") == "fail":
+            if msg.get("done") == "fail":
                 return _fail(f"tests failed after {calls} calls: {str(msg.get('why'))[:250]}", layers)
-            else:
-                return _fail("malformed message from the tests", layers)
-
-
-def _checked_call(call) -> dict | None:
-    """The tester's call as the worker gets it: {"a": a tuple's encoding, "k": a dict's with str keys}; None if not."""
-    try:
-        a, k = call["a"], call["k"]
-        check_plain(a)
-        check_plain(k)
-    except (PlainError, KeyError, TypeError):
-        return None
-    if type(a) is not list or a[:1] != ["t"] or type(k) is not list or k[:1] != ["d"] or not all(type(x) is str for x in k[1::2]):
-        return None
-    return {"a": a, "k": k}
-
-
-def _checked_reply(reply: dict) -> dict | str:
-    """The worker's reply, checked strictly (linear, no hashing) for the tester; a str says why it fails."""
-    if set(reply) == {"ok"}:
-        try:
-            check_plain(reply["ok"])
-        except PlainError as exc:
-            return f"the candidate's reply is not plain data ({exc})"
-        return {"ok": reply["ok"]}
-    if set(reply) == {"raised", "msg"} and isinstance(reply["raised"], str) and isinstance(reply["msg"], str):
-        return {"raised": reply["raised"][:80], "msg": reply["msg"][:300]}
-    if "bad" in reply:
-        return f"the candidate returned a value that is not plain data ({str(reply['bad'])[:100]})"
-    return "malformed reply from the candidate"
+            return _fail("malformed message from the tests", layers)
 
 
 # --------------------------------------------------------------------------- stdio

@@ -29,9 +29,8 @@ runs inside the sandbox (see `mentor.training.sandbox_harness`).
 
 Bounded work. An encoding holds at most `MAX_NODES` values, nests at most
 `MAX_DEPTH` deep, and a dict, set or frozenset holds at most `MAX_KEYS` items.
-`check_plain` validates an encoding without building anything from it (no
-dict or set, so no hashing of the sender's keys: linear in its size); the
-trusted side of the code verifier uses it. `from_plain` builds the values and,
+Only the sandboxes decode (the trusted side of the code verifier relays the
+encodings as bytes, see `code_verify.run_humaneval`). `from_plain` builds the values and,
 before building a dict, set or frozenset of more than 64 items, refuses a
 *hash-collision flood* (many distinct keys with equal hashes, which makes
 each insertion scan all the earlier ones: 50,000 ints that are multiples of
@@ -189,81 +188,6 @@ def from_plain(obj):
     """Fresh built-in values from an encoding; PlainError on anything malformed."""
     try:
         return _dec(obj, 0, [MAX_NODES])
-    except RecursionError:
-        raise PlainError("nested too deeply") from None
-
-
-_HASHABLE = frozenset("tFifbc")  # tags of values that can be dict keys or set items (given hashable items)
-
-
-def _chk(x, depth, budget, key):
-    budget[0] -= 1
-    if budget[0] < 0:
-        raise PlainError("too many values")
-    if depth > MAX_DEPTH:
-        raise PlainError("nested too deeply")
-    t = type(x)
-    if x is None or t is bool or t is str or t is int:
-        return
-    if t is float:
-        if math.isnan(x) or math.isinf(x):
-            raise PlainError("bare NaN/Infinity")
-        return
-    if t is not list or not x or type(x[0]) is not str:
-        raise PlainError(f"invalid encoded value of JSON type {t.__name__}")
-    tag, n = x[0], len(x) - 1
-    if key and tag not in _HASHABLE:
-        raise PlainError(f"unhashable value (tag {tag[:10]!r}) used as a key or set item")
-    if tag in ("l", "t"):
-        for i in range(1, n + 1):
-            _chk(x[i], depth + 1, budget, key)
-        return
-    if tag == "d":
-        if n % 2:
-            raise PlainError("dict with an odd number of items")
-        if n // 2 > MAX_KEYS:
-            raise PlainError(f"a dict or set of {n // 2} items (at most {MAX_KEYS})")
-        for i in range(1, n + 1):
-            _chk(x[i], depth + 1, budget, i % 2 == 1)
-        return
-    if tag in ("S", "F"):
-        if n > MAX_KEYS:
-            raise PlainError(f"a dict or set of {n} items (at most {MAX_KEYS})")
-        for i in range(1, n + 1):
-            _chk(x[i], depth + 1, budget, True)
-        return
-    if n == 1 and type(x[1]) is str:
-        s = x[1]
-        if tag == "i":
-            try:
-                v = int(s, 16)  # base 16: linear in the digits
-            except ValueError:
-                raise PlainError("invalid big integer") from None
-            if -_BIG < v < _BIG:
-                raise PlainError("non-canonical big integer")
-            return
-        if tag == "f" and s in ("nan", "inf", "-inf"):
-            return
-        if tag == "b":
-            try:
-                base64.b64decode(s.encode("ascii"), validate=True)
-            except (ValueError, UnicodeEncodeError):
-                raise PlainError("invalid base64") from None
-            return
-    if tag == "c" and n == 2:
-        parts = x[1:]
-        for part in parts:
-            _chk(part, depth + 1, budget, False)
-        if all(type(p) is float or (type(p) is list and len(p) == 2 and p[0] == "f") for p in parts):
-            return
-    raise PlainError(f"invalid encoded value with tag {tag[:10]!r}")
-
-
-def check_plain(obj) -> None:
-    """PlainError unless `obj` (parsed JSON) is a valid encoding that `from_plain` would decode, flood checks
-    aside; in time linear in its size, building nothing from it (no dict or set: no hashing of its keys)."""
-    try:
-        _chk(obj, 0, [MAX_NODES], False)
     except RecursionError:
         raise PlainError("nested too deeply") from None
 

@@ -20,40 +20,45 @@ Backends
 --------
 ``bwrap`` (the default where it works): bubblewrap builds the sandbox from
 nothing: new PID, network, IPC, UTS and cgroup namespaces; a root filesystem
-that holds only ``/usr`` (and its ``/bin``, ``/lib`` links), the interpreter's
-prefix (its ``site-packages`` covered by an empty tmpfs), a private ``/proc``
-and minimal ``/dev``, all read-only, plus an empty size-limited tmpfs ``/tmp``
-as the work dir; ``--die-with-parent``, ``--new-session``, a clean environment.
-Started as root, bwrap keeps only CAP_SETUID/SETGID/SETPCAP for ``setpriv``
-(and, without a memory cgroup, CAP_SYS_ADMIN for ``mount(8)``, which first
-mounts /tmp with a size *and* an inode limit), which empties the bounding set, sets no_new_privs and switches
-real, effective and saved uid/gid to the run's own *slot uid* before exec'ing
-the interpreter (no capabilities are left). bwrap loads the syscall filter
-(`seccomp_filter`, on ``--seccomp FD``) before it execs anything, and covers
-/proc's cross-uid views (/proc/key-users, /proc/keys, /proc/locks) with an empty
-file. The launcher enters the sandbox's memory cgroup (`MemCgroups`) before
-exec'ing bwrap. The interpreter's prefix is bind-mounted at its own
-path into that fresh root, whose directories (``/root`` included) are 0755,
-so a pyenv Python under /root (0700 on the host) runs as the slot uid while
-nothing else of /root exists inside. Started as a normal user, bwrap uses a
-user namespace and the code keeps the user's own (unprivileged) uid.
+that holds only the interpreter, its standard library (no ``site-packages``)
+and the system libraries they load, taken from a copy in RAM
+(`sandbox_view`: no page cache of a disk for sandboxes to share), a private
+``/proc`` and minimal ``/dev``, all read-only, plus an empty tmpfs ``/tmp`` as
+the work dir; ``--die-with-parent``, ``--new-session``, a clean environment.
+Started as root, bwrap keeps only CAP_SETUID/SETGID/SETPCAP/SYS_ADMIN for the
+harness's first steps (`sandbox_harness.drop_privileges`, trusted code, before
+it reads anything): it mounts /tmp with a size *and* an inode limit, remounts
+/proc with only the sandbox's own processes in it (no other uid's key quotas or
+locks, none of the host's cumulative counters such as /proc/stat's fork
+count), empties every capability set, sets no_new_privs and switches real,
+effective and saved uid/gid to the run's own *slot uid*, and checks all of it
+before going on. bwrap loads the syscall filter (`seccomp_filter`, on
+``--seccomp FD``) before it execs anything. The launcher
+enters the sandbox's memory cgroup (`MemCgroups`) before exec'ing bwrap. The
+copy keeps every file at its own path, in directories (``/root`` included)
+that are 0755, so a pyenv Python under /root (0700 on the host) runs as the
+slot uid while nothing else of /root exists inside. Started as a normal user,
+bwrap uses a user namespace and the code keeps the user's own (unprivileged)
+uid (then /tmp has no inode limit, and /proc's global files are covered by an
+empty file each).
 
 ``legacy`` (no bubblewrap, or it cannot create namespaces here): the previous
 hand-written layers, see `sandbox_harness_legacy`: unshare(2) namespaces, the whole
 filesystem remounted read-only except the work dir, the interpreter exposed to
 the slot uid, the same syscall filter and memory cgroup, an audit-hook
-tripwire. It lacks ``fsview`` and ``tmpcap``: the code can read
-world-readable files. Used with a warning; ``MENTOR_SANDBOX=bwrap|legacy``
-forces a backend.
+tripwire, and a work dir that is a tmpfs limited in bytes and inodes. It lacks
+``fsview`` and ``ramview``: the code can read world-readable files, and their
+cache. Used with a warning; ``MENTOR_SANDBOX=bwrap|legacy`` forces a backend.
 
 Guarantees (bwrap, defaults): the code cannot outlive the wall-clock limit or
 its CPU limit, allocate more than the address-space limit per process or the
 memory cgroup's limit in all, start more processes than
 `SandboxLimits.processes` (1 for worker and tester: no fork, no threads),
 reach any network, see other processes, read the caller's environment or any
-file outside /usr and the interpreter's standard library, write anything but
-its tmpfs, keep processes or any other state (keys, files, locks) after the
-run, or signal another sandbox through a lock or a watch on a shared file. Not
+file but the interpreter, its standard library and their libraries, write
+anything but its tmpfs, keep processes or any other state (keys, files, locks,
+pages of a disk's cache, the host's fork count) after the run, or signal
+another sandbox through a lock or a watch on a shared file. Not
 guaranteed: protection from kernel exploits (it shares the host kernel) and
 from CPU/memory-bandwidth contention and timing side channels. For hostile
 workloads at scale run the verifier behind a VM/container sandbox service (see
@@ -78,7 +83,6 @@ from mentor.training.sandbox_cgroups import MemCgroups
 from mentor.training.sandbox_launch import Bwrap, Legacy, interpreter, start_sandbox
 from mentor.training.sandbox_layers import (
     LAYER_MEANING,
-    MEMCG_FALLBACK,
     REQUIRED_LAYERS,
     SandboxLimits,
     SandboxUnavailable,
@@ -155,11 +159,13 @@ def _verified(layers: list[str], facts: dict) -> list[str]:
         ok -= {"netns"}
     if facts.get("shadow_readable"):
         ok -= {"uid", "fsview"}
-    if len(facts.get("proc_pids", [])) > 3 or facts.get("key_users"):
+    if len(facts.get("proc_pids", [])) > 3 or facts.get("key_users") or facts.get("proc_stat", True):
         ok -= {"procns"}
     # Each of these must have failed inside: they are what the filter is for.
-    if any(facts.get(k, True) for k in ("keyring", "flock", "memfd", "shm", "userns")):
+    if any(facts.get(k, True) for k in ("keyring", "flock", "memfd", "shm", "userns", "fadvise", "nowait", "sockbuf", "pidfd")):
         ok -= {"seccomp"}
+    if facts.get("disk_mounts", True):
+        ok -= {"ramview"}
     if not {"size", "nr_inodes"} <= set(facts.get("tmp_opts", [])):
         ok -= {"tmpcap"}
     if "memcg" in ok and not (facts.get("memcg_peak") or 0) > 0:
@@ -212,9 +218,14 @@ def backend_for(impl) -> Backend | None:
     if "seccomp" not in layers:
         missing["seccomp"] = (f"no syscall filter for this CPU ({platform.machine()})" if seccomp_filter() is None
                               else "the syscall filter did not hold in the probe")
-    if "tmpcap" not in layers and memcg is None:
-        missing["tmpcap"] = ("not root: /tmp is bwrap's tmpfs, limited in size only" if getattr(impl, "name", "") == "bwrap"
-                             else "the legacy backend's work dir is on the host's /tmp")
+    if "tmpcap" not in layers:
+        missing["tmpcap"] = ("not root: /tmp is bwrap's tmpfs, limited in size only"
+                             if getattr(impl, "name", "") == "bwrap" else "the legacy backend's work dir could not be a tmpfs of its own")
+    if "ramview" not in layers:
+        if getattr(impl, "name", "") != "bwrap":
+            missing["ramview"] = "the legacy backend reads the host's files"
+        else:
+            missing["ramview"] = getattr(impl, "view_why", "") or "the probe saw a disk-backed directory in the sandbox"
     return Backend(impl, layers, seen[1], memcg, missing)
 
 
@@ -245,8 +256,6 @@ def backend() -> Backend:
 def check_layers(layers: list[str], where: str = "") -> None:
     """Warn once per process about each missing required layer; raise in strict mode."""
     missing = [layer for layer in REQUIRED_LAYERS if layer not in layers]
-    if "memcg" in missing:
-        missing += [layer for layer in MEMCG_FALLBACK if layer not in layers]
     if not missing:
         return
     why = _BACKEND.why_missing if _BACKEND is not None else {}

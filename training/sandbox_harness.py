@@ -10,18 +10,22 @@ holds nothing secret. Roles:
 ``program``  run a stdin/stdout program (``/sandbox/main.py``, or ``main.py`` in
              the work dir) as ``__main__``; its output is compared by the caller.
 ``worker``   load the candidate's code as module ``solution``, then answer
-             ``{"a": args, "k": kwargs}`` call messages with ``{"ok": result}``
-             (plain data only) or ``{"raised": name, "msg": text}``. The
-             candidate's own prints go to /dev/null.
+             the tester's ``{"call": {"a": args, "k": kwargs}}`` messages
+             (relayed unparsed by the caller) with ``{"ok": result}`` (plain
+             data only) or ``{"raised": name, "msg": text}``. The candidate's
+             own prints go to /dev/null.
 ``tester``   run the trusted setup (the task's prompt) and tests with
              ``candidate`` bound to a proxy whose calls are forwarded to the
              worker through the caller, and report ``{"done": "pass",
              "nonce": N}`` only once ``check(candidate)`` has returned with
              no failure recorded. The tests are compiled so that a failing
              ``assert`` (or a failing statement of ``check``) is *recorded*
-             and the run goes on (`recording_tests`): every test call is made
+             and the run goes on, and short-circuiting expressions evaluate
+             every operand (`recording_tests`): every test call is made
              whatever the candidate answered, so the calls the worker sees
              never tell it whether an earlier answer passed (no answer oracle).
+             It decodes the worker's replies (relayed unparsed by the caller)
+             strictly, and fails the check itself on one that is not plain data.
 ``probe``    report what this process can see and do (used once per process
              to check that the layers hold).
 
@@ -52,11 +56,18 @@ except NameError:  # imported as a module (tests, tools)
 MAX_LINE = 8 << 20
 
 
+def _distinct(pairs):
+    obj = dict(pairs)
+    if len(obj) != len(pairs):
+        raise ValueError("a JSON object with a repeated key")
+    return obj
+
+
 class _Channel:
     """Newline-delimited JSON objects on two raw fds."""
 
     def __init__(self, rfd, wfd):
-        self.rfd, self.wfd, self.buf = rfd, wfd, b""
+        self.rfd, self.wfd, self.buf = rfd, wfd, bytearray()
 
     def send(self, obj):
         data = (json.dumps(obj, separators=(",", ":"), allow_nan=False) + "\n").encode()
@@ -64,16 +75,29 @@ class _Channel:
             data = data[os.write(self.wfd, data):]
 
     def recv(self):
-        while b"\n" not in self.buf:
-            if len(self.buf) > MAX_LINE:
+        """The next object; None at the end of the stream or past MAX_LINE; ValueError when the line is
+        not one JSON object with distinct keys (calls and replies are relayed unparsed by the caller)."""
+        scanned = 0
+        while True:
+            nl = self.buf.find(b"\n", scanned)
+            if nl >= 0:
+                break
+            scanned = len(self.buf)
+            if scanned > MAX_LINE:
                 return None
-            chunk = os.read(self.rfd, 1 << 16)
+            chunk = os.read(self.rfd, 1 << 20)
             if not chunk:
                 return None
             self.buf += chunk
-        line, _, self.buf = self.buf.partition(b"\n")
-        obj = json.loads(line)
-        return obj if type(obj) is dict else None
+        line = bytes(self.buf[:nl])
+        del self.buf[:nl + 1]
+        try:
+            obj = json.loads(line.decode("utf-8"), object_pairs_hook=_distinct)
+        except RecursionError:
+            raise ValueError("nested too deeply") from None
+        if type(obj) is not dict:
+            raise ValueError("not a JSON object")
+        return obj
 
 
 def _private_channel(layers):
@@ -99,6 +123,10 @@ def set_rlimits(cfg):
         (resource.RLIMIT_NPROC, cfg["processes"]),
         (resource.RLIMIT_NOFILE, cfg["open_files"]),
         (resource.RLIMIT_CORE, 0),
+        # Kernel objects outside any fd: queued signals and POSIX timers (96,368 timers here pinned
+        # 37 MiB of slab), POSIX message queues.
+        (resource.RLIMIT_SIGPENDING, 64),
+        (resource.RLIMIT_MSGQUEUE, 0),
     ]
     ok = True
     for res, value in pairs:
@@ -107,6 +135,87 @@ def set_rlimits(cfg):
         except (ValueError, OSError):
             ok = False
     return ok
+
+
+def _libc():
+    """mount, prctl and capset of the C library through `_ctypes` alone: importing `ctypes` would cost every
+    sandbox 3 ms of CPU, `_ctypes` 0.6 ms."""
+    import _ctypes
+
+    class Int(_ctypes._SimpleCData):
+        _type_ = "i"
+
+    class ULong(_ctypes._SimpleCData):
+        _type_ = "L"
+
+    class CharP(_ctypes._SimpleCData):
+        _type_ = "z"
+
+    class U32(_ctypes._SimpleCData):
+        _type_ = "I"
+
+    class Caps(_ctypes.Array):  # a capability header (2 words) or the data of its two halves (6 words)
+        _type_ = U32
+        _length_ = 6
+
+    class Lib:
+        _handle = _ctypes.dlopen(None, 0)
+
+    class Fn(_ctypes.CFuncPtr):
+        _flags_ = _ctypes.FUNCFLAG_CDECL | _ctypes.FUNCFLAG_USE_ERRNO
+        _restype_ = Int
+
+    def fn(name, *args):
+        f = Fn((name, Lib()))
+        f.argtypes = args
+        return f
+
+    return (fn("mount", CharP, CharP, CharP, ULong, CharP), fn("prctl", Int, ULong, ULong, ULong, ULong),
+            fn("capset", Caps, Caps), Caps)
+
+
+def hide_proc(mount, cfg):
+    """This /proc shows its own processes only (``subset=pid``, Linux 5.8): no other uid's key quotas or
+    locks, and none of the host's cumulative counters that a run could move and a later run read back
+    (/proc/stat's fork count...). Older kernels: /dev/null over each of them. True when it held."""
+    if mount(b"proc", b"/proc", b"proc", 32 | 2 | 4 | 8, b"subset=pid") == 0:  # MS_REMOUNT|NOSUID|NODEV|NOEXEC
+        return True
+    files = [mount(b"/dev/null", p.encode(), None, 4096, None) == 0 for p in cfg.get("proc_masks", ()) if os.path.exists(p)]
+    dirs = [mount(b"tmpfs", p.encode(), b"tmpfs", 1, b"mode=0555") == 0 for p in cfg.get("proc_dir_masks", ()) if os.path.isdir(p)]
+    return all(files) and all(dirs)
+
+
+def drop_privileges(drop, layers):
+    """bwrap as root: mount /tmp (a tmpfs limited in bytes *and* inodes, which bwrap's own --tmpfs cannot
+    be), hide /proc's global files (`hide_proc`), then become the run's slot uid with no capability left in
+    any set and no_new_privs, and check it (``mount(8)`` and ``setpriv`` did this in three more execs per
+    sandbox). Only trusted code has run until here; the run stops if any step fails (code never runs as
+    root)."""
+    mount, prctl, capset, caps = _libc()
+    uid = int(drop["uid"])
+    if mount(b"tmpfs", b"/tmp", b"tmpfs", 2 | 4, drop["tmp"].encode()) != 0:  # MS_NOSUID | MS_NODEV
+        os.write(2, b"mentor sandbox: cannot mount /tmp\n")
+        os._exit(125)
+    os.chdir("/tmp")
+    hide_proc(mount, drop)
+    for cap in range(64):
+        prctl(24, cap, 0, 0, 0)  # PR_CAPBSET_DROP (EINVAL past the last capability)
+    os.setgroups([])
+    os.setresgid(uid, uid, uid)
+    os.setresuid(uid, uid, uid)  # from uid 0 to another: the kernel clears the permitted and effective sets
+    capset(caps(0x20080522, 0), caps())  # _LINUX_CAPABILITY_VERSION_3, this process: the inheritable set too
+    prctl(47, 4, 0, 0, 0)  # PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL
+    prctl(38, 1, 0, 0, 0)  # PR_SET_NO_NEW_PRIVS
+    # A uid change without an exec leaves the process non-dumpable, its /proc/self root's (no
+    # /proc/self/fd or io for it): dumpable again, as it is after an exec.
+    prctl(4, 1, 0, 0, 0)  # PR_SET_DUMPABLE
+    with open("/proc/self/status") as fh:
+        status = dict(line.split(":", 1) for line in fh if ":" in line)
+    if (any(int(status[k], 16) for k in ("CapInh", "CapPrm", "CapEff", "CapBnd", "CapAmb"))
+            or int(status["NoNewPrivs"]) != 1 or os.getresuid() != (uid,) * 3 or os.getresgid() != (uid,) * 3):
+        os.write(2, b"mentor sandbox: the privileges did not drop\n")
+        os._exit(125)
+    return layers + ["tmpcap"]
 
 
 def identity():
@@ -163,10 +272,10 @@ def role_worker(cfg, layers):
         return
     chan.send({"ready": True})
     while True:
-        msg = chan.recv()
+        msg = chan.recv()  # the tester's call, relayed as it wrote it
         if msg is None:
             return
-        args, kwargs = from_plain(msg["a"]), from_plain(msg["k"])
+        args, kwargs = from_plain(msg["call"]["a"]), from_plain(msg["call"]["k"])
         try:
             result = fn(*args, **kwargs)
         except BaseException as exc:  # SystemExit too: it is the call's outcome, not ours
@@ -256,16 +365,204 @@ def _stmt(_ast, node, wrap, guarded):
     return _guard(_ast, [node], node) if wrap else node
 
 
+# --------------------------------------------------------------------------- tests that evaluate every operand
+#
+# Within one expression Python stops early: ``a and b`` skips b when a is false, ``all(...)`` stops at
+# the first false item, ``a == b == c`` and ``x if t else y`` evaluate only what decides them. When the
+# skipped part calls the candidate, whether that call comes says whether an earlier answer was right.
+# So in the tests these evaluate every operand, in source order, before the result is decided; what
+# comes after the decision is evaluated for its calls only (its value and its exceptions dropped), and
+# the result is exactly Python's. Left alone: operands holding ``:=``, ``yield``, ``await`` or
+# ``super`` (a lambda would change their meaning) and class bodies (a lambda there cannot see the
+# class's names); statement-level early exits (``break``, ``return`` after a failed comparison) are
+# the tests' own and stay.
+
+_FULL = {"And": "_mentor_and", "Or": "_mentor_or", "all": "_mentor_all", "any": "_mentor_any",
+         "Compare": "_mentor_chain", "IfExp": "_mentor_ifexp"}
+_LAMBDA_UNSAFE = ("NamedExpr", "Yield", "YieldFrom", "Await")
+
+
+def _quiet(thunk):
+    try:
+        thunk()
+    except Exception:
+        pass
+
+
+def _mentor_and(first, *rest):
+    result, decided = first, not first
+    for thunk in rest:
+        if decided:
+            _quiet(thunk)
+        else:
+            result = thunk()
+            decided = not result
+    return result
+
+
+def _mentor_or(first, *rest):
+    result, decided = first, bool(first)
+    for thunk in rest:
+        if decided:
+            _quiet(thunk)
+        else:
+            result = thunk()
+            decided = bool(result)
+    return result
+
+
+def _every_item(fn, args, kwargs, want):
+    """all() (want=False) or any() (want=True) over every item; another callable named so is just called."""
+    if fn is not (builtins.any if want else builtins.all) or len(args) != 1 or kwargs:
+        return fn(*args, **kwargs)
+    result = not want
+    it = iter(args[0])
+    while True:
+        try:
+            item = next(it)
+        except StopIteration:
+            return result
+        except Exception:
+            if result is not want:
+                raise  # undecided: the original raises here too
+            return result  # decided: the original had stopped before this
+        if result is not want and bool(item) is want:
+            result = want
+
+
+def _mentor_all(fn, *args, **kwargs):
+    return _every_item(fn, args, kwargs, False)
+
+
+def _mentor_any(fn, *args, **kwargs):
+    return _every_item(fn, args, kwargs, True)
+
+
+def _compare(op, a, b):
+    if op == "Eq":
+        return a == b
+    if op == "NotEq":
+        return a != b
+    if op == "Lt":
+        return a < b
+    if op == "LtE":
+        return a <= b
+    if op == "Gt":
+        return a > b
+    if op == "GtE":
+        return a >= b
+    if op == "Is":
+        return a is b
+    if op == "IsNot":
+        return a is not b
+    if op == "In":
+        return a in b
+    return a not in b
+
+
+def _mentor_chain(left, *pairs):
+    result, decided = True, False
+    for i in range(0, len(pairs), 2):
+        if decided:
+            _quiet(pairs[i + 1])
+            continue
+        right = pairs[i + 1]()
+        result = _compare(pairs[i], left, right)
+        decided, left = not result, right
+    return result
+
+
+def _mentor_ifexp(test, body, orelse):
+    chosen = bool(test)
+    out = []
+    for thunk in (body, orelse):
+        try:
+            out.append((thunk(), None))
+        except Exception as exc:
+            out.append((None, exc))
+    value, exc = out[0] if chosen else out[1]
+    if exc is not None:
+        raise exc
+    return value
+
+
+def _lambda_safe(node):
+    todo = [node]
+    while todo:
+        n = todo.pop()
+        kind = type(n).__name__
+        if kind in _LAMBDA_UNSAFE or (kind == "Name" and n.id == "super"):
+            return False
+        for f in getattr(n, "_fields", ()):
+            v = getattr(n, f, None)
+            todo.extend(v if isinstance(v, list) else [v] if hasattr(v, "_fields") else [])
+    return True
+
+
+def _thunk(_ast, expr):
+    args = _ast.arguments(posonlyargs=[], args=[], vararg=None, kwonlyargs=[], kw_defaults=[], kwarg=None, defaults=[])
+    return _located(_ast.Lambda(args, expr), expr)
+
+
+def _helper(_ast, name, args, like):
+    return _located(_ast.Call(_ast.Name(_FULL[name], _ast.Load()), args, []), like)
+
+
+def _full(_ast, node):
+    """`node` (already rewritten below) as a call of a helper that evaluates every operand, or itself."""
+    kind = type(node).__name__
+    if kind == "BoolOp" and _lambda_safe(_ast.Tuple(node.values[1:], _ast.Load())):
+        return _helper(_ast, type(node.op).__name__, [node.values[0]] + [_thunk(_ast, v) for v in node.values[1:]], node)
+    if kind == "Compare" and len(node.ops) > 1 and _lambda_safe(_ast.Tuple(node.comparators, _ast.Load())):
+        args = [node.left]
+        for op, right in zip(node.ops, node.comparators):
+            args += [_located(_ast.Constant(type(op).__name__), node), _thunk(_ast, right)]
+        return _helper(_ast, "Compare", args, node)
+    if kind == "IfExp" and _lambda_safe(_ast.Tuple([node.body, node.orelse], _ast.Load())):
+        return _helper(_ast, "IfExp", [node.test, _thunk(_ast, node.body), _thunk(_ast, node.orelse)], node)
+    if kind == "Call" and type(node.func).__name__ == "Name" and node.func.id in ("all", "any"):
+        return _helper(_ast, node.func.id, [node.func] + node.args, node) if not node.keywords else node
+    return node
+
+
+def _evaluate_fully(_ast, root):
+    """Every short-circuiting expression under `root` rewritten by `_full`, innermost first (iterative:
+    a test may nest deeper than the recursion limit), except directly in a class body."""
+    seen, todo = [], [(root, False, None, None, None)]
+    while todo:
+        node, in_class, parent, field, index = todo.pop()
+        kind = type(node).__name__
+        inner = (in_class or kind == "ClassDef") and kind not in ("FunctionDef", "AsyncFunctionDef", "Lambda")
+        seen.append((node, inner, parent, field, index))
+        for f in node._fields:
+            v = getattr(node, f, None)
+            if isinstance(v, list):
+                todo.extend((x, inner, node, f, i) for i, x in enumerate(v) if hasattr(x, "_fields"))
+            elif hasattr(v, "_fields"):
+                todo.append((v, inner, node, f, None))
+    for node, inner, parent, field, index in reversed(seen):  # children before their parents
+        new = node if inner or parent is None else _full(_ast, node)
+        if new is not node:
+            if index is None:
+                setattr(parent, field, new)
+            else:
+                getattr(parent, field)[index] = new
+    return root
+
+
 def recording_tests(src, filename="tests.py"):
     """The tests compiled so that failures are recorded, not raised: every assert outside a try/with of
     the tests' own becomes ``if not T: _mentor_record_failure(line, None)``, and each statement of
     ``check`` (and of the module) that raises is recorded and followed by the next one. A run passes
     exactly when the original would have (nothing raised); it just never stops early, so the candidate
-    receives the same calls whether its answers were right or not."""
+    receives the same calls whether its answers were right or not. Within an expression too: ``and``,
+    ``or``, ``all``, ``any``, chained comparisons and conditional expressions evaluate every operand
+    (`_full`)."""
     import _ast
 
     tree = compile(src, filename, "exec", _ast.PyCF_ONLY_AST)
     tree.body = _body(_ast, tree.body, True, False)
+    tree = _evaluate_fully(_ast, tree)
     return compile(tree, filename, "exec")
 
 
@@ -284,18 +581,35 @@ def role_tester(cfg, layers):
         else:
             failures.append(None)
 
+    def fatal(why):
+        """A reply the tests must never see: the check fails here, whatever the tests would catch."""
+        chan.send({"done": "fail", "why": "call %d: %s" % (calls[0], why), "calls": calls[0]})
+        os._exit(3)
+
     def candidate(*args, **kwargs):
         calls[0] += 1
         chan.send({"call": {"a": to_plain(args), "k": to_plain(kwargs)}})
-        reply = chan.recv()
-        if reply is None or "stop" in reply:
+        try:
+            reply = chan.recv()  # the worker's reply, relayed unparsed by the caller
+        except ValueError:
+            fatal("malformed reply from the candidate")
+        if reply is None:
             os._exit(3)  # the caller has given up on this run
-        if "ok" in reply:
-            return from_plain(reply["ok"])
-        raise CandidateError(str(reply.get("msg")))  # "TypeName: message", as the worker wrote it
+        keys = sorted(reply)
+        if keys == ["ok"]:
+            try:
+                return from_plain(reply["ok"])
+            except PlainError as exc:
+                fatal("the candidate's reply is not plain data (%s)" % str(exc)[:100])
+        if keys == ["msg", "raised"] and type(reply["msg"]) is str and type(reply["raised"]) is str:
+            raise CandidateError(reply["msg"][:300])  # "TypeName: message", as the worker wrote it
+        if keys == ["bad"]:
+            fatal("the candidate returned a value that is not plain data (%s)" % str(reply["bad"])[:100])
+        fatal("malformed reply from the candidate")
 
     candidate.__name__ = candidate.__qualname__ = init["entry"].rpartition(".")[2]
-    g = {"__name__": "__main__", "__builtins__": builtins, _RECORD: record, _EXC: Exception}
+    g = {"__name__": "__main__", "__builtins__": builtins, _RECORD: record, _EXC: Exception,
+         **{name: globals()[name] for name in _FULL.values()}}
     try:
         exec(compile(init.get("prelude", "") + (init.get("setup") or ""), "setup.py", "exec"), g)
         g[init["entry"].rpartition(".")[2]] = candidate  # tests that name the function itself get the candidate too
@@ -339,10 +653,19 @@ def role_probe(cfg, layers):
     sys.stdout.write(json.dumps({"layers": layers, "facts": facts}) + "\n")
 
 
+def _worked(f):
+    try:
+        f()
+        return True
+    except OSError:
+        return False
+
+
 def _probe_state(cfg):
     """What the syscall filter, the /proc masks and the /tmp mount must forbid: True where it worked."""
     import ctypes
     import fcntl
+    import socket
 
     libc = ctypes.CDLL(None, use_errno=True)
     nr = cfg.get("nr") or {}
@@ -369,13 +692,27 @@ def _probe_state(cfg):
     out["shm"] = shm >= 0
     if shm >= 0:
         libc.shmctl(shm, 0, None)  # IPC_RMID
-    out["tmp_opts"] = []
+    # The page cache of a shared file, socket buffers past the default, host-wide counters.
+    with open(os.__file__, "rb") as fh:
+        out["fadvise"] = _worked(lambda: os.posix_fadvise(fh.fileno(), 0, 0, os.POSIX_FADV_DONTNEED))
+        out["nowait"] = _worked(lambda: os.preadv(fh.fileno(), [bytearray(16)], 0, os.RWF_NOWAIT))
+    out["sockbuf"] = _worked(lambda: socket.socket(socket.AF_UNIX).setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 1 << 20))
+    out["pidfd"] = _worked(lambda: os.close(os.pidfd_open(os.getpid())))
+    try:
+        with open("/proc/stat") as fh:
+            out["proc_stat"] = bool(fh.read().strip())
+    except OSError:
+        out["proc_stat"] = False
+    out["tmp_opts"], out["disk_mounts"] = [], []
     try:
         with open("/proc/self/mountinfo") as fh:
             for line in fh:
-                f = line.split()
-                if len(f) > 4 and f[4] == "/tmp":
+                f, fstype = line.split(), line.partition(" - ")[2].split()[:1]
+                if len(f) > 4 and f[4] == os.getcwd():  # its writable dir: /tmp (bwrap), the work dir (legacy)
                     out["tmp_opts"] = [o.split("=")[0] for o in line.rsplit(" ", 1)[-1].strip().split(",")]
+                # What it can read must not come from a disk's page cache (files bound over /proc aside).
+                if len(f) > 4 and os.path.isdir(f[4]) and fstype and fstype[0] not in ("tmpfs", "proc", "devpts", "mqueue"):
+                    out["disk_mounts"].append(f[4])
     except OSError:
         pass
     out["userns"] = libc.unshare(0x10000000) == 0  # last: it changes what this process is
@@ -404,6 +741,8 @@ def main():
     layers = list(cfg.get("layers", []))
     if cfg.get("legacy"):
         layers = legacy_setup(cfg, layers)  # noqa: F821 - defined in sandbox_harness_legacy's source
+    elif cfg.get("drop"):
+        layers = drop_privileges(cfg["drop"], layers)
     if set_rlimits(cfg):
         layers.append("rlimits")
     if os.getuid() == 0 or os.geteuid() == 0:

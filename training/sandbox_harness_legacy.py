@@ -11,9 +11,10 @@ import mentor. In order:
 2. in the mount namespace: the interpreter made reachable for the sandbox uid
    (`_expose`: when its prefix sits under a directory that uid cannot enter,
    such as /root at 0700, that directory is covered by an empty tmpfs holding
-   only a bind mount of the prefix, so the rest of it stays hidden), then every
-   mount remounted read-only except the work dir, and a /proc of the new PID
-   namespace;
+   only a bind mount of the prefix, so the rest of it stays hidden), then the
+   work dir made a tmpfs limited in bytes and inodes (holding the files it
+   had), every other mount remounted read-only, and a /proc of the new PID
+   namespace with the cross-uid views and the host's cumulative counters masked;
 3. fork into the PID namespace (the child is its init: when it ends the kernel
    kills everything it started); parent-death signal SIGKILL;
 4. as root: the bounding set emptied, no_new_privs, and the real, effective and
@@ -24,14 +25,16 @@ import mentor. In order:
    user: its own uid, with every capability of its user namespace dropped.
 
 What it cannot give, and bubblewrap does: a filesystem view holding only the
-interpreter and system libraries. Here the code sees the whole (read-only)
-filesystem, so it can read world-readable files, datasets with tests included.
-`sandbox` warns about that (layer ``fsview`` missing) and refuses in strict mode.
+interpreter and system libraries, copied in RAM. Here the code sees the whole
+(read-only) filesystem, so it can read world-readable files, datasets with
+tests included, and time whether their pages are cached. `sandbox` warns
+about that (layers ``fsview`` and ``ramview`` missing) and refuses in strict mode.
 
 `install_seccomp` loads the same syscall filter the bwrap backend hands to
 ``bwrap --seccomp`` (built by the caller, passed as hex in the config): no
 keyrings, file locks, inotify/fanotify, memfd/SysV IPC, io_uring, bpf, perf
-events, userfaultfd or new user namespaces. It is installed after the uid drop
+events, userfaultfd, new user namespaces, page-cache calls, large socket or
+pipe buffers, pidfds or socket cookies (`sandbox_seccomp`). It is installed after the uid drop
 and before any untrusted code, with no_new_privs set, and is inherited by
 everything the code starts; it cannot be removed.
 
@@ -79,8 +82,9 @@ def legacy_setup(cfg, layers):
         if mount("none", "/", None, MS_REC | MS_PRIVATE):
             if root and uid is not None:
                 exposed = _expose(cfg["prefix"], workdir, uid, mount, MS_BIND | MS_REC, MS_MOVE)
-            if _readonly_filesystem(workdir, mount, libc, MS_REMOUNT | MS_BIND | MS_RDONLY, MS_BIND | MS_REC):
-                ns.append("fsro")
+            ro, capped = _readonly_filesystem(workdir, mount, MS_REMOUNT | MS_BIND | MS_RDONLY, MS_BIND | MS_REC,
+                                              cfg.get("tmp_opts"), uid if root else None)
+            ns += ["fsro"] * ro + ["tmpcap"] * capped
     layers += ns
 
     if "pidns" in ns:
@@ -92,9 +96,12 @@ def legacy_setup(cfg, layers):
             _, status = os.waitpid(pid, 0)
             os._exit(os.waitstatus_to_exitcode(status) & 0xFF if os.WIFEXITED(status) else 128 + os.WTERMSIG(status))
         if "fsro" in ns and mount("proc", "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC):
-            # Other uids' key quotas and the system's locks, visible through any /proc: /dev/null over them.
-            if all(mount("/dev/null", p, None, MS_BIND) for p in ("/proc/key-users", "/proc/keys", "/proc/locks")
-                   if os.path.exists(p)):
+            # Other uids' key quotas, the system's locks and the host's cumulative counters, visible through
+            # any /proc: hidden (`hide_proc`, in sandbox_harness).
+            def c_mount(src, dst, fstype, flags, data):  # hide_proc's mount: bytes in, 0 on success
+                return 0 if mount(src and src.decode(), dst.decode(), fstype and fstype.decode(), flags, data and data.decode()) else -1
+
+            if hide_proc(c_mount, cfg):  # noqa: F821 - defined in sandbox_harness's source
                 layers.append("procns")
 
     if root:
@@ -170,11 +177,26 @@ def _expose(prefix, workdir, uid, mount, bind_rec, move):
     return ok and _world_usable(prefix)
 
 
-def _readonly_filesystem(workdir, mount, libc, remount_ro, bind_rec):
-    """Every mount read-only except the work dir (bind-mounted onto itself first)."""
+def _readonly_filesystem(workdir, mount, remount_ro, bind_rec, tmp_opts, uid):
+    """Every mount read-only except the work dir, which becomes a tmpfs limited in bytes and inodes holding
+    the files it had (else it stays the host's directory, bound onto itself): (all read-only, capped)."""
     keep = {"nosuid": 2, "nodev": 4, "noexec": 8, "noatime": 1024, "nodiratime": 2048, "relatime": 1 << 21}
-    if not mount(workdir, workdir, None, bind_rec):
-        return False
+    files = {}
+    for name in os.listdir(workdir):
+        path = os.path.join(workdir, name)
+        if os.path.isfile(path) and not os.path.islink(path):
+            with open(path, "rb") as fh:
+                files[name] = fh.read()
+    owner = ",uid=%d,gid=%d" % (uid, uid) if uid is not None else ""
+    capped = bool(tmp_opts) and mount("tmpfs", workdir, "tmpfs", keep["nosuid"] | keep["nodev"], tmp_opts + owner)
+    if capped:
+        for name, data in files.items():
+            with open(os.path.join(workdir, name), "wb") as fh:
+                fh.write(data)
+            if uid is not None:
+                os.chown(os.path.join(workdir, name), uid, uid)
+    elif not mount(workdir, workdir, None, bind_rec):
+        return False, False
     ok = True
     with open("/proc/self/mountinfo") as fh:
         entries = [line.split() for line in fh]
@@ -188,8 +210,8 @@ def _readonly_filesystem(workdir, mount, libc, remount_ro, bind_rec):
         flags = remount_ro | sum(keep.get(o, 0) for o in f[5].split(","))
         if not mount(None, point, None, flags) and not point.startswith(("/proc", "/sys", "/dev")):
             ok = False
-    os.chdir(workdir)  # the old cwd is the directory under the bind mount (now read-only)
-    return ok
+    os.chdir(workdir)  # the old cwd is the directory under the mount (now read-only)
+    return ok, capped
 
 
 def install_seccomp(hexprog):

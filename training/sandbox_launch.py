@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 
+from mentor.training import sandbox_view
 from mentor.training.sandbox_cgroups import MemCgroups
 from mentor.training.sandbox_layers import SandboxLimits
 from mentor.training.sandbox_seccomp import seccomp_filter, syscall_numbers
@@ -36,6 +37,7 @@ class Interpreter:
     exe: str  # real path of the binary
     prefix: str  # its installation prefix (stdlib under prefix/lib/pythonX.Y)
     site_packages: tuple[str, ...]  # hidden inside the sandbox
+    stdlib: tuple[str, ...] = ()  # its standard library's directories (what `sandbox_view` copies)
 
 
 @lru_cache(maxsize=1)
@@ -44,16 +46,20 @@ def interpreter() -> Interpreter:
     override = os.environ.get("MENTOR_SANDBOX_PYTHON")
     if override:
         exe = os.path.realpath(shutil.which(override) or override)
-        out = subprocess.run([exe, "-I", "-S", "-c", "import sys, sysconfig; print(sys.prefix); print(sysconfig.get_path('purelib'))"],
+        out = subprocess.run([exe, "-I", "-S", "-c", "import sys, sysconfig; print(sys.prefix); print(sysconfig.get_path('purelib')); "
+                              "print(sysconfig.get_path('stdlib')); print(sysconfig.get_path('platstdlib'))"],
                              capture_output=True, text=True, timeout=30, check=True).stdout.split("\n")
-        prefix, site = out[0], (out[1],)
+        prefix, site, std = out[0], (out[1],), (out[2], out[3])
     else:
         import sysconfig
 
         exe = os.path.realpath(getattr(sys, "_base_executable", None) or sys.executable)
         prefix = sys.base_prefix
         site = tuple({sysconfig.get_path("purelib", vars={"base": prefix}), sysconfig.get_path("platlib", vars={"platbase": prefix})})
-    return Interpreter(exe, os.path.realpath(prefix), tuple(os.path.realpath(s) for s in site))
+        bases = dict.fromkeys(("base", "platbase", "installed_base", "installed_platbase"), prefix)
+        std = (sysconfig.get_path("stdlib", vars=bases), sysconfig.get_path("platstdlib", vars=bases))
+    real = lambda paths: tuple(dict.fromkeys(os.path.realpath(p) for p in paths))  # noqa: E731
+    return Interpreter(exe, os.path.realpath(prefix), real(site), real(std))
 
 
 def _world_usable(path: str) -> bool:
@@ -84,12 +90,12 @@ _LOADER = "import binascii, marshal, sys; exec(marshal.loads(binascii.a2b_base64
 def harness_args(legacy: bool) -> tuple[str, ...]:
     """What follows ``python -I -S -B`` to run the harness: ``-c SOURCE``, or, when the sandbox runs this
     very interpreter, its code object compiled once here and marshalled (this interpreter's format), which
-    saves every sandbox compiling 27 KB of source (about 5 ms of its CPU; unmarshalling takes 0.2 ms)."""
+    saves every sandbox compiling 39 KB of source (54 KB legacy; about 5 ms of its CPU; unmarshalling takes 0.2 ms)."""
     src = harness_source(legacy)
     if os.environ.get("MENTOR_SANDBOX_PYTHON") or interpreter().exe != os.path.realpath(getattr(sys, "_base_executable", None) or sys.executable):
         return ("-c", src)
     blob = binascii.b2a_base64(marshal.dumps(compile(src, "<string>", "exec")), newline=False).decode()
-    if len(blob) > 100_000:  # one argument may hold at most 128 KiB (MAX_ARG_STRLEN)
+    if len(blob) >= 131_000:  # one argument may hold at most 128 KiB (MAX_ARG_STRLEN, its NUL included)
         return ("-c", src)
     return ("-c", _LOADER, blob)
 
@@ -121,8 +127,15 @@ class Launch:
     cgroup_procs: str | None = None  # the memory cgroup the launcher enters before it starts anything
 
 
-# /proc files that show other uids' state through a private /proc (key quotas of every uid, locks).
-_PROC_MASKS = ("/proc/key-users", "/proc/keys", "/proc/locks")
+# /proc files that show other uids' state through a private /proc (key quotas of every uid, locks), and
+# the host's cumulative counters that a run can move and a later run read back (state across runs):
+# /proc/stat's fork count rose by exactly 3 between two sandbox runs here, plus whatever the first
+# forked; /proc/vmstat counts OOM kills; CPU, interrupt, disk and pressure totals are the same kind,
+# only noisier. Hidden with the rest of /proc's global files where /proc can be mounted
+# ``subset=pid``; these are the masks where it cannot (a normal user's bwrap, kernels before 5.8).
+_PROC_MASKS = ("/proc/key-users", "/proc/keys", "/proc/locks", "/proc/stat", "/proc/vmstat", "/proc/zoneinfo",
+               "/proc/interrupts", "/proc/softirqs", "/proc/diskstats", "/proc/schedstat", "/proc/uptime")
+_PROC_DIR_MASKS = ("/proc/pressure",)
 
 
 class Bwrap:
@@ -132,17 +145,15 @@ class Bwrap:
     def __init__(self, path: str) -> None:
         self.path = path
         self.root = os.geteuid() == 0
-        self.sh = shutil.which("sh", path="/usr/bin:/bin")
-        # As root, /tmp is mounted inside by mount(8) with an inode limit (bwrap's --tmpfs only takes a size).
-        self.mount = shutil.which("mount", path="/usr/bin:/bin") if self.root else None
-
-    def launch(self, cfg: dict, uid: int | None, limits: SandboxLimits, program: str | None, extra: tuple[str, ...] = ()) -> Launch:
         interp = interpreter()
-        argv = [self.path, "--unshare-pid", "--unshare-net", "--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try",
-                "--die-with-parent", "--new-session"]
-        if not self.root:
-            argv += ["--unshare-user", "--disable-userns"]
-        argv += ["--ro-bind", "/usr", "/usr"]
+        sh = shutil.which("sh", path="/usr/bin:/bin")  # for the code's own subprocess(shell=True)
+        # What the sandbox reads comes from a copy in RAM (`sandbox_view`); without one, from the disk.
+        self.view, self.view_why = sandbox_view.ensure(interp.exe, interp.stdlib, interp.site_packages, (sh,) if sh else ())
+        self._view_args = sandbox_view.bwrap_args(self.view) if self.view else None
+
+    def _disk_view(self) -> list[str]:
+        interp = interpreter()
+        argv = ["--ro-bind", "/usr", "/usr"]
         for top in ("bin", "sbin", "lib", "lib32", "lib64", "libx32"):
             p = "/" + top
             if os.path.islink(p):
@@ -161,18 +172,38 @@ class Bwrap:
         for site in interp.site_packages:
             if os.path.isdir(site):
                 argv += ["--tmpfs", site]  # its standard library only: no installed packages, no project code
-        argv += ["--proc", "/proc", "--dev", "/dev"]
-        empty = SLOT_LOCKS.empty_file()
-        for p in _PROC_MASKS:
-            if os.path.exists(p):
-                argv += ["--ro-bind", empty, p]
-        tmp_opts = f"size={int(limits.tmp_bytes)},nr_inodes={int(limits.tmp_inodes)},mode=1777,nosuid,nodev"
-        # In a memory cgroup, inodes and dentries are charged to the sandbox like any memory; without one
-        # (as root) /tmp gets an inode limit of its own, from mount(8) inside.
-        prestep = bool(self.mount and self.sh) and "memcg" not in extra
-        if prestep:
-            argv += ["--perms", "1777", "--dir", "/tmp"]
+        return argv
+
+    def launch(self, cfg: dict, uid: int | None, limits: SandboxLimits, program: str | None, extra: tuple[str, ...] = ()) -> Launch:
+        interp = interpreter()
+        argv = [self.path, "--unshare-pid", "--unshare-net", "--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try",
+                "--die-with-parent", "--new-session"]
+        if not self.root:
+            argv += ["--unshare-user", "--disable-userns"]
+        layers = list(self.layers) + list(extra)
+        if self._view_args is not None:
+            argv += self._view_args
+            layers.append("ramview")
         else:
+            argv += self._disk_view()
+        argv += ["--proc", "/proc", "--dev", "/dev"]
+        if self.root:
+            # /tmp gets an inode limit as well as a size, whether or not a memory cgroup charges its inodes
+            # (400,000 empty files pinned 366 MiB of unreclaimable kernel memory in one sample, well inside
+            # the cgroup's 1.08 GiB), and /proc loses what is not the sandbox's own processes: the harness
+            # does both, as root, before it becomes the slot uid (`sandbox_harness.drop_privileges`;
+            # bwrap's --tmpfs takes a size only, and one remount of /proc costs less than 12 bind mounts).
+            argv += ["--perms", "1777", "--dir", "/tmp"]
+            cfg["drop"] = {"uid": uid, "tmp": f"size={int(limits.tmp_bytes)},nr_inodes={int(limits.tmp_inodes)},mode=1777",
+                           "proc_masks": _PROC_MASKS, "proc_dir_masks": _PROC_DIR_MASKS}
+        else:
+            empty = SLOT_LOCKS.empty_file()
+            for p in _PROC_MASKS:
+                if os.path.exists(p):
+                    argv += ["--ro-bind", empty, p]
+            for p in _PROC_DIR_MASKS:
+                if os.path.isdir(p):
+                    argv += ["--perms", "0555", "--tmpfs", p]
             argv += ["--perms", "1777", "--size", str(int(limits.tmp_bytes)), "--tmpfs", "/tmp"]
         if program is not None:
             argv += ["--perms", "0755", "--dir", "/sandbox", "--ro-bind", program, "/sandbox/main.py"]
@@ -180,20 +211,10 @@ class Bwrap:
         argv += ["--remount-ro", "/", "--chdir", "/tmp", "--clearenv"]
         for k, v in _clean_env("/tmp").items():
             argv += ["--setenv", k, v]
-        layers = list(self.layers) + list(extra)
         if self.root:
-            caps = ["CAP_SETUID", "CAP_SETGID", "CAP_SETPCAP"] + (["CAP_SYS_ADMIN"] if prestep else [])
-            for cap in caps:
+            for cap in ("CAP_SETUID", "CAP_SETGID", "CAP_SETPCAP", "CAP_SYS_ADMIN"):
                 argv += ["--cap-add", cap]
-            argv += ["--"]
-            if prestep:
-                # Mounted by trusted binaries before setpriv drops every capability and the uid.
-                argv += [self.sh, "-c", f'{self.mount} -t tmpfs -o "$0" tmpfs /tmp && cd /tmp && exec "$@"', tmp_opts]
-                layers.append("tmpcap")
-            argv += ["/usr/bin/setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups",
-                     "--inh-caps=-all", "--bounding-set=-all", "--no-new-privs", "--"]
-        else:
-            argv += ["--"]
+        argv += ["--"]
         prog = seccomp_filter()
         if prog is not None:
             layers.append("seccomp")
@@ -220,6 +241,8 @@ class Legacy:
         os.chmod(workdir, 0o700)
         prog = seccomp_filter()
         cfg.update(legacy=True, uid=uid, prefix=interp.prefix, namespaces=limits.namespaces, audit=limits.audit,
+                   tmp_opts=f"size={int(limits.tmp_bytes)},nr_inodes={int(limits.tmp_inodes)},mode=0700",
+                   proc_masks=_PROC_MASKS, proc_dir_masks=_PROC_DIR_MASKS,
                    prefix_usable=_world_usable(interp.exe) and _world_usable(os.path.join(interp.prefix, "lib")),
                    seccomp=prog.hex() if prog is not None else None, layers=["process", "env", "timeout", *extra])
         argv = [interp.exe, "-I", "-S", "-B", *harness_args(True), json.dumps(cfg)]

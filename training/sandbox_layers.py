@@ -3,21 +3,25 @@
 Each run reports the layers in force (`sandbox.SandboxResult.layers`, and the
 ``hello`` of worker/tester): ``process`` (a separate ``python -I -S -B``),
 ``env`` (clean environment), ``fsview`` (only interpreter and system files
-visible, read-only), ``fsro`` (legacy: everything read-only), ``netns``,
-``pidns``, ``procns`` (a private /proc, its cross-uid views such as
-/proc/key-users masked), ``uid`` (a real non-zero uid), ``nocaps`` (no
-capabilities, no_new_privs), ``rlimits`` (CPU, address space, file size,
-processes, open files, no core), ``nproc`` (PID namespace + RLIMIT_NPROC of a
-uid of its own: a fork bomb is bounded whatever the uid), ``timeout`` (wall
-clock kill), ``seccomp`` (a syscall filter: no kernel keyrings, file locks,
-inotify/fanotify, memfd or SysV IPC, io_uring, bpf, perf events,
-userfaultfd, and no new user namespace), ``memcg`` (a memory cgroup of its
-own: ``memory.max`` with swap off on cgroup v2, ``memory.limit_in_bytes`` +
-``memsw`` on v1; kernel memory such as tmpfs inodes is charged to it),
-``tmpcap`` (where there is no memory cgroup: /tmp limited in inodes as well as
-bytes; `MEMCG_FALLBACK`), ``audit`` (legacy tripwire, never required). When one of
-`REQUIRED_LAYERS` is missing, a warning naming it is logged once per process;
-with ``MENTOR_SANDBOX_STRICT=1`` the run refuses instead (`SandboxUnavailable`).
+visible, read-only), ``ramview`` (those files are a copy in RAM, `sandbox_view`:
+no page cache, inode or dentry cache of a disk that sandboxes share), ``fsro``
+(legacy: everything read-only), ``netns``, ``pidns``, ``procns`` (a private
+/proc without the cross-uid views such as /proc/key-users and the host's
+cumulative counters such as /proc/stat), ``uid`` (a real non-zero uid), ``nocaps``
+(no capabilities, no_new_privs), ``rlimits`` (CPU, address space, file size,
+processes, open files, queued signals, message queues, no core), ``nproc`` (PID
+namespace + RLIMIT_NPROC of a uid of its own: a fork bomb is bounded whatever
+the uid), ``timeout`` (wall clock kill), ``seccomp`` (a syscall filter: no
+kernel keyrings, file locks, inotify/fanotify, memfd or SysV IPC, io_uring,
+bpf, perf events, userfaultfd, no new user namespace, nothing that reads or
+steers the page cache, no socket or pipe buffers past the default, no pidfds
+or socket cookies), ``memcg`` (a memory cgroup of its own: ``memory.max`` with
+swap off on cgroup v2, ``memory.limit_in_bytes`` + ``memsw`` on v1; kernel
+memory such as tmpfs inodes is charged to it), ``tmpcap`` (its writable /tmp
+limited in inodes as well as bytes, with or without a memory cgroup),
+``audit`` (legacy tripwire, never required). When one of `REQUIRED_LAYERS` is
+missing, a warning naming it is logged once per process; with
+``MENTOR_SANDBOX_STRICT=1`` the run refuses instead (`SandboxUnavailable`).
 Whatever the backend, code never runs as uid 0: the harness checks its own
 identity before any untrusted code runs and exits if it is root.
 """
@@ -26,29 +30,32 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-REQUIRED_LAYERS = ("process", "env", "fsview", "netns", "pidns", "procns", "uid", "nocaps", "rlimits", "nproc", "timeout",
-                   "seccomp", "memcg")
-# Where `memcg` is missing, these stand in for it (and are named as missing too when they are not there).
-MEMCG_FALLBACK = ("tmpcap",)
+REQUIRED_LAYERS = ("process", "env", "fsview", "ramview", "netns", "pidns", "procns", "uid", "nocaps", "rlimits", "nproc",
+                   "timeout", "seccomp", "memcg", "tmpcap")
 # What a missing layer means, as the warning says it.
 LAYER_MEANING = {
     "process": "the code does not run in a separate isolated interpreter",
     "env": "the code sees the caller's environment variables",
     "fsview": "the code can read every world-readable file, datasets and their tests included",
+    "ramview": "the files the code reads are the host's, on disk: whether their pages, inodes and names are cached is "
+               "state shared by every sandbox and kept across runs, readable by timing (a cold page took 43-5,500 us "
+               "here, a cached one under 5)",
     "netns": "the code can reach the network",
     "pidns": "the code can see other processes and leave processes behind",
-    "procns": "the code can see other processes, or other uids' key quotas, in /proc",
+    "procns": "the code can see other processes, other uids' key quotas, or host-wide counters it can also move "
+              "(the fork count of /proc/stat), in /proc",
     "uid": "the code does not run as an unprivileged uid of its own",
     "nocaps": "the code keeps capabilities",
     "rlimits": "its CPU, memory, file-size and process limits are not all set",
     "nproc": "it has no process limit of its own: a fork bomb is bounded only by the wall-clock kill",
     "timeout": "it has no wall-clock limit",
-    "seccomp": "the code can use kernel keyrings, file locks, inotify, memfd/SysV shared memory and new user namespaces: "
-               "state that outlives the run, signals between concurrent sandboxes, memory outside its limits",
+    "seccomp": "the code can use kernel keyrings, file locks, inotify, memfd/SysV shared memory, new user namespaces, "
+               "fadvise/mincore/RWF_NOWAIT, large socket buffers and pidfds: state that outlives the run, signals "
+               "between concurrent sandboxes, memory outside its limits",
     "memcg": "no memory cgroup bounds the sandbox as a whole: memory outside the address-space limit (page cache, pipes, "
              "kernel objects) is bounded only by the per-process limits, the syscall filter and the /tmp caps",
-    "tmpcap": "its writable /tmp has no inode limit (and no memory cgroup charges its inodes): empty files can fill "
-              "the host's kernel memory",
+    "tmpcap": "its writable /tmp has no inode limit: empty files pin kernel memory (400,000 of them 366 MiB here), "
+              "bounded only by the memory cgroup, if any",
 }
 
 
@@ -71,6 +78,7 @@ class SandboxLimits:
     cgroup_bytes: int | None = None  # memory cgroup limit for the whole sandbox; None: memory_bytes + tmp_bytes + 64 MiB
     max_output: int = 64 << 10  # bytes of stdout/stderr kept
     max_message: int = 4 << 20  # largest worker/tester message
+    max_relay: int = 64 << 20  # bytes of calls and replies one check may relay through the caller
     namespaces: bool = True  # legacy backend: try namespaces
     audit: bool = True  # legacy backend: the audit-hook tripwire
 

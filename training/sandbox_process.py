@@ -18,11 +18,19 @@ from mentor.training.sandbox_slots import Lease
 log = logging.getLogger(__name__)
 
 
+# The messages this process parses (hellos, "ready", the tester's verdict) are small; calls and replies,
+# which may be large, are relayed as bytes and never parsed here (see `code_verify.run_humaneval`).
+MAX_PARSED = 16 << 10
+
+
 def _small_object(pairs: list) -> dict:
-    """JSON objects in messages have a handful of keys; a big one is refused before any dict is built."""
+    """JSON objects in messages have a handful of distinct keys; others are refused before any dict is built."""
     if len(pairs) > 16:
         raise ValueError("a message object with more than 16 keys")
-    return dict(pairs)
+    out = dict(pairs)
+    if len(out) != len(pairs):
+        raise ValueError("a message object with a repeated key")
+    return out
 
 
 def _bounded_int(text: str) -> int:
@@ -32,12 +40,14 @@ def _bounded_int(text: str) -> int:
 
 
 def parse_message(line: bytes | str) -> dict | None:
-    """One message line as a dict, in time linear in its length whatever it holds; None when it is not one.
+    """One small message line (at most `MAX_PARSED` bytes) as a dict; None when it is not one.
 
-    Messages are plain-data encodings (`plaincodec`: lists, not JSON objects), so JSON objects
-    are kept small (no hash table built from the sandbox's keys) and, where this process turned
-    Python's int-digit limit off, long integer literals are refused.
+    Linear in its length: JSON objects are kept small and their keys distinct (no hash table built
+    from the sandbox's keys, no object that a later repeated key would replace) and, where this
+    process turned Python's int-digit limit off, long integer literals are refused.
     """
+    if len(line) > MAX_PARSED:
+        return None
     try:
         limit = getattr(sys, "get_int_max_str_digits", lambda: 0)()  # Python < 3.10.7 has no limit: treat it as off
         extra = {"parse_int": _bounded_int} if limit == 0 or limit > 4300 else {}
@@ -120,7 +130,10 @@ class SandboxProcess:
         return True
 
     def send(self, obj: dict, deadline: float) -> bool:
-        data = (json.dumps(obj, separators=(",", ":"), allow_nan=False) + "\n").encode()
+        return self.send_line((json.dumps(obj, separators=(",", ":"), allow_nan=False) + "\n").encode(), deadline)
+
+    def send_line(self, data: bytes, deadline: float) -> bool:
+        """Write `data` (one line, its newline included) before the deadline; False with `failure` if not."""
         view, sent = memoryview(data), 0
         while sent < len(data):
             left = deadline - time.monotonic()
@@ -141,7 +154,9 @@ class SandboxProcess:
                     return False
         return True
 
-    def recv(self, deadline: float) -> dict | None:
+    def recv_line(self, deadline: float) -> bytes | None:
+        """The next line as bytes, without its newline (at most `SandboxLimits.max_message`); None with
+        `failure` on a timeout, an exit or an oversized line. Linear: each byte is scanned once."""
         while True:
             nl = self._buf.find(b"\n", self._scanned)
             if nl >= 0:
@@ -160,7 +175,7 @@ class SandboxProcess:
                 self._drain_err()
             if self._out in r:
                 try:
-                    chunk = os.read(self._out, 1 << 16)
+                    chunk = os.read(self._out, 1 << 20)
                 except BlockingIOError:
                     continue
                 if not chunk:
@@ -172,6 +187,13 @@ class SandboxProcess:
         self._scanned = 0
         if len(line) > self.limits.max_message:
             self.failure = "oversized message"
+            return None
+        return line
+
+    def recv(self, deadline: float) -> dict | None:
+        """The next line as a small message (`parse_message`); None with `failure` when it is not one."""
+        line = self.recv_line(deadline)
+        if line is None:
             return None
         obj = parse_message(line)
         if obj is None:

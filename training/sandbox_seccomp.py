@@ -15,6 +15,14 @@ from functools import lru_cache
 # perf_event_open and userfaultfd (attack surface); plus new user namespaces (a tmpfs of its own,
 # keyrings of its own) and clone3, whose flags sit in memory a filter cannot read (ENOSYS: glibc
 # falls back to clone, whose flags it checks).
+# Issue 48: what reads or steers the page cache of the files every sandbox shares (state that
+# outlives the run): fadvise, readahead, mincore, cachestat, process_madvise, Linux AIO (io_submit
+# takes RWF_NOWAIT too, and io_setup draws on a host-wide pool), preadv2/pwritev2 with RWF_NOWAIT,
+# and madvise MADV_WILLNEED/COLD/PAGEOUT/COLLAPSE; and what pins kernel memory no cgroup v1 charge
+# bounds: socket buffers raised with SO_SNDBUF/SO_RCVBUF (to wmem_max, 4 MiB a socket here) and pipes
+# grown with F_SETPIPE_SZ; and host-wide counters a run can both advance and read, so that a later
+# run reads what it left: pidfd_open and clone(CLONE_PIDFD) (a pidfd's inode number counts every
+# process the host ever started) and the socket cookies of getsockopt(SO_COOKIE, SO_NETNS_COOKIE).
 _SYSCALLS = {
     "x86_64": (0xC000003E, {
         "add_key": 248, "request_key": 249, "keyctl": 250, "flock": 73, "inotify_init": 253, "inotify_add_watch": 254,
@@ -22,20 +30,32 @@ _SYSCALLS = {
         "shmget": 29, "shmat": 30, "shmctl": 31, "shmdt": 67, "semget": 64, "semop": 65, "semctl": 66, "semtimedop": 220,
         "msgget": 68, "msgsnd": 69, "msgrcv": 70, "msgctl": 71, "io_uring_setup": 425, "io_uring_enter": 426,
         "io_uring_register": 427, "userfaultfd": 323, "perf_event_open": 298, "bpf": 321,
-        "fcntl": 72, "unshare": 272, "clone": 56, "clone3": 435}),
+        "fadvise64": 221, "readahead": 187, "mincore": 27, "cachestat": 451, "process_madvise": 440,
+        "io_setup": 206, "io_destroy": 207, "io_getevents": 208, "io_submit": 209, "io_cancel": 210, "io_pgetevents": 333,
+        "fcntl": 72, "unshare": 272, "clone": 56, "clone3": 435, "preadv2": 327, "pwritev2": 328, "madvise": 28,
+        "setsockopt": 54, "getsockopt": 55, "pidfd_open": 434}),
     "aarch64": (0xC00000B7, {
         "add_key": 217, "request_key": 218, "keyctl": 219, "flock": 32, "inotify_init1": 26, "inotify_add_watch": 27,
         "fanotify_init": 262, "fanotify_mark": 263, "memfd_create": 279, "memfd_secret": 447,
         "shmget": 194, "shmat": 196, "shmctl": 195, "shmdt": 197, "semget": 190, "semop": 193, "semctl": 191,
         "semtimedop": 192, "msgget": 186, "msgsnd": 189, "msgrcv": 188, "msgctl": 187, "io_uring_setup": 425,
         "io_uring_enter": 426, "io_uring_register": 427, "userfaultfd": 282, "perf_event_open": 241, "bpf": 280,
-        "fcntl": 25, "unshare": 97, "clone": 220, "clone3": 435}),
+        "fadvise64": 223, "readahead": 213, "mincore": 232, "cachestat": 451, "process_madvise": 440,
+        "io_setup": 0, "io_destroy": 1, "io_submit": 2, "io_cancel": 3, "io_getevents": 4, "io_pgetevents": 292,
+        "fcntl": 25, "unshare": 97, "clone": 220, "clone3": 435, "preadv2": 286, "pwritev2": 287, "madvise": 233,
+        "setsockopt": 208, "getsockopt": 209, "pidfd_open": 434}),
 }
-_SPECIAL = ("fcntl", "unshare", "clone", "clone3")
+_SPECIAL = ("fcntl", "unshare", "clone", "clone3", "preadv2", "pwritev2", "madvise", "setsockopt", "getsockopt")
 # fcntl commands that take, test or watch a lock or lease: F_GETLK, F_SETLK, F_SETLKW, F_OFD_GETLK,
-# F_OFD_SETLK, F_OFD_SETLKW, F_SETLEASE, F_GETLEASE, F_NOTIFY.
-_LOCK_CMDS = (5, 6, 7, 36, 37, 38, 1024, 1025, 1026)
-_CLONE_NEWUSER = 0x10000000
+# F_OFD_SETLK, F_OFD_SETLKW, F_SETLEASE, F_GETLEASE, F_NOTIFY; and F_SETPIPE_SZ.
+_LOCK_CMDS = (5, 6, 7, 36, 37, 38, 1024, 1025, 1026, 1031)
+_CLONE_NEWUSER, _CLONE_PIDFD = 0x10000000, 0x1000
+_RWF_NOWAIT = 0x8
+# madvise advice that reads ahead, evicts or reshapes page-cache pages: WILLNEED, COLD, PAGEOUT, COLLAPSE.
+_MADV = (3, 20, 21, 25)
+# setsockopt(SOL_SOCKET, ...): SO_SNDBUF, SO_RCVBUF, SO_SNDBUFFORCE, SO_RCVBUFFORCE; getsockopt(SOL_SOCKET,
+# ...): SO_COOKIE, SO_NETNS_COOKIE (the same numbers on both CPUs).
+_SOL_SOCKET, _SOCKBUF, _COOKIES = 1, (7, 8, 32, 33), (57, 71)
 
 
 def syscall_numbers() -> dict[str, int]:
@@ -68,15 +88,38 @@ def seccomp_filter() -> bytes | None:
     op(jeq, nr["fcntl"], "fcntl")
     op(jeq, nr["unshare"], "userns")
     op(jeq, nr["clone"], "userns")
+    op(jeq, nr["preadv2"], "rwf")
+    op(jeq, nr["pwritev2"], "rwf")
+    op(jeq, nr["madvise"], "madvise")
+    op(jeq, nr["setsockopt"], "setsockopt")
+    op(jeq, nr["getsockopt"], "getsockopt")
     op(ret, allow)
     labels = {"fcntl": len(prog)}
     op(ld, 24)  # low word of args[1]: the command
     for cmd in _LOCK_CMDS:
         op(jeq, cmd, "eperm")
     op(ret, allow)
+    labels["rwf"] = len(prog)
+    op(ld, 56)  # low word of args[5]: the RWF_* flags
+    op(jset, _RWF_NOWAIT, "eperm")
+    op(ret, allow)
+    labels["madvise"] = len(prog)
+    op(ld, 32)  # low word of args[2]: the advice
+    for advice in _MADV:
+        op(jeq, advice, "eperm")
+    op(ret, allow)
+    for label, names in (("setsockopt", _SOCKBUF), ("getsockopt", _COOKIES)):
+        labels[label] = len(prog)
+        op(ld, 24)  # low word of args[1]: the level
+        prog.append([jeq, None, "allow", _SOL_SOCKET])
+        op(ld, 32)  # low word of args[2]: the option
+        for name in names:
+            op(jeq, name, "eperm")
+        op(ret, allow)
+    labels["allow"] = len(prog) - 1
     labels["userns"] = len(prog)
     op(ld, 16)  # low word of args[0]: the flags of unshare and clone
-    op(jset, _CLONE_NEWUSER, "eperm")
+    op(jset, _CLONE_NEWUSER | _CLONE_PIDFD, "eperm")
     op(ret, allow)
     labels["eperm"] = len(prog)
     op(ret, errno | 1)  # EPERM

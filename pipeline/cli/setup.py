@@ -140,7 +140,8 @@ def setup_sandbox(no_install, strict):
     """Install bubblewrap (apt, as root or with passwordless sudo) and print the layers code rewards run under.
 
     Prints each layer in force (the syscall filter, the memory cgroup and which
-    cgroup it lives under, the /tmp caps...) and, for each missing one, why this
+    cgroup it lives under, the RAM copy of the files sandboxes read and where it
+    is, the /tmp caps...) and, for each missing one, why this
     host cannot have it. Without bubblewrap the code verifier falls back to
     weaker layers and warns; see docs/sandbox.md.
     """
@@ -157,18 +158,19 @@ def setup_sandbox(no_install, strict):
             rc = subprocess.call(cmd, env=env)
             if rc != 0 and i == len(cmds) - 1:
                 click.echo(f"bubblewrap: `{' '.join(cmd)}` failed (exit {rc}); the code verifier will use its fallback layers", err=True)
-    from mentor.training import sandbox, sandbox_layers
+    from mentor.training import sandbox, sandbox_layers, sandbox_view
 
     try:
         be = sandbox.backend()
     except sandbox_layers.SandboxUnavailable as exc:
         raise MentorError(str(exc)) from exc
     missing = [layer for layer in sandbox_layers.REQUIRED_LAYERS if layer not in be.layers]
-    if "memcg" in missing:
-        missing += [layer for layer in sandbox_layers.MEMCG_FALLBACK if layer not in be.layers]
     click.echo(f"sandbox backend: {be.name}; layers: {', '.join(be.layers)}")
     if be.memcg is not None:
         click.echo(f"memory cgroup: {be.memcg.version} under {be.memcg.base}")
+    view = getattr(be.impl, "view", None)
+    if view and "ramview" in be.layers:
+        click.echo(f"files sandboxes read: a copy in RAM, {view} ({sandbox_view.size_bytes(view) >> 20} MiB)")
     for layer in missing:
         why = be.why_missing.get(layer)
         click.echo(f"missing layer {layer}: {sandbox_layers.LAYER_MEANING[layer]}" + (f" ({why})" if why else ""), err=True)

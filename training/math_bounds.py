@@ -1,0 +1,247 @@
+"""Math answers whose evaluation would explode, refused before math-verify sees them.
+
+``\\boxed{10^{10^{10}}}``, ``3^{3^{15}}`` or ``100000000!`` make sympy build a
+number of millions or billions of digits, ``(a+b+c+d)^{20}`` an expansion of
+thousands of terms, inside C calls that math-verify's alarm cannot interrupt:
+each such sample held a math worker for 3-4 s here, and the pool has two.
+`explosive(answer)` reads the answer once, left to right, and bounds what it
+denotes without computing anything: each part carries an upper bound of its
+size in decimal digits when it is a number (exponents and factorials taken at
+the largest value their own bound allows) and of the number of terms its
+expansion could have when it holds symbols. The answer is refused (scored 0,
+math-verify never called) when some part would need more than `DIGITS` digits,
+a factorial, Gamma or binomial of more than `FACTORIAL`, a symbol raised past
+`POWER`, an expansion of more than `TERMS` terms, a sum or product of more than
+`RANGE` terms, brackets or exponents nested deeper than `DEPTH`, or more than
+`LENGTH` characters.
+
+The bounds sit far above ordinary answers: none of 12,871 final answers (the
+MATH-500 and GSM8K references, the bundled GSM8K rollouts, the model solutions
+in shared/data/gsm8k and the MATH-500 reference solutions) is refused, and an
+answer identical to its reference is accepted before this check runs.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+
+DIGITS = 10_000  # digits of any number the answer denotes (2^{2005} has 604)
+FACTORIAL = 2_000  # n!, Gamma(n), and the smaller side of a binomial
+POWER = 1_000  # exponent of a base that holds symbols
+TERMS = 400  # terms of the expansion of a symbolic part ((x+y+z)^{30} has 496; (x+1)^{100} 101)
+RANGE = 1_000  # upper limit of a \sum or \prod
+DEPTH = 40  # nesting of brackets and exponents
+LENGTH = 2_000  # characters
+
+# Digit groups joined by thousands separators count as one number (math-verify reads "1,000,000" so).
+_TOKEN = re.compile(r"\d+(?:(?:,|\{,\}|\\[,;:! ]|\s)*\d+)*(?:\.\d+)?|\*\*|\\[A-Za-z]+|\\.|\s+|.", re.DOTALL)
+_OPEN = {"(": ")", "[": "]", "{": "}", "\\{": "\\}", "\\lbrace": "\\rbrace"}
+_CLOSE = {")", "]", "}", "\\}", "\\rbrace"}
+_SKIP = {"\\left", "\\right", "\\big", "\\Big", "\\bigg", "\\Bigg", "\\displaystyle", "\\!", "\\,", "\\;", "\\:", "\\ ",
+         "\\quad", "\\qquad", "$"}
+_TIMES = {"*", "\\cdot", "\\times", "/", "\\div", "\\over"}
+_NOT_FACTOR = set("+-=<>,;&|!^_'") | {"\\\\", "**", "\\choose"} | _CLOSE
+_FRAC = {"\\frac", "\\dfrac", "\\tfrac", "\\cfrac", "\\binom", "\\dbinom", "\\tbinom"}
+_TEXT = {"\\text", "\\mbox", "\\mathrm", "\\textbf", "\\mathbf", "\\textit", "\\mathit", "\\operatorname", "\\mathbb", "\\mathcal"}
+_CONST = {"e": math.log10(math.e), "\\pi": math.log10(math.pi)}
+_LOG10 = math.log(10)
+
+# A part of the answer: (digits, terms): log10 bounds of its size when it is a number (digits not None),
+# and of the number of terms of its expansion (0 for a number or a single product of symbols).
+_SYMBOL = (None, 0.0)
+
+
+class Explosive(ValueError):
+    """An answer whose evaluation would explode (the message says which bound it passes)."""
+
+
+def _number(digits: str) -> float:
+    """log10 of the integer written with these digits (separators and the decimal point ignored)."""
+    d = re.sub(r"\D", "", digits).lstrip("0")
+    if not d:
+        return 0.0
+    return len(d) - 1 + math.log10(int(d[:15]) / 10 ** (min(15, len(d)) - 1))
+
+
+def _value(size: float) -> float:
+    """The largest value a number of this size (log10) can have (a hair less: log10 rounds)."""
+    return math.inf if size > 300 else 10.0 ** size * (1 - 1e-9)
+
+
+def _log_add(a: float, b: float) -> float:
+    return max(a, b) + math.log10(1 + 10.0 ** (min(a, b) - max(a, b)))
+
+
+class _Reader:
+    """A recursive-descent pass over the tokens: sums of products of powers/factorials of atoms."""
+
+    def __init__(self, tokens: list[str]) -> None:
+        self.t, self.i, self.depth = tokens, 0, 0
+
+    def peek(self) -> str | None:
+        return self.t[self.i] if self.i < len(self.t) else None
+
+    def take(self) -> str | None:
+        tok = self.peek()
+        self.i += 1
+        return tok
+
+    def enter(self) -> None:
+        self.depth += 1
+        if self.depth > DEPTH:
+            raise Explosive(f"brackets or exponents nested more than {DEPTH} deep")
+
+    def part(self, digits: float | None, terms: float) -> tuple[float | None, float]:
+        if digits is not None and digits > DIGITS:
+            raise Explosive(f"a number of more than {DIGITS} digits")
+        if terms > math.log10(TERMS):
+            raise Explosive(f"an expansion of more than {TERMS} terms")
+        return digits, terms
+
+    def starts_factor(self) -> bool:
+        tok = self.peek()
+        return tok is not None and tok not in _NOT_FACTOR
+
+    def expr(self, close: str | None = None) -> tuple[float | None, float]:
+        """Terms up to `close` (or the end): each further term at most doubles a number and adds its terms."""
+        out: tuple[float | None, float] | None = None
+        while self.peek() is not None and self.peek() != close and self.peek() not in _CLOSE:
+            if self.peek() == "\\choose":  # {n \choose k}
+                self.take()
+                self.factorial(self.term(close))
+                continue
+            if self.peek() in _TIMES or not self.starts_factor():
+                self.take()  # +, -, =, commas, relations...
+                continue
+            d, t = self.term(close)
+            if out is not None:
+                d = None if d is None or out[0] is None else max(d, out[0]) + math.log10(2)
+                t = _log_add(t, out[1])
+            out = self.part(d, t)
+        if close is not None and self.peek() == close:
+            self.take()
+        return out or (0.0, 0.0)
+
+    def term(self, close: str | None) -> tuple[float | None, float]:
+        """Factors multiplied or divided (also implicitly): digits and terms add up."""
+        d, t = self.factor()
+        while self.peek() is not None and self.peek() != close:
+            if self.peek() in _TIMES:
+                self.take()
+            elif not self.starts_factor():
+                break
+            fd, ft = self.factor()
+            d, t = self.part(None if d is None or fd is None else d + fd, t + ft)
+        return d, t
+
+    def factor(self) -> tuple[float | None, float]:
+        out = self.atom()
+        while True:
+            tok = self.peek()
+            if tok in ("^", "**"):
+                self.take()
+                out = self.power(out, self.exponent())
+            elif tok == "!":
+                self.take()
+                out = self.factorial(out)
+            elif tok in ("_", "'"):
+                self.take()
+                if tok == "_":
+                    self.exponent()  # a subscript: read for what it holds, its value unused
+            else:
+                return out
+
+    def exponent(self) -> tuple[float | None, float]:
+        """What a ^ or _ applies: a braced group, else the next factor (``10**10**10`` is 10**(10**10))."""
+        self.enter()
+        try:
+            return self.atom() if self.peek() == "{" else self.factor()
+        finally:
+            self.depth -= 1
+
+    def power(self, base: tuple[float | None, float], exp: tuple[float | None, float]) -> tuple[float | None, float]:
+        if exp[0] is None:
+            return _SYMBOL  # a symbolic exponent: nothing is expanded
+        n = _value(exp[0])
+        if base[0] is not None:
+            return self.part(0.0 if base[0] == 0 else n * base[0], 0.0)
+        if n > POWER:
+            raise Explosive(f"a power of a symbol with an exponent over {POWER}")
+        k = 10.0 ** base[1]  # terms of the base; its n-th power has at most C(n + k - 1, k - 1)
+        terms = (math.lgamma(n + k) - math.lgamma(k) - math.lgamma(n + 1)) / _LOG10 if k > 1 else 0.0
+        return self.part(None, max(terms, 0.0))
+
+    def factorial(self, arg: tuple[float | None, float]) -> tuple[float | None, float]:
+        if arg[0] is None:
+            return _SYMBOL
+        n = _value(arg[0])
+        if n > FACTORIAL:
+            raise Explosive(f"a factorial (or Gamma, or binomial) of more than {FACTORIAL}")
+        return self.part(math.lgamma(n + 1) / _LOG10, 0.0)
+
+    def group(self) -> tuple[float | None, float]:
+        tok = self.peek()
+        if tok in _OPEN:
+            self.take()
+            return self.expr(_OPEN[tok])
+        return self.factor() if self.starts_factor() else _SYMBOL
+
+    def atom(self) -> tuple[float | None, float]:
+        self.enter()
+        try:
+            return self.read_atom()
+        finally:
+            self.depth -= 1
+
+    def read_atom(self) -> tuple[float | None, float]:
+        tok = self.take()
+        if tok is None:
+            return _SYMBOL
+        if tok[0].isdigit():
+            return self.part(_number(tok), 0.0)
+        if tok in _OPEN:
+            return self.expr(_OPEN[tok])
+        if tok in _CONST:
+            return _CONST[tok], 0.0
+        if tok in _FRAC:
+            top, bottom = self.group(), self.group()
+            if tok.endswith("binom"):
+                self.factorial(bottom)
+            return self.part(None if top[0] is None or bottom[0] is None else top[0] + bottom[0], top[1] + bottom[1])
+        if tok == "\\sqrt":
+            if self.peek() == "[":
+                self.take()
+                self.expr("]")
+            return self.group()
+        if tok in ("\\Gamma", "\\exp"):
+            arg = self.group()
+            return self.factorial(arg) if tok == "\\Gamma" else self.power((_CONST["e"], 0.0), arg)
+        if tok in ("\\sum", "\\prod"):
+            while self.peek() in ("_", "^"):
+                if self.take() == "^":
+                    top = self.exponent()
+                    if top[0] is not None and _value(top[0]) > RANGE:
+                        raise Explosive(f"a sum or product of more than {RANGE} terms")
+                else:
+                    self.exponent()
+            return _SYMBOL
+        if tok in _TEXT and self.peek() == "{":
+            self.take()
+            self.expr("}")
+        return _SYMBOL  # a letter, a word of text or another command
+
+
+def explosive(answer: str) -> str | None:
+    """Why evaluating `answer` would explode (see the module docstring), or None for an ordinary answer."""
+    if len(answer) > LENGTH:
+        return f"more than {LENGTH} characters"
+    reader = _Reader([t for t in _TOKEN.findall(answer) if not t.isspace() and t not in _SKIP])
+    try:
+        while reader.peek() is not None:
+            reader.expr()
+            if reader.peek() is not None:
+                reader.take()  # a stray closing bracket
+    except Explosive as exc:
+        return str(exc)
+    return None
