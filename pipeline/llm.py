@@ -26,6 +26,7 @@ from __future__ import annotations
 import importlib
 import json
 import logging
+import queue
 import threading
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
@@ -132,6 +133,47 @@ class CountingBackend:
             "prompt_tokens": self.prompt_tokens,
             "completion_tokens": self.completion_tokens,
         }
+
+
+def concurrently(fn: Callable[[Any], Any], items: Sequence[Any], width: int, name: str = "mentor") -> Iterator[tuple[int, Any]]:
+    """``(index, fn(item))`` for each item as it finishes, at most `width` running at once.
+
+    The threads are daemons: when the caller stops (an error, Ctrl-C) it returns at once, and
+    what is still running (a request waiting on a server) is abandoned, not awaited until its
+    timeout. An exception in `fn` is raised here; no further item is started after it.
+    """
+    todo: queue.SimpleQueue = queue.SimpleQueue()
+    done: queue.SimpleQueue = queue.SimpleQueue()
+    for pair in enumerate(items):
+        todo.put(pair)
+    stop = threading.Event()
+
+    def work() -> None:
+        while not stop.is_set():
+            try:
+                i, item = todo.get_nowait()
+            except queue.Empty:
+                return
+            try:
+                done.put((i, fn(item), None))
+            except BaseException as exc:  # handed to the caller
+                done.put((i, None, exc))
+
+    for _ in range(max(1, min(width, len(items)))):
+        threading.Thread(target=work, name=name, daemon=True).start()
+    try:
+        for _ in range(len(items)):
+            while True:
+                try:
+                    i, result, exc = done.get(timeout=0.5)  # a blocking get would not see Ctrl-C
+                    break
+                except queue.Empty:
+                    continue
+            if exc is not None:
+                raise exc
+            yield i, result
+    finally:
+        stop.set()
 
 
 # --------------------------------------------------------------------------- fake
@@ -451,6 +493,7 @@ __all__ = [
     "GenResult",
     "check_backend",
     "close_backends",
+    "concurrently",
     "describe_backend",
     "engine_starts",
     "hold_engines",

@@ -51,12 +51,11 @@ import math
 import os
 import threading
 from collections.abc import Sequence
-from concurrent.futures import ThreadPoolExecutor, as_completed
 from typing import Any
 from urllib.parse import urlsplit
 
 from mentor.pipeline.errors import ConfigError, EngineError
-from mentor.pipeline.llm import CountingBackend, GenRequest, GenResult, OnDone
+from mentor.pipeline.llm import CountingBackend, GenRequest, GenResult, OnDone, concurrently
 
 log = logging.getLogger(__name__)
 
@@ -283,17 +282,13 @@ class OpenAIBackend(CountingBackend):
         return out
 
     def _wave(self, requests: Sequence[GenRequest], on_done: OnDone | None) -> list[GenResult]:
-        pool = ThreadPoolExecutor(min(len(requests), self.max_concurrency, MAX_THREADS), thread_name_prefix="mentor-openai")
-        try:
-            futures = {pool.submit(self._ask, r): i for i, r in enumerate(requests)}
-            out: list[GenResult | None] = [None] * len(requests)
-            for f in as_completed(futures):
-                out[futures[f]] = f.result()  # an EngineError ends the wave
-                if on_done is not None:
-                    on_done(1)
-            return out  # type: ignore[return-value]
-        finally:
-            pool.shutdown(wait=True, cancel_futures=True)
+        out: list[GenResult | None] = [None] * len(requests)
+        width = min(self.max_concurrency, MAX_THREADS)
+        for i, result in concurrently(self._ask, requests, width, "mentor-openai"):  # an EngineError ends the wave
+            out[i] = result
+            if on_done is not None:
+                on_done(1)
+        return out  # type: ignore[return-value]
 
 
 def _model_ids(resp: Any) -> list[str] | None:

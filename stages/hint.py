@@ -54,7 +54,6 @@ import time
 import zlib
 from collections import Counter
 from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass, field
 from enum import Enum
 from pathlib import Path
@@ -66,7 +65,7 @@ from pydantic import BaseModel, ConfigDict
 from mentor.pipeline.errors import ConfigError, EngineError
 from mentor.pipeline.executor import Executor, LocalExecutor
 from mentor.pipeline.ids import content_hash
-from mentor.pipeline.llm import Backend, GenRequest, GenResult, describe_backend, release_engines
+from mentor.pipeline.llm import Backend, GenRequest, GenResult, concurrently, describe_backend, release_engines
 from mentor.pipeline.schemas import HINTS, SCHEMA_VERSION, TRACE_ENTRY, schema_metadata
 from mentor.pipeline.shards import Shard, ShardPlan, ShardResult
 from mentor.pipeline.stage import Context, StageSpec, Stats, StatsLayout, write_stats
@@ -466,14 +465,12 @@ def _chains(shard: _Shard, problems: list[_Problem], backend: Backend, answered:
             if progress is not None and p.phase is Phase.DONE:
                 progress(1, longest)
 
-    width = max(1, min(len(problems), getattr(backend, "max_concurrency", 64), 1024))
-    with ThreadPoolExecutor(width, thread_name_prefix="mentor-hint") as pool:
-        futures = [pool.submit(run, p) for p in problems]
-        try:
-            for f in as_completed(futures):
-                f.result()  # the first error (a broken server) ends the shard
-        finally:
-            stop.set()
+    width = min(getattr(backend, "max_concurrency", 64), 1024)
+    try:
+        for _ in concurrently(run, problems, width, "mentor-hint"):  # the first error (a broken server) ends the shard
+            pass
+    finally:
+        stop.set()  # chains still running send no further request
     st.waves += longest
 
 
