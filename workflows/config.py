@@ -39,7 +39,8 @@ class BackendSettings(_Strict):
     options: dict[str, Any] = Field(
         default_factory=dict,
         description="vllm: tensor_parallel_size, gpu_memory_utilization, max_model_len, enforce_eager, dtype; openai: "
-        "max_concurrency, max_retries, timeout, structured_output; fake: script (module:function).",
+        "max_concurrency, max_retries, timeout (seconds one attempt of a request may wait, 600), structured_output; "
+        "fake: script (module:function). Checked when the workflow is loaded.",
     )
 
     @model_validator(mode="after")
