@@ -7,8 +7,10 @@ then ``mentor build --base OUT.parquet``. The release is read as LiveCodeBench
 publishes it: the ``test*.jsonl`` files of the dataset repository (``release_vN``
 = ``test.jsonl`` .. ``testN.jsonl``, ``vN`` = that file alone, ``vA_vB`` = files A
 to B), from ``--from DIR`` (a copy of the repository) or else from the Hugging Face
-cache (``huggingface_hub``, offline), through the `datasets` JSON builder: no
-loading script, which `datasets` >= 4 refuses.
+cache (``huggingface_hub``, offline), one JSON line at a time: no loading script,
+which `datasets` >= 4 refuses. A line or row that cannot be used (not UTF-8, not a
+JSON object, fields of the wrong type, tests that cannot be decoded) is left out
+and counted; the rest of its file is kept.
 
 Fields read (LiveCodeBench's ``lcb_runner/benchmarks/code_generation.py``):
 ``question_id``, ``question_title``, ``question_content``, ``platform``,
@@ -48,7 +50,7 @@ import pickle
 import sys
 import zlib
 from collections import Counter
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -62,6 +64,7 @@ DATASET = "livecodebench/code_generation_lite"
 MAX_RELEASE = 6
 STDIN_NOTE = "Read the input from standard input and write the answer to standard output."
 STARTER_NOTE = "Complete this starter code (the method of class Solution is what the tests call):"
+TEXT_FIELDS = ("question_content", "starter_code", "question_title")
 
 
 class PrivateTestsError(ValueError):
@@ -80,6 +83,10 @@ class _PlainUnpickler(pickle.Unpickler):
 
 def decode_private(blob: str, max_bytes: int = 256 << 20) -> list[dict]:
     """LiveCodeBench's ``private_test_cases``: a JSON list, or base64(zlib(pickle(JSON string))), decoded safely."""
+    if max_bytes < 1:  # zlib reads a max_length of 0 as "no limit"
+        raise ValueError(f"max_bytes must be >= 1, got {max_bytes}")
+    if not isinstance(blob, str):
+        raise PrivateTestsError(f"a {type(blob).__name__}, not a string")
     text = blob.strip()
     if text.startswith("["):
         return _cases(json.loads(text))
@@ -105,7 +112,8 @@ def decode_private(blob: str, max_bytes: int = 256 << 20) -> list[dict]:
 
 def _cases(value: Any) -> list[dict]:
     if not isinstance(value, list) or not all(
-        isinstance(c, dict) and isinstance(c.get("input"), str) and isinstance(c.get("output"), str) for c in value
+        isinstance(c, dict) and isinstance(c.get("input"), str) and isinstance(c.get("output"), str)
+        and isinstance(c.get("testtype", "stdin"), str) for c in value
     ):
         raise PrivateTestsError("not a list of {input, output, testtype} cases")
     return value
@@ -173,23 +181,41 @@ def problems_from_rows(rows: Iterable[dict], private: bool = True, source: str =
     out: dict[str, list] = {k: [] for k in ("problem_id", "domain", "problem", "label", "data_source")}
     counts: Counter = Counter()
     seen: set[str] = set()
+    if max_bytes < 1:
+        raise ValueError(f"max_bytes must be >= 1, got {max_bytes}")
     for row in rows:
-        qid = str(row.get("question_id") or "").strip()
+        if not isinstance(row, dict):
+            counts["not_an_object"] += 1
+            continue
+        raw_id = row.get("question_id")
+        if raw_id is not None and (isinstance(raw_id, bool) or not isinstance(raw_id, (str, int))):
+            counts["question_id_invalid"] += 1
+            continue
+        qid = str(raw_id if raw_id is not None else "").strip()
         if not qid:
             counts["no_question_id"] += 1
+            continue
+        if not all(isinstance(row.get(k), (str, type(None))) for k in TEXT_FIELDS):
+            counts["text_not_a_string"] += 1
             continue
         if qid in seen:
             counts["duplicate_question_id"] += 1
             continue
         try:
-            cases = _cases(json.loads(row["public_test_cases"])) if row.get("public_test_cases") else []
+            public = row.get("public_test_cases")
+            if public is not None and not isinstance(public, str):
+                raise PrivateTestsError(f"public tests are a {type(public).__name__}, not a JSON string")
+            cases = _cases(json.loads(public)) if public else []
             if private and row.get("private_test_cases"):
-                cases += decode_private(row["private_test_cases"], max_bytes)
+                try:
+                    cases += decode_private(row["private_test_cases"], max_bytes)
+                except PrivateTestsError as exc:
+                    raise PrivateTestsError(f"private tests {exc}") from None
         except PrivateTestsError as exc:
             counts["too_large" if "MiB" in str(exc) else "tests_unreadable"] += 1
-            _note(f"lcb/{qid}: private tests left out of the set: {exc}")
+            _note(f"lcb/{qid}: left out of the set: {exc}")
             continue
-        except (ValueError, TypeError):
+        except (ValueError, TypeError, RecursionError):
             counts["tests_unreadable"] += 1
             continue
         if not cases:
@@ -206,7 +232,7 @@ def problems_from_rows(rows: Iterable[dict], private: bool = True, source: str =
                 continue
             try:
                 tests = functional_tests(cases)
-            except ValueError:  # an input line or output that is not JSON
+            except (ValueError, RecursionError):  # an input line or output that is not JSON (or nested beyond reading)
                 counts["tests_unreadable"] += 1
                 continue
             label = code_label(tests, f"Solution.{name}", "humaneval", setup="")
@@ -276,17 +302,36 @@ def locate_files(version: str, folder: str | None, dataset: str = DATASET) -> li
     return [root / n for n in names]
 
 
-def read_rows(files: list[Path]):
-    """The rows of LiveCodeBench's JSONL files through the `datasets` JSON builder (no loading script)."""
+def read_rows(files: list[Path], counts: Counter) -> Iterator[dict]:
+    """The rows of LiveCodeBench's JSONL files, one line at a time; a line that is not a UTF-8 JSON object is
+    left out and counted (``line_not_utf8``, ``line_not_json``), so one bad line never costs the good ones."""
+    for f in files:
+        with open(f, "rb") as fh:
+            for raw in fh:
+                if not raw.strip():
+                    continue
+                try:
+                    text = raw.decode("utf-8")
+                except UnicodeDecodeError:
+                    counts["line_not_utf8"] += 1
+                    continue
+                try:
+                    row = json.loads(text)
+                except (ValueError, RecursionError):
+                    counts["line_not_json"] += 1
+                    continue
+                yield row
+
+
+def _megabytes(text: str) -> int:
+    """--max-test-mb: a whole number of MiB, 1 to 65536 (0 would switch zlib's cap off)."""
     try:
-        import datasets
-    except ImportError:
-        raise ConfigError("reading LiveCodeBench needs the datasets library; pip install 'mentor[datasets]'") from None
-    try:
-        return datasets.load_dataset("json", data_files=[str(f) for f in files], split="train")
-    except Exception as exc:  # the JSON builder raises several kinds for a bad line
-        raise DataError(f"{', '.join(map(str, files))}: not readable as LiveCodeBench JSONL ({type(exc).__name__}: "
-                        f"{str(exc).splitlines()[0] if str(exc) else ''}); re-download the files") from None
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number of MiB") from None
+    if not 1 <= value <= 65536:
+        raise argparse.ArgumentTypeError(f"{value} is not between 1 and 65536 MiB (the cap on decompressed private tests)")
+    return value
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -296,19 +341,31 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--dataset", default=DATASET, help="The dataset repository in the HF cache.")
     ap.add_argument("--version", default="release_v5", help="release_vN, release_latest, vN or vA_vB (default release_v5).")
     ap.add_argument("--public-only", action="store_true", help="Leave the private tests out (they are decoded safely).")
-    ap.add_argument("--max-test-mb", type=int, default=256, help="Leave out a problem whose private tests inflate beyond this.")
+    ap.add_argument("--max-test-mb", type=_megabytes, default=256,
+                    help="Leave out a problem whose private tests inflate beyond this many MiB (1 to 65536).")
     args = ap.parse_args(argv)
+    out = Path(args.out)
     try:
+        if out.is_dir():
+            raise ConfigError(f"{out}: is a folder; give the Parquet file to write, e.g. {out / 'livecodebench.parquet'}")
         files = locate_files(args.version, args.folder, args.dataset)
-        rows = read_rows(files)
-        table, counts = problems_from_rows(rows, private=not args.public_only, source=args.dataset,
+        lines: Counter = Counter()
+        table, counts = problems_from_rows(read_rows(files, lines), private=not args.public_only, source=args.dataset,
                                            max_bytes=args.max_test_mb << 20)
+        counts.update(lines)
         if table.num_rows == 0:
             raise DataError(f"{', '.join(map(str, files))}: no usable problem ({dict(counts)})")
-        write_parquet_atomic(table, Path(args.out), dataset="problems")
+        write_parquet_atomic(table, out, dataset="problems")
     except (ConfigError, DataError) as exc:
         print(f"Error: {exc}", file=sys.stderr)
         return exc.exit_code
+    except OSError as exc:  # a file that cannot be read, a folder that cannot be written
+        from mentor.pipeline.outdir import disk_error
+
+        print(f"Error: {disk_error(exc, exc.filename or str(out))}", file=sys.stderr)
+        return 1
+    if lines:
+        _note(f"{sum(lines.values())} line(s) of the files are not UTF-8 JSON objects and were left out ({dict(lines)})")
     if counts.get("functional_unsupported"):
         _note(f"{counts['functional_unsupported']} functional (LeetCode) problem(s) left out: this mentor's code verifier "
               "cannot call a method of class Solution")

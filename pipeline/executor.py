@@ -9,9 +9,17 @@ either way; the stage does not know where it runs.
 - `LocalExecutor` runs the tasks here, one after the other: polars and pyarrow
   already use every core within a task.
 - `DaskExecutor` runs them as dask tasks (``--workers N`` starts a local cluster
-  of N engine workers, ``--scheduler ADDRESS`` joins one); dask retries the
-  tasks of a lost worker. A worker keeps its engine across the shards it runs;
-  `close_engines` stops them all when the stage ends.
+  of N engine workers, ``--scheduler ADDRESS`` joins one). A worker keeps its
+  engine across the shards it runs; `close_engines` stops them all when the
+  stage ends.
+
+Retries. A task that raised is not run again (``retries=0``): mentor's tasks
+raise for reasons a second run does not change (bad data, a config, an engine
+that died on this batch, which is closed and would only be rebuilt to fail the
+same way), and a shard that failed is resumable: the rerun redoes it. A task
+whose worker process was lost (killed, out of memory, a node gone) is dask's
+business: the scheduler runs it on another worker, up to
+``distributed.scheduler.allowed-failures`` (3) times, then reports it.
 """
 
 from __future__ import annotations
@@ -66,7 +74,7 @@ class DaskExecutor:
     `window` tasks submitted ahead of the one being consumed.
     """
 
-    def __init__(self, client: Any, retries: int = 2, resources: dict[str, float] | None = None, window: int = 8) -> None:
+    def __init__(self, client: Any, retries: int = 0, resources: dict[str, float] | None = None, window: int = 8) -> None:
         self.client = client
         self.retries = retries
         self.resources = resources
@@ -141,20 +149,141 @@ def _distributed():
     return distributed
 
 
+SCHEDULER_TIMEOUT = 30.0  # seconds: reaching a scheduler, and waiting for its first worker
+_EXAMPLE = "tcp://HOST:8786 (the scheduler's port, not the dashboard's http:// one, usually 8787)"
+
+
+def scheduler_address(address: str) -> str:
+    """``tcp://HOST:PORT`` for a ``--scheduler`` value (``HOST:PORT`` allowed), or a `ConfigError` saying what is wrong."""
+    from distributed.comm.addressing import parse_address, parse_host_port
+
+    given = f"--scheduler {address!r}"
+    if not address.strip() or address != address.strip():
+        raise ConfigError(f"{given}: not a dask scheduler address; give {_EXAMPLE}")
+    try:
+        scheme, loc = parse_address(address)
+    except ValueError as exc:
+        raise ConfigError(f"{given}: not a dask scheduler address ({exc}); give {_EXAMPLE}") from exc
+    if scheme in ("http", "https"):
+        raise ConfigError(f"{given}: {scheme}:// is the dashboard's; a scheduler's address is {_EXAMPLE}")
+    if scheme not in ("tcp", "tls", "ws", "wss", "ucx"):
+        raise ConfigError(f"{given}: unknown protocol {scheme!r}; give {_EXAMPLE}")
+    try:
+        host, port = parse_host_port(loc)
+    except ValueError as exc:
+        raise ConfigError(f"{given}: no port ({exc}); give {_EXAMPLE}") from exc
+    if not host or not 0 < int(port) < 65536:
+        raise ConfigError(f"{given}: no host, or the port is out of range; give {_EXAMPLE}")
+    return f"{scheme}://{loc}"
+
+
+def _identity(address: str, timeout: float) -> dict:
+    """What the process at `address` says it is (dask's ``identity`` call), within `timeout` seconds in all.
+
+    distributed's own connect waits for the peer's handshake without a deadline (a port
+    that accepts and stays silent hangs it forever); here every step has one.
+    """
+    import asyncio
+
+    from distributed.comm import connect
+
+    async def ask() -> dict:
+        comm = await connect(address, timeout=timeout)
+        try:
+            await comm.write({"op": "identity", "reply": True})
+            return await comm.read()
+        finally:
+            comm.abort()
+
+    async def bounded() -> dict:
+        # dask's connect gives up after `timeout` when nothing listens; the margin lets it say so itself.
+        return await asyncio.wait_for(ask(), timeout * 1.5 + 1)
+
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(1) as pool:  # a fresh event loop, also where one is running (a notebook)
+        return pool.submit(asyncio.run, bounded()).result()
+
+
+def connect_scheduler(address: str, timeout: float = SCHEDULER_TIMEOUT) -> Any:
+    """A Client of the dask scheduler at `address` that has at least one worker; each wait bounded by `timeout`.
+
+    Every way this goes wrong is one `ConfigError` naming the address: not an address, nothing
+    listening, something that is not a dask scheduler (a dashboard, a worker, any other server),
+    a scheduler without workers.
+    """
+    import asyncio
+
+    distributed = _distributed()
+    address = scheduler_address(address)
+    fix = f"raise --scheduler-timeout (now {timeout:g} s) if it is only slow"
+    try:
+        ident = _identity(address, timeout)
+    except (asyncio.TimeoutError, TimeoutError) as exc:
+        raise ConfigError(f"--scheduler {address}: something listens there but does not answer as a dask scheduler within "
+                          f"{timeout:g} s (is it the dashboard's port, or another server?); {fix}") from exc
+    except OSError as exc:  # nothing listens (dask's connect retried until the timeout), or it hung up
+        raise ConfigError(f"--scheduler {address}: no dask scheduler answers there ({' '.join(str(exc).split())[:200]}); "
+                          f"is it running (`dask scheduler`), and is the address right? {fix}") from exc
+    except Exception as exc:  # it answered, but not in dask's protocol
+        raise ConfigError(f"--scheduler {address}: what answers there is not a dask scheduler ({type(exc).__name__}); "
+                          f"give {_EXAMPLE}") from exc
+    kind = ident.get("type") if isinstance(ident, dict) else None
+    if kind != "Scheduler":
+        raise ConfigError(f"--scheduler {address}: that is a dask {kind or 'peer'}, not a scheduler; give the scheduler's "
+                          f"address: {_EXAMPLE}")
+    client = distributed.Client(address, timeout=timeout)
+    try:
+        client.wait_for_workers(1, timeout=timeout)
+    except BaseException as exc:
+        client.close()
+        if isinstance(exc, (asyncio.TimeoutError, TimeoutError)):
+            raise ConfigError(f"--scheduler {address}: the scheduler has no workers (none joined within {timeout:g} s): start "
+                              f"engine workers with `DASK_DISTRIBUTED__WORKER__DAEMON=False dask worker {address} --nthreads 1` "
+                              f"(docs/gpus.md), or {fix}") from exc
+        raise
+    return client
+
+
+def engine_memory_limit(workers: int) -> int:
+    """Bytes each of `workers` local engine workers may use: an equal share of the machine's memory.
+
+    dask's default (``memory_limit="auto"``) is RAM x threads / cores, a few GiB for a one-thread
+    worker on a many-core node, and at 80% of it the worker pauses: an engine worker would stop
+    taking shards while its engine holds the memory, and wait forever. An engine worker runs one
+    task at a time and owns its share of the node; the Nanny restarts it only past 95% of that.
+    """
+    from distributed import system
+
+    return max(1, int(system.MEMORY_LIMIT // max(1, workers)))
+
+
+# An engine worker neither pauses (it would never resume while its engine holds the memory) nor spills:
+# the memory is the engine's, not dask's data.
+ENGINE_WORKER_MEMORY = {"distributed.worker.memory.pause": False, "distributed.worker.memory.spill": False,
+                        "distributed.worker.memory.target": False}
+
+
 @contextmanager
-def dask_client(workers: int | None = None, scheduler: str | None = None, gpus_per_worker: int = 1) -> Iterator[Any]:
+def dask_client(workers: int | None = None, scheduler: str | None = None, gpus_per_worker: int = 1,
+                timeout: float = SCHEDULER_TIMEOUT) -> Iterator[Any]:
     """A dask Client for `scheduler`, or for a local cluster of `workers` engine workers.
 
     Local workers can each run one vLLM engine: they are not daemonic (dask's
     ``distributed.worker.daemon: False``; vLLM starts its EngineCore as a child
-    process, which a daemonic process may not have), run one task at a time, and
-    each sees only its own devices (`mentor.pipeline.devices.engine_worker_env`:
-    `gpus_per_worker` GPUs each, or its own cores on a CPU node). Workers of an
-    existing cluster (`scheduler`) are the user's to start that way (docs/gpus.md).
+    process, which a daemonic process may not have), run one task at a time, each
+    sees only its own devices (`mentor.pipeline.devices.engine_worker_env`:
+    `gpus_per_worker` GPUs each, or its own cores on a CPU node), and each may use an
+    equal share of the machine's memory without pausing (`engine_memory_limit`).
+    Workers of an existing cluster (`scheduler`) are the user's to start that way
+    (docs/gpus.md); the scheduler must answer, and have a worker, within `timeout` seconds.
     """
     distributed = _distributed()
-    if scheduler:
-        client = distributed.Client(scheduler)
+    if workers is not None and scheduler is not None:
+        raise ConfigError("--workers starts a local cluster and --scheduler joins an existing one: give one of them "
+                          "(the workers of an existing cluster are started there, with `dask worker`)")
+    if scheduler is not None:
+        client = connect_scheduler(scheduler, timeout)
         try:
             yield client
         finally:
@@ -168,11 +297,13 @@ def dask_client(workers: int | None = None, scheduler: str | None = None, gpus_p
 
     envs = engine_worker_env(workers, gpus_per_worker)
     quiet = {"host": "127.0.0.1", "dashboard": False, "silence_logs": logging.WARNING}
-    specs = {f"engine-{i}": {"cls": distributed.Nanny, "options": {"nthreads": 1, "env": env, **quiet}}
+    limit = engine_memory_limit(workers)
+    specs = {f"engine-{i}": {"cls": distributed.Nanny,
+                             "options": {"nthreads": 1, "env": env, "memory_limit": limit, **quiet}}
              for i, env in enumerate(envs)}
     scheduler_spec = {"cls": distributed.Scheduler, "options": {"host": "127.0.0.1", "dashboard": False}}
-    # The daemon setting is read by each Nanny when it starts (or restarts) its worker: keep it for the cluster's life.
-    with dask.config.set({"distributed.worker.daemon": False}), _quiet_dask_logs():
+    # Each Nanny hands the config to its worker when it starts (or restarts) it: keep it for the cluster's life.
+    with dask.config.set({"distributed.worker.daemon": False, **ENGINE_WORKER_MEMORY}), _quiet_dask_logs():
         with distributed.SpecCluster(workers=specs, scheduler=scheduler_spec, name="mentor") as cluster, \
                 distributed.Client(cluster) as client:
             yield client
@@ -197,13 +328,15 @@ def executor_for(client: Any = None, resources: dict[str, float] | None = None) 
 
 
 @contextmanager
-def open_executor(workers: int | None = None, scheduler: str | None = None, gpus_per_worker: int = 1) -> Iterator[Executor]:
+def open_executor(workers: int | None = None, scheduler: str | None = None, gpus_per_worker: int = 1,
+                  timeout: float = SCHEDULER_TIMEOUT) -> Iterator[Executor]:
     """The executor ``--workers`` / ``--scheduler`` ask for (neither: this process), open for the block."""
     if workers is None and scheduler is None:
         yield LocalExecutor()
         return
-    with dask_client(workers=workers, scheduler=scheduler, gpus_per_worker=gpus_per_worker) as client:
+    with dask_client(workers=workers, scheduler=scheduler, gpus_per_worker=gpus_per_worker, timeout=timeout) as client:
         yield DaskExecutor(client)
 
 
-__all__ = ["DaskExecutor", "Executor", "LocalExecutor", "dask_client", "executor_for", "open_executor"]
+__all__ = ["DaskExecutor", "Executor", "LocalExecutor", "SCHEDULER_TIMEOUT", "connect_scheduler", "dask_client",
+           "engine_memory_limit", "executor_for", "open_executor", "scheduler_address"]

@@ -26,6 +26,8 @@ from __future__ import annotations
 import importlib
 import json
 import logging
+import queue
+import threading
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -34,6 +36,7 @@ from typing import Any, Protocol, runtime_checkable
 from mentor.pipeline.errors import ConfigError
 
 log = logging.getLogger(__name__)
+_COUNTING = threading.Lock()
 
 FINISH_REASONS = ("stop", "length", "error")
 
@@ -62,6 +65,7 @@ class GenResult:
     finish_reason: str  # "stop" | "length" | "error" (backends may pass others through)
     prompt_tokens: int = 0
     completion_tokens: int = 0
+    error: str | None = None  # why there is no answer (finish_reason "error"): the server's or engine's reason
 
 
 # Told how many requests just finished, while an engine call runs (progress bars).
@@ -85,10 +89,13 @@ class CountingBackend:
     Subclasses implement `_generate`. `calls` counts engine calls (an empty
     request list is not a call). `on_done(n)`, when given, is told as requests
     finish (n of them at a time) while the call runs, for progress bars; a
-    backend that cannot tell reports them all at the end.
+    backend that cannot tell reports them all at the end. ``concurrent``: the
+    backend takes many `generate` calls at once from threads (a server does; an
+    in-process engine wants one batch at a time).
     """
 
     name = "base"
+    concurrent = False
 
     def __init__(self, model: str) -> None:
         self.model = model
@@ -112,10 +119,11 @@ class CountingBackend:
                 raise RuntimeError(f"{self.name} backend returned result {res.id!r} in the place of request {req.id!r}")
             pt += res.prompt_tokens
             ct += res.completion_tokens
-        self.calls += 1
-        self.requests += len(requests)
-        self.prompt_tokens += pt
-        self.completion_tokens += ct
+        with _COUNTING:  # a concurrent backend is called from several threads
+            self.calls += 1
+            self.requests += len(requests)
+            self.prompt_tokens += pt
+            self.completion_tokens += ct
         return results
 
     def counters(self) -> dict[str, int]:
@@ -125,6 +133,47 @@ class CountingBackend:
             "prompt_tokens": self.prompt_tokens,
             "completion_tokens": self.completion_tokens,
         }
+
+
+def concurrently(fn: Callable[[Any], Any], items: Sequence[Any], width: int, name: str = "mentor") -> Iterator[tuple[int, Any]]:
+    """``(index, fn(item))`` for each item as it finishes, at most `width` running at once.
+
+    The threads are daemons: when the caller stops (an error, Ctrl-C) it returns at once, and
+    what is still running (a request waiting on a server) is abandoned, not awaited until its
+    timeout. An exception in `fn` is raised here; no further item is started after it.
+    """
+    todo: queue.SimpleQueue = queue.SimpleQueue()
+    done: queue.SimpleQueue = queue.SimpleQueue()
+    for pair in enumerate(items):
+        todo.put(pair)
+    stop = threading.Event()
+
+    def work() -> None:
+        while not stop.is_set():
+            try:
+                i, item = todo.get_nowait()
+            except queue.Empty:
+                return
+            try:
+                done.put((i, fn(item), None))
+            except BaseException as exc:  # handed to the caller
+                done.put((i, None, exc))
+
+    for _ in range(max(1, min(width, len(items)))):
+        threading.Thread(target=work, name=name, daemon=True).start()
+    try:
+        for _ in range(len(items)):
+            while True:
+                try:
+                    i, result, exc = done.get(timeout=0.5)  # a blocking get would not see Ctrl-C
+                    break
+                except queue.Empty:
+                    continue
+            if exc is not None:
+                raise exc
+            yield i, result
+    finally:
+        stop.set()
 
 
 # --------------------------------------------------------------------------- fake
@@ -169,7 +218,7 @@ class FakeBackend(CountingBackend):
         for req in requests:
             ans = script(req)
             if isinstance(ans, GenResult):
-                out.append(GenResult(req.id, ans.text, ans.finish_reason, ans.prompt_tokens, ans.completion_tokens))
+                out.append(GenResult(req.id, ans.text, ans.finish_reason, ans.prompt_tokens, ans.completion_tokens, ans.error))
                 continue
             text = str(ans)
             ct = _approx_tokens(text)
@@ -212,7 +261,6 @@ def _exit_on_sigterm() -> None:
     processes outlive their parent. Only where nobody installed a handler.
     """
     import signal
-    import threading
 
     if threading.current_thread() is threading.main_thread() and signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:
         def handler(signum, frame):  # noqa: ARG001
@@ -259,7 +307,12 @@ def make_backend(kind: str, model: str | None = None, **options: Any) -> Backend
     key = _cache_key(kind, model, options)
     engine = _ENGINES.get(key)
     if engine is not None and getattr(engine, "dead", None):
-        engine = None  # a failed engine is never reused
+        # A failed engine is never reused, and its processes (and GPU memory) are gone before the next one starts.
+        del _ENGINES[key]
+        close = getattr(engine, "close", None)
+        if close is not None:
+            close()
+        engine = None
     if engine is None:
         _check_can_start_engine()
         from mentor.pipeline.models import resolve_model
@@ -304,6 +357,65 @@ def _server_backend(model: str | None, options: dict[str, Any]) -> Backend:
         raise ConfigError(f"the openai backend has no option {', '.join(unknown)} (engine settings belong to the server); "
                           f"options: {', '.join(SERVER_OPTIONS)}")
     return OpenAIBackend(model, **options)
+
+
+# vLLM options mentor passes by name, and what each must be (others go to ``vllm.LLM`` as they are).
+_VLLM_OPTIONS: dict[str, tuple[Callable[[Any], bool], str]] = {
+    "tensor_parallel_size": (lambda v: _whole(v) and v >= 1, "a whole number >= 1"),
+    "max_model_len": (lambda v: _whole(v) and v >= 16, "a whole number >= 16"),
+    "gpu_memory_utilization": (lambda v: isinstance(v, (int, float)) and not isinstance(v, bool) and 0 < v <= 1,
+                               "a number in (0, 1]"),
+    "enforce_eager": (lambda v: isinstance(v, bool), "true or false"),
+    "dtype": (lambda v: isinstance(v, str) and bool(v), "a dtype name (auto, bfloat16, float16, float32)"),
+    "seed": (lambda v: _whole(v) and v >= 0, "a whole number >= 0"),
+}
+
+
+def _whole(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def check_backend(kind: Any, model: Any, options: Any, where: str = "backend", base_url: Any = None) -> None:
+    """What building the backend would refuse, refused now (a workflow at load, before any stage runs).
+
+    `where` names the settings in errors (``hint.backend``): ``<where>.options.<name>: ...``;
+    `base_url`, when the settings hold it beside the options, is ``<where>.base_url``.
+    The server is not contacted and no engine starts.
+    """
+    if base_url is not None:
+        from mentor.pipeline.openai_backend import check_base_url
+
+        check_base_url(base_url, f"{where}.base_url")
+        options = {**options, "base_url": base_url} if isinstance(options, dict) else options
+    if kind not in ("vllm", "openai", "fake"):
+        raise ConfigError(f"{where}.backend {kind!r}: choose vllm (an engine here), openai (a server) or fake (tests)")
+    if model is not None and not isinstance(model, str):
+        raise ConfigError(f"{where}.model: must be text (a model name or folder), got {model!r}")
+    if not isinstance(options, dict):
+        raise ConfigError(f"{where}.options: must be a mapping, got {options!r}")
+    if kind == "openai":
+        from mentor.pipeline.openai_backend import check_server_options
+
+        if not model:
+            raise ConfigError(f"{where}.model: backend openai needs the name the server serves (GET BASE_URL/models lists them)")
+        if not options.get("base_url"):
+            raise ConfigError(f"{where}: backend openai needs base_url, the server's URL (e.g. http://HOST:8000/v1)")
+        unknown = sorted(set(options) - set(SERVER_OPTIONS))
+        if unknown:
+            raise ConfigError(f"{where}.options.{unknown[0]}: not an option of the openai backend (engine settings belong "
+                              f"to the server); options: {', '.join(SERVER_OPTIONS)}")
+        check_server_options(options, f"{where}.options")
+    elif kind == "vllm":
+        for name, (ok, what) in _VLLM_OPTIONS.items():
+            if name in options and not ok(options[name]):
+                raise ConfigError(f"{where}.options.{name}: must be {what}, got {options[name]!r}")
+        if "base_url" in options:
+            raise ConfigError(f"{where}.options.base_url: is for backend openai, not vllm")
+    elif isinstance(options.get("script"), str):
+        try:
+            resolve_callable(options["script"])
+        except ConfigError as exc:
+            raise ConfigError(f"{where}.options.script: {exc}") from None
 
 
 _HELD = 0
@@ -379,7 +491,9 @@ __all__ = [
     "FakeBackend",
     "GenRequest",
     "GenResult",
+    "check_backend",
     "close_backends",
+    "concurrently",
     "describe_backend",
     "engine_starts",
     "hold_engines",

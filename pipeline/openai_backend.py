@@ -1,12 +1,14 @@
 """The OpenAI-compatible server backend: `vllm serve`, SGLang, or any server a team already runs.
 
-A wave of requests goes to the server concurrently (at most ``max_concurrency``
-in flight; the server batches them as vLLM's offline engine would), through the
-official ``openai`` client. Each request keeps what the in-process engine gives
-it: its own ``seed``, ``temperature``/``top_p``/``max_tokens``, its JSON schema,
-and its chat-template variables (``extra_body.chat_template_kwargs``, how vLLM
-and SGLang take e.g. ``enable_thinking``). Results come back in request order,
-paired by position, never by text.
+Requests go to the server concurrently (at most ``max_concurrency`` in flight,
+however many callers: the server batches them as vLLM's offline engine batches
+a wave), through the official ``openai`` client. Each request keeps what the
+in-process engine gives it: its own ``seed``, ``temperature``/``top_p``/``max_tokens``,
+its JSON schema, and its chat-template variables (``extra_body.chat_template_kwargs``,
+how vLLM and SGLang take e.g. ``enable_thinking``). Results come back in request
+order, paired by position, never by text. The backend is ``concurrent``: many
+`generate` calls may run at once from threads (the hint stage runs each problem's
+chain of requests on its own, so no wave waits for its slowest request).
 
 Structured output, by ``structured_output``:
 
@@ -16,40 +18,109 @@ Structured output, by ``structured_output``:
 - ``none``: no grammar. The agents' prompts still ask for JSON and their
   parsers read the first JSON object of the answer (after any ``<think>``
   block), so a server without structured output works, with more parse
-  failures from a small model. A server that rejects the schema answers 400 to
-  every request; the wave then fails with one error that says to use ``none``.
+  failures from a small model.
 
-Errors. The client retries connection errors, timeouts, 429 and 5xx with
-exponential backoff (``max_retries``); a server still down after that, a model
-it does not serve or a refused key is one `EngineError` naming the URL, which
-the stage turns into a message that keeps the finished shards (a rerun resumes).
-A 400 for one request (its prompt is longer than the server's context) is that
-request's ``error`` result; 400 for every request of a wave is a setup problem
-and fails the wave.
+Waits. Every request waits at most ``timeout`` seconds (``--request-timeout``)
+per attempt, connecting at most 10 s; the client retries connection errors,
+timeouts, 429 and 5xx with exponential backoff (``max_retries``), so a server
+that accepts and never answers fails a request after about
+``(max_retries + 1) * timeout`` seconds. The check at start (``GET /models``)
+waits at most 30 s, twice.
 
-Nothing to close: the server belongs to whoever started it.
+Errors. What makes every request fail is one `EngineError` naming the URL: a
+server that is down at start, a model it does not serve, a refused key, an
+answer to ``GET /models`` that is not a model list. What happens to one request
+stays with it: a request that still fails after the client's retries (a 400
+for a prompt longer than the server's context, a timeout, an answer that is not
+a chat completion: torn JSON, HTML, no ``choices``, no ``message``) is that
+request's result with finish reason ``error`` and the reason in ``error``; the
+stage decides (the hint stage moves the problem along as a failed model call
+and counts it; a rollout without a response is never a failed rollout).
+A server that answers nothing usable is still an error: every request of a wave
+of two or more failing, or `FAIL_STREAK` requests in a row failing, raise
+`EngineError` with the reason (and, when the server refused JSON schemas, the
+way out: ``structured_output: none``).
+
+Nothing to close but the connections: the server belongs to whoever started it.
 """
 
 from __future__ import annotations
 
-import asyncio
 import logging
+import math
 import os
+import threading
 from collections.abc import Sequence
 from typing import Any
+from urllib.parse import urlsplit
 
 from mentor.pipeline.errors import ConfigError, EngineError
-from mentor.pipeline.llm import CountingBackend, GenRequest, GenResult, OnDone
+from mentor.pipeline.llm import CountingBackend, GenRequest, GenResult, OnDone, concurrently
 
 log = logging.getLogger(__name__)
 
 STRUCTURED_MODES = ("response_format", "structured_outputs", "none")
+DEFAULT_TIMEOUT = 600.0  # seconds per attempt of one request (a long generation on a busy server fits)
+CONNECT_TIMEOUT = 10.0
+CHECK_TIMEOUT = 30.0  # GET /models at start
+FAIL_STREAK = 16  # this many requests in a row without an answer: the server is broken, not the requests
+MAX_THREADS = 1024
+
+
+def check_base_url(url: Any, where: str = "--base-url") -> str:
+    """`url` without its trailing slash, or a `ConfigError` naming `where` and the form it should have."""
+    example = "e.g. http://127.0.0.1:8000/v1"
+    if not isinstance(url, str) or not url.strip():
+        raise ConfigError(f"{where}: the server's URL is missing ({example})")
+    if url != url.strip() or any(c.isspace() for c in url):
+        raise ConfigError(f"{where} {url!r}: a URL has no spaces ({example})")
+    try:
+        parts = urlsplit(url)
+        port = parts.port
+    except ValueError as exc:
+        raise ConfigError(f"{where} {url!r}: not a URL ({exc}); {example}") from exc
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise ConfigError(f"{where} {url!r}: not an http:// or https:// URL with a host; {example}")
+    if parts.query or parts.fragment:
+        raise ConfigError(f"{where} {url!r}: the server's base URL has no ?query or #fragment; {example}")
+    if port == 0:
+        raise ConfigError(f"{where} {url!r}: port 0 is not a server's port; {example}")
+    return url.rstrip("/")
+
+
+def _positive_seconds(value: Any, name: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
+        raise ConfigError(f"{name}: must be a number of seconds > 0, got {value!r}")
+    return float(value)
+
+
+def _count(value: Any, name: str, least: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < least:
+        raise ConfigError(f"{name}: must be a whole number >= {least}, got {value!r}")
+    return value
+
+
+def check_server_options(options: dict[str, Any], where: str = "options") -> None:
+    """The server backend's options, checked as `OpenAIBackend` checks them, each error naming ``where.<option>``."""
+    if "base_url" in options:
+        check_base_url(options["base_url"], f"{where}.base_url")
+    if "max_concurrency" in options:
+        _count(options["max_concurrency"], f"{where}.max_concurrency", 1)
+    if "max_retries" in options:
+        _count(options["max_retries"], f"{where}.max_retries", 0)
+    if "timeout" in options:
+        _positive_seconds(options["timeout"], f"{where}.timeout")
+    if options.get("structured_output", "response_format") not in STRUCTURED_MODES:
+        raise ConfigError(f"{where}.structured_output: {options['structured_output']!r}: choose one of {', '.join(STRUCTURED_MODES)}")
+    if "api_key" in options and not isinstance(options["api_key"], (str, type(None))):
+        raise ConfigError(f"{where}.api_key: must be text (or leave it out and set OPENAI_API_KEY)")
 
 
 class OpenAIBackend(CountingBackend):
-    """Chat completions from an OpenAI-compatible server, a wave at a time, concurrently."""
+    """Chat completions from an OpenAI-compatible server, as many at once as ``max_concurrency`` allows."""
 
     name = "openai"
+    concurrent = True
 
     def __init__(
         self,
@@ -58,7 +129,7 @@ class OpenAIBackend(CountingBackend):
         api_key: str | None = None,
         max_concurrency: int = 64,
         max_retries: int = 4,
-        timeout: float = 3600.0,
+        timeout: float = DEFAULT_TIMEOUT,
         structured_output: str = "response_format",
         check: bool = True,
     ) -> None:
@@ -69,38 +140,62 @@ class OpenAIBackend(CountingBackend):
             raise ConfigError("the openai backend needs the openai client: pip install openai") from exc
         if structured_output not in STRUCTURED_MODES:
             raise ConfigError(f"structured_output {structured_output!r}: choose one of {', '.join(STRUCTURED_MODES)}")
-        if max_concurrency < 1:
-            raise ConfigError(f"max_concurrency must be >= 1, got {max_concurrency}")
         self._openai = openai
-        self.base_url = base_url.rstrip("/")
+        self.base_url = check_base_url(base_url, "base_url")
         # vLLM serve accepts any key unless started with --api-key; OPENAI_API_KEY when set.
         self.api_key = api_key or os.environ.get("OPENAI_API_KEY") or "EMPTY"
-        self.max_concurrency = max_concurrency
-        self.max_retries = max_retries
-        self.timeout = timeout
+        self.max_concurrency = _count(max_concurrency, "max_concurrency", 1)
+        self.max_retries = _count(max_retries, "max_retries", 0)
+        self.timeout = _positive_seconds(timeout, "timeout (--request-timeout)")
         self.structured_output = structured_output
+        self._slots = threading.BoundedSemaphore(self.max_concurrency)
+        self._lock = threading.Lock()
+        self._http: Any = None
+        self.answered = 0
+        self.failed = 0
+        self._streak = 0
         if check:
             self._check_model()
 
     # ------------------------------------------------------------------ setup
 
-    def _client(self, asynchronous: bool):
-        cls = self._openai.AsyncOpenAI if asynchronous else self._openai.OpenAI
-        return cls(base_url=self.base_url, api_key=self.api_key, max_retries=self.max_retries, timeout=self.timeout)
+    def _new_client(self, timeout: float, max_retries: int):
+        t = self._openai.Timeout(timeout, connect=min(timeout, CONNECT_TIMEOUT))
+        return self._openai.OpenAI(base_url=self.base_url, api_key=self.api_key, max_retries=max_retries, timeout=t)
+
+    def _client(self):
+        with self._lock:
+            if self._http is None:
+                self._http = self._new_client(self.timeout, self.max_retries)
+            return self._http
+
+    def close(self) -> None:
+        with self._lock:
+            if self._http is not None:
+                self._http.close()
+                self._http = None
 
     def _check_model(self) -> None:
-        """Fail now, with the URL, when the server is down or does not serve the model."""
+        """Fail now, with the URL, when the server is down, is not an OpenAI-compatible server, or does not serve the model."""
         openai = self._openai
+        where = f"the server at {self.base_url}"
         try:
-            with self._client(asynchronous=False) as client:
-                served = [m.id for m in client.models.list()]
+            with self._new_client(min(self.timeout, CHECK_TIMEOUT), min(self.max_retries, 1)) as client:
+                resp = client.models.with_raw_response.list().http_response
         except openai.AuthenticationError as exc:
-            raise EngineError(f"the server at {self.base_url} refused the API key (set OPENAI_API_KEY or api_key): {exc}") from exc
+            raise EngineError(f"{where} refused the API key (set OPENAI_API_KEY or api_key): {_one_line(exc)}") from exc
+        except openai.APIStatusError as exc:
+            raise EngineError(f"{where} answered GET /models with {_one_line(exc)}: is the URL the server's API root "
+                              "(it usually ends in /v1)?") from exc
         except openai.APIError as exc:
-            raise EngineError(f"the server at {self.base_url} did not answer ({_one_line(exc)}) after {self.max_retries} "
-                              "retries: is it running, and is the URL right (it ends in /v1)?") from exc
+            raise EngineError(f"{where} did not answer GET /models ({_one_line(exc)}): is it running, and is the URL right "
+                              "(it ends in /v1)?") from exc
+        served = _model_ids(resp)
+        if served is None:
+            raise EngineError(f"{where} answered GET /models with {_body_view(resp)}, not an OpenAI model list: is the URL "
+                              "an OpenAI-compatible server's API root (e.g. http://HOST:8000/v1)?")
         if self.model not in served:
-            raise EngineError(f"the server at {self.base_url} does not serve model {self.model!r} (it serves: "
+            raise EngineError(f"{where} does not serve model {self.model!r} (it serves: "
                               f"{', '.join(served) or 'nothing'}); pass one of those as --model")
 
     def _body(self, req: GenRequest) -> dict[str, Any]:
@@ -125,63 +220,121 @@ class OpenAIBackend(CountingBackend):
             body["extra_body"] = extra
         return body
 
+    # ------------------------------------------------------------------ one request
+
+    def _ask(self, req: GenRequest) -> GenResult:
+        """One request, its answer or its error result; a setup problem (or a broken server) raises `EngineError`."""
+        openai = self._openai
+        where = f"the server at {self.base_url}"
+        with self._slots:
+            try:
+                resp = self._client().chat.completions.with_raw_response.create(**self._body(req)).http_response
+            except openai.AuthenticationError as exc:
+                raise EngineError(f"{where} refused the API key: {_one_line(exc)}") from exc
+            except openai.PermissionDeniedError as exc:
+                raise EngineError(f"{where} refused the request (403): {_one_line(exc)}") from exc
+            except openai.NotFoundError as exc:
+                raise EngineError(f"{where} has no model {self.model!r} any more ({_one_line(exc)})") from exc
+            except openai.APITimeoutError as exc:
+                return self._failed(req, f"no answer within {self.timeout:g} s, {self.max_retries + 1} attempts "
+                                         f"(raise --request-timeout if the server is only slow) ({_one_line(exc)})")
+            except openai.APIError as exc:
+                return self._failed(req, _one_line(exc))
+        result = _completion_result(req, resp)
+        if result.finish_reason == "error":
+            return self._failed(req, result.error or "no answer")
+        with self._lock:
+            self.answered += 1
+            self._streak = 0
+        return result
+
+    def _failed(self, req: GenRequest, reason: str) -> GenResult:
+        with self._lock:
+            self.failed += 1
+            self._streak += 1
+            streak, failed = self._streak, self.failed
+        if streak >= FAIL_STREAK:
+            raise EngineError(f"the server at {self.base_url} gave no usable answer to {streak} requests in a row "
+                              f"(the last: {reason}){self._schema_hint(req, reason)}")
+        if failed in (1, 10, 100) or failed % 1000 == 0:
+            log.warning("the server at %s: %d request(s) without an answer so far (the latest: %s); each counts as a "
+                        "failed model call", self.base_url, failed, reason)
+        return GenResult(req.id, "", "error", error=reason)
+
+    def _schema_hint(self, req: GenRequest, reason: str) -> str:
+        if req.json_schema is not None and self.structured_output != "none" and "400" in reason:
+            return "; if it does not support JSON schemas, use structured_output: none (--structured-output none)"
+        return ""
+
     # ------------------------------------------------------------------ generation
 
-    async def _one(self, client, sem: asyncio.Semaphore, req: GenRequest, on_done: OnDone | None) -> GenResult | Exception:
-        openai = self._openai
-        async with sem:
-            try:
-                resp = await client.chat.completions.create(**self._body(req))
-            except openai.BadRequestError as exc:
-                return exc  # this request's problem, unless every request of the wave has it
-            finally:
-                if on_done is not None:
-                    on_done(1)
-        choice = resp.choices[0] if resp.choices else None
-        usage = resp.usage
-        pt = usage.prompt_tokens if usage else 0
-        ct = usage.completion_tokens if usage else 0
-        if choice is None:
-            return GenResult(req.id, "", "error", pt, ct)
-        return GenResult(req.id, choice.message.content or "", choice.finish_reason or "stop", pt, ct)
-
-    async def _wave(self, requests: Sequence[GenRequest], on_done: OnDone | None) -> list[GenResult | Exception]:
-        sem = asyncio.Semaphore(self.max_concurrency)
-        async with self._client(asynchronous=True) as client:
-            return await asyncio.gather(*(self._one(client, sem, r, on_done) for r in requests))
-
     def _generate(self, requests: Sequence[GenRequest], on_done: OnDone | None) -> list[GenResult]:
-        openai = self._openai
-        try:
-            outs = _run(self._wave(requests, on_done))
-        except openai.AuthenticationError as exc:
-            raise EngineError(f"the server at {self.base_url} refused the API key: {_one_line(exc)}") from exc
-        except openai.NotFoundError as exc:
-            raise EngineError(f"the server at {self.base_url} has no model {self.model!r} any more ({_one_line(exc)})") from exc
-        except openai.APIError as exc:
-            raise EngineError(f"the server at {self.base_url} failed on a wave of {len(requests)} requests "
-                              f"({_one_line(exc)}) after {self.max_retries} retries") from exc
-        bad = [o for o in outs if isinstance(o, Exception)]
-        if bad and len(bad) == len(outs):
-            hint = "; if it does not support JSON schemas, use structured_output: none" if any(r.json_schema for r in requests) else ""
-            raise EngineError(f"the server at {self.base_url} rejected all {len(outs)} requests of a wave "
-                              f"({_one_line(bad[0])}){hint}")
-        if bad:
-            log.warning("the server at %s rejected %d of %d requests (e.g. %s): they count as errors",
-                        self.base_url, len(bad), len(outs), _one_line(bad[0]))
-        return [GenResult(r.id, "", "error") if isinstance(o, Exception) else o for r, o in zip(requests, outs)]
+        if len(requests) == 1:
+            out = [self._ask(requests[0])]
+            if on_done is not None:
+                on_done(1)
+        else:
+            out = self._wave(requests, on_done)
+        bad = [r for r in out if r.finish_reason == "error"]
+        if len(out) > 1 and len(bad) == len(out):
+            raise EngineError(f"the server at {self.base_url} gave no usable answer to any of the {len(out)} requests of a wave "
+                              f"(e.g. {bad[0].error}){self._schema_hint(requests[0], bad[0].error or '')}")
+        return out
+
+    def _wave(self, requests: Sequence[GenRequest], on_done: OnDone | None) -> list[GenResult]:
+        out: list[GenResult | None] = [None] * len(requests)
+        width = min(self.max_concurrency, MAX_THREADS)
+        for i, result in concurrently(self._ask, requests, width, "mentor-openai"):  # an EngineError ends the wave
+            out[i] = result
+            if on_done is not None:
+                on_done(1)
+        return out  # type: ignore[return-value]
 
 
-def _run(coro):
-    """Run `coro` to completion from sync code, also where an event loop is already running (a notebook)."""
+def _model_ids(resp: Any) -> list[str] | None:
+    """The ids of an OpenAI model list (``{"data": [{"id": ...}, ...]}``), None when the answer is not one."""
     try:
-        asyncio.get_running_loop()
-    except RuntimeError:
-        return asyncio.run(coro)
-    from concurrent.futures import ThreadPoolExecutor
+        data = resp.json()
+    except ValueError:
+        return None
+    items = data.get("data") if isinstance(data, dict) else None
+    if not isinstance(items, list) or not all(isinstance(m, dict) and isinstance(m.get("id"), str) for m in items):
+        return None
+    return [m["id"] for m in items]
 
-    with ThreadPoolExecutor(1) as pool:
-        return pool.submit(asyncio.run, coro).result()
+
+def _completion_result(req: GenRequest, resp: Any) -> GenResult:
+    """A chat completion's first choice as a `GenResult`; an answer that is not one is an error result saying why."""
+    try:
+        data = resp.json()
+    except ValueError:
+        return GenResult(req.id, "", "error", error=f"the answer is not JSON: {_body_view(resp)}")
+    choices = data.get("choices") if isinstance(data, dict) else None
+    if not isinstance(choices, list):
+        return GenResult(req.id, "", "error", error=f"the answer is not a chat completion (no 'choices' list): {_body_view(resp)}")
+    if not choices:
+        return GenResult(req.id, "", "error", error="the answer has no choices ('choices': [])")
+    choice = choices[0]
+    message = choice.get("message") if isinstance(choice, dict) else None
+    if not isinstance(message, dict):
+        return GenResult(req.id, "", "error", error="the answer's choice has no 'message'")
+    content = message.get("content")
+    if content is not None and not isinstance(content, str):
+        return GenResult(req.id, "", "error", error=f"the answer's message content is not text ({type(content).__name__})")
+    finish = choice.get("finish_reason")
+    usage = data.get("usage") if isinstance(data.get("usage"), dict) else {}
+    return GenResult(req.id, content or "", finish if isinstance(finish, str) and finish else "stop",
+                     _tokens(usage.get("prompt_tokens")), _tokens(usage.get("completion_tokens")))
+
+
+def _tokens(v: Any) -> int:
+    return v if isinstance(v, int) and not isinstance(v, bool) and 0 <= v < 2**31 else 0
+
+
+def _body_view(resp: Any) -> str:
+    kind = resp.headers.get("content-type", "no content type").split(";")[0]
+    text = " ".join(resp.text[:120].split()) if resp.content else ""
+    return f"{resp.status_code} {kind} {text!r}" if text else f"{resp.status_code} {kind}, empty body"
 
 
 def _one_line(exc: BaseException) -> str:
@@ -189,4 +342,4 @@ def _one_line(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {text[:240]}" if text else type(exc).__name__
 
 
-__all__ = ["STRUCTURED_MODES", "OpenAIBackend"]
+__all__ = ["DEFAULT_TIMEOUT", "STRUCTURED_MODES", "OpenAIBackend", "check_base_url", "check_server_options"]

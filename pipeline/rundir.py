@@ -63,7 +63,24 @@ def _alive(pid: int) -> bool:
         return False
     except PermissionError:
         return True
+    except (OverflowError, OSError):
+        return False
     return True
+
+
+def _pid(value: Any) -> int | None:
+    """A process id as `begin` writes it (an int > 0), or None: -1 and 0 are not one process (os.kill reads them
+    as "every process" and "this group", both alive)."""
+    return value if isinstance(value, int) and not isinstance(value, bool) and 0 < value < 2**31 else None
+
+
+def _read_dict(path: Path) -> dict[str, Any] | None:
+    """A bookkeeping JSON file as a mapping; None when it is missing, unreadable, or not a mapping."""
+    try:
+        value = read_json(path) if path.is_file() else None
+    except (OSError, ValueError):
+        return None
+    return value if isinstance(value, dict) else None
 
 
 @dataclass(frozen=True)
@@ -106,11 +123,8 @@ class StageDir:
         """done | running | interrupted | failed | pending."""
         running = self.path / "_running.json"
         if running.exists():
-            try:
-                pid = int(read_json(running)["pid"])
-            except (ValueError, KeyError, OSError):
-                return "interrupted"
-            return "running" if _alive(pid) else "interrupted"
+            pid = _pid((_read_dict(running) or {}).get("pid"))
+            return "running" if pid is not None and _alive(pid) else "interrupted"
         if (self.path / "_failed.json").exists():
             return "failed"
         if self.done_key():
@@ -121,17 +135,19 @@ class StageDir:
         f = self.path / "_failed.json"
         if not f.exists():
             return None
-        try:
-            return read_json(f).get("error")
-        except (OSError, ValueError, AttributeError):  # cut short by a kill or edited: still a failure
-            return f"{f}: unreadable (the stage failed; its error message was lost)"
+        error = (_read_dict(f) or {}).get("error")
+        if isinstance(error, str) and error.strip():
+            return error
+        # cut short by a kill, or edited: still a failure
+        return f"{f}: unreadable (the stage failed; its error message was lost)"
 
     def stats(self) -> dict[str, Any]:
-        f = self.path / STATS_FILE
-        try:
-            return read_json(f) if f.exists() else {}
-        except (OSError, ValueError):
-            return {}
+        """stats.json as a mapping ({} when missing, unreadable or not a mapping)."""
+        return _read_dict(self.path / STATS_FILE) or {}
+
+    def outcome(self) -> dict[str, Any]:
+        """A train stage's outcome.json as a mapping ({} when missing, unreadable or not a mapping)."""
+        return _read_dict(self.path / "outcome.json") or {}
 
 
 @dataclass(frozen=True)
@@ -148,10 +164,14 @@ class RunDir:
         return StageDir(self.path / "base-prompts", "build")
 
     def rounds(self) -> list[int]:
+        """The rounds that have a folder (``round-NNN``, as `round_name` writes them), in order."""
         out = []
         for d in sorted(self.path.glob("round-*")):
-            try:
-                out.append(int(d.name.split("-", 1)[1]))
-            except ValueError:
-                continue
+            digits = d.name.split("-", 1)[1]
+            if d.is_dir() and digits.isascii() and digits.isdigit() and d.name == round_name(int(digits)):
+                out.append(int(digits))
         return out
+
+    def is_run(self) -> bool:
+        """Whether `mentor run` wrote this folder (its workflow.yaml, or a round folder)."""
+        return (self.path / "workflow.yaml").is_file() or bool(self.rounds())

@@ -30,8 +30,10 @@ EngineCore and its workers, which vLLM starts with spawn and which inherit
 this process's stderr) write to a log file instead of the terminal: a failing
 engine prints pages of traces from several processes. A failure surfaces as
 one `EngineError` naming the reason and the log file; stages add the stage
-and shard. A dead engine is never reused: the next `make_backend` builds a
-new one.
+and shard. A dead engine is closed at once (its GPU memory freed) and never
+reused: the next `make_backend` builds a new one. A request the engine refuses
+(a prompt longer than ``max_model_len``) does not kill it: that request's result
+has finish reason ``error`` and the reason, the others are answered.
 
 Process start. vLLM forks its EngineCore by default on GPUs and spawns it only
 when it sees CUDA initialised in the parent (``torch.cuda.is_initialized()``).
@@ -57,7 +59,7 @@ import time
 from collections.abc import Sequence
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from mentor.pipeline.errors import ConfigError, EngineError
 from mentor.pipeline.llm import CountingBackend, GenRequest, GenResult, OnDone
@@ -302,6 +304,20 @@ def _engine_processes() -> list:
     return out
 
 
+class _Refused(NamedTuple):
+    """In the place of a request's output: the engine refused the request (the reason), and is fine."""
+
+    reason: str
+
+
+def _refusals() -> tuple[type[BaseException], ...]:
+    """What vLLM raises for a request it will not take (newer releases: ``VLLMClientError``; older: ``ValueError``)."""
+    import vllm.exceptions
+
+    client = getattr(vllm.exceptions, "VLLMClientError", None)
+    return (client, ValueError) if client is not None else (ValueError,)
+
+
 class VLLMBackend(CountingBackend):
     """Offline ``vllm.LLM`` with prefix caching and per-request sampling / JSON-schema output."""
 
@@ -442,14 +458,32 @@ class VLLMBackend(CountingBackend):
             groups.setdefault(json.dumps(r.chat_template_kwargs, sort_keys=True), []).append(i)
         outputs: list = [None] * len(requests)
         for idx in groups.values():
-            kwargs = requests[idx[0]].chat_template_kwargs
-            got = self.chat([requests[i].messages for i in idx], [self.sampling_params(requests[i]) for i in idx], kwargs,
-                            on_done)
-            if len(got) != len(idx):
-                raise RuntimeError(f"vLLM returned {len(got)} outputs for {len(idx)} prompts")
-            for i, out in zip(idx, got):
-                outputs[i] = out
+            self._chat_or_split(requests, idx, outputs, on_done)
         return outputs
+
+    def _chat_or_split(self, requests: Sequence[GenRequest], idx: list[int], outputs: list, on_done: OnDone | None) -> None:
+        """``llm.chat`` on the requests `idx` (one set of template variables) into `outputs`.
+
+        vLLM checks each request as it adds it (a prompt longer than ``max_model_len``, ...) and,
+        when one is refused, aborts the ones already added and raises a client error: the engine
+        itself is fine. Then the batch is split in halves until the refused requests stand alone;
+        each gets a `_Refused` in its place, the others their outputs (each generated once).
+        """
+        try:
+            got = self.chat([requests[i].messages for i in idx], [self.sampling_params(requests[i]) for i in idx],
+                            requests[idx[0]].chat_template_kwargs, on_done)
+        except _refusals() as exc:
+            if len(idx) == 1:
+                outputs[idx[0]] = _Refused(" ".join(str(exc).split())[:300])
+                return
+            half = len(idx) // 2
+            self._chat_or_split(requests, idx[:half], outputs, on_done)
+            self._chat_or_split(requests, idx[half:], outputs, on_done)
+            return
+        if len(got) != len(idx):
+            raise RuntimeError(f"vLLM returned {len(got)} outputs for {len(idx)} prompts")
+        for i, out in zip(idx, got):
+            outputs[i] = out
 
     def _generate(self, requests: Sequence[GenRequest], on_done: OnDone | None) -> list[GenResult]:
         if self.dead is not None:
@@ -458,10 +492,14 @@ class VLLMBackend(CountingBackend):
             outputs = self._chat_batches(requests, on_done)
         except Exception as exc:
             self.dead = _reason(exc, self.log_path)
+            self.close()  # its memory (a GPU's) is free before anyone builds the next engine
             raise EngineError(f"the vLLM engine failed on a batch of {len(requests)} requests ({self.dead}){self._see_log()}") from exc
         results = []
         # llm.chat returns outputs in prompt order; pair by position, never by text.
         for req, out in zip(requests, outputs):
+            if isinstance(out, _Refused):
+                results.append(GenResult(req.id, "", "error", error=f"the vLLM engine refused the request: {out.reason}"))
+                continue
             comp = out.outputs[0] if out.outputs else None
             if comp is None:
                 results.append(GenResult(req.id, "", "error", len(out.prompt_token_ids or ()), 0))

@@ -3,7 +3,9 @@
 Waves. Every pending problem of a shard takes its next agent step in the same
 wave, and a wave is ONE backend call (requests of different agents mixed), so
 engine calls grow with the number of waves, never with the number of
-problems. A problem's path through the waves:
+problems. A server (a ``concurrent`` backend) gets no waves: each problem sends
+its next request as soon as its last one is answered (`_chains`), so the server's
+batch never drains to the slowest request of a wave. A problem's path:
 
     attribution -> generation -> rules [-> judgment] -> accepted
                                    | fail                 | low score
@@ -21,7 +23,9 @@ state machine above. Rules run locally between waves (no engine call); only a hi
 that passes them is sent to the LLM judge. Bad model output (invalid JSON, empty text,
 truncation, a hint in another language, keywords that are the answer, a
 failed trajectory that carries instructions) only ever moves a problem along
-this path, and is counted in the stats.
+this path, and is counted in the stats; so does a request that got no answer
+(``failed_calls``: a server's error after its retries, a prompt too long for the
+engine). A shard none of whose requests got an answer fails (`EngineError`).
 
 Shards. `hint_shard(rows, cfg, backend)` is a pure function of its rows (the
 seeds of every request derive from problem ids, not positions); `hint_to_dir`
@@ -45,6 +49,7 @@ import json
 import logging
 import os
 import re
+import threading
 import time
 import zlib
 from collections import Counter
@@ -60,7 +65,7 @@ from pydantic import BaseModel, ConfigDict
 from mentor.pipeline.errors import ConfigError, EngineError
 from mentor.pipeline.executor import Executor, LocalExecutor
 from mentor.pipeline.ids import content_hash
-from mentor.pipeline.llm import Backend, GenRequest, GenResult, describe_backend, release_engines
+from mentor.pipeline.llm import Backend, GenRequest, GenResult, concurrently, describe_backend, release_engines
 from mentor.pipeline.schemas import HINTS, SCHEMA_VERSION, TRACE_ENTRY, schema_metadata
 from mentor.pipeline.shards import Shard, ShardPlan, ShardResult
 from mentor.pipeline.stage import Context, StageSpec, Stats, StatsLayout, write_stats
@@ -80,6 +85,7 @@ HINT_STATS = StatsLayout(
         "problems", "accepted", "repaired", "fallback", "engine_calls", "waves", "requests", "prompt_tokens",
         "completion_tokens", "retries", "refines", "judge_calls", "keyword_leaks", "keyword_invalid", "error_leaks",
         "copied_instructions",  # keywords / errors that repeat the attribution prompt, dropped
+        "failed_calls",  # requests without an answer (a server's error after its retries, a prompt too long)
         "trimmed",  # candidates cut back to the leading sentences that pass the rules
         "shards",
     ),
@@ -384,7 +390,19 @@ def hint_shard(
     shard = _Shard(cfg, t, st)
     problems = [shard.problem(i, row) for i, row in enumerate(rows)]
     calls0, pt0, ct0 = backend.calls, backend.prompt_tokens, backend.completion_tokens
+    requests0, errors = st.requests, []
+
+    def answered(p: _Problem, res: GenResult) -> None:
+        """A request without an answer is a failed model call, counted; its problem moves on as after a parse failure."""
+        if res.finish_reason == "error":
+            st.failed_calls += 1
+            errors.append(res.error or "no reason given")
+        shard.consume(p, res)
+
     pending = [p for p in problems if p.phase is not Phase.DONE]
+    if getattr(backend, "concurrent", False):
+        _chains(shard, pending, backend, answered, progress)
+        pending = []
     while pending:
         t0 = time.perf_counter()
         results = backend.generate([shard.request(p) for p in pending])
@@ -394,11 +412,14 @@ def hint_shard(
             log.info("wave %d: %d requests %s in %.1f s", st.waves, len(pending), dict(in_wave), time.perf_counter() - t0)
         st.requests += len(pending)
         for p, res in zip(pending, results):
-            shard.consume(p, res)
+            answered(p, res)
         still = [p for p in pending if p.phase is not Phase.DONE]
         if progress is not None:
             progress(len(pending) - len(still), st.waves)
         pending = still
+    asked = st.requests - requests0
+    if asked and len(errors) == asked:
+        raise EngineError(f"the model answered none of the {asked} requests (e.g. {errors[0]})")
     st.engine_calls += backend.calls - calls0
     st.prompt_tokens += backend.prompt_tokens - pt0
     st.completion_tokens += backend.completion_tokens - ct0
@@ -415,6 +436,45 @@ def hint_shard(
         st.refines += p.refines
     model = getattr(backend, "model", "unknown")
     return _to_table(problems, model, t.version, row_config_hash(cfg, model))
+
+
+def _chains(shard: _Shard, problems: list[_Problem], backend: Backend, answered: Callable[[_Problem, GenResult], None],
+            progress: Callable[[int, int], None] | None) -> None:
+    """Each problem's requests one after another, problems side by side (a server): no wave waits for its slowest request.
+
+    As many problems run at once as the backend keeps requests in flight (``max_concurrency``);
+    when one finishes the next starts, so the server always has a full batch. The state machine
+    is the same; its steps are taken under one lock (they are quick and local), the requests
+    outside it. ``waves`` counts the steps of the longest chain, ``requests`` every request.
+    """
+    st, lock, stop = shard.st, threading.Lock(), threading.Event()
+    longest = 0
+
+    def run(p: _Problem) -> None:
+        nonlocal longest
+        steps = 0
+        while not stop.is_set():
+            with lock:
+                if p.phase is Phase.DONE:
+                    break
+                req = shard.request(p)
+            (res,) = backend.generate([req])
+            steps += 1
+            with lock:
+                st.requests += 1
+                answered(p, res)
+        with lock:
+            longest = max(longest, steps)
+            if progress is not None and p.phase is Phase.DONE:
+                progress(1, longest)
+
+    width = min(getattr(backend, "max_concurrency", 64), 1024)
+    try:
+        for _ in concurrently(run, problems, width, "mentor-hint"):  # the first error (a broken server) ends the shard
+            pass
+    finally:
+        stop.set()  # chains still running send no further request
+    st.waves += longest
 
 
 def row_config_hash(cfg: HintConfig, model: str) -> str:

@@ -14,6 +14,10 @@ user message with the domain's instruction), or a bundled set name
 (``gsm8k``, ``math500``, ``humaneval``). Inputs are read and checked before any
 engine starts.
 
+A rollout that got no response (a server's error after its retries, a prompt
+longer than the engine's context) is never written as a failed rollout: its
+shard fails with the reason, and a rerun samples it again.
+
 Shards. The prompts are sampled in shards of ``shard_size`` prompts, one
 engine call each (vLLM schedules the whole shard), in this process, as
 resumable shards (`mentor.pipeline.shards`: ``part-NNNNN.parquet`` with a done
@@ -228,6 +232,13 @@ def sample_and_verify(
     t0 = time.monotonic()
     results = backend.generate(requests, on_done=on_done)
     log.info("sampled %d rollouts in %.1fs", len(results), time.monotonic() - t0)
+    missing = [(req, res) for req, res in zip(requests, results) if res.finish_reason == "error"]
+    if missing:
+        # A rollout that never got a response is not a failed rollout: scored 0 it would make a collapsed problem.
+        req, res = missing[0]
+        raise EngineError(f"{len(missing)} of {len(requests)} rollouts got no response from the model (e.g. problem "
+                          f"{items[int(req.id.split(':')[0])].problem_id}: {res.error or 'no reason given'}); "
+                          "no rollout of these prompts is written")
     pairs = list(zip(requests, results))
 
     def check(pair) -> float:

@@ -58,6 +58,39 @@ def test_local_cluster_workers_can_start_engines_on_their_own_gpus(monkeypatch):
             pass
 
 
+def test_engine_workers_own_a_share_of_the_memory_and_never_pause():
+    """dask's default memory limit is RAM x threads / cores: a one-thread engine worker would pause at 80% of a few GiB
+    (and never resume while its engine holds the memory). Each gets RAM / workers, no pause, no spill."""
+    from distributed import system
+
+    from mentor.pipeline.executor import dask_client, engine_memory_limit
+
+    with dask_client(workers=1) as client:
+        views = client.run(lambda dask_worker: (dask_worker.memory_manager.memory_limit,
+                                                dask_worker.memory_manager.memory_pause_fraction,
+                                                dask_worker.memory_manager.memory_spill_fraction,
+                                                dask_worker.memory_manager.memory_target_fraction))
+    (limit, pause, spill, target), = views.values()
+    assert limit == engine_memory_limit(1) == system.MEMORY_LIMIT
+    assert (pause, spill, target) == (False, False, False)
+    assert engine_memory_limit(4) == system.MEMORY_LIMIT // 4
+
+
+def test_a_shard_task_that_raised_is_not_run_again(tmp_path):
+    """dask's retries would rerun a failed engine task on top of the engine it left (and fail the same way):
+    a task that raised runs once, its error is the stage's, and the shard is redone by a rerun."""
+    from mentor.pipeline.executor import DaskExecutor, dask_client
+
+    def run_and_fail(path):  # local: dask pickles it by value
+        with open(path, "a") as fh:
+            fh.write("x")
+        raise ValueError("this shard cannot be done")
+
+    with dask_client(workers=1) as client, pytest.raises(ValueError, match="cannot be done"):
+        DaskExecutor(client).map(run_and_fail, [str(tmp_path / "runs")])
+    assert (tmp_path / "runs").read_text() == "x"
+
+
 def test_a_daemonic_worker_says_how_to_start_engine_workers():
     """A cluster the user started with dask's defaults: one clear error instead of vLLM's AssertionError."""
     distributed = pytest.importorskip("distributed")
@@ -154,13 +187,50 @@ def test_server_backend_errors_name_the_url():
     try:
         backend = make_backend("openai", "m", base_url=url)
         with pytest.raises(EngineError, match="structured_output: none"):
-            backend.generate([GenRequest("a", [{"role": "user", "content": "q"}], json_schema={"type": "object"})])
+            backend.generate([GenRequest(i, [{"role": "user", "content": "q"}], json_schema={"type": "object"}) for i in "ab"])
+        # One request alone is that request's problem: its error result, with the server's reason.
+        (res,) = backend.generate([GenRequest("a", [{"role": "user", "content": "q"}], json_schema={"type": "object"})])
+        assert res.finish_reason == "error" and "response_format is not supported" in res.error
     finally:
         server.shutdown()
     with pytest.raises(ConfigError, match="--base-url"):
         make_backend("openai", "m")
     with pytest.raises(ConfigError, match="engine settings belong to the server"):
         make_backend("openai", "m", base_url=url, tensor_parallel_size=2)
+
+
+def test_a_server_gets_each_problems_next_request_without_waiting_for_a_wave(gsm8k_collapsed):
+    """Problems run side by side on a server: while one request is slow, the other problems go on to their later
+    agents (with waves, nothing of wave 2 could be sent before wave 1's slowest request came back)."""
+    import time
+
+    import polars as pl
+
+    from fake_openai_server import FakeServer, ok_chat
+
+    rows = pl.read_parquet(gsm8k_collapsed).sort("problem_id").head(6).to_dicts()
+    slow = rows[0]["problem"][:60]
+    seen: list[tuple[float, str, bool]] = []
+
+    def chat(body):
+        schema = json.dumps(body.get("response_format") or {})
+        agent = "attribution" if "keywords" in schema else "judgment" if "score" in schema else "hint"
+        mine = any(slow in (m.get("content") or "") for m in body["messages"])
+        seen.append((time.monotonic(), agent, mine))
+        if mine and agent == "attribution":
+            time.sleep(3)
+        return ok_chat(body)
+
+    with FakeServer(chat) as server:
+        backend = make_backend("openai", "m", base_url=server.url, max_concurrency=8)
+        t0 = time.monotonic()
+        table = hint_shard(rows, HintConfig(), backend)
+        took = time.monotonic() - t0
+    slow_sent = next(t for t, agent, mine in seen if mine)
+    others_judged = [t for t, agent, mine in seen if agent == "judgment" and not mine]
+    assert others_judged and max(others_judged) < slow_sent + 3  # every other problem was judged while the slow one waited
+    assert table.num_rows == 6 and set(table.column("status").to_pylist()) == {"accepted"}
+    assert took < 3 + 2  # the slow request, plus the slow problem's own later steps: no wave waited on it
 
 
 # ----------------------------------------------------------------------------- thinking models

@@ -291,7 +291,7 @@ def train_cases() -> list[Case]:
         Case("train-ok", "handled", lambda r: _train(r), 0),
         Case("train-dynamic-filtering-range", "error",
              lambda r: _train(r, {"algo.dynamic_filtering_enable": True, "algo.dynamic_filtering_range": [1, 0]}), 2,
-             r"OpenRLHF's train_ppo_ray rejects the command: reward_clip_range\[0\] must be less than"),
+             r"round\.yaml: extra_args: algo\.dynamic_filtering_range \[1, 0\]: give \[low, high\] with low < high"),
         Case("train-batch-too-small", "error",
              lambda r: _train(r, {"rollout.batch_size": 1, "rollout.micro_batch_size": 8}, actor_gpus_per_node=8), 2,
              r"number of sample batches must be greater than or equal to the effective number of actor processes"),

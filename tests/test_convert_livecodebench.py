@@ -180,10 +180,14 @@ def test_version_tags_and_bad_input(tmp_path, release):
     for bad in ("release_v9", "v3_v2", "latest"):
         with pytest.raises(ConfigError, match="not a LiveCodeBench version tag"):
             release_files(bad)
+    # A torn line is left out and counted; the good rows of the release are kept.
     (release / "test2.jsonl").write_text('{"question_id": "x", \n')
-    res = _convert(tmp_path / "bad.parquet", "--from", str(release), "--version", "release_v2",
-                   env={"HF_DATASETS_CACHE": str(tmp_path / "ds")})
-    assert res.returncode == 1 and "not readable as LiveCodeBench JSONL" in res.stderr and "Traceback" not in res.stderr
+    res = _convert(tmp_path / "torn.parquet", "--from", str(release), "--version", "release_v2")
+    assert res.returncode == 0 and json.loads(res.stdout)["counts"]["line_not_json"] == 1, res.stderr
+    assert "lcb/abc999_a" in pl.read_parquet(tmp_path / "torn.parquet")["problem_id"].to_list()
+    # Nothing usable at all: an error, and no output.
+    res = _convert(tmp_path / "bad.parquet", "--from", str(release), "--version", "v2")
+    assert res.returncode == 1 and "no usable problem" in res.stderr and "Traceback" not in res.stderr
     assert not (tmp_path / "bad.parquet").exists()
     res = _convert(tmp_path / "bad.parquet", "--from", str(tmp_path / "nope"))
     assert res.returncode == 2 and "no such folder" in res.stderr

@@ -190,3 +190,29 @@ def test_setup_cpu_runs_only_what_is_missing(monkeypatch):
     installed.add("torchaudio")
     r = CliRunner().invoke(cli, ["setup-cpu", "--no-convert"])
     assert r.exit_code == 2 and "failed" in r.output
+
+
+def test_a_dead_engine_is_closed_before_the_next_one_starts(monkeypatch):
+    """A failed engine still holds its GPU until closed: make_backend closes it before it builds the next one."""
+    import mentor.pipeline.llm as llm
+    import mentor.pipeline.vllm_backend as vllm_backend
+
+    events: list[tuple] = []
+
+    class Engine:
+        def __init__(self, model, **options):
+            self.n = sum(1 for e in events if e[0] == "start") + 1
+            events.append(("start", self.n))
+            self.dead = None
+
+        def close(self):
+            events.append(("close", self.n))
+            self.dead = self.dead or "closed"
+
+    monkeypatch.setattr(vllm_backend, "VLLMBackend", Engine)
+    monkeypatch.setattr(llm, "_ENGINES", {})
+    first = llm.make_backend("vllm", "/models/policy", max_model_len=64)
+    assert llm.make_backend("vllm", "/models/policy", max_model_len=64) is first  # alive: reused
+    first.dead = "EngineDeadError after RuntimeError: boom"
+    second = llm.make_backend("vllm", "/models/policy", max_model_len=64)
+    assert second is not first and events == [("start", 1), ("close", 1), ("start", 2)]

@@ -140,6 +140,7 @@ def test_the_prompt_limit_holds_the_longest_hinted_prompt(tmp_path, tiny_model):
 def test_paths_hydra_would_misread_survive(tmp_path):
     d = tmp_path / "it's a ${run},[x]=y" / "round-000"
     build(BuildConfig(base="humaneval", round=0, shard_rows=100), d / "prompts")
+    (tmp_path / "my model's dir").mkdir()
     cfg = parse_config(_base(d, base_model=str(tmp_path / "my model's dir"), n_gpus_per_node=1))
     cmd = build_command(cfg)
     c = compose(cmd[3:])  # what main_ppo's own @hydra.main reads from the same argv
@@ -193,10 +194,9 @@ def test_a_runtime_env_ray_would_not_merge_is_refused_before_launch(tmp_path, ro
 
 
 def test_no_final_checkpoint_is_refused_and_gpus_checked_before_launch(tmp_path, round_dir, monkeypatch, tiny_model):
-    cfg = parse_config(_base(round_dir, base_model=str(tiny_model), overrides={
-        "trainer.save_freq": -1, "data.train_batch_size": 64, "actor_rollout_ref.actor.ppo_mini_batch_size": 32}))
-    with pytest.raises(ConfigError, match="trainer.save_freq must be > 0"):
-        run_round(cfg)
+    with pytest.raises(ConfigError, match=r"overrides\.trainer\.save_freq -1: must be > 0"):  # refused on load (dry runs too)
+        parse_config(_base(round_dir, overrides={"trainer.save_freq": -1, "data.train_batch_size": 64,
+                                                 "actor_rollout_ref.actor.ppo_mini_batch_size": 32}))
     monkeypatch.setenv("MENTOR_FAKE_GPUS", "4")
     monkeypatch.delenv("RAY_ADDRESS", raising=False)
     with pytest.raises(ConfigError, match=r"this round needs 8 GPUs .*MENTOR_FAKE_GPUS=4\) has 4"):

@@ -9,6 +9,7 @@ layers, SmolLM2's tokenizer) loads in seconds and makes the big batch cheap.
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 import textwrap
@@ -92,6 +93,36 @@ def test_engine_failure_is_one_line_with_its_root_cause(tiny_model):
     assert log.is_file() and "Traceback" in log.read_text(errors="replace")
     # The engine's pages of traces went to the log, not to the terminal.
     assert "Traceback" not in r.stderr
+
+
+def test_a_prompt_longer_than_the_context_is_its_own_error_not_the_engines(tiny_model):
+    """vLLM refuses a prompt over max_model_len when it is added, aborting the batch: that request gets its error
+    result, the others their answers, and the engine lives on (it used to be marked dead and rebuilt beside itself)."""
+    import json
+
+    code = textwrap.dedent(f"""
+        import json
+        from mentor.pipeline.llm import GenRequest
+        from mentor.pipeline.vllm_backend import VLLMBackend
+        if __name__ == "__main__":
+            backend = VLLMBackend({str(tiny_model)!r}, max_model_len=256)
+            words = ("count the ducks " * 200).strip()
+            reqs = [GenRequest(f"r{{i}}", [{{"role": "user", "content": words if i == 3 else f"say {{i}}"}}], max_tokens=8,
+                               seed=i) for i in range(6)]
+            first = backend.generate(reqs)
+            again = backend.generate(reqs[:2])
+            print(json.dumps({{"finish": [r.finish_reason for r in first], "error": first[3].error,
+                              "completion": [r.completion_tokens for r in first], "again": [r.finish_reason for r in again],
+                              "dead": backend.dead, "calls": backend.calls}}))
+    """)
+    env = {**__import__("os").environ, "HF_HUB_OFFLINE": "1", "VLLM_CPU_KVCACHE_SPACE": "1"}
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=900, env=env)
+    assert r.returncode == 0, (r.stdout[-2000:], r.stderr[-3000:])
+    out = json.loads(r.stdout.strip().splitlines()[-1])
+    assert out["finish"][3] == "error" and re.search(r"maximum (context|model) length (is|of) 256", out["error"]), out["error"]
+    assert all(f in ("stop", "length") for i, f in enumerate(out["finish"]) if i != 3)
+    assert all(c > 0 for i, c in enumerate(out["completion"]) if i != 3)
+    assert out["dead"] is None and set(out["again"]) <= {"stop", "length"} and out["calls"] == 2
 
 
 def test_sigterm_stops_the_engine_processes_too(tiny_model):

@@ -61,6 +61,10 @@ def hinter(req):
         return json.dumps({"hint": "Hint " + tag + " more specifically: write down each quantity with its unit before combining any two."})
     return json.dumps({"hint": "Hint " + tag + ": decide which quantity the question asks for before computing anything."})
 
+def broken_hinter(req):
+    """A hint model that fails on every request (found only once the stage runs)."""
+    raise RuntimeError("broken_hinter: the model says no")
+
 def flaky_hinter(req):
     """The hinter, but its engine dies on one problem while the flag file exists."""
     import os
@@ -253,15 +257,15 @@ def test_failed_stage_is_reported_by_status_and_resumes(setup, tmp_path):
     """A stage that raises is marked failed with its error; fixing the cause and re-running finishes the run."""
     run_dir = tmp_path / "run"
     wf = json.loads(json.dumps(setup["wf"]))
-    wf["hint"]["backend"]["options"]["script"] = "wf_fakes:no_such_script"
-    with pytest.raises(Exception, match="no_such_script"):
+    wf["hint"]["backend"]["options"]["script"] = "wf_fakes:broken_hinter"
+    with pytest.raises(Exception, match="broken_hinter"):
         _run(wf, run_dir, rounds=1)
     rows = {(r["round"], r["stage"]): r for r in run_status(run_dir)}
     assert rows[(0, "mine")]["state"] == "done"
-    assert rows[(0, "hint")]["state"] == "failed" and "no_such_script" in rows[(0, "hint")]["error"]
+    assert rows[(0, "hint")]["state"] == "failed" and "broken_hinter" in rows[(0, "hint")]["error"]
     assert rows[(0, "build")]["state"] == "pending"
     res = CliRunner().invoke(cli, ["status", str(run_dir)])
-    assert "failed" in res.output and "no_such_script" in res.output
+    assert "failed" in res.output and "broken_hinter" in res.output
     runner = _run(setup["wf"], run_dir, rounds=1)
     assert runner.ran == [(0, "hint"), (0, "build")]
     assert {r["state"] for r in run_status(run_dir)} == {"done"}

@@ -49,9 +49,9 @@ import sys
 import time
 from collections import deque
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from mentor.pipeline.errors import ConfigError, MentorError, config_error
 from mentor.pipeline.inputs import resolve_inputs
@@ -69,6 +69,25 @@ OUTCOME = "outcome.json"
 
 class TrainError(MentorError):
     """The trainer exited with an error (exit 1); the message carries the log's tail."""
+
+
+def local_model_or_name(value: str | None) -> str | None:
+    """A model setting: a Hugging Face name (``ORG/NAME``, a CPU model name) as given; a path must be a folder.
+
+    What looks like a path (absolute, ``./``, ``../``, ``~``, or more than one ``/``) cannot be a hub
+    name, so a folder that is not there is refused now, not when the trainer starts.
+    """
+    if not value:
+        return value
+    looks_local = os.path.isabs(value) or value.startswith((".", "~")) or value.count("/") >= 2 or "\\" in value
+    if looks_local and not Path(value).expanduser().is_dir():
+        what = "is a file, not a model folder" if Path(value).expanduser().exists() else "no such folder"
+        raise ValueError(f"{what} (a local model is a folder with config.json; a Hugging Face model is named ORG/NAME)")
+    return value
+
+
+# base_model / actor_model of the three launchers' round configs.
+ModelRef = Annotated[str, AfterValidator(local_model_or_name)]
 
 
 class RoundPaths:
@@ -110,8 +129,8 @@ class TrainConfig(RoundPaths, BaseModel):
     round: int = Field(0, ge=0, description="Round number (0 = the first, trained from base_model).")
     round_dir: str | None = Field(None, description="The round's directory (runs/<name>/round-NNN); train/ is created inside.")
     train_dir: str | None = Field(None, description="Where the trainer's outputs go (default: <round_dir>/train).")
-    base_model: str = Field(description="HF name or path of the base policy (round 0's actor).")
-    actor_model: str | None = Field(
+    base_model: ModelRef = Field(description="HF name or path of the base policy (round 0's actor).")
+    actor_model: ModelRef | None = Field(
         None, description="Start from this model instead of the previous round's final model (normally left unset)."
     )
     previous_round_dir: str | None = Field(
@@ -141,6 +160,19 @@ class TrainConfig(RoundPaths, BaseModel):
         description="Before launch, refuse a round the GPUs cannot place (Ray cluster or this machine) or whose rollout "
         "log dir the Ray workers cannot write where mentor reads it; false: launch without these checks.",
     )
+
+    @field_validator("extra_args")
+    @classmethod
+    def _dynamic_filtering(cls, extra: dict[str, Any]) -> dict[str, Any]:
+        # OpenRLHF 0.11.2 checks this range with a message about reward_clip_range, a key the user never set.
+        rng = next((v for k, v in extra.items() if k.removeprefix("--") == "algo.dynamic_filtering_range"), None)
+        if rng is not None:
+            ok = isinstance(rng, (list, tuple)) and len(rng) == 2 and all(
+                isinstance(x, (int, float)) and not isinstance(x, bool) for x in rng)
+            if not ok or not rng[0] < rng[1]:
+                raise ValueError(f"algo.dynamic_filtering_range {rng!r}: give [low, high] with low < high (a group is "
+                                 "kept when its mean score, in [0, 1], is strictly between them), e.g. [0, 1]")
+        return extra
 
     @property
     def ckpt_path(self) -> Path:

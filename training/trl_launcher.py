@@ -54,7 +54,8 @@ from mentor.pipeline.errors import ConfigError, DataError, config_error
 from mentor.pipeline.inputs import resolve_inputs
 from mentor.pipeline.io import read_json, write_json_atomic
 from mentor.pipeline.yaml_io import read_yaml_mapping
-from mentor.training.launcher import OUTCOME, RoundPaths, TrainError, log_tail, outcome_record, previous_final_model
+from mentor.training.launcher import (OUTCOME, ModelRef, RoundPaths, TrainError, log_tail, outcome_record,
+                                      previous_final_model)
 from mentor.training.prompt_limits import LongestPrompt, model_context, require, token_lengths
 from mentor.training.reward_check import check_reward_loads
 from mentor.training.rollout_log import ENV_DIR
@@ -77,10 +78,10 @@ class TrlTrainConfig(RoundPaths, BaseModel):
     round: int = Field(0, ge=0, description="Round number (0 = the first, trained from base_model).")
     round_dir: str | None = Field(None, description="The round's directory; train/ is created inside.")
     train_dir: str | None = Field(None, description="Where the trainer's outputs go (default: <round_dir>/train).")
-    base_model: str | None = Field(
+    base_model: ModelRef | None = Field(
         None, description="HF folder or name of the base policy (round 0's model); none = the embedded SmolLM2-135M-Instruct."
     )
-    actor_model: str | None = Field(None, description="Start from this model instead of the previous round's final model.")
+    actor_model: ModelRef | None = Field(None, description="Start from this model instead of the previous round's final model.")
     previous_round_dir: str | None = Field(None, description="Previous round's directory (default: sibling round-<round-1:03d>).")
     prompts: str | None = Field(None, description="Prompt shards from `mentor build` (default: <round_dir>/prompts).")
     rollout_log_dir: str | None = Field(None, description="Where the reward logs rollouts (default: <round_dir>/rollouts/log).")

@@ -72,7 +72,8 @@ from mentor.pipeline.errors import ConfigError, config_error
 from mentor.pipeline.inputs import resolve_inputs
 from mentor.pipeline.io import write_json_atomic
 from mentor.pipeline.yaml_io import read_yaml_mapping
-from mentor.training.launcher import OUTCOME, RoundPaths, TrainError, log_tail, outcome_record, previous_final_model
+from mentor.training.launcher import (OUTCOME, ModelRef, RoundPaths, TrainError, log_tail, outcome_record,
+                                      previous_final_model)
 from mentor.training.prompt_limits import LongestPrompt, longest_prompt, refuse, require
 from mentor.training.reward_check import check_reward_loads
 from mentor.training.rollout_log import ENV_DIR, RAY_JOB_CONFIG_ENV, REWARD_ENV_PREFIX, ray_job_config_env
@@ -124,8 +125,8 @@ class VerlTrainConfig(RoundPaths, BaseModel):
     round: int = Field(0, ge=0, description="Round number (0 = the first, trained from base_model).")
     round_dir: str | None = Field(None, description="The round's directory; train/ is created inside.")
     train_dir: str | None = Field(None, description="Where the trainer's outputs go (default: <round_dir>/train).")
-    base_model: str | None = Field(None, description="HF folder or name of the base policy (round 0's model); none = the embedded SmolLM2-135M-Instruct.")
-    actor_model: str | None = Field(None, description="Start from this model instead of the previous round's final model.")
+    base_model: ModelRef | None = Field(None, description="HF folder or name of the base policy (round 0's model); none = the embedded SmolLM2-135M-Instruct.")
+    actor_model: ModelRef | None = Field(None, description="Start from this model instead of the previous round's final model.")
     previous_round_dir: str | None = Field(None, description="Previous round's directory (default: sibling round-<round-1:03d>).")
     prompts: str | None = Field(None, description="Prompt shards from `mentor build` (default: <round_dir>/prompts); every part-*.parquet is trained on.")
     rollout_log_dir: str | None = Field(None, description="Where the reward logs rollouts (default: <round_dir>/rollouts/log).")
@@ -164,7 +165,18 @@ def parse_config(data: dict[str, Any], where: str = "round config") -> VerlTrain
         _user_overrides(cfg.overrides)
     except ConfigError as exc:
         raise ConfigError(f"{where}: {exc}") from None
+    save_freq = next((v for k, v in cfg.overrides.items() if k.lstrip("+~") == "trainer.save_freq"), None)
+    if cfg.merge_model and save_freq is not None and not _positive(save_freq):
+        raise ConfigError(f"{where}: overrides.trainer.save_freq {save_freq!r}: must be > 0: verl saves the last step only "
+                          "then, and the round's model is merged from it (or set merge_model: false)")
     return cfg
+
+
+def _positive(value: Any) -> bool:
+    try:
+        return int(str(value)) > 0
+    except ValueError:
+        return True  # not a number: verl's own config check says what is wrong with it
 
 
 def load_config(path: str | os.PathLike) -> VerlTrainConfig:

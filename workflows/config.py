@@ -39,7 +39,8 @@ class BackendSettings(_Strict):
     options: dict[str, Any] = Field(
         default_factory=dict,
         description="vllm: tensor_parallel_size, gpu_memory_utilization, max_model_len, enforce_eager, dtype; openai: "
-        "max_concurrency, max_retries, timeout, structured_output; fake: script (module:function).",
+        "max_concurrency, max_retries, timeout (seconds one attempt of a request may wait, 600), structured_output; "
+        "fake: script (module:function). Checked when the workflow is loaded.",
     )
 
     @model_validator(mode="after")
@@ -208,12 +209,20 @@ def check_sections(wf: Workflow) -> None:
         BuildConfig.model_validate(wf.build | {"base": wf.base})
     except ValidationError as exc:
         raise config_error(exc, prefix="build") from exc
+    from mentor.pipeline.llm import check_backend
     from mentor.stages.hint_config import HintConfig
 
     try:
-        HintConfig.model_validate(wf.hint.config)
+        hint = HintConfig.model_validate(wf.hint.config)
     except ValidationError as exc:
         raise config_error(exc, prefix="hint.config") from exc
+    # The backends, as the stages would build them (no server contacted, no engine started).
+    backends = [("hint.backend", wf.hint.backend)] + ([("trainer.policy", wf.trainer.policy)] if wf.trainer.kind == "offline" else [])
+    for where, b in backends:
+        check_backend(b.backend, b.model, b.options, where, base_url=b.base_url)
+    if hint.vouch is not None:
+        p = hint.vouch.policy
+        check_backend(p.backend, p.model, p.options, "hint.config.vouch.policy")
     if wf.trainer.kind == "openrlhf":
         from mentor.training.launcher import TrainConfig
 

@@ -41,7 +41,7 @@ from mentor.pipeline.io import atomic_path, read_json, sha256_file, write_parque
 from mentor.pipeline.rundir import STAGES, RunDir, StageDir, inputs_key, stage_key
 from mentor.pipeline.stage import Context, counts, run_stage
 from mentor.stages import stage as stage_by_name
-from mentor.workflows.config import Workflow
+from mentor.workflows.config import Workflow, check_sections
 
 log = logging.getLogger(__name__)
 
@@ -93,6 +93,7 @@ class Runner:
     # ------------------------------------------------------------------ driver
 
     def run(self) -> list[tuple[int, str]]:
+        check_sections(self.wf)  # every section, before any stage runs (load_workflow did too, naming the file)
         if self.wf.trainer.kind == "trl":  # a missing trl must not surface only after round 0's hint stage
             from mentor.training.trl_launcher import grpo_config_class, parse_config
 
@@ -427,11 +428,14 @@ def run_status(run_dir: str | Path) -> list[dict[str, Any]]:
     rd = RunDir(Path(run_dir))
     if not rd.path.exists():
         raise ConfigError(f"{run_dir}: no such run directory")
+    if not rd.is_run():
+        raise ConfigError(f"{run_dir}: not a run directory (no workflow.yaml, no round-NNN folder); give the folder "
+                          "`mentor run` writes (runs/<name>, or its --run-dir)")
     rows = []
     for r in rd.rounds():
         for stage in ROUND_STAGES:
             sd = rd.stage(r, stage)
-            st = sd.stats()
+            st = {k: _shown(v) for k, v in sd.stats().items()}
             row: dict[str, Any] = {"round": r, "stage": stage, "state": sd.state()}
             if stage == "ingest":
                 row.update(rows=st.get("rollouts"), problems=st.get("problems"))
@@ -442,12 +446,22 @@ def run_status(run_dir: str | Path) -> list[dict[str, Any]]:
             elif stage == "build":
                 row.update(rows=st.get("rows"), hinted=st.get("hinted_rows", st.get("hinted")))
             elif stage == "train":
-                outcome = sd.path / "outcome.json"
-                if outcome.exists():
-                    o = read_json(outcome)
-                    row.update(exit_code=o.get("exit_code"), final_model=o.get("final_model"))
+                o = sd.outcome()
+                if o:
+                    row.update(exit_code=_shown(o.get("exit_code")), final_model=_shown(o.get("final_model")))
             err = sd.last_error()
             if err:
-                row["error"] = err.splitlines()[0][:300] if err else None
+                row["error"] = err.splitlines()[0][:300]
             rows.append(row)
     return rows
+
+
+def _shown(value: Any) -> Any:
+    """A value of a bookkeeping file as status shows it: a number or a short text; anything else (edited by hand) as None."""
+    if isinstance(value, bool) or value is None:
+        return value
+    if isinstance(value, (int, float)):
+        return value
+    if isinstance(value, str):
+        return value if len(value) <= 300 else value[:297] + "..."
+    return None

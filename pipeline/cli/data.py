@@ -58,7 +58,8 @@ def ingest(sources, fmt, out_dir, round_, domain, maps, problems, max_response_b
               help="Characters kept per failed response (mostly its end).")
 @click.option("--history", multiple=True, metavar="PATH", help="Earlier rounds' collapsed.parquet / hints.parquet (fills streak, previous_hints).")
 @executor_options
-def mine(rollouts, out_dir, correct_col, threshold, min_rollouts, k_failed, failed_budget_chars, history, workers, scheduler):
+def mine(rollouts, out_dir, correct_col, threshold, min_rollouts, k_failed, failed_budget_chars, history, workers, scheduler,
+         scheduler_timeout):
     """Find collapsed problems (every rollout wrong) with a few failed responses."""
     from pydantic import ValidationError
 
@@ -72,7 +73,7 @@ def mine(rollouts, out_dir, correct_col, threshold, min_rollouts, k_failed, fail
                          k_failed=k_failed, failed_budget_chars=failed_budget_chars)
     except ValidationError as exc:
         raise config_error(exc, flags={"failed_budget_chars": "--failed-budget"}) from exc
-    with open_executor(workers, scheduler) as executor:
+    with open_executor(workers, scheduler, timeout=scheduler_timeout) as executor:
         stats = run_stage(stage("mine"), {"sources": list(rollouts), "history": list(history)}, cfg, out_dir,
                           Context(executor=executor))
     click.echo(json.dumps(stats.as_dict(), sort_keys=True))

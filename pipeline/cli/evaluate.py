@@ -7,7 +7,7 @@ import json
 
 import click
 
-from mentor.cli.options import server_backend_options, server_options
+from mentor.cli.options import DEFAULT_TIMEOUT, server_backend_options, server_options
 from mentor.pipeline.errors import config_error
 
 
@@ -54,7 +54,7 @@ def _progress(flag: bool | None) -> bool:
 
 
 def _backend(backend, policy, max_model_len, tensor_parallel_size, base_url=None, max_concurrency=64,
-             structured_output="response_format"):
+             structured_output="response_format", request_timeout=DEFAULT_TIMEOUT):
     """A BackendSpec: the engine starts only once the inputs have been read and a shard needs sampling."""
     from mentor.pipeline.llm import BackendSpec
 
@@ -63,7 +63,8 @@ def _backend(backend, policy, max_model_len, tensor_parallel_size, base_url=None
     if backend == "openai":
         return BackendSpec("openai", policy, server_backend_options(
             policy, base_url, max_concurrency, structured_output,
-            engine_flags={"--max-model-len": max_model_len, "--tensor-parallel-size": tensor_parallel_size}))
+            engine_flags={"--max-model-len": max_model_len, "--tensor-parallel-size": tensor_parallel_size},
+            request_timeout=request_timeout))
     from mentor.pipeline.models import check_model
 
     check_model(policy)  # a named model that is not set up: the setup command, now
@@ -78,8 +79,8 @@ def _backend(backend, policy, max_model_len, tensor_parallel_size, base_url=None
 @click.option("--out", "out_dir", required=True, type=click.Path(file_okay=False),
               help="Writes DIR/part-NNNNN.parquet (rollouts, one per shard) and DIR/stats.json.")
 @_policy_options
-def rollout(prompts, out_dir, backend, base_url, max_concurrency, structured_output, policy, k, max_tokens, temperature,
-            top_p, seed, limit, round_, max_model_len, tensor_parallel_size, shard_size, progress):
+def rollout(prompts, out_dir, backend, base_url, max_concurrency, request_timeout, structured_output, policy, k, max_tokens,
+            temperature, top_p, seed, limit, round_, max_model_len, tensor_parallel_size, shard_size, progress):
     """Sample k responses per prompt (vLLM offline), verify them, write canonical rollouts.
 
     PROMPTS: prompt shards from `mentor build`, a problems dataset, or a bundled set (gsm8k, math500, humaneval).
@@ -88,7 +89,8 @@ def rollout(prompts, out_dir, backend, base_url, max_concurrency, structured_out
     from mentor.stages import stage
 
     cfg = _config(k, max_tokens, temperature, top_p, seed, limit, round_, shard_size)
-    spec = _backend(backend, policy, max_model_len, tensor_parallel_size, base_url, max_concurrency, structured_output)
+    spec = _backend(backend, policy, max_model_len, tensor_parallel_size, base_url, max_concurrency, structured_output,
+                    request_timeout)
     _print(run_stage(stage("rollout"), {"prompts": list(prompts)}, cfg, out_dir, Context(backend=spec, progress=_progress(progress))))
 
 
@@ -121,8 +123,9 @@ def _arms(hints: tuple[str, ...], arms: tuple[str, ...]) -> dict[str, list[str]]
 @click.option("--placement", type=click.Choice(["before", "after", "system"]), default=None,
               help="Where the hint goes, as `mentor build --placement` puts it [default: build's default, after].")
 @_policy_options
-def rescue(collapsed, hints, arms, out_dir, placement, backend, base_url, max_concurrency, structured_output, policy, k,
-           max_tokens, temperature, top_p, seed, limit, round_, max_model_len, tensor_parallel_size, shard_size, progress):
+def rescue(collapsed, hints, arms, out_dir, placement, backend, base_url, max_concurrency, request_timeout, structured_output,
+           policy, k, max_tokens, temperature, top_p, seed, limit, round_, max_model_len, tensor_parallel_size, shard_size,
+           progress):
     """Re-roll collapsed problems without a hint and under each arm of hints; report each arm's rescue rate.
 
     Every arm re-rolls the same problems (those with a hint in every arm) with the same seeds.
@@ -134,5 +137,6 @@ def rescue(collapsed, hints, arms, out_dir, placement, backend, base_url, max_co
     if placement:
         cfg = cfg.model_copy(update={"placement": placement})
     inputs = {"collapsed": list(collapsed), "arms": _arms(hints, arms)}
-    spec = _backend(backend, policy, max_model_len, tensor_parallel_size, base_url, max_concurrency, structured_output)
+    spec = _backend(backend, policy, max_model_len, tensor_parallel_size, base_url, max_concurrency, structured_output,
+                    request_timeout)
     _print(run_stage(stage("rescue"), inputs, cfg, out_dir, Context(backend=spec, progress=_progress(progress))))

@@ -33,9 +33,9 @@ from mentor.stages.rules import RuleLimits  # plain Python: the rules' defaults 
 @click.option("--enforce-eager/--no-enforce-eager", default=None, help="vLLM: skip graph capture / compile (default on CPU: on).")
 @click.option("--progress/--no-progress", default=True, show_default=True, help="Show a progress bar.")
 @executor_options
-def hint(collapsed, out_dir, backend, model, base_url, max_concurrency, structured_output, config_path, sample, seed,
+def hint(collapsed, out_dir, backend, model, base_url, max_concurrency, request_timeout, structured_output, config_path, sample, seed,
          templates_dir, shard_size, tensor_parallel_size, gpu_memory_utilization, max_model_len, dtype, enforce_eager,
-         progress, workers, scheduler):
+         progress, workers, scheduler, scheduler_timeout):
     """Hint collapsed problems with four LLM agents (attribution, generation, judgment, repair)."""
     from mentor.pipeline.executor import open_executor
     from mentor.pipeline.llm import BackendSpec
@@ -44,6 +44,11 @@ def hint(collapsed, out_dir, backend, model, base_url, max_concurrency, structur
     from mentor.stages.hint_config import load_config
 
     cfg = load_config(config_path, seed=seed, templates_dir=templates_dir, shard_size=shard_size)
+    if cfg.vouch is not None:  # the policy's settings, before the judge check and the first shard
+        from mentor.pipeline.llm import check_backend
+
+        p = cfg.vouch.policy
+        check_backend(p.backend, p.model, p.options, f"{config_path}: vouch.policy")
     options: dict = {}
     if backend == "fake":
         options["script"] = "mentor.stages.hint_agents:fake_script"
@@ -52,7 +57,7 @@ def hint(collapsed, out_dir, backend, model, base_url, max_concurrency, structur
                                          engine_flags={"--tensor-parallel-size": tensor_parallel_size,
                                                        "--gpu-memory-utilization": gpu_memory_utilization,
                                                        "--max-model-len": max_model_len, "--dtype": dtype,
-                                                       "--enforce-eager": enforce_eager})
+                                                       "--enforce-eager": enforce_eager}, request_timeout=request_timeout)
     else:
         for k, v in {"tensor_parallel_size": tensor_parallel_size, "gpu_memory_utilization": gpu_memory_utilization,
                      "max_model_len": max_model_len, "dtype": dtype, "enforce_eager": enforce_eager}.items():
@@ -63,7 +68,7 @@ def hint(collapsed, out_dir, backend, model, base_url, max_concurrency, structur
 
         check_model(model)
     spec = BackendSpec(kind=backend, model=model, options=options)
-    with open_executor(workers, scheduler, gpus_per_worker=tensor_parallel_size or 1) as executor:
+    with open_executor(workers, scheduler, gpus_per_worker=tensor_parallel_size or 1, timeout=scheduler_timeout) as executor:
         stats = run_stage(stage("hint"), {"collapsed": list(collapsed), "sample": sample}, cfg, out_dir,
                           Context(executor=executor, backend=spec, progress=progress))
     click.echo(json.dumps(stats.as_dict(), sort_keys=True))

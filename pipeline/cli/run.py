@@ -15,7 +15,8 @@ STAGE_CHOICE = click.Choice(["train", "ingest", "mine", "hint", "build"])
 
 
 def _run(workflow: str, run_dir: str | None, rounds: int | None, from_stage: str | None, only: str | None,
-         force: bool, workers: int | None, scheduler: str | None, sample: int | None = None, model: str | None = None) -> Path:
+         force: bool, workers: int | None, scheduler: str | None, sample: int | None = None, model: str | None = None,
+         scheduler_timeout: float = 30.0) -> Path:
     from mentor.workflows.config import load_workflow
     from mentor.workflows.runner import RunOptions, Runner
 
@@ -33,7 +34,7 @@ def _run(workflow: str, run_dir: str | None, rounds: int | None, from_stage: str
 
         # One hint engine per worker, each on tensor_parallel_size GPUs of its own.
         tp = int(wf.hint.backend.options.get("tensor_parallel_size", 1)) if wf.hint.backend.backend == "vllm" else 1
-        ctx = dask_client(workers=workers, scheduler=scheduler, gpus_per_worker=tp)
+        ctx = dask_client(workers=workers, scheduler=scheduler, gpus_per_worker=tp, timeout=scheduler_timeout)
     with ctx as client:
         opts = RunOptions(rounds=rounds, from_stage=from_stage, only=only, force=force, client=client)
         runner = Runner(wf, out, opts)
@@ -57,9 +58,10 @@ def _summary(run_dir: Path) -> None:
 @click.option("--force", is_flag=True, help="Re-run every stage even if done.")
 @click.option("--sample", type=click.IntRange(1, 2**31 - 1), help="Hint only the first N collapsed problems (overrides hint.sample).")
 @executor_options
-def run(workflow, run_dir, rounds, from_stage, only, force, sample, workers, scheduler):
+def run(workflow, run_dir, rounds, from_stage, only, force, sample, workers, scheduler, scheduler_timeout):
     """Run a round-by-round workflow (train -> ingest -> mine -> hint -> build); resumable."""
-    out = _run(workflow, run_dir, rounds, from_stage, only, force, workers, scheduler, sample)
+    out = _run(workflow, run_dir, rounds, from_stage, only, force, workers, scheduler, sample,
+               scheduler_timeout=scheduler_timeout)
     _print_status(out, "table")
 
 
