@@ -151,6 +151,9 @@ class OpenAIBackend(CountingBackend):
             return await asyncio.gather(*(self._one(client, sem, r, on_done) for r in requests))
 
     def _generate(self, requests: Sequence[GenRequest], on_done: OnDone | None) -> list[GenResult]:
+        if any(r.prompt is not None for r in requests):
+            raise ConfigError("prompts rendered to text (placement assistant) go to the vllm backend; through a server "
+                              "use another placement (--placement after)")
         openai = self._openai
         try:
             outs = _run(self._wave(requests, on_done))

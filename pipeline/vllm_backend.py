@@ -415,12 +415,18 @@ class VLLMBackend(CountingBackend):
         """
         groups: dict[str, list[int]] = {}
         for i, r in enumerate(requests):
-            groups.setdefault(json.dumps(r.chat_template_kwargs, sort_keys=True), []).append(i)
+            key = "text" if r.prompt is not None else json.dumps(r.chat_template_kwargs, sort_keys=True)
+            groups.setdefault(key, []).append(i)
         outputs: list = [None] * len(requests)
-        for idx in groups.values():
+        for key, idx in groups.items():
             kwargs = requests[idx[0]].chat_template_kwargs
-            got = self.chat([requests[i].messages for i in idx], [self.sampling_params(requests[i]) for i in idx], kwargs,
-                            on_done)
+            params = [self.sampling_params(requests[i]) for i in idx]
+            if key == "text":  # rendered already: tokenized as the chat path tokenizes its rendering (no added tokens)
+                use_tqdm = _counting_bar(on_done) if on_done is not None else False
+                got = self.llm.generate([requests[i].prompt for i in idx], params, use_tqdm=use_tqdm,
+                                        tokenization_kwargs={"add_special_tokens": False})
+            else:
+                got = self.chat([requests[i].messages for i in idx], params, kwargs, on_done)
             if len(got) != len(idx):
                 raise RuntimeError(f"vLLM returned {len(got)} outputs for {len(idx)} prompts")
             for i, out in zip(idx, got):
