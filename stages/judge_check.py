@@ -81,7 +81,7 @@ class JudgeCheckConfig(BaseModel):
         "rules_only", description="When the judge cannot tell good from bad: rules_only judges this run by the rules alone "
         "(llm_judge off); keep_judge warns and keeps it; error stops the run.")
     solutions: str | None = Field(None, description="Parquet or JSONL with problem_id and solution (reference solutions "
-                                  "for the known-good hints); default: the bundled GSM8K solutions.")
+                                  "for the known-good hints); default: hint.solutions, else the bundled GSM8K, MATH-500 and HumanEval solutions.")
 
 
 @dataclass(frozen=True)

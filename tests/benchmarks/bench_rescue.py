@@ -2,7 +2,8 @@
 
     python tests/benchmarks/bench_rescue.py [--domain math|code] [--policy MODEL] [--hinter MODEL]
         [--problems N] [--screen-k 8] [--k 4] [--seed 0] [--split dev|report|all] [--quick]
-        [--placements before after system] [--placement P] [--gate control_half|control_answer|off]
+        [--placements after assistant ...] [--placement P] [--gate control_half|control_first_step|control_answer|off]
+        [--controls control_first_step control_half] [--wordings bare labelled first_person after]
         [--collapsed FILE] [--controls-only]
 
 1. Screen: roll out the policy on the problems of the split (GSM8K test for
@@ -12,41 +13,48 @@
    noise alone mostly come back on a second draw; 0/8 keeps the ones this
    policy fails systematically (what consecutive collapsed rounds select).
    ``--collapsed FILE`` takes a collapsed set instead (no screen).
-2. Positive controls: can this setting show a hint effect at all? Two hints
-   no pipeline could give, from the reference solution: ``control_half`` (the
-   first half of its steps) and ``control_answer`` (all of it and "The answer
-   is N.": the uptake ceiling), re-rolled with ``unhinted`` under each of
-   ``--placements`` in one `mentor rescue` run. One ``setting`` line per
-   placement: the policy's uptake (mean correctness of the answer-given
-   re-rolls) and whether the ``--gate`` control beats unhinted (paired 95%
-   bootstrap interval above 0). No placement separating: "cannot show a hint
-   effect", and the run stops before any hinting. Else the hint arms use the
-   separating placement where the gate control rescues most (or
-   ``--placement``).
+2. Controls. Hints no pipeline could give, from the reference solution:
+   ``control_first_step`` (its first step: about what a good hint says),
+   ``control_half`` (the first half of its steps) and ``control_answer`` (all of
+   it and "The answer is N.": the uptake ceiling); and ``neutral``, filler text
+   of the first step's length in the same place (neutral text alone "rescues"
+   some all-zero groups, as LoPE found: a hint must beat it, not only no hint).
+   With ``--gate`` on, they are first re-rolled with ``unhinted`` under each of
+   ``--placements`` in one `mentor rescue` run; one ``setting`` line per
+   placement gives the uptake and whether the gate control beats both unhinted
+   and neutral on the per-problem endpoint; no placement separating: "cannot show
+   a hint effect", and the run stops before any hinting.
 3. Hint the collapsed set under each arm, through `mentor hint` and its config:
-   ``full`` (Attribution -> Generation -> Judgment -> Repair, the defaults,
-   the judge checked first: stages/judge_check.py), ``vouched`` (``full``
-   plus ``vouch:``: the policy re-rolls each candidate hint and the first that
-   earns reward is kept, stages/vouch.py; its re-roll seeds avoid the
-   rescue's), ``no_attribution`` (``attribution: false``: generation from the
-   problem alone), ``no_judgment`` (``llm_judge: false, max_refine: 0``: the
-   first generated hint that passes the rule checks), ``no_generation``
-   (``generation: false``: the keyword template; opt-in), ``generic``
-   (``attribution: false, generation: false, llm_judge: false``: the safe
-   default hint, no engine), and ``reference`` (the reference solution's first
-   step, leak-checked by the rules; else its first step cut before the result;
-   else the generic hint).
-4. Re-roll every collapsed problem k times under every arm and without a hint
-   (``unhinted``) in one `mentor rescue` run: same problems, same seeds, one
+   ``full`` (Attribution -> Generation -> Judgment -> Repair, the defaults: the
+   agents see the reference solution, the judge checked first:
+   stages/judge_check.py), ``vouched`` (``full`` plus ``vouch:``: the policy
+   re-rolls each candidate hint and the first that earns reward is kept,
+   stages/vouch.py; its re-roll seeds avoid the rescue's), ``no_attribution``
+   (``attribution: false``: generation from the problem alone), ``no_judgment``
+   (``llm_judge: false, max_refine: 0``: the first generated hint that passes the
+   rule checks), ``no_generation`` (``generation: false``: the keyword template;
+   opt-in), ``generic`` (``attribution: false, generation: false, llm_judge:
+   false``: the safe default hint, no engine), and ``reference`` (the reference
+   solution's first step, leak-checked by the rules; else its first step cut
+   before the result; else the generic hint).
+4. Re-roll every collapsed problem k times in ONE `mentor rescue` run: ``unhinted``,
+   ``neutral``, the ``--controls`` and every hint arm (``--wordings``: each hint arm
+   once per opening of the answer or placement): same problems, same seeds, one
    engine batch per shard (on CPU, batch composition changes the numerics, so
-   arms are only compared within one run).
+   arms are only compared within one run). The hint goes where the controls
+   separated best, else ``--placement``, else ``assistant`` (the start of the
+   policy's answer, rendered with its chat template) for a vllm policy.
 
 One JSON line per arm: rescue rate (problems with >= 1 correct re-roll) with a
 95% Wilson interval, mean correctness of the re-rolls, hint-engine tokens per
 problem (the judge check's included), hints failing `check-hint`, and paired
-comparisons with ``unhinted`` and ``generic`` (difference of rescue rates with a
-95% paired-bootstrap interval, exact McNemar p). A PNG bar chart beside the
-outputs. Progress bars on stderr (``--no-progress``).
+comparisons with ``unhinted``, ``neutral`` and ``generic``: the rescued-or-not
+difference (95% paired-bootstrap interval, exact McNemar p) and the per-problem
+endpoint (each problem's mean correctness under the arm minus under the other
+arm: mean, 95% paired-bootstrap interval, Wilcoxon signed-rank p), which needs
+about a quarter of the problems for the same interval. The ``done`` line says
+whether a control beats both unhinted and neutral in this run. A PNG bar chart
+beside the outputs. Progress bars on stderr (``--no-progress``).
 
 Splits: dev = even positions of the problem set, report = odd positions, all =
 both. Tune on dev, report on report. Every step is a resumable mentor stage
@@ -514,6 +522,10 @@ def run(args: argparse.Namespace) -> list[dict]:
                 hint_info[arm] = hint_arm(base.model_copy(update=ARM_CONFIG[arm]), out)
             arm_files[arm] = [str(out / "hints.parquet")]
     close_backends()  # the hinter's engine is not needed any more
+    if args.hints_only:
+        print(json.dumps({"bench": "rescue", "step": "hints", "arms": {a: hint_info[a] for a in hint_info},
+                          "seconds": round(time.monotonic() - t0, 1), "work": str(work)}), flush=True)
+        return []
 
     # 4. one rescue run: unhinted, the neutral filler, the controls and every hint arm, the hint where the controls
     # said (or --placement); with --wordings, each hint arm once per opening of the answer (or other placement)
@@ -660,6 +672,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    "interval above 0) in a controls-only run before any hint arm is run; no placement separating: 'cannot "
                    "show a hint effect', and the run stops. off: no such run (the final run still reports the controls).")
     p.add_argument("--controls-only", action="store_true", help="Stop after the positive controls (a placement sweep).")
+    p.add_argument("--hints-only", action="store_true", help="Stop after hinting the arms (a later run without it reuses "
+                   "them and re-rolls).")
     p.add_argument("--collapsed", help="Use this collapsed.parquet instead of screening "
                    "(e.g. tests/benchmarks/data/gsm8k-report-collapsed.parquet, the math report split's 177).")
     p.add_argument("--screen-from", help="Screen only the split's problems whose problem_id is in this Parquet file "
