@@ -152,8 +152,12 @@ def test_rescue_logs_the_prompt_as_sent(hints, gsm8k_collapsed, tok_name, tmp_pa
     stats = rescue_to_dir([str(gsm8k_collapsed)], {"h": [str(hints)]}, tmp_path / "r", RolloutConfig(k=2, tokenizer=tok_name), spec)
     assert stats.as_dict()["arms"]["h"]["placement"] == "assistant"
     rolled = pl.read_parquet(tmp_path / "r" / "rollouts" / "*.parquet")
-    hinted = rolled.filter(pl.col("hint_id").is_not_null())["prompt"].to_list()
-    assert len(hinted) == 24 and all(p.startswith("<|im_start|>") and "<|im_start|>assistant\nLet me" in p for p in hinted)
+    by_hint = dict(pl.read_parquet(hints).select("problem_id", "hint").iter_rows())
+    hinted = rolled.filter(pl.col("hint_id").is_not_null())
+    assert hinted.height == 24
+    for pid, p in hinted.select("problem_id", "prompt").iter_rows():
+        opened = ANSWER_TEMPLATES[DEFAULT_ANSWER].format(hint=by_hint[pid])
+        assert p.startswith("<|im_start|>") and p.endswith(f"<|im_start|>assistant\n{opened}")
     # the fake policy saw the text, not the messages: the request carried it
     assert all(p.endswith("<|im_start|>assistant\n") for p in rolled.filter(pl.col("hint_id").is_null())["prompt"])
 
