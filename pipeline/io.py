@@ -24,7 +24,7 @@ import pyarrow.parquet as pq
 
 from mentor.pipeline.errors import ConfigError, CorruptFileError, DataError, SchemaError
 from mentor.pipeline.inputs import resolve_inputs
-from mentor.pipeline.schemas import SCHEMA_VERSION, SCHEMAS, conform, require_schema, schema_metadata
+from mentor.pipeline.schemas import SCHEMA_VERSION, SCHEMAS, conform, expected_schema, require_schema, schema_metadata
 
 PARQUET_COMPRESSION = "zstd"
 # Row groups of this many rows: readers (polars, pyarrow, dask) decode row groups in
@@ -84,7 +84,7 @@ def scan_dataset(sources: Iterable[str | os.PathLike], dataset: str, fix: str | 
 
 def cast_lazy(lf: pl.LazyFrame, found: pa.Schema, dataset: str) -> pl.LazyFrame:
     """Cast columns to the canonical types, adding absent optional columns as nulls."""
-    expected = SCHEMAS[dataset]
+    expected = expected_schema(dataset, found)
     target = pl.from_arrow(expected.empty_table()).schema
     exprs = []
     for field in expected:

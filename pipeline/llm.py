@@ -54,6 +54,9 @@ class GenRequest:
     json_schema: dict | None = None
     # Variables for the chat template (e.g. {"enable_thinking": False} for Qwen3); None: the template's defaults.
     chat_template_kwargs: dict | None = None
+    # The prompt already rendered with the model's chat template (e.g. an answer left open to continue):
+    # sent as it is, without the chat template; `messages` then only describe it.
+    prompt: str | None = None
 
 
 @dataclass(slots=True)
@@ -225,7 +228,7 @@ class FakeBackend(CountingBackend):
             finish = "stop"
             if ct > req.max_tokens:
                 text, ct, finish = text[: req.max_tokens * 4], req.max_tokens, "length"
-            pt = sum(_approx_tokens(m.get("content", "")) for m in req.messages)
+            pt = _approx_tokens(req.prompt) if req.prompt is not None else sum(_approx_tokens(m.get("content", "")) for m in req.messages)
             out.append(GenResult(req.id, text, finish, pt, ct))
         if on_done is not None:
             on_done(len(out))

@@ -269,6 +269,9 @@ class OpenAIBackend(CountingBackend):
     # ------------------------------------------------------------------ generation
 
     def _generate(self, requests: Sequence[GenRequest], on_done: OnDone | None) -> list[GenResult]:
+        if any(r.prompt is not None for r in requests):
+            raise ConfigError("prompts rendered to text (placement assistant) go to the vllm backend; through a server "
+                              "use another placement (--placement after)")
         if len(requests) == 1:
             out = [self._ask(requests[0])]
             if on_done is not None:

@@ -4,11 +4,21 @@
 follow `user_message`), `mentor rollout` / `mentor rescue` sample with `user_message`
 itself, and `mentor ingest` strips it again to recover the original problem from a
 logged prompt. One definition, so the three stay in step.
+
+A hint can also open the policy's answer (placement ``assistant``, as QuestA puts a
+solution prefix): the chat is then an unfinished assistant turn that the policy
+continues, which no trainer renders from messages (they all close the last turn and
+open a new one). `render_prompt` renders it once with the policy's own chat template
+(`load_tokenizer`), and the text is what build hands the trainers and what rescue sends.
 """
 
 from __future__ import annotations
 
 import re
+from functools import lru_cache
+from typing import Any
+
+from mentor.pipeline.errors import ConfigError
 
 # User message of a hinted problem: placeholders {hint}, {problem}, optional {instruction}.
 HINT_TEMPLATE = "Hint: {hint}\n\n{problem}"
@@ -40,5 +50,53 @@ def user_message(problem: str, instruction: str = "", hint: str | None = None, t
     return body
 
 
-__all__ = ["HINT_PREFIX", "HINT_TEMPLATE", "INSTRUCTIONS", "INSTRUCTION_SEPARATOR", "PLACEHOLDER_RE", "PLAIN_TEMPLATE",
-           "user_message"]
+# How a hint opens the policy's answer (placement "assistant"): the start of the assistant turn
+# the policy continues. "bare" is the default: measured best with "labelled" on 53 dev problems
+# (the hint continued as the policy's own first step, as QuestA's prefix; docs/benchmarks.md).
+ANSWER_TEMPLATES = {
+    "bare": "{hint}\n\n",
+    "labelled": "Hint: {hint}\n\n",
+    "first_person": "Let me start from this idea: {hint}\n\n",
+}
+DEFAULT_ANSWER = "bare"
+
+
+def answer_template(spec: str | None) -> str:
+    """A named opening (`ANSWER_TEMPLATES`) or the user's own text with {hint}; None: the default."""
+    spec = DEFAULT_ANSWER if spec is None else spec
+    text = ANSWER_TEMPLATES.get(spec, spec)
+    if "{hint}" not in text:
+        raise ConfigError(f"answer template {spec!r}: name one of {', '.join(ANSWER_TEMPLATES)} or give a text with {{hint}}")
+    return text
+
+
+@lru_cache(maxsize=8)
+def load_tokenizer(name: str) -> Any:
+    """The Hugging Face tokenizer (and chat template) of a model: a mentor CPU model name, a folder or a hub name."""
+    from mentor.pipeline.models import resolve_model
+
+    path = resolve_model(name)
+    try:
+        from transformers import AutoTokenizer
+
+        tok = AutoTokenizer.from_pretrained(path)
+    except Exception as exc:  # transformers raises OSError, ValueError, ... for a missing or odd tokenizer
+        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:200]
+        raise ConfigError(f"--tokenizer {name}: cannot load its tokenizer ({first}); give the policy's folder or hub name") from exc
+    if not getattr(tok, "chat_template", None):
+        raise ConfigError(f"--tokenizer {name}: the tokenizer has no chat template, so the policy's prompt cannot be "
+                          "rendered; give an instruct (chat) model's tokenizer")
+    return tok
+
+
+def render_prompt(tokenizer: Any, messages: list[dict[str, str]]) -> str:
+    """The text the policy conditions on: its chat template over `messages`, with the generation prompt after a
+    user turn (what every trainer renders itself), or the final assistant turn left open to continue."""
+    msgs = [{"role": m["role"], "content": m["content"]} for m in messages]
+    if msgs and msgs[-1]["role"] == "assistant":
+        return tokenizer.apply_chat_template(msgs, tokenize=False, add_generation_prompt=False, continue_final_message=True)
+    return tokenizer.apply_chat_template(msgs, tokenize=False, add_generation_prompt=True)
+
+
+__all__ = ["ANSWER_TEMPLATES", "DEFAULT_ANSWER", "HINT_PREFIX", "HINT_TEMPLATE", "INSTRUCTIONS", "INSTRUCTION_SEPARATOR", "PLACEHOLDER_RE", "PLAIN_TEMPLATE",
+           "answer_template", "load_tokenizer", "render_prompt", "user_message"]

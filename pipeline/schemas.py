@@ -69,6 +69,7 @@ COLLAPSED = pa.schema(
         pa.field("failed", pa.list_(pa.string()), nullable=False),
         pa.field("streak", pa.int32(), nullable=False),
         pa.field("previous_hints", pa.list_(pa.string()), nullable=False),
+        pa.field("solution", pa.string()),  # the reference solution, when known (stages/solutions.py)
     ]
 )
 
@@ -151,6 +152,10 @@ PROMPTS = pa.schema(
         pa.field("round", pa.int32(), nullable=False),
     ]
 )
+
+# Prompt shards rendered to text with the policy's chat template (placement "assistant": the hint opens
+# the answer, which no trainer renders from messages): the same columns, ``prompt`` the text as sent.
+PROMPTS_TEXT = PROMPTS.set(PROMPTS.get_field_index("prompt"), pa.field("prompt", pa.string(), nullable=False))
 
 PROBLEMS = pa.schema(
     [
@@ -295,6 +300,19 @@ def compatible(found: pa.DataType, expected: pa.DataType) -> bool:
     return True
 
 
+def expected_schema(dataset: str, found: pa.Schema | None = None) -> pa.Schema:
+    """The canonical schema of `dataset` for a file of schema `found`: prompt shards hold chat messages
+    (`PROMPTS`) or rendered text (`PROMPTS_TEXT`), told by the type of their ``prompt`` column."""
+    if dataset == "prompts" and found is not None and "prompt" in found.names and _kind(found.field("prompt").type) == "string":
+        return PROMPTS_TEXT
+    return SCHEMAS[dataset]
+
+
+def prompts_are_text(found: pa.Schema) -> bool:
+    """Whether prompt shards of schema `found` hold pre-rendered text prompts (placement "assistant")."""
+    return expected_schema("prompts", found) is PROMPTS_TEXT
+
+
 def check_schema(
     found: pa.Schema, dataset: str, required_only: Iterable[str] | None = None
 ) -> list[Problem]:
@@ -303,7 +321,7 @@ def check_schema(
     Columns absent from `found` are problems only when the canonical field is
     non-nullable (optional columns may be missing and are filled with nulls).
     """
-    expected = SCHEMAS[dataset]
+    expected = expected_schema(dataset, found)
     problems: list[Problem] = []
     names = set(found.names)
     for field in expected:
@@ -329,7 +347,7 @@ def require_schema(found: pa.Schema, dataset: str, where: str, fix: str | None =
 
 def conform(table: pa.Table, dataset: str) -> pa.Table:
     """Cast/reorder `table` to the canonical schema, filling absent optional columns."""
-    expected = SCHEMAS[dataset]
+    expected = expected_schema(dataset, table.schema)
     columns = []
     for field in expected:
         if field.name in table.column_names:

@@ -455,14 +455,26 @@ class VLLMBackend(CountingBackend):
         """
         groups: dict[str, list[int]] = {}
         for i, r in enumerate(requests):
-            groups.setdefault(json.dumps(r.chat_template_kwargs, sort_keys=True), []).append(i)
+            key = "text" if r.prompt is not None else json.dumps(r.chat_template_kwargs, sort_keys=True)
+            groups.setdefault(key, []).append(i)
         outputs: list = [None] * len(requests)
-        for idx in groups.values():
-            self._chat_or_split(requests, idx, outputs, on_done)
+        for key, idx in groups.items():
+            self._chat_or_split(requests, idx, outputs, on_done, text=key == "text")
         return outputs
 
-    def _chat_or_split(self, requests: Sequence[GenRequest], idx: list[int], outputs: list, on_done: OnDone | None) -> None:
-        """``llm.chat`` on the requests `idx` (one set of template variables) into `outputs`.
+    def _engine_call(self, requests: Sequence[GenRequest], idx: list[int], on_done: OnDone | None, text: bool) -> list:
+        """One engine call for the requests `idx`: ``llm.chat`` on their messages (one set of template variables), or,
+        for prompts rendered already (`text`), ``llm.generate`` tokenizing them as the chat path tokenizes its rendering."""
+        params = [self.sampling_params(requests[i]) for i in idx]
+        if text:
+            use_tqdm = _counting_bar(on_done) if on_done is not None else False
+            return self.llm.generate([requests[i].prompt for i in idx], params, use_tqdm=use_tqdm,
+                                     tokenization_kwargs={"add_special_tokens": False})
+        return self.chat([requests[i].messages for i in idx], params, requests[idx[0]].chat_template_kwargs, on_done)
+
+    def _chat_or_split(self, requests: Sequence[GenRequest], idx: list[int], outputs: list, on_done: OnDone | None,
+                       text: bool = False) -> None:
+        """`_engine_call` on the requests `idx` into `outputs`.
 
         vLLM checks each request as it adds it (a prompt longer than ``max_model_len``, ...) and,
         when one is refused, aborts the ones already added and raises a client error: the engine
@@ -470,15 +482,14 @@ class VLLMBackend(CountingBackend):
         each gets a `_Refused` in its place, the others their outputs (each generated once).
         """
         try:
-            got = self.chat([requests[i].messages for i in idx], [self.sampling_params(requests[i]) for i in idx],
-                            requests[idx[0]].chat_template_kwargs, on_done)
+            got = self._engine_call(requests, idx, on_done, text)
         except _refusals() as exc:
             if len(idx) == 1:
                 outputs[idx[0]] = _Refused(" ".join(str(exc).split())[:300])
                 return
             half = len(idx) // 2
-            self._chat_or_split(requests, idx[:half], outputs, on_done)
-            self._chat_or_split(requests, idx[half:], outputs, on_done)
+            self._chat_or_split(requests, idx[:half], outputs, on_done, text)
+            self._chat_or_split(requests, idx[half:], outputs, on_done, text)
             return
         if len(got) != len(idx):
             raise RuntimeError(f"vLLM returned {len(got)} outputs for {len(idx)} prompts")

@@ -2,9 +2,15 @@
 
 Every problem of the base set gets a prompt; a problem with a hint gets the
 hint where ``placement`` says: ``before`` the problem in the user message,
-``after`` it (just before the instruction), or in the ``system`` message
-(`build_render.messages_expr`, the layout `mentor rescue` re-rolls with too).
-The shards serve OpenRLHF, verl and TRL without edits:
+``after`` it (just before the instruction), in the ``system`` message, or as the
+start of the policy's answer (``assistant``; `build_render.messages_expr`, the
+layout `mentor rescue` re-rolls with too). ``assistant`` needs the policy's
+tokenizer (``tokenizer``): every prompt, hinted or not, is then rendered with its
+chat template and written as text (`pipeline.prompts.render_prompt`), which
+OpenRLHF (without ``--data.apply_chat_template``) and TRL read as it is and verl
+0.9.1 cannot read. With a tokenizer, the default placement is ``assistant`` and the
+longest prompt in its tokens is recorded (``max_prompt_tokens``). The message
+shards serve OpenRLHF, verl and TRL without edits:
 
 - ``prompt``: chat messages ``[{role, content}, ...]`` (an optional system
   message, then the user message: problem + the domain's instruction, with the
@@ -50,14 +56,15 @@ from typing import Literal
 import polars as pl
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from mentor.pipeline.errors import ConfigError
 from mentor.pipeline.inputs import resolve_inputs
 from mentor.pipeline.io import atomic_path, sha256_file, write_manifest
 from mentor.pipeline.outdir import Owns, check_output_dir, staged_output_dir
-from mentor.pipeline.prompts import HINT_TEMPLATE, INSTRUCTIONS, PLACEHOLDER_RE, PLAIN_TEMPLATE
+from mentor.pipeline.prompts import HINT_TEMPLATE, INSTRUCTIONS, PLACEHOLDER_RE, PLAIN_TEMPLATE, answer_template, load_tokenizer
 from mentor.pipeline.schemas import DOMAINS, HINT_STATUSES, SCHEMA_VERSION
 from mentor.pipeline.stage import Context, StageSpec, Stats, StatsLayout, write_stats
 from mentor.stages.build_base import PROBLEM_COLUMNS, load_base, load_hints, validate_base
-from mentor.stages.build_render import DEFAULT_PLACEMENT, PLACEMENTS, prepare_rows
+from mentor.stages.build_render import DEFAULT_PLACEMENT, PLACEMENTS, TEXT_PLACEMENTS, prepare_rows, resolve_placement
 from mentor.stages.build_write import DEFAULT_SHARD_ROWS, dataset_card, write_shards
 
 log = logging.getLogger(__name__)
@@ -73,7 +80,8 @@ BUILD_STATS = StatsLayout(
         "hints_missing_ids", "shards",
     ),
     groups={"base_dropped": ()},
-    values={"round": 0, "mode": "prefix", "placement": DEFAULT_PLACEMENT, "seed": None},
+    values={"round": 0, "mode": "prefix", "placement": DEFAULT_PLACEMENT, "prompt_format": "messages", "seed": None,
+            "max_prompt_tokens": None, "prompt_tokenizer": None},
     ratios={"hinted_share": ("hinted_rows", "rows")},
     warnings=True,
     logger=__name__,
@@ -105,10 +113,20 @@ class BuildConfig(BaseModel):
     round: int | None = Field(
         None, ge=0, le=2**31 - 2, description="Round the prompts are for (label/extra_info). Default: latest hint round + 1, or 0 without hints."
     )
-    placement: Literal[PLACEMENTS] = Field(  # type: ignore[valid-type]
-        DEFAULT_PLACEMENT,
-        description="Where the hint goes: before the problem, after it (just before the instruction), or in the system "
-        "message. Each is read the same way by OpenRLHF, verl and TRL.",
+    placement: Literal[PLACEMENTS] | None = Field(  # type: ignore[valid-type]
+        None,
+        description="Where the hint goes: before the problem, after it (just before the instruction), in the system "
+        "message (each read the same way by OpenRLHF, verl and TRL), or as the start of the policy's answer "
+        "(assistant: needs tokenizer; text prompts for OpenRLHF and TRL, not verl). Default: assistant with a "
+        f"tokenizer, else {DEFAULT_PLACEMENT}.",
+    )
+    tokenizer: str | None = Field(
+        None, description="The round's policy (a mentor CPU model name, folder or hub name): its chat template renders "
+        "placement assistant, and max_prompt_tokens counts in its tokens.",
+    )
+    answer_template: str | None = Field(
+        None, description="How the hint opens the answer (placement assistant): bare, labelled, first_person, or a text "
+        "with {hint} (default: the measured best, pipeline/prompts.py DEFAULT_ANSWER).",
     )
     template: str | None = Field(
         None, description="User message of a hinted problem; placeholders {hint}, {problem}, optional {instruction} "
@@ -137,8 +155,14 @@ class BuildConfig(BaseModel):
     def _check(self) -> "BuildConfig":
         if self.shard_rows is not None and self.shard_bytes is not None:
             raise ValueError("give --shard-rows or --shard-bytes, not both")
-        if self.template is not None and "placement" in self.model_fields_set:
+        if self.template is not None and self.placement is not None:
             raise ValueError("give a template or a placement, not both (a template places the hint itself)")
+        self.resolved_placement()  # a text placement without a tokenizer
+        if self.answer_template is not None:
+            try:
+                answer_template(self.answer_template)
+            except ConfigError as exc:
+                raise ValueError(str(exc)) from None
         for name, text, needs, forbids in (
             ("template", self.template, ("hint", "problem"), ()),
             ("plain_template", self.plain_template, ("problem",), ("hint",)),
@@ -160,6 +184,12 @@ class BuildConfig(BaseModel):
             raise ValueError(f"--map {bad_map[0]}=...: not a problem column; map one of {', '.join(PROBLEM_COLUMNS)}")
         return self
 
+    def resolved_placement(self) -> str:
+        """The placement used: asked for, else assistant with a tokenizer (after with a user template), else after."""
+        if self.template is not None:
+            return DEFAULT_PLACEMENT  # unused: the template places the hint
+        return resolve_placement(self.placement, self.tokenizer)
+
 
 def build(cfg: BuildConfig, out_dir: str | Path, template_files: list[Path] | None = None) -> Stats:
     """The stage: build the prompt shards into `out_dir`: part-NNNNN.parquet, stats.json, README.md, manifest.json.
@@ -173,7 +203,11 @@ def build(cfg: BuildConfig, out_dir: str | Path, template_files: list[Path] | No
 
     out_dir = Path(out_dir)
     check_output_dir(out_dir)
-    stats = BUILD_STATS(mode=cfg.mode, placement=cfg.placement if cfg.template is None else "template", seed=cfg.seed)
+    placement = cfg.resolved_placement()
+    text = cfg.template is None and placement in TEXT_PLACEMENTS
+    stats = BUILD_STATS(mode=cfg.mode, placement=placement if cfg.template is None else "template", seed=cfg.seed,
+                        prompt_format="text" if text else "messages", prompt_tokenizer=cfg.tokenizer)
+    tokenizer = load_tokenizer(cfg.tokenizer) if cfg.tokenizer else None
     base = load_base(cfg.base, cfg.mapping, cfg.domain)
     if cfg.answer_after:
         base.frame = base.frame.with_columns(pl.col("label").str.split(cfg.answer_after).list.last().str.strip_chars())
@@ -187,16 +221,18 @@ def build(cfg: BuildConfig, out_dir: str | Path, template_files: list[Path] | No
     rows = prepare_rows(problems, hints, cfg, stats.round, stats, where=base.where)
     inputs = [*base.files, *(resolve_inputs(cfg.hints) if cfg.hints else []), *(template_files or [])]
     with staged_output_dir(out_dir, "build", Owns(("manifest.json", "stats.json", "README.md"), shards=True)) as staging:
-        shards = write_shards(rows, staging, cfg, stats.round)
+        shards, stats.max_prompt_tokens = write_shards(rows, staging, cfg, stats.round, tokenizer, as_text=text)
         fault_point("build.after_shards")  # resume tests: killed with shards written, nothing swapped in yet
         stats.shards = len(shards)
         hashes = {str(p): sha256_file(p) for p in [*shards, *inputs]}
         write_stats(staging, stats, schema_version=SCHEMA_VERSION)
         with atomic_path(staging / "README.md") as tmp:
-            tmp.write_text(dataset_card([s.name for s in shards], stats, [hashes[str(s)] for s in shards]))
+            tmp.write_text(dataset_card([s.name for s in shards], stats, [hashes[str(s)] for s in shards], text=text))
         write_manifest(
             staging, shards, "prompts", inputs=inputs, config=cfg,
-            extra={"base": base.info, "round": stats.round, "stats": "stats.json"}, hashes=hashes,
+            extra={"base": base.info, "round": stats.round, "stats": "stats.json", "placement": stats.placement,
+                   "prompt_format": stats.prompt_format, "max_prompt_tokens": stats.max_prompt_tokens,
+                   "prompt_tokenizer": stats.prompt_tokenizer}, hashes=hashes,
         )
     log.info("built %d prompts (%d hinted) in %d shard(s) at %s", stats.rows, stats.hinted_rows, stats.shards, out_dir)
     return stats

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 import polars as pl
 
 from mentor.pipeline.errors import DataError
-from mentor.pipeline.prompts import HINT_TEMPLATE, INSTRUCTION_SEPARATOR, PLACEHOLDER_RE, PLAIN_TEMPLATE
+from mentor.pipeline.prompts import HINT_TEMPLATE, INSTRUCTION_SEPARATOR, PLACEHOLDER_RE, PLAIN_TEMPLATE, answer_template
 from mentor.pipeline.schemas import prompt_label
 from mentor.pipeline.stage import Stats
 
@@ -23,13 +23,28 @@ if TYPE_CHECKING:
 
 # --------------------------------------------------------------------------- where the hint goes
 
-# The placements build offers; each is read the same way by OpenRLHF's PromptDataset
-# (--data.apply_chat_template), verl's RLHFDataset and TRL's GRPOTrainer, which all render
-# the ``prompt`` messages with add_generation_prompt=True (docs/data.md#where-the-hint-goes).
-# A solution prefix (a final assistant message to continue, as QuestA does) is not offered:
-# all three would close it as a finished assistant turn and start a new one after it.
-PLACEMENTS = ("before", "after", "system")
-DEFAULT_PLACEMENT = "after"
+# The placements build offers (docs/data.md#where-the-hint-goes). before/after/system are chat
+# messages, read the same way by OpenRLHF's PromptDataset (--data.apply_chat_template), verl's
+# RLHFDataset and TRL's GRPOTrainer, which all render them with add_generation_prompt=True.
+# "assistant" opens the policy's answer with the hint (a solution prefix, as QuestA): every
+# trainer would close a final assistant message, so these prompts are rendered once with the
+# policy's chat template and handed over as text (`pipeline.prompts.render_prompt`).
+PLACEMENTS = ("before", "after", "system", "assistant")
+TEXT_PLACEMENTS = ("assistant",)  # rendered to text: they need the policy's tokenizer
+DEFAULT_PLACEMENT = "after"  # without a tokenizer
+DEFAULT_TOKENIZED_PLACEMENT = "assistant"  # where the policy's tokenizer is known: the measured best
+
+
+def resolve_placement(placement: str | None, tokenizer: str | None) -> str:
+    """The placement a stage uses: the one asked for, else the default for whether a tokenizer is known.
+
+    A text placement without a tokenizer is a `ValueError` naming the fix."""
+    if placement is None:
+        return DEFAULT_TOKENIZED_PLACEMENT if tokenizer else DEFAULT_PLACEMENT
+    if placement in TEXT_PLACEMENTS and not tokenizer:
+        raise ValueError(f"placement {placement} renders the prompt with the policy's chat template: give the policy's "
+                         "tokenizer (--tokenizer MODEL) or another placement")
+    return placement
 # The hinted user message of the placements that put the hint there; "system" keeps the
 # plain user message and puts SYSTEM_HINT into the system message.
 PLACEMENT_TEMPLATES = {"before": HINT_TEMPLATE, "after": "{problem}\n\nHint: {hint}"}
@@ -38,10 +53,11 @@ SYSTEM_SEPARATOR = "\n\n"
 
 
 def hint_template(placement: str, template: str | None = None) -> str:
-    """The hinted user message: `template` when given, else the placement's (the plain one for "system")."""
+    """The hinted user message: `template` when given, else the placement's (the plain one for "system" and
+    "assistant", which put the hint elsewhere)."""
     if placement not in PLACEMENTS:
         raise ValueError(f"placement {placement!r}: use one of {', '.join(PLACEMENTS)}")
-    if template is not None:
+    if template is not None and placement not in TEXT_PLACEMENTS:
         return template
     return PLACEMENT_TEMPLATES.get(placement, PLAIN_TEMPLATE)
 
@@ -52,6 +68,8 @@ def messages_expr(placement: str, template: str | None, plain_template: str, sys
 
     The one definition of the layout: `mentor build` writes it and `mentor rescue`
     re-rolls with it (`prompt_messages`), so a rescue measures the prompts training sees.
+    With placement "assistant", `template` is the opening of the answer ({hint} only;
+    `prompts.answer_template`) and a hinted chat ends with that open assistant message.
     """
     instruction = pl.col("domain").replace_strict(instructions, default="", return_dtype=pl.String)
     hinted = pl.col("hint").is_not_null()
@@ -62,6 +80,11 @@ def messages_expr(placement: str, template: str | None, plain_template: str, sys
     )
     user_msg = pl.struct(role=pl.lit("user"), content=user)
     lead = f"{system_prompt}{SYSTEM_SEPARATOR}" if system_prompt else ""
+    if placement == "assistant":
+        head = [pl.struct(role=pl.lit("system"), content=pl.lit(system_prompt))] if system_prompt else []
+        opened = pl.struct(role=pl.lit("assistant"), content=fill_template(answer_template(template), pl.lit(""),
+                                                                            instruction_tail=False))
+        return pl.when(hinted).then(pl.concat_list([*head, user_msg, opened])).otherwise(pl.concat_list([*head, user_msg]))
     if placement == "system":
         system_hint = pl.concat_str([pl.lit(lead), fill_template(SYSTEM_HINT, pl.lit(""), instruction_tail=False)])
         hinted_msgs = pl.concat_list([pl.struct(role=pl.lit("system"), content=system_hint), user_msg])
@@ -187,7 +210,9 @@ def _math_label(round_: int) -> pl.Expr:
 def render_exprs(rows: pl.DataFrame, cfg: BuildConfig, round_: int) -> list[pl.Expr]:
     """The PROMPTS columns as expressions over `prepare_rows`'s output (any slice of it)."""
     # prepare_rows gives a hint exactly to the rows with a hint_id.
-    messages = messages_expr(cfg.placement, cfg.template, cfg.plain_template, cfg.system_prompt, cfg.instructions)
+    placement = cfg.resolved_placement()
+    template = cfg.answer_template if placement in TEXT_PLACEMENTS else cfg.template
+    messages = messages_expr(placement, template, cfg.plain_template, cfg.system_prompt, cfg.instructions)
     label = _math_label(round_)
     if "_code_label" in rows.columns:
         label = pl.when(pl.col("domain") == "code").then(pl.col("_code_label")).otherwise(label)
@@ -206,5 +231,5 @@ def render_exprs(rows: pl.DataFrame, cfg: BuildConfig, round_: int) -> list[pl.E
     ]
 
 
-__all__ = ["DEFAULT_PLACEMENT", "PLACEMENTS", "fill_template", "hint_template", "messages_expr", "prepare_rows",
-           "prompt_messages", "render_exprs", "shuffle_key"]
+__all__ = ["DEFAULT_PLACEMENT", "DEFAULT_TOKENIZED_PLACEMENT", "PLACEMENTS", "TEXT_PLACEMENTS", "fill_template", "hint_template", "messages_expr", "prepare_rows",
+           "prompt_messages", "render_exprs", "resolve_placement", "shuffle_key"]

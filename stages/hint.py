@@ -595,6 +595,10 @@ def hint_to_dir(
             raise ConfigError(f"--sample must be >= 1, got {sample}")
         table = table.slice(0, sample)
     rows = table.to_pylist()
+    if cfg.see_solution:  # a row without its own solution gets the file's or the bundled one (stages/solutions.py)
+        from mentor.stages.solutions import load_solutions, with_solutions
+
+        rows = with_solutions(rows, load_solutions(cfg.solutions, "hint.solutions"))
     templates = agents.Templates.load(cfg.templates_dir)
     from mentor.stages.judge_check import checked_config, stats_view
     from mentor.stages.vouch import per_rescued as _per_rescued

@@ -8,6 +8,11 @@
 3. judgment     problem, reference, hint -> {score, feedback}   (after the rules pass)
 4. repair       problem, rejected hint, violations, feedback -> {hint}
 
+Where the problem has a reference solution (`stages.solutions`), every agent sees it too
+(``see_solution``): attribution compares the attempts with it, generation and repair take
+the hint from it (its first step the student misses, never further), judgment checks the
+hint's claims against it. Without one, the templates leave the block out.
+
 Prompts come from versioned template files (``stages/templates/*.txt``, jinja2
 with ``{{ name }}`` placeholders), overridable per file from a user directory; the
 hash of the effective templates is the ``prompt_version`` of every hint row.
@@ -36,6 +41,7 @@ from jinja2.sandbox import SandboxedEnvironment
 
 from mentor.pipeline.errors import ConfigError
 from mentor.pipeline.llm import GenRequest
+from mentor.stages.solutions import solution_text
 
 if TYPE_CHECKING:
     from mentor.stages.hint_config import HintConfig
@@ -46,16 +52,16 @@ TEMPLATE_DIR = Path(__file__).parent / "templates"
 # template name -> the placeholders it may use
 TEMPLATE_VARS: dict[str, frozenset[str]] = {
     "attribution_system": frozenset(),
-    "attribution_user": frozenset({"problem", "answer", "failed"}),
+    "attribution_user": frozenset({"problem", "answer", "solution", "failed"}),
     "generation_system": frozenset(),
-    "generation_user": frozenset({"problem", "answer", "diagnosis", "keywords", "error", "escalation", "retry"}),
+    "generation_user": frozenset({"problem", "answer", "solution", "diagnosis", "keywords", "error", "escalation", "retry"}),
     "generation_diagnosis": frozenset({"keywords", "error"}),
     "generation_escalation": frozenset({"previous_hint"}),
     "generation_retry": frozenset({"violations"}),
     "judgment_system": frozenset(),
-    "judgment_user": frozenset({"problem", "answer", "hint"}),
+    "judgment_user": frozenset({"problem", "answer", "solution", "hint"}),
     "repair_system": frozenset(),
-    "repair_user": frozenset({"problem", "answer", "hint", "violations", "feedback"}),
+    "repair_user": frozenset({"problem", "answer", "solution", "hint", "violations", "feedback"}),
     "fallback_keywords": frozenset({"keywords"}),
     "fallback_math": frozenset(),
     "fallback_code": frozenset(),
@@ -208,6 +214,11 @@ def reference_text(row: dict, max_chars: int = 1500) -> str:
     return f"entry point `{obj.get('entry_point')}`; tests:\n{tests}"
 
 
+def solution_in_view(row: dict, cfg: HintConfig) -> str:
+    """The reference solution the agents see ("" when there is none, or ``see_solution`` is off)."""
+    return solution_text(row, cfg.solution_chars) if cfg.see_solution else ""
+
+
 def format_failed(failed: list[str] | None, max_failed: int, max_chars: int) -> str:
     if not failed:
         return "(none recorded)"
@@ -312,6 +323,7 @@ class Attribution(Agent):
     def messages(self, s: State, cfg: HintConfig, t: Templates) -> list[dict]:
         row = s.row
         return self._chat(t, t.render("attribution_user", problem=row["problem"], answer=reference_text(row),
+                                      solution=solution_in_view(row, cfg),
                                       failed=format_failed(row.get("failed"), cfg.max_failed, cfg.failed_chars)))
 
     def schema(self, cfg: HintConfig, limits: RuleLimits) -> dict:
@@ -353,7 +365,8 @@ class Generation(Agent):
         retry = t.render("generation_retry", violations=", ".join(s.rejected)) if s.retry and s.rejected else ""
         kws, err = ", ".join(s.keywords) if s.keywords else "(none)", s.error or "(unknown)"
         diagnosis = t.render("generation_diagnosis", keywords=kws, error=err) if cfg.attribution else ""
-        return self._chat(t, t.render("generation_user", problem=row["problem"], answer=reference_text(row), diagnosis=diagnosis,
+        return self._chat(t, t.render("generation_user", problem=row["problem"], answer=reference_text(row),
+                                      solution=solution_in_view(row, cfg), diagnosis=diagnosis,
                                       keywords=kws, error=err, escalation=escalation, retry=retry))
 
     def schema(self, cfg: HintConfig, limits: RuleLimits) -> dict:
@@ -385,7 +398,8 @@ class Judgment(Agent):
 
     def messages(self, s: State, cfg: HintConfig, t: Templates) -> list[dict]:
         row = s.row
-        return self._chat(t, t.render("judgment_user", problem=row["problem"], answer=reference_text(row), hint=s.candidate or ""))
+        return self._chat(t, t.render("judgment_user", problem=row["problem"], answer=reference_text(row),
+                                      solution=solution_in_view(row, cfg), hint=s.candidate or ""))
 
     def schema(self, cfg: HintConfig, limits: RuleLimits) -> dict:
         """``{"score", "feedback"}``; with judge_correctness a ``"correct"`` verdict comes first."""
@@ -418,7 +432,8 @@ class Repair(Generation):
 
         row = s.row
         reasons = "\n".join(f"- {describe(v)}" for v in s.last_violations) or "- (none given)"
-        return self._chat(t, t.render("repair_user", problem=row["problem"], answer=reference_text(row), hint=s.candidate or "",
+        return self._chat(t, t.render("repair_user", problem=row["problem"], answer=reference_text(row),
+                                      solution=solution_in_view(row, cfg), hint=s.candidate or "",
                                       violations=reasons, feedback=s.feedback or "(none)"))
 
 

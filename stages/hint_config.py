@@ -64,6 +64,13 @@ class HintConfig(BaseModel):
                                  "(towards the reference answer) before they write the hint; kept in the trace, never in the hint. 0: off.")
     attribution: bool = Field(True, description="Run the Attribution agent (off: the hint is generated from the problem alone, "
                               "the method's 'without Attribution' ablation).")
+    see_solution: bool = Field(True, description="Show every agent the problem's reference solution where there is one "
+                               "(the collapsed row's, else `solutions`', else the bundled GSM8K / MATH-500 / HumanEval "
+                               "solutions): attribution compares the attempts with it, generation and repair take the "
+                               "hint from it (never past its first missing step), judgment checks the hint against it.")
+    solutions: str | None = Field(None, description="Parquet or JSONL with problem_id and solution, for rows without a "
+                                  "solution (default: the bundled solutions).")
+    solution_chars: int = Field(2000, ge=64, description="Characters of the reference solution shown to the agents.")
     max_failed: int = Field(2, ge=0, description="Failed responses shown to the attribution agent.")
     failed_chars: int = Field(1500, ge=64, description="Characters kept per failed response in the prompt (mostly its end).")
     max_keywords: int = Field(5, ge=1, le=20, description="Keywords the attribution agent may return.")

@@ -135,10 +135,12 @@ def recover_problem(prompt: str | None, problem_id: str | None = None, hint_id: 
     if not prompt:
         return None
     user = None
+    in_answer = False  # `--placement assistant`: the hint opens the answer, after the user turn
     for pattern in _USER_TURNS:
-        found = pattern.findall(prompt)
+        found = list(pattern.finditer(prompt))
         if found:
-            user = found[-1]
+            user = found[-1].group(1)
+            in_answer = _SPECIAL.sub("", prompt[found[-1].end():]).strip() not in ("", "assistant", "model")
             break
     if user is None:
         if _SPECIAL.search(prompt):
@@ -160,11 +162,12 @@ def recover_problem(prompt: str | None, problem_id: str | None = None, hint_id: 
             user = user[: -len(INSTRUCTION_SEPARATOR + instruction)]
             break
     # `mentor build --placement after`: the hint block is the last paragraph, after the problem;
-    # `--placement system`: it opens a turn before the user's (the system message).
+    # `--placement system`: it opens a turn before the user's (the system message); `--placement
+    # assistant`: the user turn is the plain problem, the hint opens the answer after it.
     after = -1 if before else user.rfind(f"\n\n{HINT_PREFIX} ")
     ahead = prompt[: max(0, prompt.find(user))]
     in_system = not before and after < 0 and re.search(rf"(?:^|\n){re.escape(HINT_PREFIX)} ", ahead) is not None
-    if knows_hint and bool(hint_id) != (before or after > 0 or in_system):
+    if knows_hint and bool(hint_id) != (before or after > 0 or in_system or in_answer):
         return None  # a hint_id without mentor's hint block (a custom template), or the reverse
     if before:
         user = user.split("\n\n", 1)[1] if "\n\n" in user else ""

@@ -25,7 +25,8 @@ in one line and (``on_fail: rules_only``, the default) runs with
 
 Reference solutions: a ``solution`` key on the collapsed row, else the
 ``solutions`` file (Parquet / JSONL with ``problem_id`` and ``solution``), else
-the bundled GSM8K solutions (``data/gsm8k_solutions.parquet``, by problem id).
+the bundled solutions (GSM8K, MATH-500, HumanEval; `stages.solutions`, by problem id).
+The judge sees the solution as a run's judge does (``see_solution``).
 Solutions in GSM8K's format (steps on lines, ``<<calc>>`` notes, ``#### N``) or
 plain text (the first sentence is the first step). Without any, the judge is
 left unchecked and the stage says so.
@@ -51,6 +52,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from mentor.pipeline.errors import ConfigError, DataError, EngineError
 from mentor.pipeline.llm import Backend, GenRequest, GenResult
 from mentor.stages.rules import RuleContext, check_hint
+from mentor.stages.solutions import load_solutions, with_solutions
 
 if TYPE_CHECKING:
     from mentor.stages.hint_config import HintConfig
@@ -79,7 +81,7 @@ class JudgeCheckConfig(BaseModel):
         "rules_only", description="When the judge cannot tell good from bad: rules_only judges this run by the rules alone "
         "(llm_judge off); keep_judge warns and keeps it; error stops the run.")
     solutions: str | None = Field(None, description="Parquet or JSONL with problem_id and solution (reference solutions "
-                                  "for the known-good hints); default: the bundled GSM8K solutions.")
+                                  "for the known-good hints); default: hint.solutions, else the bundled GSM8K, MATH-500 and HumanEval solutions.")
 
 
 @dataclass(frozen=True)
@@ -96,35 +98,6 @@ class CalibrationItem:
 
 
 # --------------------------------------------------------------------------- reference solutions
-
-
-def load_solutions(path: str | None) -> dict[str, str]:
-    """problem_id -> reference solution, from `path` or the bundled GSM8K solutions."""
-    import polars as pl
-
-    if path is None:
-        from mentor.data import bundled
-
-        try:
-            src = bundled("gsm8k_solutions.parquet")
-        except FileNotFoundError:
-            return {}
-        df = pl.read_parquet(src)
-    else:
-        p = Path(path)
-        if not p.is_file():
-            raise ConfigError(f"{p}: judge_check.solutions file not found; give a Parquet or JSONL file with problem_id and solution")
-        try:
-            df = pl.read_ndjson(p) if p.suffix in (".jsonl", ".json") else pl.read_parquet(p)
-        except Exception as exc:  # polars raises several kinds for a malformed file
-            raise DataError(f"{p}: cannot read judge_check.solutions ({type(exc).__name__}: {str(exc).splitlines()[0][:200]}); "
-                            "give a Parquet or JSONL file with problem_id and solution") from exc
-        missing = [c for c in ("problem_id", "solution") if c not in df.columns]
-        if missing:
-            raise DataError(f"{p}: judge_check.solutions lacks column(s) {missing} (found: {', '.join(df.columns[:10])}); "
-                            "it needs problem_id and solution")
-    df = df.select(pl.col("problem_id").cast(pl.String), pl.col("solution").cast(pl.String)).drop_nulls()
-    return dict(df.iter_rows())
 
 
 _CALC = re.compile(r"<<[^>]*>>")
@@ -322,7 +295,9 @@ def check_judge(rows: Sequence[dict], cfg: HintConfig, backend: Backend, templat
     from mentor.stages import hint_agents as agents
 
     t = templates or agents.Templates.load(cfg.templates_dir)
-    sols = load_solutions(cfg.judge_check.solutions) if solutions is None else solutions
+    sols = load_solutions(cfg.judge_check.solutions or cfg.solutions) if solutions is None else solutions
+    if cfg.see_solution:  # the judge reviews with the reference solution in view, as in the run
+        rows = with_solutions(list(rows), sols)
     items = calibration_set(rows, cfg, sols)
     if not items:
         return {"status": "unchecked", "reason": "no collapsed math problem has a reference solution whose first step "
@@ -401,7 +376,7 @@ def checked_config(cfg: HintConfig, rows: Any, out_dir: str | Path, templates: T
     from mentor.pipeline.executor import LocalExecutor
     from mentor.pipeline.io import config_hash, write_json_atomic
 
-    solutions = load_solutions(cfg.judge_check.solutions)
+    solutions = load_solutions(cfg.judge_check.solutions or cfg.solutions)
     if hasattr(rows, "slice"):  # a pyarrow table (a whole collapsed set)
         rows = leading_rows(rows, cfg, solutions)
     items = calibration_set(rows, cfg, solutions)
@@ -465,7 +440,7 @@ def check_judge_path(collapsed: Sequence[str], cfg: HintConfig, backend_factory:
 
     paths = resolve_inputs(list(collapsed))
     table = read_table(paths, "collapsed").sort_by("problem_id")
-    solutions = load_solutions(cfg.judge_check.solutions)
+    solutions = load_solutions(cfg.judge_check.solutions or cfg.solutions)
     rows = leading_rows(table, cfg, solutions)
     items = calibration_set(rows, cfg, solutions)
     if not items:

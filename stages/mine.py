@@ -57,6 +57,11 @@ class MineConfig(BaseModel):
     failed_budget_chars: int = Field(
         2000, ge=64, le=2**31 - 1, description="Each kept failed response is cut to this many characters, keeping mostly its end."
     )
+    solutions: str | None = Field(
+        None, description="Reference solutions carried into the collapsed set (its solution column, which the hint agents "
+        "read): a Parquet or JSONL file with problem_id and solution, e.g. a base set with a solution column; default: the "
+        "bundled GSM8K, MATH-500 and HumanEval solutions, by problem id."
+    )
 
     @field_validator("correct_col")
     @classmethod
@@ -422,10 +427,16 @@ def mine_iter(sources: Sequence[str], cfg: MineConfig, history: Sequence[str] = 
         collapsed.append(part["collapsed"])
     log.info("counted %d problems, %d collapsed", stats.problems, stats.collapsed)
     past = history_frames(history) if history else (None, None)
-    return Mined(stats, _chunks(files, pl.concat(collapsed), cfg, past, executor))
+    from mentor.stages.solutions import load_solutions
+
+    sols = load_solutions(cfg.solutions, "--solutions")
+    solutions = pl.DataFrame({"problem_id": list(sols), "solution": list(sols.values())},
+                             schema={"problem_id": pl.String, "solution": pl.String})
+    return Mined(stats, _chunks(files, pl.concat(collapsed), cfg, past, executor, solutions))
 
 
-def _chunks(files: list[str], collapsed: pl.DataFrame, cfg: MineConfig, history, executor: Executor) -> Iterator[pl.DataFrame]:
+def _chunks(files: list[str], collapsed: pl.DataFrame, cfg: MineConfig, history, executor: Executor,
+            solutions: pl.DataFrame | None = None) -> Iterator[pl.DataFrame]:
     if not collapsed.height:
         return
     where = files[0] if len(files) == 1 else f"{files[0]} (and {len(files) - 1} more)"
@@ -438,6 +449,8 @@ def _chunks(files: list[str], collapsed: pl.DataFrame, cfg: MineConfig, history,
         del part  # (a shard's rows are large: free them before the next shard is read)
         if rows is not None:
             chunk = apply_history(rows, history)
+            if solutions is not None:
+                chunk = chunk.join(solutions, on="problem_id", how="left", maintain_order="left")
             del rows
             yield chunk
             del chunk

@@ -6,8 +6,12 @@ collapsed problems now get at least one correct rollout. The arm
 ``unhinted`` (the plain problem) is always there; ``--hints H`` adds the arm
 ``hinted``, ``--arm NAME=H`` any named one (e.g. one per hint-stage ablation).
 A hinted prompt has the layout `mentor build` writes, through the same function
-(`build_render.prompt_messages`: the hint before or after the problem, or in the
-system message, as ``placement`` says; per arm with ``arm_placements``). Only
+(`build_render.prompt_messages`: the hint before or after the problem, in the
+system message, or opening the policy's answer, as ``placement`` says; per arm with
+``arm_placements``). Placement ``assistant`` (the default where the policy's
+tokenizer is known: a vllm policy, or ``tokenizer``) renders every prompt of the arm
+with the policy's chat template, as build writes it, and sends that text (the
+unhinted arm too, when it is the run's placement); the rollouts log it as sent. Only
 problems with a hint in every arm are re-rolled, and rollout j of a problem has
 the same seed in every arm, so the arms are a paired comparison: same problems, same seeds, one engine batch.
 Outputs: ``DIR/rescue.parquet`` (one row per problem; per arm ``correct_<arm>``,
@@ -36,7 +40,8 @@ from mentor.pipeline.io import read_dataset, read_parquet_schema, write_json_ato
 from mentor.pipeline.llm import Backend, release_engines
 from mentor.pipeline.schemas import SCHEMA_VERSION
 from mentor.pipeline.stage import Context, StageSpec, Stats, StatsLayout
-from mentor.stages.build_render import PLACEMENTS, prompt_messages
+from mentor.pipeline.prompts import answer_template, load_tokenizer, render_prompt
+from mentor.stages.build_render import DEFAULT_PLACEMENT, PLACEMENTS, TEXT_PLACEMENTS, prompt_messages
 from mentor.stages.rollout import (
     UNHINTED,
     PromptItem,
@@ -69,15 +74,19 @@ def read_collapsed_or_problems(sources: Sequence[str]) -> pl.DataFrame:
 
 
 def rescue_items(collapsed: pl.DataFrame, arms: dict[str, pl.DataFrame], cfg: RolloutConfig,
-                 arm_placements: dict[str, str] | None = None) -> tuple[list[PromptItem], list[str], dict[str, int]]:
+                 arm_placements: dict[str, str] | None = None,
+                 arm_answers: dict[str, str] | None = None) -> tuple[list[PromptItem], list[str], dict[str, int]]:
     """Prompt items per problem and arm (the unhinted arm first), the problems kept, and the problems
     without a hint per arm (``"*"``: without a hint in some arm).
 
     A problem is kept only when every hinted arm has a hint for it (a paired comparison). Each
     arm's prompts are laid out as `mentor build` does (`build_render.prompt_messages`), with
-    ``cfg.placement`` or the arm's own in `arm_placements`.
+    ``cfg.placement`` or the arm's own in `arm_placements`; a text placement's are rendered with
+    ``cfg.tokenizer`` (settle both first: `RolloutConfig.for_policy`), the hint opening the answer as
+    ``cfg.answer_template`` or the arm's own in `arm_answers` says.
     """
     arm_placements = arm_placements or {}
+    arm_answers = arm_answers or {}
     latest = {name: _latest_hints(h) for name, h in arms.items()}
     joined = collapsed
     for a, (name, lh) in enumerate(latest.items()):
@@ -94,13 +103,19 @@ def rescue_items(collapsed: pl.DataFrame, arms: dict[str, pl.DataFrame], cfg: Ro
     kept: list[str] = []
     rows = list(joined.iter_rows(named=True))
     names = [UNHINTED, *latest]
-    layouts = {}  # arm -> the messages of every kept problem, in row order
+    layouts, texts = {}, {}  # arm -> the messages (and text prompts) of every kept problem, in row order
     for a, name in enumerate(names):
         hints = [None] * len(rows) if name == UNHINTED else [r[f"_hint{a - 1}"] for r in rows]
+        placement = arm_placements.get(name, cfg.placement) or DEFAULT_PLACEMENT
+        text = placement in TEXT_PLACEMENTS
         layouts[name] = prompt_messages(
             [{"problem": r["problem"], "hint": h, "domain": r["domain"]} for r, h in zip(rows, hints)],
-            placement=arm_placements.get(name, cfg.placement), template=cfg.hint_template, instructions=cfg.instructions,
+            placement=placement, template=arm_answers.get(name, cfg.answer_template) if text else cfg.hint_template,
+            instructions=cfg.instructions,
         )
+        if text:
+            tok = load_tokenizer(cfg.tokenizer)
+            texts[name] = [render_prompt(tok, m) for m in layouts[name]]
     for n, r in enumerate(rows):
         kept.append(r["problem_id"])
         rnd = cfg.round if cfg.round is not None else int(max([r[f"_round{a}"] for a in range(len(latest))], default=r.get("round") or 0))
@@ -117,6 +132,7 @@ def rescue_items(collapsed: pl.DataFrame, arms: dict[str, pl.DataFrame], cfg: Ro
                     problem=r["problem"],
                     arm=arm,
                     arm_index=arm_index,
+                    prompt=texts[arm][n] if arm in texts else None,
                 )
             )
     return items, kept, missing
@@ -184,13 +200,15 @@ def rescue_to_dir(
     backend: Backend | Callable[[], Backend],
     arm_placements: dict[str, str] | None = None,
     progress: bool = False,
+    arm_answers: dict[str, str] | None = None,
 ) -> Stats:
     """`mentor rescue`: ``rescue.parquet`` + ``rescue.json`` (the returned stats) + ``rollouts/`` in `out_dir`.
 
     `hints_sources` is a list of hints files (the arm ``hinted``) or a mapping
     arm name -> hints files. The arm ``unhinted`` is always added. `arm_placements`
     gives an arm its own placement (default ``cfg.placement``), e.g. to compare
-    placements of the same hints in one run.
+    placements of the same hints in one run; `arm_answers` an arm its own opening of the answer
+    (placement assistant: a name of `prompts.ANSWER_TEMPLATES` or a text with {hint}).
     """
     arm_sources = {"hinted": list(hints_sources)} if not isinstance(hints_sources, dict) else {k: list(v) for k, v in hints_sources.items()}
     for name in arm_sources:
@@ -211,7 +229,17 @@ def rescue_to_dir(
     if bad:
         a, p = next(iter(bad.items()))
         raise ConfigError(f"arm {a}: placement {p!r}; use one of {', '.join(PLACEMENTS)}")
-    items, kept, missing = rescue_items(collapsed, arms, cfg, arm_placements)
+    arm_answers = dict(arm_answers or {})
+    unknown = sorted(set(arm_answers) - set(arms))
+    if unknown:
+        raise ConfigError(f"answer template for arm(s) {unknown}, which are not in the run (arms: {', '.join(arms)})")
+    for a, spec in arm_answers.items():
+        try:
+            answer_template(spec)
+        except ConfigError as exc:
+            raise ConfigError(f"arm {a}: {exc}") from None
+    cfg = cfg.for_policy(backend, list(arm_placements.values()))
+    items, kept, missing = rescue_items(collapsed, arms, cfg, arm_placements, arm_answers)
     if not items or not kept:
         where = "; ".join(f"{name}: {', '.join(map(str, src))}" for name, src in arm_sources.items())
         raise DataError(
@@ -245,7 +273,10 @@ def rescue_to_dir(
             "skipped_no_hint": missing.get(name, 0),
         }
         if name != UNHINTED:
-            per_arm[name]["placement"] = arm_placements.get(name, cfg.placement) if cfg.hint_template is None else "template"
+            place = arm_placements.get(name, cfg.placement) if cfg.hint_template is None else "template"
+            per_arm[name]["placement"] = place
+            if place in TEXT_PLACEMENTS:
+                per_arm[name]["answer_template"] = answer_template(arm_answers.get(name, cfg.answer_template))
     per_arm_values = {f"mean_correct_{name}": a["mean_correct"] for name, a in per_arm.items()}
     if "hinted" in per_arm:
         per_arm_values["lift"] = round((per_arm["hinted"]["rescued"] - per_arm[UNHINTED]["rescued"]) / n, 6) if n else 0.0
@@ -270,11 +301,13 @@ class RescueInputs(BaseModel):
     collapsed: list[str]
     arms: dict[str, list[str]] = Field(description="Arm name -> hints files (`--hints H` is the arm 'hinted').")
     placements: dict[str, str] = Field(default_factory=dict, description="An arm's own placement (default: the config's).")
+    answers: dict[str, str] = Field(default_factory=dict, description="An arm's own opening of the answer (placement "
+                                    "assistant; default: the config's).")
 
 
 def _run(inputs: RescueInputs, cfg: RolloutConfig, out_dir: Path, ctx: Context) -> Stats:
     return rescue_to_dir(inputs.collapsed, inputs.arms, out_dir, cfg, ctx.engine("rescue"),
-                         arm_placements=inputs.placements, progress=ctx.progress)
+                         arm_placements=inputs.placements, progress=ctx.progress, arm_answers=inputs.answers)
 
 
 STAGE = StageSpec("rescue", RescueInputs, RolloutConfig, _run)

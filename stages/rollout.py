@@ -50,11 +50,11 @@ from mentor.pipeline.errors import DataError, EngineError
 from mentor.pipeline.inputs import resolve_inputs
 from mentor.pipeline.io import read_dataset, read_parquet_schema
 from mentor.pipeline.llm import Backend, GenRequest, OnDone, describe_backend, release_engines
-from mentor.pipeline.prompts import INSTRUCTIONS
+from mentor.pipeline.prompts import INSTRUCTIONS, answer_template
 from mentor.pipeline.schemas import SCHEMA_VERSION, check_schema, parse_prompt_label
 from mentor.pipeline.shards import Shard, ShardPlan
 from mentor.pipeline.stage import Context, StageSpec, Stats, StatsLayout, write_stats
-from mentor.stages.build_render import DEFAULT_PLACEMENT, PLACEMENTS, hint_template, prompt_messages
+from mentor.stages.build_render import DEFAULT_PLACEMENT, PLACEMENTS, TEXT_PLACEMENTS, hint_template, prompt_messages, resolve_placement
 from mentor.training.verify import reference_of
 
 log = logging.getLogger(__name__)
@@ -76,8 +76,13 @@ class RolloutConfig(BaseModel):
     limit: int | None = Field(None, ge=1, description="Only the first N prompts / problems (demos, tests).")
     round: int | None = Field(None, ge=0, description="Round stamped on the rollouts (default: from the prompt label, else 0).")
     verify_workers: int = Field(4, ge=1, description="Threads verifying responses (code runs in sandbox processes).")
-    placement: Literal[PLACEMENTS] = Field(  # type: ignore[valid-type]
-        DEFAULT_PLACEMENT, description=f"Where the hint goes, as in `mentor build`: {', '.join(PLACEMENTS)}.")
+    placement: Literal[PLACEMENTS] | None = Field(  # type: ignore[valid-type]
+        None, description=f"Where the hint goes, as in `mentor build`: {', '.join(PLACEMENTS)} (default: assistant where "
+        f"the policy's tokenizer is known, i.e. a vllm policy or --tokenizer; else {DEFAULT_PLACEMENT}).")
+    tokenizer: str | None = Field(None, description="Tokenizer whose chat template renders placement assistant "
+                                  "(default: the vllm policy's own).")
+    answer_template: str | None = Field(None, description="How the hint opens the answer (placement assistant), as "
+                                        "`mentor build --answer-template`.")
     hint_template: str | None = Field(None, description="User message of a hinted prompt ({hint}, {problem}); default: the placement's.")
     instructions: dict[str, str] = Field(default_factory=lambda: dict(INSTRUCTIONS), description="Instruction appended per domain.")
     shard_size: int = Field(256, ge=1, description="Prompts per shard (one engine call, one file, one done marker).")
@@ -86,20 +91,52 @@ class RolloutConfig(BaseModel):
         """The settings that change outputs (not how the work is split).
 
         The hinted layout enters as the resolved user template (plus ``placement`` only for
-        "system"), so outputs of runs made before placements existed keep their keys.
+        "system" and the text placements, with their tokenizer and answer template), so outputs
+        of runs made before placements existed keep their keys.
         """
-        out = self.model_dump(mode="json", exclude={"shard_size", "verify_workers", "placement"})
-        out["hint_template"] = hint_template(self.placement, self.hint_template)
-        if self.placement == "system":
-            out["placement"] = self.placement
+        placement = self.placement or DEFAULT_PLACEMENT
+        out = self.model_dump(mode="json", exclude={"shard_size", "verify_workers", "placement", "tokenizer", "answer_template"})
+        out["hint_template"] = hint_template(placement, self.hint_template)
+        if placement == "system":
+            out["placement"] = placement
+        if placement in TEXT_PLACEMENTS:
+            out |= {"placement": placement, "tokenizer": self.tokenizer, "answer_template": answer_template(self.answer_template)}
         return out
+
+    def for_policy(self, backend: Any, placements: Sequence[str | None] = ()) -> "RolloutConfig":
+        """This config with its placement and tokenizer settled for this policy backend: the tokenizer is
+        --tokenizer, else the vllm policy's model; the placement is asked for, else assistant where a tokenizer
+        is known. A text placement (here or in `placements`, e.g. a rescue arm's) without a tokenizer is a
+        `ConfigError`."""
+        from mentor.pipeline.errors import ConfigError
+
+        tok = self.tokenizer or policy_tokenizer(backend)
+        try:
+            placement = resolve_placement(self.placement, tok)
+            for p in placements:
+                resolve_placement(p, tok)
+        except ValueError as exc:
+            raise ConfigError(f"{exc} (the {getattr(backend, 'kind', None) or getattr(backend, 'name', 'policy')} backend "
+                              "gives none)") from None
+        uses_text = any(p in TEXT_PLACEMENTS for p in (placement, *placements))
+        return self.model_copy(update={"placement": placement, "tokenizer": tok if uses_text else self.tokenizer})
+
+
+def policy_tokenizer(backend: Any) -> str | None:
+    """The tokenizer of a vllm policy (a `BackendSpec` or an engine): its model, or the embedded one; None for others."""
+    kind = getattr(backend, "kind", None) or getattr(backend, "name", None)
+    if kind != "vllm":
+        return None
+    from mentor.pipeline.models import EMBEDDED_ALIAS
+
+    return getattr(backend, "model", None) or EMBEDDED_ALIAS
 
 
 @dataclass
 class PromptItem:
     """One prompt to sample: what is sent, and what the rollouts are verified and filed under."""
 
-    messages: list[dict]
+    messages: list[dict]  # the chat (text prompts: what was rendered, or nothing when only the text is known)
     domain: str
     reference: str | None  # domain-form label
     problem_id: str
@@ -108,6 +145,7 @@ class PromptItem:
     problem: str | None  # original text without hint, when known
     arm: str = "plain"  # rescue: the arm this prompt belongs to
     arm_index: int = 0
+    prompt: str | None = None  # the prompt rendered with the policy's chat template (text placements): sent as it is
 
 
 # --------------------------------------------------------------------------- reading prompts
@@ -146,15 +184,17 @@ def load_prompt_items(sources: Sequence[str], cfg: RolloutConfig) -> list[Prompt
             domain = label.get("domain") or row["ability"]
             # The code reference keeps every key of the code label ("setup" included: trusted helpers of the tests).
             ref = json.dumps(reference_of({**label, "domain": "code"}), sort_keys=True) if domain == "code" else label.get("answer")
+            text = row["prompt"] if isinstance(row["prompt"], str) else None  # rendered by build: sent as it is
             items.append(
                 PromptItem(
-                    messages=[{"role": m["role"], "content": m["content"]} for m in row["prompt"]],
+                    messages=[] if text is not None else [{"role": m["role"], "content": m["content"]} for m in row["prompt"]],
                     domain=domain,
                     reference=ref,
                     problem_id=str(label.get("problem_id") or row["problem_id"]),
                     hint_id=label.get("hint_id"),
                     round=cfg.round if cfg.round is not None else int(label.get("round") or row["round"] or 0),
                     problem=None,
+                    prompt=text,
                 )
             )
         return items
@@ -225,6 +265,7 @@ def sample_and_verify(
             temperature=cfg.temperature,
             top_p=cfg.top_p,
             seed=seed_of(first_index + i, item, j),
+            prompt=item.prompt,
         )
         for i, item in enumerate(items)
         for j in range(cfg.k)
@@ -258,7 +299,7 @@ def sample_and_verify(
                 "round": item.round,
                 "sample_idx": item.arm_index * cfg.k + j,
                 "problem": item.problem,
-                "prompt": "\n\n".join(m["content"] for m in item.messages),
+                "prompt": item.prompt if item.prompt is not None else "\n\n".join(m["content"] for m in item.messages),
                 "response": res.text,
                 "correct": correct,
                 "reward": correct,
@@ -294,7 +335,8 @@ def _number_repeats(items: list[PromptItem]) -> None:
 
 def _items_view(item: PromptItem) -> list:
     """What a rollout shard's output depends on, of one prompt item (its done marker's key hashes it)."""
-    return [item.messages, item.domain, item.reference, item.problem_id, item.hint_id, item.round, item.arm]
+    view = [item.messages, item.domain, item.reference, item.problem_id, item.hint_id, item.round, item.arm]
+    return view if item.prompt is None else [*view, item.prompt]
 
 
 @contextmanager
@@ -468,6 +510,7 @@ __all__ = [
     "RolloutConfig",
     "is_dataset",
     "load_prompt_items",
+    "policy_tokenizer",
     "problem_seed",
     "resolve_sources",
     "rollout_to_dir",

@@ -6,7 +6,9 @@ With ``vouch:`` in HintConfig (opt-in) the hint stage asks the policy itself:
     candidate 1 = the hint stage's own result for the problem (generated, repaired, or the fallback)
     re-roll it with the policy: `samples` responses, the round's sampling settings, seeds
         disjoint from the evaluation's, the prompt laid out exactly as `mentor build`
-        lays it (`build_render.prompt_messages`, the configured placement)
+        lays it (`build_render.prompt_messages`, the configured placement; placement
+        ``assistant``, the default for a vllm policy, renders it with the policy's chat
+        template and sends the text)
     any response verified correct (`training.verify`) -> kept: the policy vouched for it
     none -> candidate 2: the stage runs again for the problem with candidate 1 as the
         previous hint (the escalation path a next round takes: "an earlier hint did not
@@ -39,8 +41,8 @@ from typing import TYPE_CHECKING, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from mentor.pipeline.llm import Backend, BackendSpec, GenRequest
-from mentor.pipeline.prompts import INSTRUCTIONS
-from mentor.stages.build_render import DEFAULT_PLACEMENT, PLACEMENTS
+from mentor.pipeline.prompts import INSTRUCTIONS, load_tokenizer, render_prompt
+from mentor.stages.build_render import DEFAULT_PLACEMENT, PLACEMENTS, TEXT_PLACEMENTS, resolve_placement
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -80,8 +82,12 @@ class VouchConfig(BaseModel):
     seed: int = Field(0, description="Base seed of the re-rolls; salted apart from rollout/rescue seeds.")
     avoid_seeds: list[int] = Field(default_factory=lambda: [0], description="Base seeds of the evaluations (mentor rescue "
                                    "--seed) whose per-problem seeds the re-rolls must never reuse.")
-    placement: Literal[PLACEMENTS] = Field(DEFAULT_PLACEMENT,  # type: ignore[valid-type]
-                                           description="Where the hint goes in the re-roll prompt, as `mentor build --placement`.")
+    placement: Literal[PLACEMENTS] | None = Field(  # type: ignore[valid-type]
+        None, description="Where the hint goes in the re-roll prompt, as `mentor build --placement` (default: assistant "
+        f"where the policy's tokenizer is known, i.e. a vllm policy or tokenizer; else {DEFAULT_PLACEMENT}).")
+    tokenizer: str | None = Field(None, description="Tokenizer whose chat template renders placement assistant "
+                                  "(default: the vllm policy's own).")
+    answer_template: str | None = Field(None, description="How the hint opens the answer (placement assistant), as build's.")
     system_prompt: str | None = Field(None, description="The system message build adds (build's system_prompt).")
     instructions: dict[str, str] = Field(default_factory=lambda: dict(INSTRUCTIONS), description="Per-domain instruction, as build's.")
 
@@ -105,12 +111,28 @@ def reroll_seed(cfg: VouchConfig, problem_id: str, candidate: int, j: int) -> in
 # --------------------------------------------------------------------------- one round of re-rolls
 
 
+def reroll_layout(cfg: VouchConfig) -> tuple[str, str | None]:
+    """The re-rolls' placement and the tokenizer that renders it (None: sent as chat messages)."""
+    from mentor.stages.rollout import policy_tokenizer
+
+    tok = cfg.tokenizer or policy_tokenizer(cfg.policy.spec())
+    try:
+        placement = resolve_placement(cfg.placement, tok)
+    except ValueError as exc:
+        from mentor.pipeline.errors import ConfigError
+
+        raise ConfigError(f"vouch: {exc} (vouch.tokenizer)") from None
+    return placement, (tok if placement in TEXT_PLACEMENTS else None)
+
+
 def reroll_messages(rows: Sequence[dict], hints: Sequence[str], cfg: VouchConfig) -> list[list[dict]]:
     """The policy's prompts: build's layout (the same function `mentor build` and `mentor rescue` use)."""
     from mentor.stages.build_render import prompt_messages
 
+    placement, tok = reroll_layout(cfg)
     return prompt_messages([{"problem": r["problem"], "hint": h, "domain": r.get("domain") or "math"} for r, h in zip(rows, hints)],
-                           placement=cfg.placement, system_prompt=cfg.system_prompt, instructions=cfg.instructions)
+                           placement=placement, template=cfg.answer_template if tok else None,
+                           system_prompt=cfg.system_prompt, instructions=cfg.instructions)
 
 
 def reroll(policy: Backend, rows: Sequence[dict], hints: Sequence[str], candidate: int, cfg: VouchConfig,
@@ -119,9 +141,11 @@ def reroll(policy: Backend, rows: Sequence[dict], hints: Sequence[str], candidat
     if verifier is None:
         from mentor.training.verify import verify as verifier  # noqa: N813
     messages = reroll_messages(rows, hints, cfg)
+    _, tok = reroll_layout(cfg)
+    texts = [render_prompt(load_tokenizer(tok), m) for m in messages] if tok else [None] * len(messages)
     requests = [GenRequest(id=f"{i}:vouch:{j}", messages=msgs, max_tokens=cfg.max_tokens, temperature=cfg.temperature,
-                           top_p=cfg.top_p, seed=reroll_seed(cfg, r["problem_id"], candidate, j))
-                for i, (r, msgs) in enumerate(zip(rows, messages)) for j in range(cfg.samples)]
+                           top_p=cfg.top_p, seed=reroll_seed(cfg, r["problem_id"], candidate, j), prompt=text)
+                for i, (r, msgs, text) in enumerate(zip(rows, messages, texts)) for j in range(cfg.samples)]
     results = policy.generate(requests)
 
     def check(k: int) -> float:

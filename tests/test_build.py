@@ -450,9 +450,9 @@ def test_trl_and_verl_render_each_placement(tmp_path, gsm8k_hints, placement):
 
 
 def test_a_solution_prefix_is_not_continued_by_the_trainers_loaders():
-    """Why build offers no solution-prefix placement: a final assistant message is rendered as a
+    """Why placement assistant is written as text, not messages: a final assistant message is rendered as a
     finished turn, then a fresh assistant turn starts (OpenRLHF and verl: add_generation_prompt=True; TRL's
-    GRPOTrainer the same), so the policy never continues the prefix."""
+    GRPOTrainer the same), so the policy would never continue the prefix (tests/test_build_text.py)."""
     pytest.importorskip("trl")
     from trl import GRPOTrainer
 

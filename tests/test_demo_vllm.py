@@ -15,6 +15,7 @@ import sys
 import polars as pl
 import pytest
 
+from mentor.pipeline.prompts import ANSWER_TEMPLATES, DEFAULT_ANSWER
 from mentor.stages.rules import check
 
 pytestmark = pytest.mark.vllm
@@ -41,9 +42,11 @@ def test_demo_runs_one_round_on_real_rollouts(tmp_path):
     assert prompts.height == 1319
     hinted = prompts.filter(pl.col("hint_id").is_not_null())
     assert sorted(hinted["problem_id"]) == sorted(hints["problem_id"])
+    assert prompts.schema["prompt"] == pl.String  # placement assistant (the policy's tokenizer is known): rendered text
     for row in hinted.iter_rows(named=True):
         hint = hints.filter(pl.col("problem_id") == row["problem_id"])["hint"][0]
-        assert hint in row["prompt"][-1]["content"]
+        opened = ANSWER_TEMPLATES[DEFAULT_ANSWER].format(hint=hint)
+        assert row["prompt"].startswith("<|im_start|>") and row["prompt"].endswith(f"<|im_start|>assistant\n{opened}")
     # the judge was checked first, and the run did what the check decided
     hstats = json.loads((run_dir / "round-000/hints/stats.json").read_text())
     jc = hstats["judge_check"]
@@ -58,6 +61,8 @@ def test_demo_runs_one_round_on_real_rollouts(tmp_path):
     trace_cmd = shown.split(": ", 1)[1].split()
     assert trace_cmd[:2] == ["mentor", "inspect"] and trace_cmd[-2] == "--problem"
     assert trace_cmd[-1] in written["problem_id"].to_list()
+    shown_prompt = [ln[4:] for ln in proc.stdout.splitlines() if ln.startswith("  | ")]
+    assert "as the policy sees it" in proc.stdout and shown_prompt and shown_prompt[0].startswith("<|im_start|>")
     from click.testing import CliRunner
 
     from mentor.cli import cli

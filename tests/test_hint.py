@@ -492,3 +492,44 @@ def test_a_hint_whose_first_sentence_leaks_is_not_trimmed():
     (row,), st = run([ROW], fake)
     assert st.trimmed == 0 and row["refines"] == 1 and row["hint"] == json.loads(GOOD2)["hint"]
     assert "answer_leak" in row["violations"]
+
+
+SOLUTION = ("Janet sells 16 - 3 - 4 = <<16-3-4=9>>9 duck eggs a day.\nShe makes 9 * 2 = $<<9*2=18>>18 every day at the "
+            "farmer's market.\n#### 18")
+SHOWN = "Janet sells 16 - 3 - 4 = 9 duck eggs a day.\nShe makes 9 * 2 = $18 every day at the farmer's market."
+
+
+def test_every_agent_sees_the_reference_solution_when_there_is_one():
+    """Attribution compares the attempts with it, generation and repair take the hint from it (never past its first
+    missing step), judgment checks the hint against it; the calc notes and the answer line are not shown."""
+    f = scripted(judgment=lambda req, n: JUDGE_LOW if n == 0 else JUDGE_OK)
+    run([ROW | {"solution": SOLUTION}], f, judge_check={"enabled": False})
+    seen = {}
+    for call in f.log:
+        for req in call:
+            seen.setdefault(agent_of(req)[0], req.messages[-1]["content"])
+    assert set(seen) == {"attribution", "generation", "judgment", "repair"}
+    for agent, text in seen.items():
+        assert SHOWN in text and "<<" not in text and "#### 18" not in text, agent
+    assert "at which step do they first depart from it" in seen["attribution"]
+    assert "Never go past that step" in seen["generation"] and "at most its first step" in seen["repair"]
+    assert "check every claim and number of the hint against it" in seen["judgment"]
+    # without a solution, or with see_solution off, the block is left out
+    for row, cfg in ((ROW, {}), (ROW | {"solution": SOLUTION}, {"see_solution": False})):
+        g = scripted()
+        run([row], g, judge_check={"enabled": False}, **cfg)
+        texts = [req.messages[-1]["content"] for call in g.log for req in call]
+        assert texts and not any("Reference solution" in t or "9 duck eggs" in t for t in texts)
+
+
+def test_hint_to_dir_fills_a_missing_solution_from_the_bundled_ones(gsm8k_collapsed, tmp_path):
+    from mentor.data import bundled
+
+    src = tmp_path / "c.parquet"
+    pl.read_parquet(gsm8k_collapsed).drop("solution").head(2).write_parquet(src)  # a collapsed set mined before the column
+    f = scripted()
+    hint_to_dir(str(src), tmp_path / "h", HintConfig(judge_check={"enabled": False}), lambda: f)
+    sols = dict(pl.read_parquet(bundled("gsm8k_solutions.parquet")).iter_rows())
+    first = next(req for call in f.log for req in call if agent_of(req)[0] == "generation")
+    pid = pl.read_parquet(src).sort("problem_id")["problem_id"][0]
+    assert sols[pid].splitlines()[0].split("<<")[0] in first.messages[-1]["content"]

@@ -255,3 +255,21 @@ def test_no_failed_kept_and_empty_responses(bundled_rollouts, tmp_path):
     df, _ = mine([str(tmp_path / "r.parquet")], MineConfig())
     row = df.filter(pl.col("problem_id") == pid).row(0, named=True)
     assert row["failed"] == [] and row["problem"] and row["label"]
+
+
+def test_the_collapsed_set_carries_the_reference_solution(bundled_rollouts, tmp_path):
+    """Every collapsed GSM8K problem gets GSM8K's worked solution (bundled, by id); --solutions takes another file."""
+    from mentor.data import bundled
+
+    df, _ = mine([str(bundled_rollouts)], MineConfig())
+    sols = dict(pl.read_parquet(bundled("gsm8k_solutions.parquet")).iter_rows())
+    assert df["solution"].null_count() == 0 and all(r["solution"] == sols[r["problem_id"]] for r in df.iter_rows(named=True))
+    own = tmp_path / "s.jsonl"
+    pid = df["problem_id"][0]
+    own.write_text(json.dumps({"problem_id": pid, "solution": "Step one. Step two."}) + "\n")
+    res = run("mine", str(bundled_rollouts), "--out", str(tmp_path / "m"), "--solutions", str(own))
+    assert res.exit_code == 0, res.output
+    got = pl.read_parquet(tmp_path / "m" / "collapsed.parquet")
+    assert got.filter(pl.col("problem_id") == pid)["solution"][0] == "Step one. Step two." and got["solution"].null_count() == 431
+    bad = run("mine", str(bundled_rollouts), "--out", str(tmp_path / "x"), "--solutions", str(tmp_path / "nope.parquet"))
+    assert bad.exit_code == 2 and "nope.parquet: --solutions file not found" in bad.output

@@ -271,3 +271,82 @@ def test_openrlhf_rejects_old_flag_names(tmp_path):
                                     "extra_args": {"algo.advantage.is_correction_enable": True}}))
     res = CliRunner().invoke(cli, ["train", "--config", str(path), "--dry-run"])
     assert res.exit_code == 2 and "is_correction_enable" in res.output
+
+
+# --------------------------------------------------------------------------- text prompts (placement assistant)
+
+
+class _Recorder(_Engine):
+    """The stand-in actor, keeping the token ids OpenRLHF hands it: what the policy conditions on."""
+
+    def __init__(self, tok, text: str) -> None:
+        super().__init__(tok, text)
+        self.prompts: list[list[int]] = []
+
+    async def generate(self, prompt_token_ids, sampling_params, multi_modal_data=None):
+        self.prompts.append(list(prompt_token_ids))
+        return await super().generate(prompt_token_ids, sampling_params, multi_modal_data)
+
+
+def test_text_prompts_reach_the_policy_token_for_token(tokenizer, tmp_path, monkeypatch):
+    """Placement assistant: OpenRLHF's blending_datasets + PromptDataset without --data.apply_chat_template take
+    build's text as it is, SingleTurnAgentExecutor gives the engine exactly the chat template's ids of the open
+    answer (the hint's tokens last, no end of turn), the reward scores the continuation and the log keeps the
+    prompt as sent."""
+    from openrlhf.datasets import PromptDataset
+    from openrlhf.datasets.utils import blending_datasets
+    from openrlhf.utils.agent import SingleTurnAgentExecutor
+
+    from mentor.stages.build import BuildConfig, build
+    from mentor.training.prompt_format import openrlhf_data_flags
+
+    math = pl.read_parquet(bundled("gsm8k_problems.parquet")).row(0, named=True)
+    hints = tmp_path / "hints.parquet"
+    from test_build import make_hints
+
+    hint = "Find the eggs left after breakfast and baking first."
+    make_hints([{"problem_id": math["problem_id"], "hint": hint, "hint_id": "h-open"}], hints)
+    out = tmp_path / "prompts"
+    build(BuildConfig(base="gsm8k", hints=[str(hints)], tokenizer=tokenizer.name_or_path, answer_template="labelled"), out)
+    flags = openrlhf_data_flags([str(out)])
+    assert "--data.apply_chat_template" not in flags
+    args = SimpleNamespace(use_ms=False, data=SimpleNamespace(input_key="prompt", label_key="label", apply_chat_template=False,
+                                                              image_key="images"))
+    strategy = SimpleNamespace(args=args, print=lambda *a, **k: None, is_rank_0=lambda: False)
+    dataset = PromptDataset(blending_datasets(str(out), None, strategy, dataset_split="train"), tokenizer, strategy)
+    rows = pl.read_parquet(out / "part-*.parquet")
+    i = rows["hint_id"].to_list().index("h-open")
+    _, prompt, label, _ = dataset[i]
+    assert prompt == rows["prompt"][i]  # verbatim
+    chat = [{"role": "user", "content": f"{math['problem']}\n\nPlease reason step by step, and put your final answer within \\boxed{{}}."},
+            {"role": "assistant", "content": f"Hint: {hint}\n\n"}]
+    want = tokenizer.apply_chat_template(chat, continue_final_message=True, return_dict=True)["input_ids"]
+    hint_ids = tokenizer(f"Hint: {hint}\n\n", add_special_tokens=False)["input_ids"]
+
+    log_dir = tmp_path / "log"
+    monkeypatch.setenv("MENTOR_ROLLOUT_DIR", str(log_dir))
+    executor = SingleTurnAgentExecutor(remote_rm_url=str(REWARD_FILE))
+    engine = _Recorder(tokenizer, "She sells 9 eggs for $2 each, so she makes \\boxed{18}.")
+    out_ = asyncio.run(executor.execute(prompt, label, SimpleNamespace(max_tokens=256, logprobs=None), 2048, tokenizer, engine))
+    (sent,) = engine.prompts
+    assert sent == want and sent[-len(hint_ids):] == hint_ids and tokenizer.eos_token_id not in sent[-len(hint_ids) - 2:]
+    assert float(out_["reward"].flatten()[0]) == 1.0
+    # unhinted rows: the ids OpenRLHF would have made with its own chat template (--data.apply_chat_template)
+    j = rows["hint_id"].to_list().index(None)
+    _, plain, plain_label, _ = dataset[j]
+    args_ct = SimpleNamespace(use_ms=False, data=SimpleNamespace(input_key="prompt", label_key="label", apply_chat_template=True,
+                                                                 image_key="images"))
+    own = SimpleNamespace(args=args_ct, print=lambda *a, **k: None, is_rank_0=lambda: False)
+    msg_out = tmp_path / "messages"
+    build(BuildConfig(base="gsm8k", placement="after"), msg_out)
+    theirs = PromptDataset(blending_datasets(str(msg_out), None, own, dataset_split="train"), tokenizer, own)
+    assert plain == theirs[j][1]
+    # with the chat template flag, OpenRLHF would wrap the text in a new user turn: why the flag must go
+    wrapped = PromptDataset(blending_datasets(str(out), None, own, dataset_split="train"), tokenizer, own)[i][1]
+    assert wrapped != prompt and wrapped.endswith("<|im_start|>assistant\n")
+    # the rollout log keeps the prompt as sent (the opened answer included); ingest gives the problem back
+    res = CliRunner().invoke(cli, ["ingest", str(log_dir), "--format", "openrlhf", "--out", str(tmp_path / "ro")], catch_exceptions=False)
+    assert res.exit_code == 0, res.output
+    logged = pl.read_parquet(tmp_path / "ro" / "*.parquet").row(0, named=True)
+    assert logged["prompt"] == prompt and logged["hint_id"] == "h-open" and logged["correct"] == 1.0
+    assert logged["response"] == "She sells 9 eggs for $2 each, so she makes \\boxed{18}." and logged["problem"] == math["problem"]

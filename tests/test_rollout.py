@@ -215,6 +215,15 @@ def test_rollout_and_rescue_on_vllm_cpu(tmp_path, gsm8k, gsm8k_collapsed, monkey
     rep = pl.read_parquet(tmp_path / "rescue" / "rescue.parquet")
     assert rep.height == 2 and (rep["correct_hinted"] <= 2).all()
     assert re.match(r".*SmolLM2", summary["model"] or "")
+    # the default for a vllm policy: the hint opens the answer, rendered with the policy's chat template and sent as text
+    from mentor.pipeline.prompts import ANSWER_TEMPLATES, DEFAULT_ANSWER
+
+    assert summary["arms"]["hinted"]["placement"] == "assistant"
+    rolled = pl.read_parquet(tmp_path / "rescue" / "rollouts" / "*.parquet")
+    hints = dict(pl.read_parquet(tmp_path / "h.parquet").select("problem_id", "hint").iter_rows())
+    for row in rolled.iter_rows(named=True):
+        opened = ANSWER_TEMPLATES[DEFAULT_ANSWER].format(hint=hints[row["problem_id"]]) if row["hint_id"] else ""
+        assert row["prompt"].startswith("<|im_start|>") and row["prompt"].endswith(f"<|im_start|>assistant\n{opened}")
 
 
 def test_rollout_engine_failure_names_the_shard_and_a_rerun_redoes_only_the_rest(tmp_path, gsm8k):

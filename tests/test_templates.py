@@ -18,10 +18,14 @@ def test_bundled_templates_render_values_verbatim_and_keep_their_text():
             assert t.texts[name] == source and t.render(name) == source
     # values are inserted as they are: braces, jinja syntax, backslashes, the trailing newline kept
     value = '{"a": {"b": 1}} {{x}} {% if y %} \\ é'
-    out = t.render("judgment_user", problem=value, answer="42", hint="h")
+    out = t.render("judgment_user", problem=value, answer="42", solution="", hint="h")
     src = (TEMPLATE_DIR / "judgment_user.txt").read_text(encoding="utf-8")
-    assert out == src.replace("{{problem}}", value).replace("{{answer}}", "42").replace("{{hint}}", "h")
+    block = src[src.index("{% if solution %}"):src.index("{% endif %}") + len("{% endif %}")]
+    assert out == src.replace(block, "").replace("{{problem}}", value).replace("{{answer}}", "42").replace("{{hint}}", "h")
     assert out.endswith("\n") and '{"correct": true or false' in t.texts["judgment_system"]
+    # with a reference solution, the block shows it as it is
+    shown = t.render("judgment_user", problem="p", answer="42", solution=value, hint="h")
+    assert f"Reference solution (check every claim and number of the hint against it):\n{value}\n" in shown
 
 
 def test_user_override_with_literal_braces(tmp_path):
@@ -37,7 +41,7 @@ def test_user_override_with_literal_braces(tmp_path):
 
 
 @pytest.mark.parametrize("text, pattern", [
-    ("{{problem}} {{secret}}", r"judgment_user\.txt: unknown placeholder\(s\) \['secret'\]; judgment_user may use \['answer', 'hint', 'problem'\]"),
+    ("{{problem}} {{secret}}", r"judgment_user\.txt: unknown placeholder\(s\) \['secret'\]; judgment_user may use \['answer', 'hint', 'problem', 'solution'\]"),
     ("{{problem}\n{{hint}}", r"judgment_user\.txt: line 1: .*; fix the jinja2 syntax .*\{% raw %\}"),
     ("{% if hint %}x", r"judgment_user\.txt: line 1: .*endif.*; fix the jinja2 syntax"),
     ("{{ problem.nope }}", r"judgment_user\.txt: .*has no attribute 'nope'; judgment_user may use"),
@@ -54,7 +58,7 @@ def test_a_bad_user_template_is_one_line_naming_the_file_and_the_fix(tmp_path, t
 def test_a_value_the_template_uses_but_was_not_given_is_an_error():
     t = Templates.load()
     with pytest.raises(ConfigError, match=r"judgment_user\.txt: 'hint' is undefined"):
-        t.render("judgment_user", problem="p", answer="a")
+        t.render("judgment_user", problem="p", answer="a", solution="")
 
 
 def test_a_user_template_that_is_not_utf8(tmp_path):

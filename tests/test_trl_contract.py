@@ -190,3 +190,49 @@ def test_mentor_train_kind_trl_two_processes(tiny_model, rows, tmp_path):
     assert sorted(x["problem_id"] for r in recs for x in r) == sorted([json.loads(rows[0]["label"])["problem_id"]] * 4
                                                                       + [json.loads(rows[1]["label"])["problem_id"]] * 4)
     assert "process 1: done" in log
+
+
+def test_text_prompts_are_conditioned_on_token_for_token(tiny_model, tmp_path, monkeypatch, one_thread):
+    """Placement assistant: TRL's GRPOTrainer takes build's text prompts as string prompts (no chat template): the
+    ids it generates from are the chat template's ids of the open answer, and one GRPO step later the reward got
+    the text, scored the continuation and logged the prompt as sent. `mentor train`'s row reader keeps them text."""
+    from types import SimpleNamespace
+
+    from datasets import Dataset
+    from transformers import AutoTokenizer
+    from trl import GRPOConfig, GRPOTrainer
+
+    from mentor.data import bundled
+    from mentor.training.trl_launcher import TrlTrainConfig, select_prompts
+    from test_build import make_hints
+
+    math = pl.read_parquet(bundled("gsm8k_problems.parquet")).row(0, named=True)
+    hint = "Find the eggs left after breakfast and baking first."
+    make_hints([{"problem_id": math["problem_id"], "hint": hint, "hint_id": HINT}], tmp_path / "hints.parquet")
+    out = tmp_path / "prompts"
+    build(BuildConfig(base="gsm8k", hints=[str(tmp_path / "hints.parquet")], tokenizer=tiny_model, answer_template="bare",
+                      round=1), out)
+    tok = AutoTokenizer.from_pretrained(tiny_model)
+    cfg = TrlTrainConfig(round=1, round_dir=str(tmp_path / "r"), actor_model=tiny_model, prompts=str(out), select="hinted")
+    rows = select_prompts(cfg).to_dicts()
+    assert len(rows) == 1 and isinstance(rows[0]["prompt"], str)
+    chat = [{"role": "user", "content": f"{math['problem']}\n\nPlease reason step by step, and put your final answer within \\boxed{{}}."},
+            {"role": "assistant", "content": f"{hint}\n\n"}]
+    want = tok.apply_chat_template(chat, continue_final_message=True, return_dict=True)["input_ids"]
+    stand_in = SimpleNamespace(processing_class=tok, _is_vlm=False, environment_factories=None, tools=None, chat_template=None,
+                               chat_template_kwargs={})
+    ids, _, _ = GRPOTrainer._tokenize_prompts(stand_in, [rows[0]["prompt"]])
+    assert ids[0] == want  # SmolLM2's tokenizer adds no special tokens of its own
+
+    monkeypatch.setenv("MENTOR_ROLLOUT_DIR", str(tmp_path / "log"))
+    args = GRPOConfig(output_dir=str(tmp_path / "ckpt"), use_cpu=True, bf16=False, gradient_checkpointing=False, num_generations=4,
+                      per_device_train_batch_size=4, max_completion_length=8, max_steps=1, report_to="none",
+                      save_strategy="no", logging_steps=1, seed=0)
+    spy = Spy(tokenizer=tok, max_completion_length=args.max_completion_length)
+    trainer = GRPOTrainer(model=tiny_model, reward_funcs=[spy], args=args, train_dataset=Dataset.from_list(rows), processing_class=tok)
+    trainer.train()
+    (call,) = spy.calls
+    assert call["prompts"] == [rows[0]["prompt"]] * 4 and all(isinstance(c, str) for c in call["completions"])
+    assert spy(**(call | {"completions": ["So she makes \\boxed{18}."] * 4})) == [1.0] * 4
+    recs = [json.loads(line) for f in (tmp_path / "log").glob("trl-*.jsonl") for line in f.read_text().splitlines()]
+    assert len(recs) == 8 and {r["prompt"] for r in recs} == {rows[0]["prompt"]} and {r["hint_id"] for r in recs} == {HINT}

@@ -206,9 +206,16 @@ def check_sections(wf: Workflow) -> None:
     from mentor.stages.build import BuildConfig
 
     try:
-        BuildConfig.model_validate(wf.build | {"base": wf.base})
+        build = BuildConfig.model_validate(wf.build | {"base": wf.base})
     except ValidationError as exc:
         raise config_error(exc, prefix="build") from exc
+    from mentor.stages.build_render import TEXT_PLACEMENTS
+    from mentor.training.prompt_format import text_prompts_refused
+
+    why = text_prompts_refused(wf.trainer.kind)
+    if why and build.placement in TEXT_PLACEMENTS:
+        raise ConfigError(f"build.placement {build.placement}: the prompts would be text rendered with the policy's chat "
+                          f"template, and {why}; use placement after (or before/system) with trainer {wf.trainer.kind}")
     from mentor.pipeline.llm import check_backend
     from mentor.stages.hint_config import HintConfig
 

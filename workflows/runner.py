@@ -213,7 +213,7 @@ class Runner:
         from mentor.stages.build import BuildConfig
 
         sd = self.rd.base_prompts()
-        cfg = BuildConfig.model_validate(self.wf.build | {"base": str(self.problems_path), "hints": [], "round": 0})
+        cfg = BuildConfig.model_validate(self.build_settings() | {"base": str(self.problems_path), "hints": [], "round": 0})
         key = stage_key("base-prompts", cfg.model_dump(exclude={"base"}), [base_token])
         if not sd.is_done(key):
             sd.begin(key)
@@ -386,10 +386,34 @@ class Runner:
         inputs = {"collapsed": [str(self.rd.stage(r, "mine").path / "collapsed.parquet")], "sample": h.sample}
         return _Job("hint", h.model_dump(exclude={"worker_resources"}), inputs, h.config, ctx)
 
+    def build_settings(self) -> dict:
+        """The build section, with the round's policy as tokenizer unless it names one (so build counts
+        max_prompt_tokens and, for a trainer that takes text prompts, opens the answer with the hint by
+        default); a trainer that reads only chat messages keeps a message placement by default."""
+        from mentor.stages.build_render import DEFAULT_PLACEMENT
+        from mentor.training.prompt_format import TEXT_READERS
+
+        b = dict(self.wf.build)
+        tok = b.get("tokenizer") or trainer_policy(self.wf.trainer)
+        if tok:
+            b["tokenizer"] = tok
+        if self.wf.trainer.kind not in TEXT_READERS and b.get("placement") is None and b.get("template") is None:
+            b["placement"] = DEFAULT_PLACEMENT
+        return b
+
     def _build_job(self, r: int) -> "_Job":
         hints = self.rd.stage(r, "hint").path / "hints.parquet"
-        cfg = self.wf.build | {"base": str(self.problems_path), "hints": [str(hints)] if hints.exists() else [], "round": r + 1}
-        return _Job("build", self.wf.build, {}, cfg)
+        settings = self.build_settings()
+        cfg = settings | {"base": str(self.problems_path), "hints": [str(hints)] if hints.exists() else [], "round": r + 1}
+        return _Job("build", settings, {}, cfg)
+
+
+def trainer_policy(trainer: Any) -> str | None:
+    """The policy model a workflow's trainer starts from (its tokenizer renders the prompts), where mentor knows it."""
+    if trainer.kind == "offline":
+        return (trainer.policy.model or "smollm2-135m") if trainer.policy.backend == "vllm" else None
+    config = getattr(trainer, "config", None) or {}
+    return config.get("base_model") if isinstance(config, dict) else None
 
 
 # What a stage's done marker keeps of its stats.

@@ -46,9 +46,17 @@ def _instructions(pairs: tuple[str, ...]) -> dict[str, str] | None:
               help="Round the prompts are for. Default: latest hint round + 1 (0 without hints).")
 @click.option("--shard-rows", type=click.IntRange(1, 2**31 - 1), help="Rows per shard (default 100000).")
 @click.option("--shard-bytes", type=click.IntRange(1024, 1 << 50), help="Target uncompressed bytes per shard (instead of --shard-rows).")
-@click.option("--placement", type=click.Choice(["before", "after", "system"]), default=None,
-              help="Where the hint goes: before the problem, after it (just before the instruction) or in the system "
-                   "message [default: after, where the policies measured read a hint best]; OpenRLHF, verl and TRL read each the same way.")
+@click.option("--placement", type=click.Choice(["before", "after", "system", "assistant"]), default=None,
+              help="Where the hint goes: before the problem, after it (just before the instruction), in the system message "
+                   "(OpenRLHF, verl and TRL read each the same way), or as the start of the policy's answer (assistant: "
+                   "needs --tokenizer; text prompts for OpenRLHF without its chat template and TRL, not verl) "
+                   "[default: assistant with --tokenizer, else after].")
+@click.option("--tokenizer", metavar="MODEL",
+              help="The round's policy (CPU model name, folder or hub name): its chat template renders --placement "
+                   "assistant, and stats/manifest record the longest prompt in its tokens (max_prompt_tokens).")
+@click.option("--answer-template", metavar="NAME|TEXT",
+              help="How the hint opens the answer (--placement assistant): bare, labelled, first_person, or a text with "
+                   "{hint} [default: the measured best].")
 @click.option("--template", "template_file", type=click.Path(exists=True, dir_okay=False),
               help="File with the hinted user message; placeholders {hint}, {problem}, optional {instruction} (instead of --placement).")
 @click.option("--plain-template", "plain_template_file", type=click.Path(exists=True, dir_okay=False),
@@ -67,8 +75,8 @@ def _instructions(pairs: tuple[str, ...]) -> dict[str, str] | None:
 @click.option("--domain", default="math", show_default=True, type=click.Choice(["math", "code"]),
               help="Domain of base problems when the set has no domain column.")
 @click.option("--strict", is_flag=True, help="Errors instead of counted warnings (unmatched hints, unusable base rows).")
-def build(base, hints, out_dir, mode, round_, shard_rows, shard_bytes, placement, template_file, plain_template_file,
-          system_prompt, system_file, instructions, statuses, seed, maps, answer_after, domain, strict):
+def build(base, hints, out_dir, mode, round_, shard_rows, shard_bytes, placement, tokenizer, answer_template,
+          template_file, plain_template_file, system_prompt, system_file, instructions, statuses, seed, maps, answer_after, domain, strict):
     """Build next-epoch prompt shards (base problems + hints) for OpenRLHF and verl."""
     from pydantic import ValidationError
 
@@ -82,6 +90,7 @@ def build(base, hints, out_dir, mode, round_, shard_rows, shard_bytes, placement
         "base": base, "hints": list(hints), "mapping": parse_map(maps), "domain": domain, "answer_after": answer_after, "mode": mode,
         "round": round_, "system_prompt": system_prompt or _read_text(system_file, "--system-file"),
         "seed": seed, "shard_rows": shard_rows, "shard_bytes": shard_bytes, "strict": strict,
+        "tokenizer": tokenizer, "answer_template": answer_template,
     }
     if placement and template_file:
         raise ConfigError("give --placement or --template, not both (a template places the hint itself)")
@@ -100,7 +109,7 @@ def build(base, hints, out_dir, mode, round_, shard_rows, shard_bytes, placement
         cfg = BuildConfig(**kwargs)
     except ValidationError as exc:
         raise config_error(exc, flags={"mapping": "--map", "hint_statuses": "--status", "instructions": "--instruction",
-                                       "system_prompt": "--system"}) from exc
+                                       "system_prompt": "--system", "answer_template": "--answer-template"}) from exc
     templates = [Path(p) for p in (template_file, plain_template_file, system_file) if p]
     # The stage logs its warnings for library callers; the command prints them itself, once.
     stage_log = logging.getLogger("mentor.stages.build")

@@ -57,9 +57,11 @@ def ingest(sources, fmt, out_dir, round_, domain, maps, problems, max_response_b
 @click.option("--failed-budget", "failed_budget_chars", type=click.IntRange(64, 2**31 - 1), default=2000, show_default=True,
               help="Characters kept per failed response (mostly its end).")
 @click.option("--history", multiple=True, metavar="PATH", help="Earlier rounds' collapsed.parquet / hints.parquet (fills streak, previous_hints).")
+@click.option("--solutions", metavar="PATH", help="Reference solutions to carry into the collapsed set (Parquet/JSONL with "
+              "problem_id and solution) [default: the bundled GSM8K, MATH-500 and HumanEval solutions].")
 @executor_options
-def mine(rollouts, out_dir, correct_col, threshold, min_rollouts, k_failed, failed_budget_chars, history, workers, scheduler,
-         scheduler_timeout):
+def mine(rollouts, out_dir, correct_col, threshold, min_rollouts, k_failed, failed_budget_chars, history, solutions, workers,
+         scheduler, scheduler_timeout):
     """Find collapsed problems (every rollout wrong) with a few failed responses."""
     from pydantic import ValidationError
 
@@ -70,7 +72,7 @@ def mine(rollouts, out_dir, correct_col, threshold, min_rollouts, k_failed, fail
 
     try:
         cfg = MineConfig(correct_col=correct_col, threshold=threshold, min_rollouts=min_rollouts,
-                         k_failed=k_failed, failed_budget_chars=failed_budget_chars)
+                         k_failed=k_failed, failed_budget_chars=failed_budget_chars, solutions=solutions)
     except ValidationError as exc:
         raise config_error(exc, flags={"failed_budget_chars": "--failed-budget"}) from exc
     with open_executor(workers, scheduler, timeout=scheduler_timeout) as executor:

@@ -120,12 +120,17 @@ def _arms(hints: tuple[str, ...], arms: tuple[str, ...]) -> dict[str, list[str]]
 @click.option("--arm", "arms", multiple=True, metavar="NAME=HINTS",
               help="A named arm of hints (repeatable), e.g. --arm full=a/hints.parquet --arm generic=b/hints.parquet.")
 @click.option("--out", "out_dir", required=True, type=click.Path(file_okay=False), help="Writes DIR/rescue.parquet, DIR/rescue.json, DIR/rollouts/.")
-@click.option("--placement", type=click.Choice(["before", "after", "system"]), default=None,
-              help="Where the hint goes, as `mentor build --placement` puts it [default: build's default, after].")
+@click.option("--placement", type=click.Choice(["before", "after", "system", "assistant"]), default=None,
+              help="Where the hint goes, as `mentor build --placement` puts it [default: assistant for a vllm policy or "
+                   "with --tokenizer (rendered with its chat template, as build renders it), else after].")
+@click.option("--tokenizer", metavar="MODEL", help="Tokenizer whose chat template renders --placement assistant "
+              "(default: the vllm policy's own).")
+@click.option("--answer-template", metavar="NAME|TEXT",
+              help="How the hint opens the answer (assistant), as `mentor build --answer-template`.")
 @_policy_options
-def rescue(collapsed, hints, arms, out_dir, placement, backend, base_url, max_concurrency, request_timeout, structured_output,
-           policy, k, max_tokens, temperature, top_p, seed, limit, round_, max_model_len, tensor_parallel_size, shard_size,
-           progress):
+def rescue(collapsed, hints, arms, out_dir, placement, tokenizer, answer_template, backend, base_url, max_concurrency,
+           request_timeout, structured_output, policy, k, max_tokens, temperature, top_p, seed, limit, round_, max_model_len,
+           tensor_parallel_size, shard_size, progress):
     """Re-roll collapsed problems without a hint and under each arm of hints; report each arm's rescue rate.
 
     Every arm re-rolls the same problems (those with a hint in every arm) with the same seeds.
@@ -134,8 +139,7 @@ def rescue(collapsed, hints, arms, out_dir, placement, backend, base_url, max_co
     from mentor.stages import stage
 
     cfg = _config(k, max_tokens, temperature, top_p, seed, limit, round_, shard_size)
-    if placement:
-        cfg = cfg.model_copy(update={"placement": placement})
+    cfg = cfg.model_copy(update={"placement": placement, "tokenizer": tokenizer, "answer_template": answer_template})
     inputs = {"collapsed": list(collapsed), "arms": _arms(hints, arms)}
     spec = _backend(backend, policy, max_model_len, tensor_parallel_size, base_url, max_concurrency, structured_output,
                     request_timeout)

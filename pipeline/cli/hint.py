@@ -104,7 +104,7 @@ def check_hint(hint_text, domain, answer, problem, entry_point, previous, max_ch
 @click.option("--model", help="The judge's model, as `mentor hint --model` (default: the embedded SmolLM2-135M).")
 @click.option("--config", "config_path", type=click.Path(dir_okay=False), help="hint.yaml (HintConfig: the judge's settings and judge_check).")
 @click.option("--problems", type=click.IntRange(1, 1000), help="Problems the calibration set is built from (judge_check.problems).")
-@click.option("--solutions", type=click.Path(dir_okay=False), help="Parquet/JSONL with problem_id and solution (default: the bundled GSM8K solutions).")
+@click.option("--solutions", type=click.Path(dir_okay=False), help="Parquet/JSONL with problem_id and solution (default: the bundled GSM8K, MATH-500 and HumanEval solutions).")
 @click.option("--out", "out_file", type=click.Path(dir_okay=False), help="Also write the report with every verdict and the judge's raw text (JSON).")
 @click.option("--max-model-len", type=click.IntRange(16, 1 << 24), help="vLLM: context length.")
 @click.option("--dtype", help="vLLM: weights dtype (auto is float32 on AVX2-only CPUs).")

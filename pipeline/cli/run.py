@@ -25,6 +25,8 @@ def _run(workflow: str, run_dir: str | None, rounds: int | None, from_stage: str
         wf.hint.sample = sample
     if model is not None:
         wf.hint.backend.model = model
+        if wf.trainer.kind == "offline":  # the policy whose chat template renders the next round's prompts too
+            wf.trainer.policy.model = model
     out = Path(run_dir) if run_dir else Path("runs") / wf.name
     click.echo(f"workflow {wf.name}: {wf.rounds if rounds is None else rounds} round(s) -> {out}", err=True)
     if workers is None and scheduler is None:
@@ -108,6 +110,11 @@ def _show_a_hint(run_dir: Path) -> None:
     click.echo(f"  {row['hint']}")
     click.echo(f"its trace (every model call and rule verdict): "
                f"mentor inspect {run_dir / 'round-000' / 'hints'} --problem {row['problem_id']}")
+    prompts = sorted((run_dir / "round-000" / "prompts").glob("part-*.parquet"))
+    sent = pl.read_parquet(prompts).filter(pl.col("problem_id") == row["problem_id"]) if prompts else None
+    if sent is not None and sent.height and isinstance(sent["prompt"][0], str):  # placement assistant: rendered text
+        click.echo("the next round's prompt for it, as the policy sees it (its chat template; the hint opens the answer):")
+        click.echo("\n".join(f"  | {line}" for line in sent["prompt"][0].splitlines()))
 
 
 def _print_status(run_dir: Path, fmt: str) -> None:

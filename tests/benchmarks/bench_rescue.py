@@ -2,7 +2,8 @@
 
     python tests/benchmarks/bench_rescue.py [--domain math|code] [--policy MODEL] [--hinter MODEL]
         [--problems N] [--screen-k 8] [--k 4] [--seed 0] [--split dev|report|all] [--quick]
-        [--placements before after system] [--placement P] [--gate control_half|control_answer|off]
+        [--placements after assistant ...] [--placement P] [--gate control_half|control_first_step|control_answer|off]
+        [--controls control_first_step control_half] [--wordings bare labelled first_person after]
         [--collapsed FILE] [--controls-only]
 
 1. Screen: roll out the policy on the problems of the split (GSM8K test for
@@ -12,41 +13,48 @@
    noise alone mostly come back on a second draw; 0/8 keeps the ones this
    policy fails systematically (what consecutive collapsed rounds select).
    ``--collapsed FILE`` takes a collapsed set instead (no screen).
-2. Positive controls: can this setting show a hint effect at all? Two hints
-   no pipeline could give, from the reference solution: ``control_half`` (the
-   first half of its steps) and ``control_answer`` (all of it and "The answer
-   is N.": the uptake ceiling), re-rolled with ``unhinted`` under each of
-   ``--placements`` in one `mentor rescue` run. One ``setting`` line per
-   placement: the policy's uptake (mean correctness of the answer-given
-   re-rolls) and whether the ``--gate`` control beats unhinted (paired 95%
-   bootstrap interval above 0). No placement separating: "cannot show a hint
-   effect", and the run stops before any hinting. Else the hint arms use the
-   separating placement where the gate control rescues most (or
-   ``--placement``).
+2. Controls. Hints no pipeline could give, from the reference solution:
+   ``control_first_step`` (its first step: about what a good hint says),
+   ``control_half`` (the first half of its steps) and ``control_answer`` (all of
+   it and "The answer is N.": the uptake ceiling); and ``neutral``, filler text
+   of the first step's length in the same place (neutral text alone "rescues"
+   some all-zero groups, as LoPE found: a hint must beat it, not only no hint).
+   With ``--gate`` on, they are first re-rolled with ``unhinted`` under each of
+   ``--placements`` in one `mentor rescue` run; one ``setting`` line per
+   placement gives the uptake and whether the gate control beats both unhinted
+   and neutral on the per-problem endpoint; no placement separating: "cannot show
+   a hint effect", and the run stops before any hinting.
 3. Hint the collapsed set under each arm, through `mentor hint` and its config:
-   ``full`` (Attribution -> Generation -> Judgment -> Repair, the defaults,
-   the judge checked first: stages/judge_check.py), ``vouched`` (``full``
-   plus ``vouch:``: the policy re-rolls each candidate hint and the first that
-   earns reward is kept, stages/vouch.py; its re-roll seeds avoid the
-   rescue's), ``no_attribution`` (``attribution: false``: generation from the
-   problem alone), ``no_judgment`` (``llm_judge: false, max_refine: 0``: the
-   first generated hint that passes the rule checks), ``no_generation``
-   (``generation: false``: the keyword template; opt-in), ``generic``
-   (``attribution: false, generation: false, llm_judge: false``: the safe
-   default hint, no engine), and ``reference`` (the reference solution's first
-   step, leak-checked by the rules; else its first step cut before the result;
-   else the generic hint).
-4. Re-roll every collapsed problem k times under every arm and without a hint
-   (``unhinted``) in one `mentor rescue` run: same problems, same seeds, one
+   ``full`` (Attribution -> Generation -> Judgment -> Repair, the defaults: the
+   agents see the reference solution, the judge checked first:
+   stages/judge_check.py), ``vouched`` (``full`` plus ``vouch:``: the policy
+   re-rolls each candidate hint and the first that earns reward is kept,
+   stages/vouch.py; its re-roll seeds avoid the rescue's), ``no_attribution``
+   (``attribution: false``: generation from the problem alone), ``no_judgment``
+   (``llm_judge: false, max_refine: 0``: the first generated hint that passes the
+   rule checks), ``no_generation`` (``generation: false``: the keyword template;
+   opt-in), ``generic`` (``attribution: false, generation: false, llm_judge:
+   false``: the safe default hint, no engine), and ``reference`` (the reference
+   solution's first step, leak-checked by the rules; else its first step cut
+   before the result; else the generic hint).
+4. Re-roll every collapsed problem k times in ONE `mentor rescue` run: ``unhinted``,
+   ``neutral``, the ``--controls`` and every hint arm (``--wordings``: each hint arm
+   once per opening of the answer or placement): same problems, same seeds, one
    engine batch per shard (on CPU, batch composition changes the numerics, so
-   arms are only compared within one run).
+   arms are only compared within one run). The hint goes where the controls
+   separated best, else ``--placement``, else ``assistant`` (the start of the
+   policy's answer, rendered with its chat template) for a vllm policy.
 
 One JSON line per arm: rescue rate (problems with >= 1 correct re-roll) with a
 95% Wilson interval, mean correctness of the re-rolls, hint-engine tokens per
 problem (the judge check's included), hints failing `check-hint`, and paired
-comparisons with ``unhinted`` and ``generic`` (difference of rescue rates with a
-95% paired-bootstrap interval, exact McNemar p). A PNG bar chart beside the
-outputs. Progress bars on stderr (``--no-progress``).
+comparisons with ``unhinted``, ``neutral`` and ``generic``: the rescued-or-not
+difference (95% paired-bootstrap interval, exact McNemar p) and the per-problem
+endpoint (each problem's mean correctness under the arm minus under the other
+arm: mean, 95% paired-bootstrap interval, Wilcoxon signed-rank p), which needs
+about a quarter of the problems for the same interval. The ``done`` line says
+whether a control beats both unhinted and neutral in this run. A PNG bar chart
+beside the outputs. Progress bars on stderr (``--no-progress``).
 
 Splits: dev = even positions of the problem set, report = odd positions, all =
 both. Tune on dev, report on report. Every step is a resumable mentor stage
@@ -66,7 +74,7 @@ import random
 import re
 import sys
 import time
-from math import comb
+from math import comb, erf
 from pathlib import Path
 
 ARMS = ("generic", "full", "vouched", "no_attribution", "no_judgment", "no_generation", "reference")
@@ -177,7 +185,12 @@ def reference_hints(collapsed, domain: str, hinted_round: int = 0):
 
 # --------------------------------------------------------------------------- positive controls
 
-CONTROLS = ("control_half", "control_answer")
+CONTROLS = ("control_first_step", "control_half", "control_answer")
+DEFAULT_CONTROLS = ("control_first_step", "control_half")  # re-rolled beside the hint arms (control_answer: the gate run's uptake)
+NEUTRAL = "neutral"
+# Neutral text for the neutral arm: no content about any problem, cut to the length of the hint it stands in for.
+FILLER = ("Let me read the question once more, slowly and carefully, and keep track of each part of it as I go. "
+          "I will write my work out in full so that every line is easy to follow and check. ")
 
 
 def solution_steps(domain: str, solution: str) -> tuple[list[str], str | None]:
@@ -191,13 +204,14 @@ def solution_steps(domain: str, solution: str) -> tuple[list[str], str | None]:
 
 
 def control_text(domain: str, kind: str, solution: str, label: str) -> str | None:
-    """A positive control's hint: ``control_half`` the first half of the reference solution's steps
-    (at least one), ``control_answer`` the whole solution and its answer (the uptake ceiling)."""
+    """A positive control's hint: ``control_first_step`` the reference solution's first step (about what a good
+    hint says), ``control_half`` the first half of its steps (at least one), ``control_answer`` the whole
+    solution and its answer (the uptake ceiling)."""
     steps, answer = solution_steps(domain, solution)
     if not steps:
         return None
-    if kind == "control_half":
-        part = steps[: max(1, len(steps) // 2)]
+    if kind in ("control_first_step", "control_half"):
+        part = steps[:1] if kind == "control_first_step" else steps[: max(1, len(steps) // 2)]
         return " ".join(part) if domain == "math" else "A working solution starts:\n```python\n" + "\n".join(part) + "\n```"
     if domain == "math":
         return " ".join(steps) + f" The answer is {answer if answer is not None else label}."
@@ -228,20 +242,65 @@ def control_hints(collapsed, domain: str, kind: str, hinted_round: int = 0):
     return pa.Table.from_pylist(rows, schema=pa.schema(list(HINTS)))
 
 
+def neutral_hints(like, domain: str, hinted_round: int = 0):
+    """A hints table (schema: hints) of neutral filler: per problem of `like` (a hints table), `FILLER` cut at a
+    word to the length of that problem's hint, so the neutral arm puts text of the same length in the same place
+    (LoPE: neutral text alone "rescues" some all-zero groups; a hint must beat it, not only no hint)."""
+    import pyarrow as pa
+
+    from mentor.pipeline.ids import content_hash
+    from mentor.pipeline.schemas import HINTS
+
+    rows = []
+    for r in like.to_pylist():
+        n = max(1, len(r["hint"]))
+        text = (FILLER * (n // len(FILLER) + 2))[:n + 1]
+        text = text[: text.rfind(" ")] if " " in text[1:] else text[:n]
+        rows.append({"problem_id": r["problem_id"], "round": hinted_round, "hint_id": content_hash(r["problem_id"], NEUTRAL, text),
+                     "hint": text.strip(), "keywords": [], "error": None, "status": "accepted", "retries": 0, "refines": 0,
+                     "judge_score": None, "violations": [], "trace": [], "model": "filler", "prompt_version": NEUTRAL,
+                     "config_hash": NEUTRAL})
+    return pa.Table.from_pylist(rows, schema=pa.schema(list(HINTS)))
+
+
+def arm_stats(report, arm: str, seed: int, versus: tuple[str, ...] = ("unhinted", NEUTRAL)) -> dict:
+    """An arm's rescued problems, mean correctness, and its paired comparisons with each arm of `versus` in the run:
+    the rescued-or-not difference (``vs_<arm>``) and the per-problem mean-correctness difference (``per_problem_vs_<arm>``)."""
+    out = {"rescued": int(report[f"rescued_{arm}"].sum()), "mean_correct": round(float(report[f"mean_correct_{arm}"].mean()), 4)}
+    for other in versus:
+        if other == arm or f"rescued_{other}" not in report.columns:
+            continue
+        out[f"vs_{other}"] = paired(report[f"rescued_{arm}"].to_list(), report[f"rescued_{other}"].to_list(), seed=seed)
+        out[f"per_problem_vs_{other}"] = per_problem(report[f"mean_correct_{arm}"].to_list(),
+                                                     report[f"mean_correct_{other}"].to_list(), seed=seed)
+    return out
+
+
+def beats(stats: dict, versus: tuple[str, ...] = ("unhinted", NEUTRAL)) -> bool:
+    """Whether an arm beats every arm of `versus` on the per-problem endpoint (paired 95% interval above 0)."""
+    return all(stats[f"per_problem_vs_{v}"]["ci95"][0] > 0 for v in versus if f"per_problem_vs_{v}" in stats)
+
+
 def setting_verdict(report, placement: str, gate: str, seed: int) -> dict:
-    """Can this setting show a hint effect? The gate control must beat unhinted (paired bootstrap interval above 0)."""
-    base = report["rescued_unhinted"].to_list()
+    """Can this setting show a hint effect? The gate control must beat both unhinted and the neutral filler in the
+    same place on the per-problem endpoint (paired bootstrap interval of the mean-correctness difference above 0)."""
+    neutral = f"{NEUTRAL}_{placement}"
     out = {"bench": "rescue", "step": "setting", "placement": placement, "problems": report.height,
-           "unhinted_rescued": sum(base), "unhinted_mean_correct": round(float(report["mean_correct_unhinted"].mean()), 4)}
+           "unhinted_rescued": int(report["rescued_unhinted"].sum()),
+           "unhinted_mean_correct": round(float(report["mean_correct_unhinted"].mean()), 4)}
+    if f"rescued_{neutral}" in report.columns:
+        out[NEUTRAL] = arm_stats(report, neutral, seed, versus=("unhinted",))
     for kind in CONTROLS:
         arm = f"{kind}_{placement}"
-        out[kind] = {"rescued": int(report[f"rescued_{arm}"].sum()),
-                     "mean_correct": round(float(report[f"mean_correct_{arm}"].mean()), 4),
-                     "vs_unhinted": paired(report[f"rescued_{arm}"].to_list(), base, seed=seed)}
+        if f"rescued_{arm}" not in report.columns:
+            continue
+        st = arm_stats(report.rename({f"rescued_{neutral}": f"rescued_{NEUTRAL}", f"mean_correct_{neutral}": f"mean_correct_{NEUTRAL}"},
+                                     strict=False), arm, seed)
+        out[kind] = st
     # Uptake: how far the answer-in-prompt arm gets (share of its re-rolls right).
-    out["uptake"] = out["control_answer"]["mean_correct"]
-    out["separates"] = out[gate]["vs_unhinted"]["ci95"][0] > 0
-    out["verdict"] = "controls separate from unhinted" if out["separates"] else "cannot show a hint effect"
+    out["uptake"] = out.get("control_answer", {}).get("mean_correct")
+    out["separates"] = gate in out and beats(out[gate])
+    out["verdict"] = "controls separate from unhinted and neutral" if out["separates"] else "cannot show a hint effect"
     return out
 
 
@@ -256,6 +315,66 @@ def mcnemar_p(b: int, c: int) -> float:
     k = min(b, c)
     tail = sum(comb(n, i) for i in range(k + 1)) / 2**n
     return min(1.0, 2 * tail)
+
+
+def bootstrap_ci(d: list[float], seed: int = 0, resamples: int = 4000) -> tuple[float, float]:
+    """95% percentile interval of the mean of `d` over `resamples` paired bootstrap resamples (seeded)."""
+    n = len(d)
+    if not n:
+        return (0.0, 0.0)
+    rng = random.Random(seed)
+    means = sorted(sum(d[rng.randrange(n)] for _ in range(n)) / n for _ in range(resamples))
+    return means[int(0.025 * (resamples - 1))], means[int(0.975 * (resamples - 1))]
+
+
+def wilcoxon_p(d: list[float]) -> float:
+    """Two-sided Wilcoxon signed-rank p-value of paired differences `d` (zeros dropped, tied ranks averaged):
+    exact (the rank sum's distribution given the ranks, by dynamic programming) up to 60 non-zero differences,
+    the normal approximation with tie correction above."""
+    nz = [x for x in d if x != 0]
+    n = len(nz)
+    if n == 0:
+        return 1.0
+    order = sorted(range(n), key=lambda i: abs(nz[i]))
+    ranks = [0.0] * n
+    i = 0
+    while i < n:
+        j = i
+        while j + 1 < n and abs(nz[order[j + 1]]) == abs(nz[order[i]]):
+            j += 1
+        for k in range(i, j + 1):
+            ranks[order[k]] = (i + j) / 2 + 1
+        i = j + 1
+    w = sum(r for r, x in zip(ranks, nz) if x > 0)
+    if n <= 60:
+        twice = [round(2 * r) for r in ranks]  # half ranks: count in halves
+        dist = {0: 1}
+        for t in twice:
+            nxt = dict(dist)
+            for s_, c in dist.items():
+                nxt[s_ + t] = nxt.get(s_ + t, 0) + c
+            dist = nxt
+        total, w2 = 2 ** n, round(2 * w)
+        lower = sum(c for s_, c in dist.items() if s_ <= w2) / total
+        upper = sum(c for s_, c in dist.items() if s_ >= w2) / total
+        return min(1.0, 2 * min(lower, upper))
+    mean = n * (n + 1) / 4
+    ties: dict[float, int] = {}
+    for r in ranks:
+        ties[r] = ties.get(r, 0) + 1
+    var = n * (n + 1) * (2 * n + 1) / 24 - sum(t ** 3 - t for t in ties.values()) / 48
+    z = (abs(w - mean) - 0.5) / var ** 0.5 if var > 0 else 0.0
+    return min(1.0, max(0.0, 2 * (1 - 0.5 * (1 + erf(z / 2 ** 0.5)))))
+
+
+def per_problem(x: list[float], y: list[float], seed: int = 0) -> dict:
+    """The per-problem endpoint: each problem's mean correctness under x minus under y (the same problems and
+    seeds), averaged, with a paired-bootstrap 95% interval and a Wilcoxon signed-rank p; about four times more
+    sensitive than the rescued-or-not difference for the same problems."""
+    d = [float(a) - float(b) for a, b in zip(x, y)]
+    lo, hi = bootstrap_ci(d, seed)
+    return {"diff": round(sum(d) / len(d), 4) if d else 0.0, "ci95": [round(lo, 4), round(hi, 4)],
+            "better": sum(1 for v in d if v > 0), "worse": sum(1 for v in d if v < 0), "p_wilcoxon": round(wilcoxon_p(d), 4)}
 
 
 def paired(x: list[bool], y: list[bool], seed: int = 0, resamples: int = 4000) -> dict:
@@ -282,7 +401,7 @@ def run(args: argparse.Namespace) -> list[dict]:
     from mentor.stages.hint import hint_to_dir
     from mentor.stages.hint_config import HintConfig, load_config
     from mentor.stages.rules import check
-    from mentor.stages.build_render import DEFAULT_PLACEMENT
+    from mentor.stages.build_render import DEFAULT_PLACEMENT, DEFAULT_TOKENIZED_PLACEMENT, PLACEMENTS
     from mentor.stages.mine import MineConfig, mine_to_dir
     from mentor.stages.rescue import rescue_to_dir
     from mentor.stages.rollout import RolloutConfig, rollout_to_dir
@@ -322,21 +441,29 @@ def run(args: argparse.Namespace) -> list[dict]:
     if collapsed.height == 0:
         raise SystemExit("no problem stayed collapsed: nothing to rescue")
 
-    # 2. positive controls: can this setting show a hint effect at all, and under which placement?
+    # 2. positive controls and the neutral filler (same length as the first step, same place)
+    controls: dict[str, list[str]] = {}
+    for kind in CONTROLS:
+        out = work / "hints" / kind
+        write_parquet_atomic(control_hints(collapsed, args.domain, kind), out / "hints.parquet", dataset="hints")
+        controls[kind] = [str(out / "hints.parquet")]
+    first = pl.read_parquet(controls["control_first_step"][0]).to_arrow()
+    write_parquet_atomic(neutral_hints(first, args.domain), work / "hints" / NEUTRAL / "hints.parquet", dataset="hints")
+    controls[NEUTRAL] = [str(work / "hints" / NEUTRAL / "hints.parquet")]
+    policy_placement = DEFAULT_TOKENIZED_PLACEMENT if not fake else DEFAULT_PLACEMENT  # a vllm policy's tokenizer is known
+    # Can this setting show a hint effect at all, and under which placement?
     placement, verdicts = args.placement, []
     if args.gate != "off":
         files, where = {}, {}
-        for kind in CONTROLS:
-            out = work / "hints" / kind
-            write_parquet_atomic(control_hints(collapsed, args.domain, kind), out / "hints.parquet", dataset="hints")
+        for kind in (*CONTROLS, NEUTRAL):
             for place in args.placements:
-                files[f"{kind}_{place}"], where[f"{kind}_{place}"] = [str(out / "hints.parquet")], place
+                files[f"{kind}_{place}"], where[f"{kind}_{place}"] = controls[kind], place
         t1 = time.monotonic()
         rescue_to_dir([str(source)], files, work / "controls", RolloutConfig(k=args.k, seed=args.seed + 1, **sampling), policy,
                       arm_placements=where, progress=not args.no_progress)
-        controls = pl.read_parquet(work / "controls" / "rescue.parquet")
+        report = pl.read_parquet(work / "controls" / "rescue.parquet")
         for place in args.placements:
-            verdicts.append(setting_verdict(controls, place, args.gate, args.seed))
+            verdicts.append(setting_verdict(report, place, args.gate, args.seed))
             print(json.dumps({**verdicts[-1], "seconds": round(time.monotonic() - t1, 1)}), flush=True)
         good = [v for v in verdicts if v["separates"]]
         if args.controls_only:
@@ -347,16 +474,17 @@ def run(args: argparse.Namespace) -> list[dict]:
         if not good:
             close_backends()
             print(json.dumps({"bench": "rescue", "step": "done", "verdict": "cannot show a hint effect",
-                              "why": f"{args.gate} does not beat unhinted under any of {args.placements}: no hint arm is run",
+                              "why": f"{args.gate} does not beat both unhinted and neutral under any of {args.placements}: "
+                                     "no hint arm is run",
                               "seconds": round(time.monotonic() - t0, 1), "work": str(work)}), flush=True)
             return verdicts
-        if placement is None:  # the separating placement where the gate control rescues most (then: uptake)
-            placement = max(good, key=lambda v: (v[args.gate]["rescued"], v["uptake"]))["placement"]
+        if placement is None:  # the separating placement where the gate control does best (then: uptake)
+            placement = max(good, key=lambda v: (v[args.gate]["per_problem_vs_unhinted"]["diff"], v["uptake"] or 0))["placement"]
         elif placement not in [v["placement"] for v in good]:
             print(json.dumps({"bench": "rescue", "step": "note", "placement": placement,
                               "note": "this placement's controls do not separate; its hint arms are run because --placement asks"}),
                   flush=True)
-    placement = placement or DEFAULT_PLACEMENT
+    placement = placement or policy_placement
     close_backends()  # an idle vLLM CPU engine still spins: stop the policy's while the hinter runs
 
     # 3. hints per arm
@@ -394,44 +522,73 @@ def run(args: argparse.Namespace) -> list[dict]:
                 hint_info[arm] = hint_arm(base.model_copy(update=ARM_CONFIG[arm]), out)
             arm_files[arm] = [str(out / "hints.parquet")]
     close_backends()  # the hinter's engine is not needed any more
+    if args.hints_only:
+        print(json.dumps({"bench": "rescue", "step": "hints", "arms": {a: hint_info[a] for a in hint_info},
+                          "seconds": round(time.monotonic() - t0, 1), "work": str(work)}), flush=True)
+        return []
 
-    # 4. re-roll under every arm, the hint where the controls said (or --placement)
+    # 4. one rescue run: unhinted, the neutral filler, the controls and every hint arm, the hint where the controls
+    # said (or --placement); with --wordings, each hint arm once per opening of the answer (or other placement)
+    hinted = {**{a: arm_files[a] for a in [*args.arms, *extra]}}
+    arms_run: dict[str, list[str]] = {NEUTRAL: controls[NEUTRAL], **{c: controls[c] for c in args.controls}}
+    where: dict[str, str] = {}
+    answers: dict[str, str] = {}
+    of_arm: dict[str, str] = {}  # run arm -> hint arm (for tokens and rule checks)
+    for arm, files in hinted.items():
+        if not args.wordings:
+            arms_run[arm], of_arm[arm] = files, arm
+            continue
+        for w in args.wordings:
+            name = f"{arm}_{w}"
+            arms_run[name], of_arm[name] = files, arm
+            if w in PLACEMENTS:
+                where[name] = w
+            else:
+                where[name], answers[name] = "assistant", w
     t2 = time.monotonic()
-    summary = rescue_to_dir([str(source)], arm_files, work / "rescue",
+    summary = rescue_to_dir([str(source)], arms_run, work / "rescue",
                             RolloutConfig(k=args.k, seed=args.seed + 1, placement=placement, **sampling), policy,
-                            progress=not args.no_progress).as_dict()
+                            arm_placements=where, arm_answers=answers, progress=not args.no_progress).as_dict()
     close_backends()
     report = pl.read_parquet(work / "rescue" / "rescue.parquet")
-    answers = {r["problem_id"]: r for r in collapsed.iter_rows(named=True)}
+    answers_of = {r["problem_id"]: r for r in collapsed.iter_rows(named=True)}
     lines = []
-    names = ["unhinted", *args.arms, *extra]
+    names = ["unhinted", *arms_run]
     for arm in names:
         a = summary["arms"][arm]
         failing = None
-        if arm != "unhinted":
-            hints = pl.read_parquet(arm_files[arm][0])
+        src = of_arm.get(arm)
+        if src is not None:
+            hints = pl.read_parquet(arms_run[arm][0])
             failing = sum(
-                0 if check(h["hint"], domain=args.domain, answer=answers[h["problem_id"]]["label"],
-                           problem=answers[h["problem_id"]]["problem"]).ok else 1
-                for h in hints.iter_rows(named=True) if h["problem_id"] in answers
+                0 if check(h["hint"], domain=args.domain, answer=answers_of[h["problem_id"]]["label"],
+                           problem=answers_of[h["problem_id"]]["problem"]).ok else 1
+                for h in hints.iter_rows(named=True) if h["problem_id"] in answers_of
             )
-        x = report[f"rescued_{arm}"].to_list()
         line = {
-            "bench": "rescue", "domain": args.domain, "split": args.split, "arm": arm, "placement": placement,
+            "bench": "rescue", "domain": args.domain, "split": args.split, "arm": arm,
+            "placement": a.get("placement", placement), "answer_template": a.get("answer_template"),
             "policy": args.policy if not fake else "fake", "hinter": args.hinter if not fake else "fake",
             "problems": summary["problems"], "k": args.k, "rescued": a["rescued"], "rescue_rate": a["rescue_rate"],
             "rescue_rate_ci95": a["rescue_rate_ci95"], "mean_correct": a["mean_correct"],
-            "hint_tokens_per_problem": round(hint_info.get(arm, {}).get("tokens", 0) / max(1, collapsed.height), 1),
+            "hint_tokens_per_problem": round(hint_info.get(src, {}).get("tokens", 0) / max(1, collapsed.height), 1),
             "check_hint_failures": failing,
         }
         if arm != "unhinted":
-            line["vs_unhinted"] = paired(x, report["rescued_unhinted"].to_list(), seed=args.seed)
-            if "generic" in names and arm != "generic":
-                line["vs_generic"] = paired(x, report["rescued_generic"].to_list(), seed=args.seed)
-            line["hint_stage"] = hint_info.get(arm)
+            versus = ("unhinted", NEUTRAL) + (("generic",) if "generic" in names and arm != "generic" else ())
+            line |= {k: v for k, v in arm_stats(report, arm, args.seed, versus).items() if k.startswith(("vs_", "per_problem_vs_"))}
+            if arm in args.controls or (src is not None and arm != NEUTRAL):
+                line["beats_unhinted_and_neutral"] = beats(line)
+            if src is not None:
+                line["hint_stage"] = hint_info.get(src)
         lines.append(line)
         print(json.dumps(line), flush=True)
-    print(json.dumps({"bench": "rescue", "step": "done", "placement": placement,
+    gate_line = {}
+    if args.controls:  # the gate, read off this run: does a control beat both unhinted and neutral here?
+        sep = [c for c in args.controls if next(ln for ln in lines if ln["arm"] == c)["beats_unhinted_and_neutral"]]
+        gate_line = {"controls_separating": sep,
+                     "verdict": "controls separate from unhinted and neutral" if sep else "cannot show a hint effect"}
+    print(json.dumps({"bench": "rescue", "step": "done", "placement": placement, **gate_line,
                       "verdicts": {v["placement"]: v["verdict"] for v in verdicts}, "rescue_seconds": round(time.monotonic() - t2, 1),
                       "rescue_completion_tokens": summary["completion_tokens"], "seconds": round(time.monotonic() - t0, 1),
                       "work": str(work), "settings": {k: v for k, v in vars(args).items() if k != "fake_policy"}}), flush=True)
@@ -476,7 +633,8 @@ def plot(lines: list[dict], path: Path, title: str) -> None:
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    from mentor.stages.build_render import DEFAULT_PLACEMENT, PLACEMENTS
+    from mentor.pipeline.prompts import ANSWER_TEMPLATES
+    from mentor.stages.build_render import DEFAULT_PLACEMENT, DEFAULT_TOKENIZED_PLACEMENT, PLACEMENTS
 
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--domain", choices=("math", "code"), default="math")
@@ -499,13 +657,23 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--arm-config", action="append", default=[], metavar="NAME=HINT.YAML",
                    help="An extra arm hinted with this config (repeatable), e.g. a template variant to compare with full.")
     p.add_argument("--placement", choices=PLACEMENTS, help="Where the hint arms' hints go (as `mentor build --placement`); "
-                   "default: the separating placement where --gate rescues most, else build's default.")
+                   "default: the separating placement where --gate does best, else the default for a policy whose "
+                   f"tokenizer is known ({DEFAULT_TOKENIZED_PLACEMENT}; the fake backend: {DEFAULT_PLACEMENT}).")
     p.add_argument("--placements", nargs="+", choices=PLACEMENTS, help="Placements the positive controls are re-rolled under, "
-                   "in one run (default: build's default; e.g. before after system to find where the hint is read).")
+                   "in one run (default: --placement's default; e.g. after assistant to find where the hint is read).")
+    p.add_argument("--controls", nargs="*", choices=CONTROLS, default=list(DEFAULT_CONTROLS),
+                   help=f"Positive controls re-rolled beside the hint arms in the final run (default: {' '.join(DEFAULT_CONTROLS)}; "
+                   "none: leave them out). The neutral filler arm is always there.")
+    p.add_argument("--wordings", nargs="+", choices=(*ANSWER_TEMPLATES, *[x for x in PLACEMENTS if x != "assistant"]),
+                   help="Re-roll each hint arm once per opening of the answer (placement assistant: "
+                   f"{', '.join(ANSWER_TEMPLATES)}) or other placement, as arms <arm>_<wording> of the one rescue run.")
     p.add_argument("--gate", choices=(*CONTROLS, "off"), default="control_half",
-                   help="The positive control that must beat unhinted (paired 95%% interval above 0) before any hint arm is "
-                   "run; no placement separating: 'cannot show a hint effect', and the run stops. off: no controls.")
+                   help="The positive control that must beat both unhinted and the neutral filler (per-problem paired 95%% "
+                   "interval above 0) in a controls-only run before any hint arm is run; no placement separating: 'cannot "
+                   "show a hint effect', and the run stops. off: no such run (the final run still reports the controls).")
     p.add_argument("--controls-only", action="store_true", help="Stop after the positive controls (a placement sweep).")
+    p.add_argument("--hints-only", action="store_true", help="Stop after hinting the arms (a later run without it reuses "
+                   "them and re-rolls).")
     p.add_argument("--collapsed", help="Use this collapsed.parquet instead of screening "
                    "(e.g. tests/benchmarks/data/gsm8k-report-collapsed.parquet, the math report split's 177).")
     p.add_argument("--screen-from", help="Screen only the split's problems whose problem_id is in this Parquet file "
@@ -530,7 +698,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args.arm_config = extra
     if args.problems is None:
         args.problems = QUICK_PROBLEMS if args.quick else (400 if args.domain == "math" else None)
-    args.placements = list(dict.fromkeys(args.placements or [args.placement or DEFAULT_PLACEMENT]))
+    default = DEFAULT_TOKENIZED_PLACEMENT if args.backend != "fake" else DEFAULT_PLACEMENT
+    args.placements = list(dict.fromkeys(args.placements or [args.placement or default]))
     if args.placement and args.placement not in args.placements:
         args.placements.append(args.placement)
     if args.work is None:

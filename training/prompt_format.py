@@ -1,0 +1,64 @@
+"""Which trainer reads which prompt shards: chat messages (placements before / after / system) or text
+rendered with the policy's chat template (placement assistant: the hint opens the answer).
+
+- OpenRLHF 0.11.2 reads text prompts as they are without ``--data.apply_chat_template``
+  (`PromptDataset` then takes the ``prompt`` column verbatim and `SingleTurnAgentExecutor`
+  tokenizes it without added special tokens); with the flag it would wrap the text in a new
+  user turn. `openrlhf_data_flags` gives the flags for a round's shards.
+- TRL 1.16's GRPOTrainer reads a string prompt as a standard (non-conversational) prompt:
+  tokenized as it is, no chat template.
+- verl 0.9.1 cannot: `RLHFDataset` hands ``prompt`` on as messages and every agent loop renders
+  them through the Continuous Token builder with ``add_generation_prompt=True``
+  (``verl/utils/tokenizer/continuous_token.py``), which has no open-answer form; a string
+  prompt is not messages. `check_readable` refuses such shards for verl.
+
+The workflow runner and `workflows.config` use these; so can a launcher (`mentor train`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from mentor.pipeline.errors import ConfigError
+
+# Trainers a workflow hands text prompts to (mentor's own offline rollouts send them as they are). OpenRLHF
+# reads them too, once its launch leaves out --data.apply_chat_template (`openrlhf_data_flags`); until
+# training/launcher.py does, a workflow keeps its prompts as messages.
+TEXT_READERS = ("offline", "trl")
+# Trainers that need chat messages.
+MESSAGE_ONLY = ("verl",)
+OPENRLHF_WHY = ("mentor's OpenRLHF launch passes --data.apply_chat_template, which would wrap the text in a new user "
+                "turn (OpenRLHF reads text prompts only without it: training/prompt_format.py openrlhf_data_flags)")
+VERL_WHY = ("verl 0.9.1 renders every prompt from chat messages with add_generation_prompt=True (its agent loop's "
+            "Continuous Token builder), so it cannot continue an answer opened with the hint")
+
+
+def prompt_files_are_text(sources: Sequence[str]) -> bool:
+    """Whether prompt shards (files, folders, globs) hold pre-rendered text prompts."""
+    from mentor.pipeline.inputs import resolve_inputs
+    from mentor.pipeline.io import read_parquet_schema
+    from mentor.pipeline.schemas import prompts_are_text
+
+    paths = [p for p in resolve_inputs(list(sources)) if p.suffix == ".parquet"]
+    return bool(paths) and prompts_are_text(read_parquet_schema(paths[0]))
+
+
+def check_readable(kind: str, sources: Sequence[str]) -> None:
+    """`ConfigError` when trainer `kind` cannot read these prompt shards (verl and text prompts)."""
+    if kind in MESSAGE_ONLY and prompt_files_are_text(sources):
+        raise ConfigError(f"prompts {', '.join(map(str, sources))}: built with placement assistant (text prompts); {VERL_WHY}. "
+                          "Rebuild them with `mentor build --placement after` (or before/system) for verl")
+
+
+def openrlhf_data_flags(sources: Sequence[str]) -> list[str]:
+    """OpenRLHF's prompt-data flags for these shards: the chat template only for chat-message prompts."""
+    flags = ["--data.input_key", "prompt", "--data.label_key", "label"]
+    return flags if prompt_files_are_text(sources) else [*flags, "--data.apply_chat_template"]
+
+
+def text_prompts_refused(kind: str) -> str | None:
+    """Why a workflow's trainer `kind` cannot be given text prompts (None: it can, or it is not mentor's to say)."""
+    return {"verl": VERL_WHY, "openrlhf": OPENRLHF_WHY}.get(kind)
+
+
+__all__ = ["MESSAGE_ONLY", "TEXT_READERS", "text_prompts_refused", "check_readable", "openrlhf_data_flags", "prompt_files_are_text"]
