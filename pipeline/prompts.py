@@ -10,11 +10,14 @@ solution prefix): the chat is then an unfinished assistant turn that the policy
 continues, which no trainer renders from messages (they all close the last turn and
 open a new one). `render_prompt` renders it once with the policy's own chat template
 (`load_tokenizer`), and the text is what build hands the trainers and what rescue sends.
+`prompt_token_lengths` counts a prompt's tokens as the trainers will tokenize it: what build
+records as ``max_prompt_tokens`` and what the launchers size the trainers' prompt limits by.
 """
 
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 from functools import lru_cache
 from typing import Any
 
@@ -89,6 +92,18 @@ def load_tokenizer(name: str) -> Any:
     return tok
 
 
+def prompt_token_lengths(prompts: Sequence[str | Sequence[dict]], tokenizer: Any) -> list[int]:
+    """Tokens of each prompt (a list of chat messages, or a rendered string); `tokenizer` an HF tokenizer or a model name."""
+    tok = load_tokenizer(tokenizer) if isinstance(tokenizer, str) else tokenizer
+    texts = [p if isinstance(p, str) else
+             tok.apply_chat_template([{"role": m["role"], "content": m["content"]} for m in p], tokenize=False,
+                                     add_generation_prompt=True)
+             for p in prompts]
+    if not texts:
+        return []
+    return [len(ids) for ids in tok(texts, add_special_tokens=False)["input_ids"]]
+
+
 def render_prompt(tokenizer: Any, messages: list[dict[str, str]]) -> str:
     """The text the policy conditions on: its chat template over `messages`, with the generation prompt after a
     user turn (what every trainer renders itself), or the final assistant turn left open to continue."""
@@ -98,5 +113,5 @@ def render_prompt(tokenizer: Any, messages: list[dict[str, str]]) -> str:
     return tokenizer.apply_chat_template(msgs, tokenize=False, add_generation_prompt=True)
 
 
-__all__ = ["ANSWER_TEMPLATES", "DEFAULT_ANSWER", "HINT_PREFIX", "HINT_TEMPLATE", "INSTRUCTIONS", "INSTRUCTION_SEPARATOR", "PLACEHOLDER_RE", "PLAIN_TEMPLATE",
+__all__ = ["prompt_token_lengths", "ANSWER_TEMPLATES", "DEFAULT_ANSWER", "HINT_PREFIX", "HINT_TEMPLATE", "INSTRUCTIONS", "INSTRUCTION_SEPARATOR", "PLACEHOLDER_RE", "PLAIN_TEMPLATE",
            "answer_template", "load_tokenizer", "render_prompt", "user_message"]

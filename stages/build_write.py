@@ -22,7 +22,7 @@ from mentor.pipeline.prompts import render_prompt
 from mentor.pipeline.schemas import SCHEMA_VERSION
 from mentor.pipeline.stage import Stats
 from mentor.stages.build_render import render_exprs
-from mentor.stages.build_tokens import prompt_token_lengths
+from mentor.pipeline.prompts import prompt_token_lengths
 
 if TYPE_CHECKING:
     from mentor.stages.build import BuildConfig

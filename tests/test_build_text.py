@@ -18,7 +18,7 @@ from mentor.cli import cli
 from mentor.pipeline.errors import ConfigError
 from mentor.pipeline.prompts import ANSWER_TEMPLATES, DEFAULT_ANSWER, INSTRUCTIONS, load_tokenizer, render_prompt
 from mentor.stages.build import BuildConfig, build
-from mentor.stages.build_tokens import prompt_token_lengths
+from mentor.pipeline.prompts import prompt_token_lengths
 
 from test_build import make_hints
 
@@ -206,16 +206,31 @@ def test_verl_is_refused_text_prompts(text_build, tmp_path, tok_name):
     assert openrlhf_data_flags([str(msg_out)])[-1] == "--data.apply_chat_template"
 
 
-def test_a_workflow_refuses_text_prompts_for_verl_and_openrlhf(tok_name):
+def test_a_workflow_refuses_text_prompts_for_verl_only(tok_name):
     from mentor.workflows.config import validate_workflow
 
     base = {"name": "w", "base": "gsm8k", "build": {"placement": "assistant", "tokenizer": tok_name}}
-    for kind, trainer, why in (("verl", {"kind": "verl", "command": "true"}, "verl 0.9.1 renders"),
-                               ("openrlhf", {"kind": "openrlhf"}, "--data.apply_chat_template")):
-        with pytest.raises(ConfigError, match=f"build.placement assistant: .*{why}.*use placement after") as err:
-            validate_workflow(base | {"trainer": trainer})
-        assert "\n" not in str(err.value), kind
+    with pytest.raises(ConfigError, match="build.placement assistant: .*verl 0.9.1 renders.*use placement after") as err:
+        validate_workflow(base | {"trainer": {"kind": "verl", "command": "true"}})
+    assert "\n" not in str(err.value)
     validate_workflow(base | {"trainer": {"kind": "trl", "config": {"base_model": tok_name}}})
+    validate_workflow(base | {"trainer": {"kind": "openrlhf", "config": {"base_model": tok_name}}})
+
+
+def test_the_launchers_hand_text_prompts_on_as_text(text_build, tmp_path, tok_name):
+    """`mentor train`: OpenRLHF gets the text prompts without --data.apply_chat_template (its PromptDataset then takes
+    them verbatim, tests/test_openrlhf_contract.py), sized in the policy's tokens; verl is refused them."""
+    from mentor.training.launcher import TrainConfig, round_command
+    from mentor.training.verl_launcher import parse_config as parse_verl
+    from mentor.training.verl_launcher import train_files
+
+    out, stats = text_build
+    cmd, found = round_command(TrainConfig(round_dir=str(tmp_path / "round-001"), base_model=tok_name, prompts=str(out)),
+                               dry_run=True)
+    assert "--data.apply_chat_template" not in cmd and cmd[cmd.index("--data.input_key") + 1] == "prompt"
+    assert found.tokens == stats.max_prompt_tokens and found.how == "stats.json of the build"
+    with pytest.raises(ConfigError, match="placement assistant"):
+        train_files(parse_verl({"kind": "verl", "round_dir": str(tmp_path / "round-001"), "prompts": str(out)}))
 
 
 def test_ingest_recovers_the_problem_from_a_prompt_whose_answer_the_hint_opens(text_build):

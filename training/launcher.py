@@ -5,7 +5,7 @@ The command (flags as OpenRLHF 0.11.2's ``train_ppo_ray`` parser spells them)::
     python -m openrlhf.cli.train_ppo_ray
       --actor.model_name_or_path <previous round's final model | base model in round 0>
       --data.prompt_dataset <the round's prompt shards>
-      --data.input_key prompt --data.label_key label --data.apply_chat_template
+      --data.input_key prompt --data.label_key label --data.apply_chat_template (messages; not for text prompts)
       --reward.remote_url <mentor's reward file>
       --algo.advantage.estimator group_norm --rollout.n_samples_per_prompt 4
       --ckpt.path <round>/train/ckpt --ckpt.output_dir <round>/train/model
@@ -57,6 +57,7 @@ from mentor.pipeline.errors import ConfigError, MentorError, config_error
 from mentor.pipeline.inputs import resolve_inputs
 from mentor.pipeline.io import read_json, write_json_atomic
 from mentor.pipeline.yaml_io import read_yaml_mapping
+from mentor.training.prompt_format import openrlhf_data_flags
 from mentor.training.prompt_limits import LongestPrompt, longest_prompt, require
 from mentor.training.reward_check import check_reward_loads
 from mentor.training.rollout_log import ENV_DIR, ENV_ROUND, RAY_JOB_CONFIG_ENV, ray_job_config_env, reward_env_vars
@@ -226,7 +227,7 @@ _OWNED = {
     "data.prompt_dataset": "prompts",
     "data.input_key": "(fixed: prompt)",
     "data.label_key": "(fixed: label)",
-    "data.apply_chat_template": "(always on)",
+    "data.apply_chat_template": "(on for message prompts, off for text prompts: placement assistant)",
     "reward.remote_url": "reward_file",
     "algo.advantage.estimator": "advantage_estimator",
     "rollout.n_samples_per_prompt": "n_samples_per_prompt",
@@ -299,6 +300,15 @@ def round_command(cfg: TrainConfig, dry_run: bool = False) -> tuple[list[str], L
     return build_command(cfg, limit), found
 
 
+def prompt_data_flags(cfg: TrainConfig) -> list[str]:
+    """``--data.*`` flags for the round's shards: OpenRLHF's chat template for message prompts only; text prompts
+    (placement assistant, rendered by `mentor build` with the policy's template) are read as they are."""
+    try:
+        return openrlhf_data_flags(cfg.prompt_dataset.split(","))
+    except ConfigError:  # no shards yet (a dry run before `mentor build`): the layout of message prompts
+        return ["--data.input_key", "prompt", "--data.label_key", "label", "--data.apply_chat_template"]
+
+
 def check_reward(cfg: TrainConfig, env: dict[str, str]) -> str:
     """The trainer's Python loads the reward file as OpenRLHF's ``SingleTurnAgentExecutor`` does (by path)."""
     return check_reward_loads(cfg.python, Path(cfg.reward_file).resolve() if cfg.reward_file else REWARD_FILE, "reward_func", env)
@@ -311,9 +321,7 @@ def build_command(cfg: TrainConfig, limit: list[str] | tuple[str, ...] = ()) -> 
         cfg.python, "-m", "openrlhf.cli.train_ppo_ray",
         "--actor.model_name_or_path", actor_model(cfg),
         "--data.prompt_dataset", cfg.prompt_dataset,
-        "--data.input_key", "prompt",
-        "--data.label_key", "label",
-        "--data.apply_chat_template",
+        *prompt_data_flags(cfg),
         "--reward.remote_url", reward,
         "--algo.advantage.estimator", cfg.advantage_estimator,
         "--rollout.n_samples_per_prompt", str(cfg.n_samples_per_prompt),

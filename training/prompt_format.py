@@ -12,23 +12,22 @@ rendered with the policy's chat template (placement assistant: the hint opens th
   (``verl/utils/tokenizer/continuous_token.py``), which has no open-answer form; a string
   prompt is not messages. `check_readable` refuses such shards for verl.
 
-The workflow runner and `workflows.config` use these; so can a launcher (`mentor train`).
+The workflow runner and `workflows.config` use these, and so do the launchers (`mentor train`): the
+OpenRLHF one picks its data flags with `openrlhf_data_flags`, the verl one refuses text shards.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from pathlib import Path
 
 from mentor.pipeline.errors import ConfigError
 
-# Trainers a workflow hands text prompts to (mentor's own offline rollouts send them as they are). OpenRLHF
-# reads them too, once its launch leaves out --data.apply_chat_template (`openrlhf_data_flags`); until
-# training/launcher.py does, a workflow keeps its prompts as messages.
-TEXT_READERS = ("offline", "trl")
+# Trainers a workflow hands text prompts to (mentor's own offline rollouts send them as they are; mentor's
+# OpenRLHF launch leaves out --data.apply_chat_template for them, `openrlhf_data_flags`).
+TEXT_READERS = ("offline", "trl", "openrlhf")
 # Trainers that need chat messages.
 MESSAGE_ONLY = ("verl",)
-OPENRLHF_WHY = ("mentor's OpenRLHF launch passes --data.apply_chat_template, which would wrap the text in a new user "
-                "turn (OpenRLHF reads text prompts only without it: training/prompt_format.py openrlhf_data_flags)")
 VERL_WHY = ("verl 0.9.1 renders every prompt from chat messages with add_generation_prompt=True (its agent loop's "
             "Continuous Token builder), so it cannot continue an answer opened with the hint")
 
@@ -39,7 +38,11 @@ def prompt_files_are_text(sources: Sequence[str]) -> bool:
     from mentor.pipeline.io import read_parquet_schema
     from mentor.pipeline.schemas import prompts_are_text
 
-    paths = [p for p in resolve_inputs(list(sources)) if p.suffix == ".parquet"]
+    paths: list[Path] = []
+    for source in sources:  # an existing path as it is (its name may hold glob characters), else a pattern
+        p = Path(source)
+        paths += [p] if p.is_file() else sorted(p.glob("part-*.parquet")) if p.is_dir() else resolve_inputs([source])
+    paths = [p for p in paths if p.suffix == ".parquet"]
     return bool(paths) and prompts_are_text(read_parquet_schema(paths[0]))
 
 
@@ -58,7 +61,7 @@ def openrlhf_data_flags(sources: Sequence[str]) -> list[str]:
 
 def text_prompts_refused(kind: str) -> str | None:
     """Why a workflow's trainer `kind` cannot be given text prompts (None: it can, or it is not mentor's to say)."""
-    return {"verl": VERL_WHY, "openrlhf": OPENRLHF_WHY}.get(kind)
+    return {"verl": VERL_WHY}.get(kind)
 
 
 __all__ = ["MESSAGE_ONLY", "TEXT_READERS", "text_prompts_refused", "check_readable", "openrlhf_data_flags", "prompt_files_are_text"]

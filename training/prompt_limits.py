@@ -9,7 +9,8 @@ in ``--dry-run``) the launcher measures the longest prompt of the round's shards
 the way the trainers tokenize it (the chat template with
 ``add_generation_prompt=True`` for message prompts, the text as it is for a
 pre-rendered one, no special tokens added) with the tokenizer of the model the
-round starts from, and sets the trainer's limit to it, or refuses a round whose
+round starts from (`mentor.pipeline.prompts.prompt_token_lengths`, what `mentor build` counts too), and sets
+the trainer's limit to it, or refuses a round whose
 own limit is smaller, naming both numbers. Where the tokenizer cannot be loaded
 (an HF name not in the local cache) a dry run says so and a real round is refused.
 
@@ -31,10 +32,10 @@ import pyarrow.parquet as pq
 
 from mentor.pipeline.errors import ConfigError
 from mentor.pipeline.io import write_json_atomic
+from mentor.pipeline.prompts import prompt_token_lengths
 
 log = logging.getLogger(__name__)
 
-BATCH = 512
 
 
 @dataclass(frozen=True)
@@ -51,18 +52,6 @@ class LongestPrompt:
         if self.tokens is None:
             return f"not measured ({self.why})"
         return f"{self.tokens} tokens ({self.tokenizer}, {self.rows} prompts, {self.how})"
-
-
-def token_lengths(prompts: list[Any], tokenizer: Any) -> list[int]:
-    """Each prompt's length in tokens as a trainer sees it: message lists through the chat template with the
-    generation prompt, strings as they are; no special tokens added (the template has them)."""
-    texts = [p if isinstance(p, str) else
-             tokenizer.apply_chat_template([dict(m) for m in p], tokenize=False, add_generation_prompt=True)
-             for p in prompts]
-    out: list[int] = []
-    for i in range(0, len(texts), BATCH):
-        out += [len(ids) for ids in tokenizer(texts[i:i + BATCH], add_special_tokens=False)["input_ids"]]
-    return out
 
 
 def _from_build_stats(files: list[Path], tokenizer: str) -> LongestPrompt | None:
@@ -114,7 +103,7 @@ def longest_prompt(files: list[Path] | list[str], tokenizer: str, cache: bool = 
     for f in files:
         column = pq.read_table(f, columns=["prompt"]).column("prompt").to_pylist()
         if column:
-            longest = max(longest, max(token_lengths(column, tok)))
+            longest = max(longest, max(prompt_token_lengths(column, tok)))
         rows += len(column)
     if cache is not None:
         try:
@@ -152,4 +141,4 @@ def refuse(trainer_key: str, limit: int, found: LongestPrompt, what: str) -> Non
                       "sets it from the prompts), or make the hints shorter")
 
 
-__all__ = ["LongestPrompt", "longest_prompt", "model_context", "refuse", "require", "token_lengths"]
+__all__ = ["LongestPrompt", "longest_prompt", "model_context", "refuse", "require"]

@@ -56,7 +56,8 @@ from mentor.pipeline.io import read_json, write_json_atomic
 from mentor.pipeline.yaml_io import read_yaml_mapping
 from mentor.training.launcher import (OUTCOME, ModelRef, RoundPaths, TrainError, log_tail, outcome_record,
                                       previous_final_model)
-from mentor.training.prompt_limits import LongestPrompt, model_context, require, token_lengths
+from mentor.pipeline.prompts import prompt_token_lengths
+from mentor.training.prompt_limits import LongestPrompt, model_context, require
 from mentor.training.reward_check import check_reward_loads
 from mentor.training.rollout_log import ENV_DIR
 from mentor.training.round_settings import round_updates
@@ -359,7 +360,7 @@ def check_prompt_room(cfg: TrlTrainConfig, spec: dict[str, Any], rows: pl.DataFr
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         found = LongestPrompt(None, rows.height, model, "measured", f"cannot load the tokenizer of {model}: {first[:200]}")
     else:
-        found = LongestPrompt(max(token_lengths(rows["prompt"].to_list(), tok)), rows.height, model, "measured")
+        found = LongestPrompt(max(prompt_token_lengths(rows["prompt"].to_list(), tok)), rows.height, model, "measured")
     tokens = require(found, dry_run)
     grpo = spec["grpo"]
     completion = int(grpo.get("max_completion_length") or getattr(grpo_config_class(), "max_completion_length", 512) or 512)

@@ -74,6 +74,7 @@ from mentor.pipeline.io import write_json_atomic
 from mentor.pipeline.yaml_io import read_yaml_mapping
 from mentor.training.launcher import (OUTCOME, ModelRef, RoundPaths, TrainError, log_tail, outcome_record,
                                       previous_final_model)
+from mentor.training.prompt_format import check_readable
 from mentor.training.prompt_limits import LongestPrompt, longest_prompt, refuse, require
 from mentor.training.reward_check import check_reward_loads
 from mentor.training.rollout_log import ENV_DIR, RAY_JOB_CONFIG_ENV, REWARD_ENV_PREFIX, ray_job_config_env
@@ -228,7 +229,9 @@ def train_files(cfg: VerlTrainConfig) -> list[str]:
             out += [str(f.resolve()) for f in shards]
         else:
             out += [str(f.resolve()) for f in resolve_inputs([src])]
-    return list(dict.fromkeys(out))
+    files = list(dict.fromkeys(out))
+    check_readable("verl", files)  # text prompts (placement assistant): verl renders every prompt from messages
+    return files
 
 
 def _user_overrides(overrides: dict[str, Any]) -> list[str]:
