@@ -140,7 +140,9 @@ def _judge(root: Path, frame: pl.DataFrame | None = COLLAPSED, *extra: str) -> l
 
 def check_judge_cases() -> list[Case]:
     c = COLLAPSED
-    unknown_ids = c.with_columns(pl.concat_str(pl.lit("x-"), pl.col("problem_id")).alias("problem_id"))
+    # Problems no solution source knows: ids the bundled sets do not have, and no solution carried by mine.
+    unknown_ids = c.with_columns(pl.concat_str(pl.lit("x-"), pl.col("problem_id")).alias("problem_id"),
+                                 pl.lit(None, pl.String).alias("solution"))
     return [
         # The canned fake judge approves everything: a coin flip, found out (exit 1, one summary line).
         Case("check-judge-coin-flip", "handled", lambda r: _judge(r), 1, r"^judge check: balanced accuracy 0\.5 on 24 calibration hints"),
