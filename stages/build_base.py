@@ -75,15 +75,24 @@ def _from_problems_parquet(paths: list[Path], mapping: dict[str, str], domain: s
         # Canonical problems: validated (also across shards), then read eagerly;
         # only columns of another (compatible) type are cast.
         check_dataset_files(paths, "problems")
-        frame = pl.read_parquet([str(p) for p in paths], columns=list(PROBLEM_COLUMNS))
+        frame = pl.scan_parquet([str(p) for p in paths]).select(PROBLEM_COLUMNS).collect()
         wrong = [c for c in PROBLEM_COLUMNS if frame.schema[c] != pl.String]
         return frame.with_columns(pl.col(c).cast(pl.String) for c in wrong) if wrong else frame
     names = set(schemas[0].names)
     for p, s in zip(paths[1:], schemas[1:]):
         if set(s.names) != names:
             raise DataError(f"{p}: columns differ from {paths[0]} ({sorted(set(s.names) ^ names)}); give files of one layout")
-    frame = pl.read_parquet([str(p) for p in paths])
-    return _apply_mapping(frame, mapping, domain, source_name, str(paths[0]) if len(paths) == 1 else f"{paths[0].parent}")
+    # Only the columns the problem schema takes (DeepMath-103K carries three long R1 solutions a row).
+    # (A lazy scan reads just those column chunks; read_parquet(columns=...) maps and touches the whole file.)
+    frame = pl.scan_parquet([str(p) for p in paths]).select(_used_columns(schemas[0].names, mapping)).collect()
+    return _apply_mapping(frame, mapping, domain, source_name, str(paths[0]) if len(paths) == 1 else f"{paths[0].parent}",
+                          list(schemas[0].names))
+
+
+def _used_columns(names: list[str], mapping: dict[str, str]) -> list[str]:
+    """The columns of a set that become problem columns (mapped or by their own name), in the set's order."""
+    wanted = {mapping.get(c, c) for c in PROBLEM_COLUMNS} | set(mapping.values())
+    return [n for n in names if n in wanted]
 
 
 def _from_jsonl(path: Path, mapping: dict[str, str], domain: str) -> pl.DataFrame:
@@ -130,18 +139,21 @@ def _load_hf(spec: str, mapping: dict[str, str], domain: str) -> BaseSet:
             f"`python -c \"import datasets; datasets.load_dataset({name!r}, {config!r}, split={split!r})\"` "
             "with the same HF_HOME, or export it to Parquet/JSONL and pass that file as --base"
         ) from exc
-    frame = pl.from_arrow(ds.data.table)
+    table = ds.data.table  # memory-mapped Arrow: only the columns used are converted
+    frame = pl.from_arrow(table.select(_used_columns(table.column_names, mapping)))
     if isinstance(frame, pl.Series):  # a one-column table comes back as a Series
         frame = frame.to_frame()
-    frame = _apply_mapping(frame, mapping, domain, name, spec)
+    frame = _apply_mapping(frame, mapping, domain, name, spec, table.column_names)
     files = [Path(f["filename"]) for f in getattr(ds, "cache_files", []) if "filename" in f]
     info = {"kind": "hf", "name": name, "config": config, "split": split, "fingerprint": getattr(ds, "_fingerprint", None)}
     return BaseSet(frame, spec, files, info, name)
 
 
-def _apply_mapping(frame: pl.DataFrame, mapping: dict[str, str], domain: str, source_name: str, where: str) -> pl.DataFrame:
-    """Rename mapped columns to the problem schema; derive absent optional ones."""
-    cols = set(frame.columns)
+def _apply_mapping(frame: pl.DataFrame, mapping: dict[str, str], domain: str, source_name: str, where: str,
+                   all_columns: list[str] | None = None) -> pl.DataFrame:
+    """Rename mapped columns to the problem schema; derive absent optional ones. `all_columns`: the set's columns
+    when `frame` holds only those it uses (named in the messages)."""
+    cols = set(all_columns if all_columns is not None else frame.columns)
     bad = {k: v for k, v in mapping.items() if v not in cols}
     if bad:
         k, v = next(iter(bad.items()))

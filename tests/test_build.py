@@ -825,3 +825,43 @@ def test_rebuild_in_place_is_not_hidden_by_the_datasets_cache(tmp_path):
     build(BuildConfig(base="gsm8k", instructions={"math": "Second instruction."}), out)
     second = datasets.load_dataset(str(out), split="train", cache_dir=cache)
     assert second[0]["prompt"][-1]["content"].endswith("Second instruction.")
+
+
+def test_a_base_set_with_long_unused_columns_reads_only_the_problem_columns(tmp_path):
+    """DeepMath-103K carries three long R1 solutions a row beside question and final_answer: build reads the
+    columns it maps, not the rest (peak memory of a build in its own process, with and without 240 MB unused)."""
+    import subprocess
+    import sys
+    import textwrap
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from mentor.data import bundled
+
+    gsm = pl.read_parquet(bundled("gsm8k_problems.parquet")).head(1000)
+    import os
+
+    def solutions() -> list[str]:  # 80 KB a row, each different (a repeated value would be read once)
+        return [os.urandom(40_000).hex() for _ in range(gsm.height)]
+
+    table = pa.table({"question": gsm["problem"].to_list(), "final_answer": gsm["label"].to_list(),
+                      **{f"r1_solution_{i}": solutions() for i in (1, 2, 3)}})
+    pq.write_table(table, tmp_path / "deepmath.parquet")
+    pq.write_table(table.select(["question", "final_answer"]), tmp_path / "slim.parquet")
+    # The process's own peak (VmHWM: ru_maxrss would keep the forking test process's size across the exec).
+    code = textwrap.dedent("""
+        import sys
+        from mentor.stages.build import BuildConfig, build
+        build(BuildConfig(base=sys.argv[1], mapping={"problem": "question", "label": "final_answer"}), sys.argv[2])
+        print(next(int(ln.split()[1]) for ln in open("/proc/self/status") if ln.startswith("VmHWM:")) // 1024)
+    """)
+
+    def peak_mib(name: str) -> int:
+        proc = subprocess.run([sys.executable, "-c", code, str(tmp_path / name), str(tmp_path / f"out-{name}")],
+                              capture_output=True, text=True, timeout=600, check=True)
+        return int(proc.stdout.strip().splitlines()[-1])
+
+    slim, wide = peak_mib("slim.parquet"), peak_mib("deepmath.parquet")
+    assert wide < slim + 60, (slim, wide)  # reading the unused columns would add about 240 MB
+    assert pl.read_parquet(tmp_path / "out-deepmath.parquet" / "*.parquet").height == 1000
