@@ -220,7 +220,7 @@ def test_a_workflow_refuses_text_prompts_for_verl_only(tok_name):
 def test_the_launchers_hand_text_prompts_on_as_text(text_build, tmp_path, tok_name):
     """`mentor train`: OpenRLHF gets the text prompts without --data.apply_chat_template (its PromptDataset then takes
     them verbatim, tests/test_openrlhf_contract.py), sized in the policy's tokens; verl is refused them."""
-    from mentor.training.launcher import TrainConfig, round_command
+    from mentor.training.openrlhf_launcher import TrainConfig, round_command
     from mentor.training.verl_launcher import parse_config as parse_verl
     from mentor.training.verl_launcher import train_files
 

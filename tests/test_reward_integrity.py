@@ -38,7 +38,7 @@ import pytest
 from mentor.data import bundled
 from mentor.pipeline.schemas import code_label, prompt_label
 from mentor.training import sandbox, sandbox_launch, sandbox_slots
-from mentor.training.launcher import REWARD_FILE
+from mentor.training.openrlhf_launcher import REWARD_FILE
 from mentor.training.verify import verify
 
 TIMEOUT = 3.0

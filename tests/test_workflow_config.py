@@ -78,12 +78,12 @@ def test_missing_file():
 def test_openrlhf_workflows_parse_with_openrlhfs_own_parser(name, tmp_path):
     """The command each shipped OpenRLHF workflow builds for round 1 is accepted by OpenRLHF 0.11.2's parser."""
     pytest.importorskip("openrlhf")
-    from mentor.training.launcher import TrainConfig, build_command, with_overrides
     from mentor.training.openrlhf_check import check_with_openrlhf
+    from mentor.training.openrlhf_launcher import TrainConfig, build_command
 
     wf = load_workflow(name)
-    cfg = with_overrides(TrainConfig.model_validate(wf.trainer.config), round_=1, prompts=str(tmp_path / "p"),
-                         round_dir=str(tmp_path / "round-001"), prev_model=str(tmp_path / "m"))
+    cfg = TrainConfig.model_validate(wf.trainer.config).for_round(1, prompts=str(tmp_path / "p"),
+                                                                  round_dir=str(tmp_path / "round-001"), prev_model=str(tmp_path / "m"))
     cmd = build_command(cfg)
     check_with_openrlhf(cmd)
     assert cmd[cmd.index("--actor.model_name_or_path") + 1] == str(tmp_path / "m")
@@ -91,13 +91,13 @@ def test_openrlhf_workflows_parse_with_openrlhfs_own_parser(name, tmp_path):
 
 def test_openrlhf_round_after_initial_rollouts_starts_from_base(tmp_path):
     """Round 1 after a round 0 that stood on existing logs (no train/outcome.json) starts from base_model."""
-    from mentor.training.launcher import TrainConfig, actor_model, with_overrides
+    from mentor.training.openrlhf_launcher import TrainConfig, actor_model
 
     wf = load_workflow("deepmath-openrlhf")
-    cfg = with_overrides(TrainConfig.model_validate(wf.trainer.config), round_=1, prompts=str(tmp_path / "p"),
-                         round_dir=str(tmp_path / "round-001"))
+    cfg = TrainConfig.model_validate(wf.trainer.config).for_round(1, prompts=str(tmp_path / "p"),
+                                                                  round_dir=str(tmp_path / "round-001"))
     with pytest.raises(ConfigError, match="round-000/train/outcome.json does not exist"):
         actor_model(cfg)
-    cfg = with_overrides(TrainConfig.model_validate(wf.trainer.config), round_=1, prompts=str(tmp_path / "p"),
-                         round_dir=str(tmp_path / "round-001"), start_from_base=True)
+    cfg = TrainConfig.model_validate(wf.trainer.config).for_round(1, prompts=str(tmp_path / "p"),
+                                                                  round_dir=str(tmp_path / "round-001"), start_from_base=True)
     assert actor_model(cfg) == cfg.base_model

@@ -45,7 +45,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 import polars as pl
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
@@ -54,13 +54,11 @@ from mentor.pipeline.errors import ConfigError, DataError, config_error
 from mentor.pipeline.inputs import resolve_inputs
 from mentor.pipeline.io import read_json, write_json_atomic
 from mentor.pipeline.yaml_io import read_yaml_mapping
-from mentor.training.launcher import (OUTCOME, ModelRef, RoundPaths, TrainError, log_tail, outcome_record,
-                                      previous_final_model)
+from mentor.training.launcher import OUTCOME, RoundConfig, TrainError, log_tail, outcome_record
 from mentor.pipeline.prompts import prompt_token_lengths
 from mentor.training.prompt_limits import LongestPrompt, model_context, require
 from mentor.training.reward_check import check_reward_loads
 from mentor.training.rollout_log import ENV_DIR
-from mentor.training.round_settings import round_updates
 
 log = logging.getLogger(__name__)
 
@@ -70,22 +68,12 @@ INSTALL = "pip install 'mentor[trl]'"
 _OWNED = {"output_dir": "round_dir / train_dir (TRL's checkpoints go to <train>/ckpt)"}
 
 
-class TrlTrainConfig(RoundPaths, BaseModel):
+class TrlTrainConfig(RoundConfig):
     """One TRL GRPO round. Keys other than these fields are `trl.GRPOConfig` fields."""
 
     model_config = ConfigDict(extra="allow")
 
     kind: Literal["trl"] = Field("trl", description="Selects the TRL trainer in a round.yaml (workflows give it as trainer.kind).")
-    round: int = Field(0, ge=0, description="Round number (0 = the first, trained from base_model).")
-    round_dir: str | None = Field(None, description="The round's directory; train/ is created inside.")
-    train_dir: str | None = Field(None, description="Where the trainer's outputs go (default: <round_dir>/train).")
-    base_model: ModelRef | None = Field(
-        None, description="HF folder or name of the base policy (round 0's model); none = the embedded SmolLM2-135M-Instruct."
-    )
-    actor_model: ModelRef | None = Field(None, description="Start from this model instead of the previous round's final model.")
-    previous_round_dir: str | None = Field(None, description="Previous round's directory (default: sibling round-<round-1:03d>).")
-    prompts: str | None = Field(None, description="Prompt shards from `mentor build` (default: <round_dir>/prompts).")
-    rollout_log_dir: str | None = Field(None, description="Where the reward logs rollouts (default: <round_dir>/rollouts/log).")
     num_generations: int = Field(4, ge=2, description="GRPO group size: completions per prompt (GRPOConfig.num_generations).")
     select: Literal["all", "hinted", "unhinted"] = Field(
         "all", description="Which prompt rows to train on: all, only the hinted ones (hint_id set), or only the unhinted ones."
@@ -94,8 +82,6 @@ class TrlTrainConfig(RoundPaths, BaseModel):
     cpu_threads: int | None = Field(
         1, ge=1, description="torch/OpenMP threads when training on CPU (1 was fastest on a shared 2-core machine); none = torch's choice."
     )
-    python: str = Field(default_factory=lambda: sys.executable, description="Python of the trainer's environment.")
-    env: dict[str, str] = Field(default_factory=dict, description="Extra environment variables for the trainer.")
     num_processes: int = Field(
         1, ge=1, description="Training processes (one per GPU; all machines together): more than 1 launches through "
         "`accelerate launch` (data parallel, or DeepSpeed/FSDP with accelerate_config)."
@@ -112,10 +98,6 @@ class TrlTrainConfig(RoundPaths, BaseModel):
     @property
     def grpo_fields(self) -> dict[str, Any]:
         return dict(self.model_extra or {})
-
-    @property
-    def prompt_sources(self) -> list[str]:
-        return self.prompts.split(",") if self.prompts else [str(self.round_path / "prompts")]
 
 
 def parse_config(data: dict[str, Any], where: str = "round config", require_trl: bool = True) -> TrlTrainConfig:
@@ -218,17 +200,6 @@ def resolve_grpo(cfg: TrlTrainConfig):
         raise ConfigError(f"TRL's GRPOConfig rejects the settings: {exc}") from None
 
 
-def actor_model(cfg: TrlTrainConfig, start_from_base: bool = False) -> str:
-    """The model this round starts from: explicit, base (round 0), or the previous round's final model."""
-    from mentor.pipeline.models import resolve_model
-
-    if cfg.actor_model:
-        return cfg.actor_model
-    if cfg.round == 0 or start_from_base:
-        return resolve_model(cfg.base_model)
-    return previous_final_model(cfg.round, cfg.round_path, cfg.previous_round_dir)
-
-
 def select_prompts(cfg: TrlTrainConfig) -> pl.DataFrame:
     """The round's prompt rows (``prompt``, ``label``) after `select` and `limit`."""
     files = resolve_inputs(cfg.prompt_sources)
@@ -250,20 +221,12 @@ def select_prompts(cfg: TrlTrainConfig) -> pl.DataFrame:
     return df
 
 
-def with_overrides(cfg: TrlTrainConfig, round_: int | None = None, prompts: str | os.PathLike | None = None,
-                   round_dir: str | os.PathLike | None = None, train_dir: str | os.PathLike | None = None,
-                   rollout_dir: str | os.PathLike | None = None, prev_model: str | None = None) -> TrlTrainConfig:
-    """A copy of `cfg` with the settings a workflow runner decides per round."""
-    upd = round_updates(cfg, round_, prompts, round_dir, train_dir, rollout_dir, prev_model)
-    return TrlTrainConfig.model_validate(cfg.model_dump() | upd)
-
-
-def round_spec(cfg: TrlTrainConfig, start_from_base: bool = False) -> dict[str, Any]:
+def round_spec(cfg: TrlTrainConfig) -> dict[str, Any]:
     """What the trainer process needs (written to <train>/trl_round.json)."""
     grpo = grpo_kwargs(cfg)
     return {
         "round": cfg.round,
-        "model": actor_model(cfg, start_from_base),
+        "model": cfg.start_model(),
         "prompts": [str(Path(p).resolve()) if Path(p).exists() else p for p in cfg.prompt_sources],
         "select": cfg.select,
         "limit": cfg.limit,
@@ -391,9 +354,9 @@ def build_env(cfg: TrlTrainConfig, spec: dict[str, Any]) -> dict[str, str]:
     return env | cfg.env
 
 
-def dry_run_text(cfg: TrlTrainConfig, start_from_base: bool = False) -> str:
+def dry_run_text(cfg: TrlTrainConfig) -> str:
     """The command, its environment, the prompts it would use and the resolved GRPOConfig."""
-    spec = round_spec(cfg, start_from_base)
+    spec = round_spec(cfg)
     args = resolve_grpo(cfg)
     try:
         selected = select_prompts(cfg)
@@ -474,12 +437,10 @@ def _clear_stale_logs(directory: Path) -> int:
     return len(stale)
 
 
-def run_round(cfg: TrlTrainConfig, start_from_base: bool = False, **overrides: Any) -> dict[str, Any]:
+def run_round(cfg: TrlTrainConfig) -> dict[str, Any]:
     """Run one TRL round; record the outcome; raise TrainError on failure."""
-    if overrides:
-        cfg = with_overrides(cfg, **overrides)
     resolve_grpo(cfg)  # TRL's own checks before anything starts
-    spec = round_spec(cfg, start_from_base)
+    spec = round_spec(cfg)
     selected = select_prompts(cfg)
     rows = selected.height
     found = check_prompt_room(cfg, spec, selected)
@@ -527,9 +488,38 @@ def run_round(cfg: TrlTrainConfig, start_from_base: bool = False, **overrides: A
     return outcome
 
 
+class TrlLauncher:
+    """TRL's GRPOTrainer as a `mentor.training.launcher.Launcher`."""
+
+    kind: ClassVar[str] = "trl"
+    Config: ClassVar[type[TrlTrainConfig]] = TrlTrainConfig
+    summary: ClassVar[tuple[str, ...]] = ("exit_code", "final_model", "log_file", "prompts_used", "steps", "duration_s")
+
+    def parse(self, data: dict[str, Any], where: str = "round config", strict: bool = True) -> TrlTrainConfig:
+        """`strict`: TRL must be installed here (its GRPOConfig checks the fields); otherwise only mentor's fields
+        are checked when it is not (a workflow file loaded where trl is not installed)."""
+        if strict:
+            grpo_config_class()
+        return parse_config({k: v for k, v in data.items() if k != "kind"} | {"kind": "trl"}, where, require_trl=strict)
+
+    def command(self, cfg: TrlTrainConfig) -> list[str]:
+        return build_command(cfg, round_spec(cfg)["cpu_threads"])
+
+    def env(self, cfg: TrlTrainConfig) -> dict[str, str]:
+        return build_env(cfg, round_spec(cfg))
+
+    def check(self, cfg: TrlTrainConfig) -> str:
+        return dry_run_text(cfg)
+
+    def run_round(self, cfg: TrlTrainConfig) -> dict[str, Any]:
+        return run_round(cfg)
+
+
+LAUNCHER = TrlLauncher()
+
 __all__ = [
+    "LAUNCHER",
     "TrlTrainConfig",
-    "actor_model",
     "build_command",
     "check_grpo_fields",
     "check_with_accelerate",
@@ -543,5 +533,4 @@ __all__ = [
     "run_round",
     "select_prompts",
     "uses_accelerate",
-    "with_overrides",
 ]

@@ -64,7 +64,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
@@ -72,13 +72,11 @@ from mentor.pipeline.errors import ConfigError, config_error
 from mentor.pipeline.inputs import resolve_inputs
 from mentor.pipeline.io import write_json_atomic
 from mentor.pipeline.yaml_io import read_yaml_mapping
-from mentor.training.launcher import (OUTCOME, ModelRef, RoundPaths, TrainError, log_tail, outcome_record,
-                                      previous_final_model)
+from mentor.training.launcher import OUTCOME, RoundConfig, TrainError, log_tail, outcome_record
 from mentor.training.prompt_format import check_readable
 from mentor.training.prompt_limits import LongestPrompt, longest_prompt, refuse, require
 from mentor.training.reward_check import check_reward_loads
 from mentor.training.rollout_log import ENV_DIR, RAY_JOB_CONFIG_ENV, REWARD_ENV_PREFIX, ray_job_config_env
-from mentor.training.round_settings import round_updates
 from mentor.training.verl_checkpoints import LATEST, last_checkpoint, merge_backend, merge_checkpoint, merge_command, prepare_logs
 from mentor.training.verl_hydra import INSTALL, compose, gpu_demand, hydra_unquote, hydra_value, one_line, verl_config_dir
 
@@ -117,20 +115,12 @@ DEFAULTS: dict[str, Any] = {
 _KEY = re.compile(r"(\+\+|\+|~)?([A-Za-z_][\w\-]*(?:\.[\w\-@]+)*)")
 
 
-class VerlTrainConfig(RoundPaths, BaseModel):
+class VerlTrainConfig(RoundConfig):
     """One verl GRPO round (`round.yaml` with ``kind: verl``)."""
 
     model_config = ConfigDict(extra="forbid")
 
     kind: Literal["verl"] = Field("verl", description="Selects the verl trainer in a round.yaml (workflows give it as trainer.kind).")
-    round: int = Field(0, ge=0, description="Round number (0 = the first, trained from base_model).")
-    round_dir: str | None = Field(None, description="The round's directory; train/ is created inside.")
-    train_dir: str | None = Field(None, description="Where the trainer's outputs go (default: <round_dir>/train).")
-    base_model: ModelRef | None = Field(None, description="HF folder or name of the base policy (round 0's model); none = the embedded SmolLM2-135M-Instruct.")
-    actor_model: ModelRef | None = Field(None, description="Start from this model instead of the previous round's final model.")
-    previous_round_dir: str | None = Field(None, description="Previous round's directory (default: sibling round-<round-1:03d>).")
-    prompts: str | None = Field(None, description="Prompt shards from `mentor build` (default: <round_dir>/prompts); every part-*.parquet is trained on.")
-    rollout_log_dir: str | None = Field(None, description="Where the reward logs rollouts (default: <round_dir>/rollouts/log).")
     n_samples_per_prompt: int = Field(4, ge=2, description="GRPO group size (actor_rollout_ref.rollout.n).")
     adv_estimator: str = Field("grpo", description="algorithm.adv_estimator (grpo; verl also has rloo, reinforce_plus_plus, ...).")
     n_gpus_per_node: int = Field(1, ge=1, description="trainer.n_gpus_per_node (verl's default is 8).")
@@ -143,7 +133,6 @@ class VerlTrainConfig(RoundPaths, BaseModel):
         "'actor_rollout_ref.actor.optim.lr': 1e-6}; '+key' adds a key verl's config lacks, '~key' removes one (value null).",
     )
     merge_model: bool = Field(True, description="Merge the last checkpoint into <train>/model with verl's model merger (the next round's model).")
-    python: str = Field(default_factory=lambda: sys.executable, description="Python of the trainer's environment.")
     env: dict[str, str] = Field(default_factory=dict, description="Extra environment variables for the trainer (MENTOR_* ones reach the reward workers too).")
     preflight: bool = Field(True, description="Before launch, refuse a round the GPUs cannot place or whose rollout log dir the Ray workers cannot reach.")
 
@@ -151,9 +140,6 @@ class VerlTrainConfig(RoundPaths, BaseModel):
     def ckpt_path(self) -> Path:
         return self.train_path / "ckpt"
 
-    @property
-    def prompt_sources(self) -> list[str]:
-        return self.prompts.split(",") if self.prompts else [str(self.round_path / "prompts")]
 
 
 def parse_config(data: dict[str, Any], where: str = "round config") -> VerlTrainConfig:
@@ -185,13 +171,6 @@ def load_config(path: str | os.PathLike) -> VerlTrainConfig:
     return parse_config(read_yaml_mapping(path, "round settings"), str(path))
 
 
-def with_overrides(cfg: VerlTrainConfig, round_: int | None = None, prompts: str | os.PathLike | None = None,
-                   round_dir: str | os.PathLike | None = None, train_dir: str | os.PathLike | None = None,
-                   rollout_dir: str | os.PathLike | None = None, prev_model: str | None = None) -> VerlTrainConfig:
-    """A copy of `cfg` with the settings a workflow runner decides per round."""
-    return cfg.model_copy(update=round_updates(cfg, round_, prompts, round_dir, train_dir, rollout_dir, prev_model))
-
-
 def verl_version() -> str:
     try:
         from importlib.metadata import version
@@ -202,17 +181,6 @@ def verl_version() -> str:
 
 
 # --------------------------------------------------------------------------- the command
-
-
-def actor_model(cfg: VerlTrainConfig, start_from_base: bool = False) -> str:
-    """The model this round starts from: explicit, base (round 0), or the previous round's final model."""
-    from mentor.pipeline.models import resolve_model
-
-    if cfg.actor_model:
-        return cfg.actor_model
-    if cfg.round == 0 or start_from_base:
-        return resolve_model(cfg.base_model)
-    return previous_final_model(cfg.round, cfg.round_path, cfg.previous_round_dir)
 
 
 def train_files(cfg: VerlTrainConfig) -> list[str]:
@@ -263,10 +231,10 @@ def reward_env(cfg: VerlTrainConfig) -> dict[str, str]:
 PROMPT_LIMIT = "data.max_prompt_length"
 
 
-def prompt_limit(cfg: VerlTrainConfig, start_from_base: bool = False, dry_run: bool = False) -> tuple[int | None, LongestPrompt]:
+def prompt_limit(cfg: VerlTrainConfig, dry_run: bool = False) -> tuple[int | None, LongestPrompt]:
     """``data.max_prompt_length`` for the round: the longest prompt in the policy's tokens, unless `overrides` set
     it (then it must hold that prompt). (None, ...) when the overrides set it or, in a dry run, it was not measured."""
-    found = longest_prompt(train_files(cfg), actor_model(cfg, start_from_base),
+    found = longest_prompt(train_files(cfg), cfg.start_model(),
                            cache=True)
     tokens = require(found, dry_run)
     given = next((v for k, v in cfg.overrides.items() if k.lstrip("+~") == PROMPT_LIMIT), None)
@@ -277,7 +245,7 @@ def prompt_limit(cfg: VerlTrainConfig, start_from_base: bool = False, dry_run: b
     return None, found
 
 
-def build_overrides(cfg: VerlTrainConfig, start_from_base: bool = False, max_prompt_length: int | None = None) -> list[str]:
+def build_overrides(cfg: VerlTrainConfig, max_prompt_length: int | None = None) -> list[str]:
     """The Hydra overrides of the round; `max_prompt_length` (from `prompt_limit`) sets ``data.max_prompt_length``."""
     files = train_files(cfg)
     reward = str(Path(cfg.reward_file).resolve()) if cfg.reward_file else str(REWARD_FILE)
@@ -286,7 +254,7 @@ def build_overrides(cfg: VerlTrainConfig, start_from_base: bool = False, max_pro
         f"actor_rollout_ref.rollout.n={cfg.n_samples_per_prompt}",
         f"data.train_files={hydra_value(files, quote=True)}",
         f"data.val_files={hydra_value(files[:1], quote=True)}",
-        f"actor_rollout_ref.model.path={hydra_value(actor_model(cfg, start_from_base), quote=True)}",
+        f"actor_rollout_ref.model.path={hydra_value(cfg.start_model(), quote=True)}",
         f"reward.custom_reward_function.path={hydra_value(reward, quote=True)}",
         f"reward.custom_reward_function.name={hydra_value(cfg.reward_function, quote=True)}",
         f"trainer.n_gpus_per_node={cfg.n_gpus_per_node}",
@@ -301,9 +269,9 @@ def build_overrides(cfg: VerlTrainConfig, start_from_base: bool = False, max_pro
     return owned + limit + defaults + _user_overrides(cfg.overrides)
 
 
-def build_command(cfg: VerlTrainConfig, start_from_base: bool = False, max_prompt_length: int | None = None) -> list[str]:
+def build_command(cfg: VerlTrainConfig, max_prompt_length: int | None = None) -> list[str]:
     """The exact trainer command line for this round."""
-    return [cfg.python, "-m", MAIN, *build_overrides(cfg, start_from_base, max_prompt_length)]
+    return [cfg.python, "-m", MAIN, *build_overrides(cfg, max_prompt_length)]
 
 
 def check_reward(cfg: VerlTrainConfig, env: dict[str, str]) -> str:
@@ -466,10 +434,10 @@ def _checked(cfg: VerlTrainConfig, cmd: list[str]) -> tuple[Any, list[str]]:
         return None, [f"{exc}; the command was not checked"]
 
 
-def dry_run_text(cfg: VerlTrainConfig, start_from_base: bool = False) -> str:
+def dry_run_text(cfg: VerlTrainConfig) -> str:
     """The command, its environment, verl's verdict, the GPUs it needs, and the merge step."""
-    limit, found = prompt_limit(cfg, start_from_base, dry_run=True)
-    cmd = build_command(cfg, start_from_base, limit)
+    limit, found = prompt_limit(cfg, dry_run=True)
+    cmd = build_command(cfg, limit)
     composed, notes = _checked(cfg, cmd)
     env = dict(os.environ) | build_env(cfg)
     ray_note = check_ray_init(composed, env) if composed is not None else None
@@ -492,12 +460,10 @@ def dry_run_text(cfg: VerlTrainConfig, start_from_base: bool = False) -> str:
 # --------------------------------------------------------------------------- the round
 
 
-def run_round(cfg: VerlTrainConfig, start_from_base: bool = False, **overrides: Any) -> dict[str, Any]:
+def run_round(cfg: VerlTrainConfig) -> dict[str, Any]:
     """Run one verl round and merge its model; record the outcome; raise TrainError on failure."""
-    if overrides:
-        cfg = with_overrides(cfg, **overrides)
-    limit, found = prompt_limit(cfg, start_from_base)
-    cmd = build_command(cfg, start_from_base, limit)
+    limit, found = prompt_limit(cfg)
+    cmd = build_command(cfg, limit)
     composed, notes = _checked(cfg, cmd)
     notes.append(f"longest prompt: {found.describe()}")
     if cfg.merge_model and composed is not None and int(composed.trainer.save_freq) <= 0:
@@ -548,7 +514,33 @@ def run_round(cfg: VerlTrainConfig, start_from_base: bool = False, **overrides: 
         raise TrainError(f"{what} (round {cfg.round}); full log: {cfg.log_file}\n--- last lines ---\n{log_tail(cfg.log_file)}")
     return outcome
 
+class VerlLauncher:
+    """verl's ``main_ppo`` and model merger as a `mentor.training.launcher.Launcher`."""
+
+    kind: ClassVar[str] = "verl"
+    Config: ClassVar[type[VerlTrainConfig]] = VerlTrainConfig
+    summary: ClassVar[tuple[str, ...]] = ("exit_code", "final_model", "log_file", "checkpoint", "steps", "duration_s")
+
+    def parse(self, data: dict[str, Any], where: str = "round config", strict: bool = True) -> VerlTrainConfig:
+        return parse_config({k: v for k, v in data.items() if k != "kind"} | {"kind": "verl"}, where)
+
+    def command(self, cfg: VerlTrainConfig) -> list[str]:
+        return build_command(cfg, prompt_limit(cfg, dry_run=True)[0])
+
+    def env(self, cfg: VerlTrainConfig) -> dict[str, str]:
+        return build_env(cfg)
+
+    def check(self, cfg: VerlTrainConfig) -> str:
+        return dry_run_text(cfg)
+
+    def run_round(self, cfg: VerlTrainConfig) -> dict[str, Any]:
+        return run_round(cfg)
+
+
+LAUNCHER = VerlLauncher()
+
 __all__ = [
+    "LAUNCHER",
     "DEFAULTS",
     "VerlTrainConfig",
     "build_command",
@@ -560,5 +552,4 @@ __all__ = [
     "parse_config",
     "run_round",
     "train_files",
-    "with_overrides",
 ]

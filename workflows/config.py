@@ -17,6 +17,7 @@ from mentor.pipeline.errors import ConfigError, config_error
 from mentor.pipeline.yaml_io import read_yaml_mapping
 from mentor.stages.mine import MineConfig
 from mentor.stages.rollout import RolloutConfig
+from mentor.training.launcher import LAUNCHERS, get_launcher
 
 PACKAGED = Path(__file__).resolve().parent
 # One folder name: no path separator, no "..", no leading dot, dash or space, none of the
@@ -84,7 +85,7 @@ class OpenRLHFTrainer(_Strict):
     """One OpenRLHF GRPO round per mentor round (`mentor train`)."""
 
     kind: Literal["openrlhf"]
-    config: dict[str, Any] = Field(default_factory=dict, description="The `mentor train` round config (see training/launcher.py).")
+    config: dict[str, Any] = Field(default_factory=dict, description="The `mentor train` round config (see training/openrlhf_launcher.py).")
 
 
 class TrlTrainer(_Strict):
@@ -230,25 +231,11 @@ def check_sections(wf: Workflow) -> None:
     if hint.vouch is not None:
         p = hint.vouch.policy
         check_backend(p.backend, p.model, p.options, "hint.config.vouch.policy")
-    if wf.trainer.kind == "openrlhf":
-        from mentor.training.launcher import TrainConfig
-
-        try:
-            TrainConfig.model_validate(wf.trainer.config)
-        except ValidationError as exc:
-            raise config_error(exc, prefix="trainer.config") from exc
-    if wf.trainer.kind == "trl":
-        from mentor.training.trl_launcher import parse_config
-
+    if wf.trainer.kind in LAUNCHERS and getattr(wf.trainer, "config", None) is not None:
         if "kind" in wf.trainer.config:
             raise ConfigError("trainer.config.kind: set by trainer.kind; remove it")
-        parse_config(wf.trainer.config, "trainer.config", require_trl=False)
-    if wf.trainer.kind == "verl" and wf.trainer.config is not None:
-        from mentor.training.verl_launcher import parse_config as parse_verl
-
-        if "kind" in wf.trainer.config:
-            raise ConfigError("trainer.config.kind: set by trainer.kind; remove it")
-        parse_verl(wf.trainer.config, "trainer.config")
+        # A trainer package mentor needs in its own process (TRL) is asked for when the run starts.
+        get_launcher(wf.trainer.kind).parse(wf.trainer.config, "trainer.config", strict=False)
 
 
 def resolve_workflow_path(path: str | Path) -> Path:

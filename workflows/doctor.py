@@ -39,7 +39,7 @@ from importlib.metadata import PackageNotFoundError, version
 from mentor.pipeline.errors import ConfigError, MentorError
 from mentor.pipeline.llm import GenRequest, make_backend, release_engines
 from mentor.pipeline.models import resolve_model
-from mentor.training.launcher import REWARD_FILE as OPENRLHF_REWARD
+from mentor.training.openrlhf_launcher import REWARD_FILE as OPENRLHF_REWARD
 from mentor.training.ray_preflight import probe_cluster
 from mentor.training.reward_check import check_reward_loads
 from mentor.training.rollout_log import ENV_DIR, RAY_JOB_CONFIG_ENV, check_rollout_reach, ray_job_config_env

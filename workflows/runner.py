@@ -41,6 +41,7 @@ from mentor.pipeline.io import atomic_path, read_json, sha256_file, write_parque
 from mentor.pipeline.rundir import STAGES, RunDir, StageDir, inputs_key, stage_key
 from mentor.pipeline.stage import Context, counts, run_stage
 from mentor.stages import stage as stage_by_name
+from mentor.training.launcher import LAUNCHERS, get_launcher
 from mentor.workflows.config import Workflow, check_sections
 
 log = logging.getLogger(__name__)
@@ -94,11 +95,10 @@ class Runner:
 
     def run(self) -> list[tuple[int, str]]:
         check_sections(self.wf)  # every section, before any stage runs (load_workflow did too, naming the file)
-        if self.wf.trainer.kind == "trl":  # a missing trl must not surface only after round 0's hint stage
-            from mentor.training.trl_launcher import grpo_config_class, parse_config
-
-            grpo_config_class()
-            parse_config(self.wf.trainer.config, "trainer.config")
+        t = self.wf.trainer
+        if t.kind in LAUNCHERS and getattr(t, "config", None) is not None:
+            # Strictly, as the round will: a trainer package missing here must not surface only after round 0's hints.
+            get_launcher(t.kind).parse(t.config, "trainer.config")
         base_token = self._base_problems()  # validated before any stage runs (or the run folder is made)
         self.rd.path.mkdir(parents=True, exist_ok=True)
         self._save_workflow()
@@ -257,35 +257,22 @@ class Runner:
             cfg = t.rollout.model_copy(update={"seed": t.rollout.seed + 1000 * r, "round": r})
             stats = run_stage(stage_by_name("rollout"), {"prompts": [str(prompts)]}, cfg, logs, Context(backend=t.policy.spec()))
             return {"kind": "offline", "rollouts": stats.rollouts}
-        if t.kind == "openrlhf":
-            from mentor.training.launcher import TrainConfig, run_round
-
-            cfg = TrainConfig.model_validate(t.config)
-            prev = self._prev_model(r)
-            # No earlier round trained a model (round 0 stood on existing logs): start from the base model.
-            outcome = run_round(cfg, round_=r, prompts=prompts, round_dir=self.rd.round_dir(r), train_dir=sd.path,
-                                rollout_dir=logs, prev_model=prev, start_from_base=prev is None)
-            return {"kind": "openrlhf", **outcome}
-        if t.kind == "trl":
-            return self._run_trl(r, prompts, sd, logs)
+        if t.kind in LAUNCHERS and t.config is not None:
+            return self._launch(r, prompts, sd, logs)
         if t.kind == "verl":
-            return self._run_verl(r, prompts, sd, logs)
+            return self._run_verl_command(r, prompts, sd, logs)
         return self._wait_external(r, sd)
 
-    def _run_trl(self, r: int, prompts: Path, sd: StageDir, logs: Path) -> dict:
-        from mentor.training import trl_launcher
-
-        return self._launch(trl_launcher, "trl", ("exit_code", "final_model", "prompts_used", "steps", "duration_s"),
-                            r, prompts, sd, logs)
-
-    def _launch(self, launcher: Any, kind: str, keys: tuple[str, ...], r: int, prompts: Path, sd: StageDir, logs: Path) -> dict:
-        """A round of a trainer mentor launches itself (`launcher`: its parse_config and run_round)."""
-        cfg = launcher.parse_config(self.wf.trainer.config, "trainer.config")
+    def _launch(self, r: int, prompts: Path, sd: StageDir, logs: Path) -> dict:
+        """A round of a trainer mentor launches itself (`mentor.training.launcher.Launcher`), the same for every kind."""
+        launcher = get_launcher(self.wf.trainer.kind)
         prev = self._prev_model(r)
         # No earlier round trained a model (round 0 stood on existing logs): start from the base model.
-        outcome = launcher.run_round(cfg, start_from_base=prev is None, round_=r, prompts=prompts,
-                                     round_dir=self.rd.round_dir(r), train_dir=sd.path, rollout_dir=logs, prev_model=prev)
-        return {"kind": kind, **{k: outcome[k] for k in keys}}
+        cfg = launcher.parse(self.wf.trainer.config, "trainer.config").for_round(
+            r, prompts=prompts, round_dir=self.rd.round_dir(r), train_dir=sd.path, rollout_dir=logs, prev_model=prev,
+            start_from_base=prev is None)
+        outcome = launcher.run_round(cfg)
+        return {"kind": launcher.kind, **{k: outcome.get(k) for k in launcher.summary}}
 
     def _prev_model(self, r: int) -> str | None:
         for j in range(r - 1, -1, -1):
@@ -300,10 +287,9 @@ class Runner:
         return {"prompts": str(prompts), "rollout_dir": str(logs), "round": str(r), "run_dir": str(self.rd.path),
                 "prev_model": self._prev_model(r) or "", "model": self._prev_model(r) or ""}
 
-    def _run_verl(self, r: int, prompts: Path, sd: StageDir, logs: Path) -> dict:
+    def _run_verl_command(self, r: int, prompts: Path, sd: StageDir, logs: Path) -> dict:
+        """`trainer: {kind: verl, command: ...}`: the user's own verl command, with the round's placeholders."""
         t = self.wf.trainer
-        if t.config is not None:
-            return self._run_verl_round(r, prompts, sd, logs)
         ph = self._placeholders(r, prompts, logs)
         cmd = [c.format(**ph) for c in (t.command if isinstance(t.command, list) else shlex.split(t.command))]
         from mentor.training.rollout_log import RAY_JOB_CONFIG_ENV, ray_job_config_env, reward_env_vars
@@ -323,13 +309,6 @@ class Runner:
             tail = log_file.read_text(errors="replace")[-2000:]
             raise DataError(f"round {r}: the verl command exited with {rc}; see {log_file}; last lines:\n{tail}")
         return outcome
-
-    def _run_verl_round(self, r: int, prompts: Path, sd: StageDir, logs: Path) -> dict:
-        """`trainer: {kind: verl, config: ...}`: mentor builds verl's command and merges the round's model."""
-        from mentor.training import verl_launcher
-
-        return self._launch(verl_launcher, "verl", ("exit_code", "final_model", "checkpoint", "steps", "duration_s"),
-                            r, prompts, sd, logs)
 
     def _wait_external(self, r: int, sd: StageDir) -> dict:
         t = self.wf.trainer

@@ -1,0 +1,417 @@
+"""`mentor train`: one OpenRLHF 0.11 GRPO round from a `round.yaml`.
+
+The command (flags as OpenRLHF 0.11.2's ``train_ppo_ray`` parser spells them)::
+
+    python -m openrlhf.cli.train_ppo_ray
+      --actor.model_name_or_path <previous round's final model | base model in round 0>
+      --data.prompt_dataset <the round's prompt shards>
+      --data.input_key prompt --data.label_key label --data.apply_chat_template (messages; not for text prompts)
+      --reward.remote_url <mentor's reward file>
+      --algo.advantage.estimator group_norm --rollout.n_samples_per_prompt 4
+      --ckpt.path <round>/train/ckpt --ckpt.output_dir <round>/train/model
+      --train.num_episodes 1
+      --actor.num_nodes/--actor.num_gpus_per_node/--ref.*/--vllm.num_engines/... from the config
+      <extra_args from the config>
+
+Prompts are never cut (`mentor.training.prompt_limits`): OpenRLHF keeps only the
+last ``data.max_len - rollout.max_new_tokens`` tokens of a prompt, so the launcher
+measures the round's longest prompt in the policy's tokens and, where
+``data.max_len`` is not set, raises it above OpenRLHF's 2048 when that prompt and
+its response (``rollout.max_new_tokens``, else 1024) need more; a ``data.max_len``
+set in ``extra_args`` that cannot hold it is refused. The trainer's own Python
+(``python``) loads the reward file first, as OpenRLHF will.
+
+It runs with ``MENTOR_ROLLOUT_DIR`` pointing at the round's rollout log dir,
+so the reward file logs every rollout there; the variable reaches the Ray
+workers on every node through the job's runtime env (``RAY_JOB_CONFIG_JSON_ENV_VAR``,
+see `mentor.training.rollout_log`). Before launch, `preflight` refuses a round
+the GPUs cannot place or whose rollout dir the workers cannot reach. Output and error go to
+``<round>/train/train.log``; the outcome (exit code, log file, final model) to
+``<round>/train/outcome.json``. A failing trainer raises `TrainError` with the
+log's tail.
+
+Round k starts from round k-1's ``--ckpt.output_dir`` (found in that round's
+outcome.json) and uses a fresh ``--ckpt.path``: a loaded DeepSpeed checkpoint
+would restore the dataloader position of the old prompt file.
+
+OpenRLHF's own launch checks on the command (`mentor train --dry-run`) are in
+`openrlhf_check`, the GPUs a round reserves in `openrlhf_placement`.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import logging
+import os
+import shlex
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any, ClassVar, Literal
+
+from pydantic import ConfigDict, Field, field_validator
+
+from mentor.pipeline.errors import ConfigError
+from mentor.pipeline.inputs import resolve_inputs
+from mentor.pipeline.io import write_json_atomic
+from mentor.pipeline.yaml_io import read_yaml_mapping
+from mentor.training.launcher import (OUTCOME, ModelRef, RoundConfig, TrainError, log_tail, outcome_record,
+                                      parse_round_config)
+from mentor.training.prompt_format import openrlhf_data_flags
+from mentor.training.prompt_limits import LongestPrompt, longest_prompt, require
+from mentor.training.reward_check import check_reward_loads
+from mentor.training.rollout_log import ENV_DIR, ENV_ROUND, RAY_JOB_CONFIG_ENV, ray_job_config_env, reward_env_vars
+
+log = logging.getLogger(__name__)
+
+REWARD_FILE = Path(__file__).resolve().parent / "openrlhf_reward.py"
+
+
+class TrainConfig(RoundConfig):
+    """One training round (`round.yaml`)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    kind: Literal["openrlhf"] = Field("openrlhf", description="Selects the OpenRLHF trainer (the default kind of a round.yaml).")
+    base_model: ModelRef = Field(description="HF name or path of the base policy (round 0's actor).")
+    reward_file: str | None = Field(None, description="Reward file for --reward.remote_url (default: mentor's openrlhf_reward.py).")
+    n_samples_per_prompt: int = Field(4, ge=2, description="GRPO group size (--rollout.n_samples_per_prompt).")
+    advantage_estimator: str = Field("group_norm", description="--algo.advantage.estimator (group_norm = GRPO).")
+    num_nodes: int = Field(1, ge=1, description="Nodes for the actor and reference models.")
+    actor_gpus_per_node: int = Field(1, ge=1, description="--actor.num_gpus_per_node (OpenRLHF's default is 8).")
+    ref_gpus_per_node: int = Field(1, ge=1, description="--ref.num_gpus_per_node (OpenRLHF's default is 8).")
+    vllm_num_engines: int = Field(1, ge=1, description="--vllm.num_engines.")
+    vllm_tensor_parallel_size: int = Field(1, ge=1, description="--vllm.tensor_parallel_size.")
+    extra_args: dict[str, Any] = Field(
+        default_factory=dict,
+        description="Any other OpenRLHF flag, e.g. {'train.batch_size': 64, 'algo.kl.use_loss': true}: "
+        "true = bare flag, false/null = omitted, a list = several values.",
+    )
+    preflight: bool = Field(
+        True,
+        description="Before launch, refuse a round the GPUs cannot place (Ray cluster or this machine) or whose rollout "
+        "log dir the Ray workers cannot write where mentor reads it; false: launch without these checks.",
+    )
+
+    @field_validator("extra_args")
+    @classmethod
+    def _dynamic_filtering(cls, extra: dict[str, Any]) -> dict[str, Any]:
+        # OpenRLHF 0.11.2 checks this range with a message about reward_clip_range, a key the user never set.
+        rng = next((v for k, v in extra.items() if k.removeprefix("--") == "algo.dynamic_filtering_range"), None)
+        if rng is not None:
+            ok = isinstance(rng, (list, tuple)) and len(rng) == 2 and all(
+                isinstance(x, (int, float)) and not isinstance(x, bool) for x in rng)
+            if not ok or not rng[0] < rng[1]:
+                raise ValueError(f"algo.dynamic_filtering_range {rng!r}: give [low, high] with low < high (a group is "
+                                 "kept when its mean score, in [0, 1], is strictly between them), e.g. [0, 1]")
+        return extra
+
+    @property
+    def ckpt_path(self) -> Path:
+        return self.train_path / "ckpt"
+
+    @property
+    def prompt_dataset(self) -> str:
+        if self.prompts is None:
+            return str(self.round_path / "prompts")
+        parts = [str(Path(p).resolve()) if Path(p).exists() else p for p in self.prompts.split(",")]
+        return ",".join(parts)
+
+
+def load_config(path: str | os.PathLike) -> TrainConfig:
+    """Read `round.yaml`; errors name the file and the field."""
+    return parse_config(read_yaml_mapping(Path(path), "round settings"), str(path))
+
+
+def parse_config(data: dict[str, Any], where: str = "round config") -> TrainConfig:
+    return parse_round_config(TrainConfig, data, where)
+
+
+def actor_model(cfg: TrainConfig) -> str:
+    """The model this round starts from: explicit, base (round 0), or the previous round's final model."""
+    return cfg.start_model()
+
+
+# Flags mentor sets itself; extra_args may not repeat them (say which field to use instead).
+_OWNED = {
+    "actor.model_name_or_path": "base_model / actor_model",
+    "data.prompt_dataset": "prompts",
+    "data.input_key": "(fixed: prompt)",
+    "data.label_key": "(fixed: label)",
+    "data.apply_chat_template": "(on for message prompts, off for text prompts: placement assistant)",
+    "reward.remote_url": "reward_file",
+    "algo.advantage.estimator": "advantage_estimator",
+    "rollout.n_samples_per_prompt": "n_samples_per_prompt",
+    "ckpt.path": "round_dir (fresh per round)",
+    "ckpt.output_dir": "round_dir",
+    "train.num_episodes": "(fixed: 1 per round)",
+    "actor.num_nodes": "num_nodes",
+    "actor.num_gpus_per_node": "actor_gpus_per_node",
+    "ref.num_nodes": "num_nodes",
+    "ref.num_gpus_per_node": "ref_gpus_per_node",
+    "vllm.num_engines": "vllm_num_engines",
+    "vllm.tensor_parallel_size": "vllm_tensor_parallel_size",
+}
+
+
+def _extra_argv(extra: dict[str, Any]) -> list[str]:
+    argv: list[str] = []
+    for key, value in extra.items():
+        name = key[2:] if key.startswith("--") else key
+        if name in _OWNED:
+            raise ConfigError(f"extra_args: --{name} is set by mentor; use {_OWNED[name]} instead")
+        if value is None or value is False:
+            continue
+        if value is True:
+            argv.append(f"--{name}")
+        elif isinstance(value, (list, tuple)):
+            argv += [f"--{name}", *map(str, value)]
+        else:
+            argv += [f"--{name}", str(value)]
+    return argv
+
+
+MAX_LEN, MAX_NEW = "data.max_len", "rollout.max_new_tokens"
+OPENRLHF_MAX_LEN = 2048  # --data.max_len's default in OpenRLHF 0.11.2 (prompt + response)
+RESPONSE_ROOM = 1024  # room kept for a response when rollout.max_new_tokens is unset (OpenRLHF's budget is then dynamic)
+
+
+def prompt_limit(cfg: TrainConfig, dry_run: bool = False) -> tuple[list[str], LongestPrompt]:
+    """The ``--data.max_len`` flags the round needs so that OpenRLHF cuts no prompt (none when the default holds
+    them or the config sets it), and the measured longest prompt. A ``data.max_len`` set too small is refused."""
+    model = actor_model(cfg)
+    try:
+        files = resolve_inputs(cfg.prompt_dataset.split(","), suffixes=(".parquet",))
+    except ConfigError as exc:
+        if not dry_run:
+            raise ConfigError(f"prompts {cfg.prompt_dataset}: {exc}; run `mentor build` first (or set prompts)") from None
+        return [], LongestPrompt(None, 0, model, "measured", f"the prompts are not there yet ({exc})")
+    found = longest_prompt(files, model, cache=True)
+    tokens = require(found, dry_run)
+    extra = {k.removeprefix("--"): v for k, v in cfg.extra_args.items()}
+    new = int(extra[MAX_NEW]) if extra.get(MAX_NEW) else None
+    if tokens is None:
+        return [], found
+    if extra.get(MAX_LEN) is not None:
+        given = int(extra[MAX_LEN])
+        if tokens + (new or 1) > given:
+            raise ConfigError(
+                f"the round's longest prompt is {tokens} tokens ({found.tokenizer}); with data.max_len={given}"
+                + (f" and rollout.max_new_tokens={new}" if new else "") + f" OpenRLHF keeps only the last "
+                f"{given - (new or 1)} tokens of a prompt: raise data.max_len to at least {tokens + (new or 1)} (or leave "
+                "it unset and mentor sets it), or make the hints shorter")
+        return [], found
+    need = tokens + (new or RESPONSE_ROOM)
+    return ([f"--{MAX_LEN}", str(need)] if need > OPENRLHF_MAX_LEN else []), found
+
+
+def round_command(cfg: TrainConfig, dry_run: bool = False) -> tuple[list[str], LongestPrompt]:
+    """The round's command with its prompt limit, and the longest prompt it was set from."""
+    limit, found = prompt_limit(cfg, dry_run)
+    return build_command(cfg, limit), found
+
+
+def prompt_data_flags(cfg: TrainConfig) -> list[str]:
+    """``--data.*`` flags for the round's shards: OpenRLHF's chat template for message prompts only; text prompts
+    (placement assistant, rendered by `mentor build` with the policy's template) are read as they are."""
+    try:
+        return openrlhf_data_flags(cfg.prompt_dataset.split(","))
+    except ConfigError:  # no shards yet (a dry run before `mentor build`): the layout of message prompts
+        return ["--data.input_key", "prompt", "--data.label_key", "label", "--data.apply_chat_template"]
+
+
+def check_reward(cfg: TrainConfig, env: dict[str, str]) -> str:
+    """The trainer's Python loads the reward file as OpenRLHF's ``SingleTurnAgentExecutor`` does (by path)."""
+    return check_reward_loads(cfg.python, Path(cfg.reward_file).resolve() if cfg.reward_file else REWARD_FILE, "reward_func", env)
+
+
+def build_command(cfg: TrainConfig, limit: list[str] | tuple[str, ...] = ()) -> list[str]:
+    """The exact trainer command line for this round (`limit`: the prompt-limit flags of `prompt_limit`)."""
+    reward = str(Path(cfg.reward_file).resolve()) if cfg.reward_file else str(REWARD_FILE)
+    cmd = [
+        cfg.python, "-m", "openrlhf.cli.train_ppo_ray",
+        "--actor.model_name_or_path", actor_model(cfg),
+        "--data.prompt_dataset", cfg.prompt_dataset,
+        *prompt_data_flags(cfg),
+        "--reward.remote_url", reward,
+        "--algo.advantage.estimator", cfg.advantage_estimator,
+        "--rollout.n_samples_per_prompt", str(cfg.n_samples_per_prompt),
+        "--ckpt.path", str(cfg.ckpt_path),
+        "--ckpt.output_dir", str(cfg.output_dir),
+        "--train.num_episodes", "1",
+        "--actor.num_nodes", str(cfg.num_nodes),
+        "--actor.num_gpus_per_node", str(cfg.actor_gpus_per_node),
+        "--ref.num_nodes", str(cfg.num_nodes),
+        "--ref.num_gpus_per_node", str(cfg.ref_gpus_per_node),
+        "--vllm.num_engines", str(cfg.vllm_num_engines),
+        "--vllm.tensor_parallel_size", str(cfg.vllm_tensor_parallel_size),
+        *limit,
+    ]
+    return cmd + _extra_argv(cfg.extra_args)
+
+
+def build_env(cfg: TrainConfig) -> dict[str, str]:
+    """The variables mentor adds to the trainer's environment.
+
+    ``MENTOR_ROLLOUT_DIR`` and ``MENTOR_ROUND`` for the launcher's process, and the same
+    (with every other ``MENTOR_*`` setting) in ``RAY_JOB_CONFIG_JSON_ENV_VAR``: Ray merges
+    that job config into the runtime env of OpenRLHF's own ``ray.init()``, so the vLLM
+    engines' actors, which run the reward function, get them on every node, on a fresh
+    local cluster and on one started by ``ray start`` alike.
+    """
+    env = {ENV_DIR: str(cfg.rollout_dir.resolve()), ENV_ROUND: str(cfg.round)}
+    env.update(cfg.env)
+    current = env.get(RAY_JOB_CONFIG_ENV, os.environ.get(RAY_JOB_CONFIG_ENV))
+    env.update(ray_job_config_env(reward_env_vars(os.environ, env), current))
+    return env
+
+
+# --------------------------------------------------------------------------- running
+
+
+def dry_run_text(cfg: TrainConfig, args: Any = None, planned: tuple[list[str], LongestPrompt] | None = None) -> str:
+    """The environment, the command, the longest prompt, the reward check and (with `args`, what OpenRLHF parsed)
+    the GPUs the round needs. `planned`: `round_command(cfg, dry_run=True)` when already made."""
+    cmd, found = planned or round_command(cfg, dry_run=True)
+    env = build_env(cfg)
+    lines = ["# environment"] + [f"export {k}={shlex.quote(v)}" for k, v in env.items()] + ["# command", shlex.join(cmd)]
+    lines += [f"# longest prompt: {found.describe()}", f"# checked: {check_reward(cfg, dict(os.environ) | env)}"]
+    if args is not None:
+        from mentor.training.openrlhf_placement import round_demand
+
+        demand = round_demand(cmd, args)
+        lines.append(f"# GPUs: this round needs {demand.describe()} (not checked against a cluster in a dry run)")
+        lines += [f"#   or with {name}: {gpus:g}" for name, gpus in demand.fixes]
+    return "\n".join(lines)
+
+
+def preflight(cfg: TrainConfig, cmd: list[str], extra_env: dict[str, str]) -> dict[str, Any]:
+    """Refuse a round that cannot run as configured, before anything starts.
+
+    - GPUs: what OpenRLHF's placement code reserves for `cmd` against the Ray cluster the
+      trainer will join (RAY_ADDRESS or a `ray start` cluster on this machine), else this
+      machine's devices (`GpuShortage`).
+    - Rollout log: every node of that cluster writes a probe into the rollout dir through the
+      trainer's own runtime env and this machine reads it back; on a fresh local cluster the
+      folder must be writable here (`RolloutDirUnreachable`).
+
+    Without openrlhf in mentor's environment the GPU count is skipped (a warning).
+    Returns what was checked (kept in outcome.json).
+    """
+    from mentor.training.gpus import cluster_supply, local_gpus
+    from mentor.training.openrlhf_placement import round_demand
+    from mentor.training.ray_preflight import probe_cluster
+    from mentor.training.rollout_log import check_rollout_reach
+
+    try:
+        demand = round_demand(cmd)
+    except ConfigError as exc:
+        if "not installed" not in str(exc):
+            raise
+        log.warning("%s: the round's GPUs are not checked before launch", exc)
+        demand = None
+    env = dict(os.environ) | extra_env
+    cluster = probe_cluster(env, init="openrlhf", python=sys.executable)
+    supply = cluster_supply(cluster) if cluster else local_gpus()
+    if demand is not None:
+        demand.check(supply)
+    hosts = check_rollout_reach(cluster, cfg.rollout_dir)
+    return {
+        "gpus_needed": demand.total if demand else None,
+        "gpus_detail": demand.describe() if demand else None,
+        "gpus_there": supply.total,
+        "gpus_where": supply.where,
+        "ray_cluster": cluster.get("address") if cluster else None,
+        "rollout_dir_checked_on": hosts,
+    }
+
+
+def run_round(cfg: TrainConfig) -> dict[str, Any]:
+    """Run the trainer for one round; record the outcome; raise TrainError on failure."""
+    cmd, found = round_command(cfg)
+    extra_env = build_env(cfg)
+    check_reward(cfg, dict(os.environ) | extra_env)
+    checked = preflight(cfg, cmd, extra_env) if cfg.preflight else None
+    cfg.train_path.mkdir(parents=True, exist_ok=True)
+    cfg.rollout_dir.mkdir(parents=True, exist_ok=True)
+    write_json_atomic(cfg.model_dump(mode="json"), cfg.train_path / "config.json")
+    env = dict(os.environ) | extra_env
+    started = time.time()
+    log.info("training round %d: %s", cfg.round, shlex.join(cmd))
+    try:
+        with open(cfg.log_file, "ab") as fh:
+            fh.write(f"\n# mentor train round {cfg.round} at {_dt.datetime.now().isoformat()}\n# {shlex.join(cmd)}\n".encode())
+            fh.flush()
+            proc = subprocess.run(cmd, stdout=fh, stderr=subprocess.STDOUT, env=env, check=False)
+        code = proc.returncode
+    except OSError as exc:
+        code = 127
+        with open(cfg.log_file, "a") as fh:
+            fh.write(f"cannot start {cmd[0]}: {exc}\n")
+    final = cfg.output_dir if code == 0 and cfg.output_dir.exists() else None
+    outcome = outcome_record(cfg, code, final, cmd[cmd.index("--actor.model_name_or_path") + 1], cmd, extra_env, started,
+                             preflight=checked, longest_prompt=found.tokens)
+    if code == 0 and final is None:
+        outcome["warning"] = f"the trainer exited 0 but {cfg.output_dir} does not exist"
+    write_json_atomic(outcome, cfg.train_path / OUTCOME)
+    if code != 0:
+        raise TrainError(
+            f"the trainer exited with code {code} (round {cfg.round}); full log: {cfg.log_file}\n"
+            f"--- last lines ---\n{log_tail(cfg.log_file)}"
+        )
+    return outcome
+
+class OpenRLHFLauncher:
+    """OpenRLHF 0.11 as a `mentor.training.launcher.Launcher`."""
+
+    kind: ClassVar[str] = "openrlhf"
+    Config: ClassVar[type[TrainConfig]] = TrainConfig
+    summary: ClassVar[tuple[str, ...]] = ("exit_code", "final_model", "log_file", "duration_s")
+
+    def parse(self, data: dict[str, Any], where: str = "round config", strict: bool = True) -> TrainConfig:
+        return parse_config(data, where)
+
+    def command(self, cfg: TrainConfig) -> list[str]:
+        return round_command(cfg, dry_run=True)[0]
+
+    def env(self, cfg: TrainConfig) -> dict[str, str]:
+        return build_env(cfg)
+
+    def check(self, cfg: TrainConfig) -> str:
+        """OpenRLHF's own launch code on the command (when openrlhf is installed here), the prompts, the reward
+        load; the dry run's text. The GPUs are counted, not checked against a cluster (`run_round` does that)."""
+        from mentor.training.openrlhf_check import check_with_openrlhf
+
+        cmd, found = round_command(cfg, dry_run=True)
+        try:
+            args, notes = check_with_openrlhf(cmd)
+        except ConfigError as exc:
+            if "not installed" not in str(exc):
+                raise
+            args, notes = None, [f"{exc}; the command and its GPUs were not checked"]
+        text = dry_run_text(cfg, args, (cmd, found))
+        return "\n".join([*(f"# openrlhf: {n}" for n in notes), text])
+
+    def run_round(self, cfg: TrainConfig) -> dict[str, Any]:
+        return run_round(cfg)
+
+
+LAUNCHER = OpenRLHFLauncher()
+
+__all__ = [
+    "LAUNCHER",
+    "REWARD_FILE",
+    "TrainConfig",
+    "actor_model",
+    "build_command",
+    "build_env",
+    "check_reward",
+    "dry_run_text",
+    "load_config",
+    "parse_config",
+    "preflight",
+    "prompt_limit",
+    "round_command",
+    "run_round",
+]
