@@ -129,14 +129,6 @@ class CountingBackend:
             self.completion_tokens += ct
         return results
 
-    def counters(self) -> dict[str, int]:
-        return {
-            "calls": self.calls,
-            "requests": self.requests,
-            "prompt_tokens": self.prompt_tokens,
-            "completion_tokens": self.completion_tokens,
-        }
-
 
 def concurrently(fn: Callable[[Any], Any], items: Sequence[Any], width: int, name: str = "mentor") -> Iterator[tuple[int, Any]]:
     """``(index, fn(item))`` for each item as it finishes, at most `width` running at once.
@@ -465,9 +457,7 @@ class BackendSpec:
     options: dict[str, Any] = field(default_factory=dict)
 
     def __call__(self) -> Backend:
-        if self.kind == "fake":
-            # Fakes are cheap and stateful (call log): a fresh one per use.
-            return make_backend("fake", self.model, **dict(self.options))
+        """A new backend each call (a fake's call log starts empty; engines are shared by `make_backend`)."""
         return make_backend(self.kind, self.model, **dict(self.options))
 
     def describe(self) -> dict[str, Any]:

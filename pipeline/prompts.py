@@ -1,9 +1,12 @@
-"""The prompt layout every stage shares: how a (hinted) problem becomes the user message.
+"""The pieces of the prompt layout every stage shares: the hint templates, the per-domain
+instructions, the openings of the answer, the policy's tokenizer.
 
-`mentor build` writes it into the next round's prompts (with polars expressions that
-follow `user_message`), `mentor rollout` / `mentor rescue` sample with `user_message`
-itself, and `mentor ingest` strips it again to recover the original problem from a
-logged prompt. One definition, so the three stay in step.
+`stages/build_render.py` puts them together (`messages_expr`): `mentor build` writes the
+next round's prompts with it, `mentor rollout` / `mentor rescue` sample with it, and
+`mentor ingest` strips `HINT_PREFIX` again to recover the original problem from a logged
+prompt. Only {hint}, {problem} and {instruction} are placeholders (other braces, e.g.
+LaTeX, stay as they are); a template without {instruction} gets a non-empty instruction
+after INSTRUCTION_SEPARATOR.
 
 A hint can also open the policy's answer (placement ``assistant``, as QuestA puts a
 solution prefix): the chat is then an unfinished assistant turn that the policy
@@ -36,21 +39,6 @@ INSTRUCTIONS = {
 INSTRUCTION_SEPARATOR = "\n\n"
 PLACEHOLDER_RE = re.compile(r"\{(hint|problem|instruction)\}")
 
-
-def user_message(problem: str, instruction: str = "", hint: str | None = None, template: str = HINT_TEMPLATE,
-                 plain_template: str = PLAIN_TEMPLATE) -> str:
-    """The user message: `template` when there is a hint, else `plain_template`, filled in.
-
-    Only {hint}, {problem} and {instruction} are placeholders (other braces, e.g. LaTeX,
-    stay as they are); a template without {instruction} gets a non-empty instruction
-    after INSTRUCTION_SEPARATOR.
-    """
-    text = template if hint is not None else plain_template
-    values = {"hint": hint or "", "problem": problem, "instruction": instruction}
-    body = PLACEHOLDER_RE.sub(lambda m: values[m.group(1)], text)
-    if "{instruction}" not in text and instruction:
-        body += INSTRUCTION_SEPARATOR + instruction
-    return body
 
 
 # How a hint opens the policy's answer (placement "assistant"): the start of the assistant turn
@@ -114,4 +102,4 @@ def render_prompt(tokenizer: Any, messages: list[dict[str, str]]) -> str:
 
 
 __all__ = ["prompt_token_lengths", "ANSWER_TEMPLATES", "DEFAULT_ANSWER", "HINT_PREFIX", "HINT_TEMPLATE", "INSTRUCTIONS", "INSTRUCTION_SEPARATOR", "PLACEHOLDER_RE", "PLAIN_TEMPLATE",
-           "answer_template", "load_tokenizer", "render_prompt", "user_message"]
+           "answer_template", "load_tokenizer", "render_prompt"]

@@ -182,7 +182,7 @@ def _code_labels(df: pl.DataFrame, round_: int, where: str) -> pl.Series:
 
 
 def fill_template(template: str, instruction: pl.Expr, instruction_tail: bool = True) -> pl.Expr:
-    """`prompts.user_message` per row: {hint} and {problem} from the columns, {instruction}
+    """`template` filled in per row: {hint} and {problem} from the columns, {instruction}
     the domain's; other braces stay literal (LaTeX is safe). Null where the hint is.
     `instruction_tail`: append the instruction when the template does not place it."""
     parts: list[pl.Expr] = []

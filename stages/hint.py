@@ -419,7 +419,9 @@ def hint_shard(
         pending = still
     asked = st.requests - requests0
     if asked and len(errors) == asked:
-        raise EngineError(f"the model answered none of the {asked} requests (e.g. {errors[0]})")
+        url = getattr(backend, "base_url", None)
+        who = f"the server at {url}" if url else "the model"
+        raise EngineError(f"{who} answered none of the {asked} requests (e.g. {errors[0]})")
     st.engine_calls += backend.calls - calls0
     st.prompt_tokens += backend.prompt_tokens - pt0
     st.completion_tokens += backend.completion_tokens - ct0

@@ -406,6 +406,18 @@ class Judgment(Agent):
         correct = {"correct": {"type": "boolean"}} if cfg.judge_correctness else {}
         return _object(correct | {"score": {"type": "integer", "minimum": 1, "maximum": 10}, "feedback": _text(cfg.feedback_chars)})
 
+    def parse(self, text: str, cfg: HintConfig) -> dict | None:
+        """As `Agent.parse`; a verdict cut off inside its feedback (max_tokens reached) still gives its verdict:
+        the grammar writes ``correct`` and ``score`` first, so the string is closed and the feedback kept as far
+        as it got."""
+        obj = json_object(text)
+        if obj is None:
+            cut = strip_thinking(text).rstrip()
+            head = cut.split('"feedback"', 1)
+            if len(head) == 2 and cut.lstrip().startswith("{") and head[1].lstrip().startswith(":"):
+                obj = json_object(cut.rstrip("\\") + '"}')
+        return None if obj is None else self.fields(obj, cfg)
+
     def fields(self, obj: dict, cfg: HintConfig) -> dict | None:
         """``{"score": float in [1, 10], "feedback": str}`` (+ ``"correct"`` when given) or None."""
         score = obj.get("score")

@@ -65,6 +65,9 @@ class _Server(ThreadingHTTPServer):
     daemon_threads = True
     allow_reuse_address = True
 
+    def handle_error(self, request, client_address):  # a client that hung up mid-answer: nothing to report
+        pass
+
 
 class FakeServer:
     """The fake server; `url` is its ``http://127.0.0.1:PORT/v1``; `seen` the chat bodies it received."""

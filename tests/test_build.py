@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -267,9 +268,8 @@ def test_user_template_file_and_instruction_placement(tmp_path, gsm8k_hints):
 @pytest.mark.parametrize("template", ["Hint: {hint}\n\n{problem}", "{problem}\n\n{instruction}\n\n(A teacher's hint: {hint}) \\boxed{}",
                                       "{instruction} {hint} {problem}"])
 def test_user_messages_are_the_shared_layout(tmp_path, gsm8k_hints, template):
-    """What build writes is `prompts.user_message`, the function rollout and rescue sample with."""
+    """What build writes is the documented layout (pipeline/prompts.py), computed here in plain Python."""
     from mentor.data import bundled
-    from mentor.pipeline.prompts import user_message
 
     out = tmp_path / "o"
     build(BuildConfig(base="gsm8k", hints=[str(gsm8k_hints)], template=template, mode="both"), out)
@@ -277,8 +277,17 @@ def test_user_messages_are_the_shared_layout(tmp_path, gsm8k_hints, template):
     problems = dict(pl.read_parquet(bundled("gsm8k_problems.parquet")).select("problem_id", "problem").iter_rows())
     for row in read_prompts(out).iter_rows(named=True):
         hint = hints[row["problem_id"]] if row["hint_id"] else None
-        want = user_message(problems[row["problem_id"]], DEFAULT_INSTRUCTIONS["math"], hint, template)
+        want = _user_message(problems[row["problem_id"]], DEFAULT_INSTRUCTIONS["math"], hint, template)
         assert row["prompt"][-1]["content"] == want
+
+
+def _user_message(problem: str, instruction: str, hint: str | None, template: str) -> str:
+    """The layout's rule, independent of build's polars expressions: the template (hinted) or {problem}, only the
+    three placeholders filled, the instruction appended after a blank line where the template does not place it."""
+    text = template if hint is not None else "{problem}"
+    body = re.sub(r"\{(hint|problem|instruction)\}", lambda m: {"hint": hint or "", "problem": problem,
+                                                                "instruction": instruction}[m.group(1)], text)
+    return body if "{instruction}" in text else body + "\n\n" + instruction
 
 
 # --------------------------------------------------------------------------- where the hint goes

@@ -61,8 +61,11 @@ def test_demo_runs_one_round_on_real_rollouts(tmp_path):
     trace_cmd = shown.split(": ", 1)[1].split()
     assert trace_cmd[:2] == ["mentor", "inspect"] and trace_cmd[-2] == "--problem"
     assert trace_cmd[-1] in written["problem_id"].to_list()
-    shown_prompt = [ln[4:] for ln in proc.stdout.splitlines() if ln.startswith("  | ")]
-    assert "as the policy sees it" in proc.stdout and shown_prompt and shown_prompt[0].startswith("<|im_start|>")
+    out_lines = proc.stdout.splitlines()
+    at = next(i for i, ln in enumerate(out_lines) if "as the policy sees it" in ln)
+    shown_prompt = "\n".join(ln[4:] for ln in out_lines[at + 1:] if ln.startswith("  > "))
+    sent = prompts.filter(pl.col("problem_id") == trace_cmd[-1])["prompt"][0]
+    assert shown_prompt == "\n".join(sent.splitlines())  # the prompt as the policy sees it, opened answer included
     from click.testing import CliRunner
 
     from mentor.cli import cli

@@ -171,6 +171,19 @@ def test_bad_attribution_and_judgment_output():
     assert row["status"] == "repaired" and row["refines"] == 1
 
 
+@pytest.mark.parametrize("cut, verdict", [
+    ('{"correct": true, "score": 8, "feedback": "Names the rate; After three more', "accepted"),
+    ('{"correct": false, "score": 9, "feedback": "the 40\\', "repaired"),
+    ('{"correct": true, "score": 8, "feedb', "repaired"),  # cut before the feedback key: no verdict
+])
+def test_a_verdict_cut_in_its_feedback_keeps_its_score(cut, verdict):
+    """max_tokens reached inside the feedback string: correct and score were written first and still count."""
+    fake = scripted(judgment=lambda r, n: cut if n == 0 else JUDGE_OK)
+    (row,), st = run([ROW], fake)
+    assert row["status"] == verdict, row["violations"]
+    assert st.parse_failures["judgment"] == (0 if verdict == "accepted" or "feedback" in cut else 1)
+
+
 def test_low_judge_score_goes_to_repair_with_feedback():
     fake = scripted(judgment=lambda r, n: JUDGE_LOW if n == 0 else JUDGE_OK)
     (row,), st = run([ROW], fake)

@@ -77,7 +77,7 @@ def _instructions(pairs: tuple[str, ...]) -> dict[str, str] | None:
 @click.option("--strict", is_flag=True, help="Errors instead of counted warnings (unmatched hints, unusable base rows).")
 def build(base, hints, out_dir, mode, round_, shard_rows, shard_bytes, placement, tokenizer, answer_template,
           template_file, plain_template_file, system_prompt, system_file, instructions, statuses, seed, maps, answer_after, domain, strict):
-    """Build next-epoch prompt shards (base problems + hints) for OpenRLHF and verl."""
+    """Build the next round's prompt shards (base problems + hints) for OpenRLHF, verl and TRL."""
     from pydantic import ValidationError
 
     from mentor.pipeline.stage import run_stage

@@ -45,12 +45,6 @@ def _run(workflow: str, run_dir: str | None, rounds: int | None, from_stage: str
     return out
 
 
-def _summary(run_dir: Path) -> None:
-    from mentor.workflows.report import summarize_run
-
-    click.echo(json.dumps(summarize_run(run_dir), indent=2, sort_keys=True, default=str))
-
-
 @click.command()
 @click.argument("workflow")
 @click.option("--run-dir", type=click.Path(file_okay=False), help="Run directory (default runs/<name>).")
@@ -114,7 +108,7 @@ def _show_a_hint(run_dir: Path) -> None:
     sent = pl.read_parquet(prompts).filter(pl.col("problem_id") == row["problem_id"]) if prompts else None
     if sent is not None and sent.height and isinstance(sent["prompt"][0], str):  # placement assistant: rendered text
         click.echo("the next round's prompt for it, as the policy sees it (its chat template; the hint opens the answer):")
-        click.echo("\n".join(f"  | {line}" for line in sent["prompt"][0].splitlines()))
+        click.echo("\n".join(f"  > {line}" for line in sent["prompt"][0].splitlines()))
 
 
 def _print_status(run_dir: Path, fmt: str) -> None:
