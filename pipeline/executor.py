@@ -40,6 +40,9 @@ class Executor(Protocol):
 
     def imap(self, fn: Callable, items: Iterable, *args: Any) -> Iterator: ...
 
+    def workers(self) -> int:
+        """How many tasks run at once (engine workers on dask, 1 in this process)."""
+
     def close_engines(self) -> None: ...
 
 

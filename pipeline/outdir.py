@@ -34,16 +34,21 @@ _STAGE_RE = re.compile(r"^\.(?P<name>.+)\.(?P<cmd>[a-z]+)-(?P<pid>\d+)-[a-z0-9_]
 _RENAME_EXCHANGE = 2
 
 
-def _pid_alive(pid: int) -> bool:
-    if pid == os.getpid():
-        return False  # an earlier, finished call of this process
+def pid_alive(pid: int) -> bool:
+    """Whether process `pid` exists on this machine (another user's counts)."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
     except PermissionError:
         return True
+    except (OverflowError, OSError):
+        return False
     return True
+
+
+def _pid_alive(pid: int) -> bool:
+    return pid != os.getpid() and pid_alive(pid)  # this process's own: an earlier, finished call
 
 
 def clean_stale_outputs(out_dir: Path, owned: Callable[[str], bool]) -> int:

@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from mentor.pipeline.io import config_hash, read_json, sha256_file, write_json_atomic
+from mentor.pipeline.outdir import pid_alive
 from mentor.pipeline.stage import STATS_FILE, write_done
 
 STAGES = ("train", "ingest", "mine", "hint", "build")
@@ -54,18 +55,6 @@ def inputs_key(paths: list[Path]) -> str:
 def stage_key(stage: str, config: Any, upstream: list[str]) -> str:
     blob = json.dumps({"stage": stage, "config": config_hash(config), "upstream": upstream}, sort_keys=True)
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    except (OverflowError, OSError):
-        return False
-    return True
 
 
 def _pid(value: Any) -> int | None:
@@ -124,7 +113,7 @@ class StageDir:
         running = self.path / "_running.json"
         if running.exists():
             pid = _pid((_read_dict(running) or {}).get("pid"))
-            return "running" if pid is not None and _alive(pid) else "interrupted"
+            return "running" if pid is not None and pid_alive(pid) else "interrupted"
         if (self.path / "_failed.json").exists():
             return "failed"
         if self.done_key():

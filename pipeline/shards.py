@@ -88,7 +88,7 @@ class ShardResult:
 Compute = Callable[..., "tuple[pa.Table, dict[str, Any]]"]
 
 
-def fingerprint(obj: Any) -> str:
+def rows_hash(obj: Any) -> str:
     """A content hash of JSON-able input (a shard's rows)."""
     return content_hash(json.dumps(obj, sort_keys=True, ensure_ascii=False, default=str), length=24)
 
@@ -134,7 +134,7 @@ class ShardPlan:
         self.shards: list[Shard] = []
         for index, start in enumerate(starts):
             chunk = list(items[start : start + size])
-            inputs = fingerprint(chunk if view is None else [view(it) for it in chunk])
+            inputs = rows_hash(chunk if view is None else [view(it) for it in chunk])
             key = content_hash(run_key, inputs, *([str(start)] if by_position else []), length=24)
             name = f"part-{index:05d}"
             self.shards.append(Shard(stage, index, len(starts), start, key, chunk, self.folder / f"{name}.parquet",
@@ -168,4 +168,4 @@ class ShardPlan:
                     f.unlink()
 
 
-__all__ = ["DONE", "Shard", "ShardPlan", "ShardResult", "compute_shard", "fingerprint"]
+__all__ = ["DONE", "Shard", "ShardPlan", "ShardResult", "compute_shard", "rows_hash"]

@@ -66,7 +66,7 @@ from mentor.pipeline.errors import ConfigError, EngineError
 from mentor.pipeline.executor import Executor, LocalExecutor
 from mentor.pipeline.ids import content_hash
 from mentor.pipeline.llm import Backend, GenRequest, GenResult, concurrently, describe_backend, release_engines
-from mentor.pipeline.schemas import HINTS, SCHEMA_VERSION, TRACE_ENTRY, schema_metadata
+from mentor.pipeline.schemas import HINTS, SCHEMA_VERSION, schema_metadata
 from mentor.pipeline.shards import Shard, ShardPlan, ShardResult
 from mentor.pipeline.stage import Context, StageSpec, Stats, StatsLayout, write_stats
 from mentor.stages import hint_agents as agents
@@ -560,7 +560,7 @@ def shard_size_for(cfg: HintConfig, n: int, executor: Executor | None) -> int:
     One shard is one worker's batch of waves: with the default (512) a run of 432
     problems would keep 1 of 8 engines busy. A shard size given in the config is kept.
     """
-    workers = getattr(executor, "workers", lambda: 1)()
+    workers = executor.workers() if executor is not None else 1
     if "shard_size" in cfg.model_fields_set or workers <= 1 or n <= 0:
         return cfg.shard_size
     return min(cfg.shard_size, -(-n // workers))

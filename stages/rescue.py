@@ -15,7 +15,7 @@ unhinted arm too, when it is the run's placement); the rollouts log it as sent. 
 problems with a hint in every arm are re-rolled, and rollout j of a problem has
 the same seed in every arm, so the arms are a paired comparison: same problems, same seeds, one engine batch.
 Outputs: ``DIR/rescue.parquet`` (one row per problem; per arm ``correct_<arm>``,
-``rescued_<arm>``, ``mean_correct_<arm>``, ``hint_id_<arm>``), ``DIR/rescue.json``
+``rescued_<arm>``, ``mean_correct_<arm>``, ``hint_id_<arm>``), ``DIR/stats.json``
 (totals and rates per arm) and the rollouts in ``DIR/rollouts/`` (arm a's
 sample j has ``sample_idx = a * k + j``; unhinted rows have no ``hint_id``),
 sampled in resumable shards by `mentor.stages.rollout.run_shards`.
@@ -36,10 +36,10 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from mentor.pipeline.errors import ConfigError, DataError
 from mentor.pipeline.inputs import resolve_inputs
-from mentor.pipeline.io import read_dataset, read_parquet_schema, write_json_atomic, write_parquet_atomic
+from mentor.pipeline.io import read_dataset, read_parquet_schema, write_parquet_atomic
 from mentor.pipeline.llm import Backend, release_engines
 from mentor.pipeline.schemas import SCHEMA_VERSION
-from mentor.pipeline.stage import Context, StageSpec, Stats, StatsLayout
+from mentor.pipeline.stage import Context, StageSpec, Stats, StatsLayout, write_stats
 from mentor.pipeline.prompts import answer_template, load_tokenizer, render_prompt
 from mentor.stages.build_render import DEFAULT_PLACEMENT, PLACEMENTS, TEXT_PLACEMENTS, prompt_messages
 from mentor.stages.rollout import (
@@ -181,7 +181,7 @@ def wilson(successes: int, n: int, z: float = 1.959964) -> tuple[float, float]:
 
 
 def rescue_layout(arms: Sequence[str]) -> StatsLayout:
-    """What rescue.json holds for these arms: the counts, and per arm its rescued problems, rate and mean correctness."""
+    """What stats.json holds for these arms: the counts, and per arm its rescued problems, rate and mean correctness."""
     return StatsLayout(
         counters=("problems", "collapsed", "skipped_no_hint", *(f"rescued_{a}" for a in arms), "rollouts",
                   "prompt_tokens", "completion_tokens", "engine_calls", "shards", "shards_reused"),
@@ -202,7 +202,7 @@ def rescue_to_dir(
     progress: bool = False,
     arm_answers: dict[str, str] | None = None,
 ) -> Stats:
-    """`mentor rescue`: ``rescue.parquet`` + ``rescue.json`` (the returned stats) + ``rollouts/`` in `out_dir`.
+    """`mentor rescue`: ``rescue.parquet`` + ``stats.json`` (the returned stats) + ``rollouts/`` in `out_dir`.
 
     `hints_sources` is a list of hints files (the arm ``hinted``) or a mapping
     arm name -> hints files. The arm ``unhinted`` is always added. `arm_placements`
@@ -289,7 +289,7 @@ def rescue_to_dir(
                  **{f"rescued_{name}": a["rescued"] for name, a in per_arm.items()}, "rollouts": len(rows),
                  "prompt_tokens": run.prompt_tokens, "completion_tokens": run.completion_tokens,
                  "engine_calls": run.engine_calls, "shards": run.shards, "shards_reused": run.shards - run.computed})
-    write_json_atomic(stats.as_dict(), out_dir / "rescue.json")
+    write_stats(out_dir, stats)
     return stats
 
 

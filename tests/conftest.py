@@ -62,3 +62,16 @@ def gsm8k_prompts(tmp_path_factory) -> str:
     out = tmp_path_factory.mktemp("gsm8k-prompts") / "prompts"
     build(BuildConfig(base="gsm8k", round=0), out)
     return str(out)
+
+
+@pytest.fixture(params=["default", "legacy"])
+def backend_kind(request, monkeypatch):
+    """The code sandbox's backend: the machine's (bubblewrap where it works), and the legacy fallback explicitly."""
+    from mentor.training import sandbox, sandbox_launch
+
+    if request.param == "legacy":
+        impl = sandbox_launch.Legacy()
+        seen = sandbox._probe(impl)
+        assert seen is not None, "the legacy backend does not start here"
+        monkeypatch.setattr(sandbox, "_BACKEND", sandbox.Backend(impl, sandbox._verified(*seen), seen[1]))
+    return sandbox.backend().name

@@ -337,6 +337,9 @@ def test_a_stage_releases_its_engines_unless_held(gsm8k_collapsed, tmp_path, mon
         def map(self, fn, items, *args):
             return [fn(item, *args) for item in items]
 
+        def workers(self):
+            return 1
+
         def close_engines(self):
             closed.append("workers")
 

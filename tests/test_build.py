@@ -7,7 +7,6 @@ Over 500 lines: every placement and template is checked through each trainer's o
 from __future__ import annotations
 
 import json
-import os
 import re
 from pathlib import Path
 from types import SimpleNamespace

@@ -82,7 +82,7 @@ def run_dir(tmp_path_factory, bundled_rollouts) -> dict:
                 history=[str(r0 / "collapsed" / "collapsed.parquet"), str(r0 / "hints" / "hints.parquet")])
     still = hinted[N_RESCUED:]
     write_parquet_atomic(hints_table(still, 1, prefix="Stronger: "), r1 / "hints" / "hints.parquet", dataset="hints")
-    # The rescue check, in the layout `mentor rescue` writes (rescue.parquet + rescue.json).
+    # The rescue check, in the layout `mentor rescue` writes (rescue.parquet + stats.json).
     rescue = pl.DataFrame(
         {
             "problem_id": still,
@@ -94,7 +94,7 @@ def run_dir(tmp_path_factory, bundled_rollouts) -> dict:
     )
     write_parquet_atomic(rescue, r1 / "rescue" / "rescue.parquet")
     write_json_atomic({"problems": 4, "rescued_hinted": 2, "rescued_unhinted": 1, "rescue_rate_hinted": 0.5,
-                       "rescue_rate_unhinted": 0.25, "lift": 0.25}, r1 / "rescue" / "rescue.json")
+                       "rescue_rate_unhinted": 0.25, "lift": 0.25}, r1 / "rescue" / "stats.json")
     return {"root": root, "hinted": hinted, "rescued": rescued, "still": still}
 
 

@@ -80,15 +80,6 @@ def _env(tmp_path, monkeypatch):
     monkeypatch.setenv("MENTOR_TEST_SECRET", "hunter2-secret-value")
 
 
-@pytest.fixture(params=["default", "legacy"])
-def backend_kind(request, monkeypatch):
-    """The machine's backend (bubblewrap where it works), and the legacy fallback explicitly."""
-    if request.param == "legacy":
-        impl = sandbox_launch.Legacy()
-        seen = sandbox._probe(impl)
-        assert seen is not None, "the legacy backend does not start here"
-        monkeypatch.setattr(sandbox, "_BACKEND", sandbox.Backend(impl, sandbox._verified(*seen), seen[1]))
-    return sandbox.backend().name
 
 
 class Caller:

@@ -159,7 +159,7 @@ def test_rescue_hinted_vs_unhinted(tmp_path, gsm8k_collapsed):
     assert len(hinted) == 12 and hinted[0].messages[0]["content"].startswith(small["problem"][0] + "\n\nHint: ")
     ro = read_dataset([tmp_path / "rescue" / "rollouts"], "rollouts")
     assert ro.height == 24 and ro.select("problem_id", "round", "sample_idx").is_unique().all()
-    assert json.loads((tmp_path / "rescue" / "rescue.json").read_text())["rescued_hinted"] == 2
+    assert json.loads((tmp_path / "rescue" / "stats.json").read_text())["rescued_hinted"] == 2
 
 
 def test_rescue_cli_and_errors(tmp_path, gsm8k_collapsed):
@@ -177,7 +177,7 @@ def test_rescue_cli_and_errors(tmp_path, gsm8k_collapsed):
     write_parquet_atomic(_hints(other, 2), tmp_path / "h2.parquet", dataset="hints")
     res = runner.invoke(cli, ["rescue", "--collapsed", str(tmp_path / "c.parquet"), "--hints", str(tmp_path / "h2.parquet"),
                               "--backend", "fake", "--out", str(tmp_path / "r2")])
-    assert res.exit_code == 1 and "has a hint" in res.output and not (tmp_path / "r2" / "rescue.json").exists()
+    assert res.exit_code == 1 and "has a hint" in res.output and not (tmp_path / "r2" / "stats.json").exists()
     res = runner.invoke(cli, ["rollout", str(tmp_path / "c.parquet"), "--backend", "fake", "--out", str(tmp_path / "r3"), "--k", "0"])
     assert res.exit_code == 2
 
@@ -209,7 +209,7 @@ def test_rollout_and_rescue_on_vllm_cpu(tmp_path, gsm8k, gsm8k_collapsed, monkey
     res = runner.invoke(cli, ["rescue", "--collapsed", str(tmp_path / "c.parquet"), "--hints", str(tmp_path / "h.parquet"),
                               "--out", str(tmp_path / "rescue"), *common], catch_exceptions=False)
     assert res.exit_code == 0, res.output
-    summary = json.loads((tmp_path / "rescue" / "rescue.json").read_text())
+    summary = json.loads((tmp_path / "rescue" / "stats.json").read_text())
     assert summary["problems"] == 2 and summary["rollouts"] == 8
     assert 0.0 <= summary["rescue_rate_hinted"] <= 1.0 and 0.0 <= summary["rescue_rate_unhinted"] <= 1.0
     rep = pl.read_parquet(tmp_path / "rescue" / "rescue.parquet")

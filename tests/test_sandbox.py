@@ -27,14 +27,6 @@ from mentor.training.sandbox_process import SandboxProcess
 FAST = SandboxLimits(wall_seconds=6, cpu_seconds=3, memory_bytes=512 << 20)
 
 
-@pytest.fixture(params=["default", "legacy"])
-def backend_kind(request, monkeypatch):
-    if request.param == "legacy":
-        impl = sandbox_launch.Legacy()
-        seen = sandbox._probe(impl)
-        assert seen is not None, "the legacy backend does not start here"
-        monkeypatch.setattr(sandbox, "_BACKEND", sandbox.Backend(impl, sandbox._verified(*seen), seen[1]))
-    return sandbox.backend().name
 
 
 def _slot_processes() -> list[str]:
@@ -386,9 +378,8 @@ def test_works_in_a_process_holding_many_descriptors():
 
 # --------------------------------------------------------------------------- issue 34: state, channels, memory
 
-FILTERED = r'''
-import ctypes, fcntl, os, threading
-libc = ctypes.CDLL(None, use_errno=True)
+# The head of the probes below: a syscall by number (NR, %-formatted in) and the errno it ends with.
+ERRNO_OF = r'''libc = ctypes.CDLL(None, use_errno=True)
 NR = %r
 def errno_of(f):
     try:
@@ -396,7 +387,11 @@ def errno_of(f):
     except OSError as e:
         return e.errno
     return ctypes.get_errno() if isinstance(r, int) and r < 0 else 0
-shared = open(os.__file__, "rb")  # a file every sandbox shares
+'''
+
+FILTERED = r'''
+import ctypes, fcntl, os, threading
+''' + ERRNO_OF + r'''shared = open(os.__file__, "rb")  # a file every sandbox shares
 got = {
     "add_key": errno_of(lambda: libc.syscall(NR["add_key"], b"user", b"k", b"x", 1, -4)),
     "keyctl": errno_of(lambda: libc.syscall(NR["keyctl"], 0, -4, 0)),
@@ -596,15 +591,7 @@ def test_stdio_runs_every_case_after_a_wrong_output():
 
 PAGE_CACHE_CALLS = r"""
 import ctypes, fcntl, mmap, os, socket
-libc = ctypes.CDLL(None, use_errno=True)
-NR = %r
-def errno_of(f):
-    try:
-        r = f()
-    except OSError as e:
-        return e.errno
-    return ctypes.get_errno() if isinstance(r, int) and r < 0 else 0
-fd = os.open(os.__file__, os.O_RDONLY)
+""" + ERRNO_OF + r"""fd = os.open(os.__file__, os.O_RDONLY)
 m = mmap.mmap(fd, 0, prot=mmap.PROT_READ)
 s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
 r, w = os.pipe()

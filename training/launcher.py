@@ -31,7 +31,7 @@ from typing import Annotated, Any, ClassVar, Protocol
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError
 
 from mentor.pipeline.errors import ConfigError, MentorError, config_error
-from mentor.pipeline.io import read_json
+from mentor.pipeline.io import read_json, write_json_atomic
 from mentor.pipeline.yaml_io import read_yaml_mapping
 
 OUTCOME = "outcome.json"
@@ -174,6 +174,15 @@ def outcome_record(cfg: RoundConfig, code: int, final: Path | None, actor: str, 
         "started": started,
         "duration_s": round(time.time() - started, 3),
     }
+
+
+def finish_round(cfg: RoundConfig, outcome: dict[str, Any], failed: str | None) -> dict[str, Any]:
+    """Write the round's outcome.json (atomically, success or not); `failed` (what went wrong, e.g. "verl exited
+    with code 1") raises `TrainError` with the log's last lines."""
+    write_json_atomic(outcome, cfg.train_path / OUTCOME)
+    if failed:
+        raise TrainError(f"{failed} (round {cfg.round}); full log: {cfg.log_file}\n--- last lines ---\n{log_tail(cfg.log_file)}")
+    return outcome
 
 
 def log_tail(path: Path, n: int = 40) -> str:

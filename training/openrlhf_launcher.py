@@ -56,7 +56,7 @@ from mentor.pipeline.errors import ConfigError
 from mentor.pipeline.inputs import resolve_inputs
 from mentor.pipeline.io import write_json_atomic
 from mentor.pipeline.yaml_io import read_yaml_mapping
-from mentor.training.launcher import (OUTCOME, ModelRef, RoundConfig, TrainError, log_tail, outcome_record,
+from mentor.training.launcher import (ModelRef, RoundConfig, finish_round, outcome_record,
                                       parse_round_config)
 from mentor.training.prompt_format import openrlhf_data_flags
 from mentor.training.prompt_limits import LongestPrompt, longest_prompt, require
@@ -354,13 +354,8 @@ def run_round(cfg: TrainConfig) -> dict[str, Any]:
                              preflight=checked, longest_prompt=found.tokens)
     if code == 0 and final is None:
         outcome["warning"] = f"the trainer exited 0 but {cfg.output_dir} does not exist"
-    write_json_atomic(outcome, cfg.train_path / OUTCOME)
-    if code != 0:
-        raise TrainError(
-            f"the trainer exited with code {code} (round {cfg.round}); full log: {cfg.log_file}\n"
-            f"--- last lines ---\n{log_tail(cfg.log_file)}"
-        )
-    return outcome
+    return finish_round(cfg, outcome, f"the trainer exited with code {code}" if code != 0 else None)
+
 
 class OpenRLHFLauncher:
     """OpenRLHF 0.11 as a `mentor.training.launcher.Launcher`."""

@@ -54,12 +54,17 @@ class PlainError(ValueError):
 _BIG = 1 << 63
 
 
-def _enc(v, depth, budget):
+def _spend(depth, budget):
+    """One more value at `depth`: refused past the value budget or the nesting limit."""
     budget[0] -= 1
     if budget[0] < 0:
         raise PlainError("too many values")
     if depth > MAX_DEPTH:
         raise PlainError("nested too deeply")
+
+
+def _enc(v, depth, budget):
+    _spend(depth, budget)
     if v is None or v is True or v is False:
         return v
     if isinstance(v, bool):  # a bool subclass cannot exist; kept for clarity
@@ -129,11 +134,7 @@ def _spread(keys):
 
 
 def _dec(x, depth, budget):
-    budget[0] -= 1
-    if budget[0] < 0:
-        raise PlainError("too many values")
-    if depth > MAX_DEPTH:
-        raise PlainError("nested too deeply")
+    _spend(depth, budget)
     t = type(x)
     if x is None or t is bool or t is str:
         return x

@@ -100,6 +100,12 @@ class _Channel:
         return obj
 
 
+def _first_message(layers):
+    """The private channel and the parent's first message on it (None: the parent sent nothing)."""
+    chan = _private_channel(layers)
+    return chan, chan.recv()
+
+
 def _private_channel(layers):
     """Move the message pipes off fds 0/1 (which become /dev/null), say hello, then silence fd 2 as well."""
     rfd, wfd = os.dup(0), os.dup(1)
@@ -251,8 +257,7 @@ def role_program(cfg, layers):
 def role_worker(cfg, layers):
     import types
 
-    chan = _private_channel(layers)
-    init = chan.recv()
+    chan, init = _first_message(layers)
     if init is None:
         return
     mod = types.ModuleType("solution")
@@ -567,8 +572,7 @@ def recording_tests(src, filename="tests.py"):
 
 
 def role_tester(cfg, layers):
-    chan = _private_channel(layers)
-    init = chan.recv()
+    chan, init = _first_message(layers)
     if init is None:
         return
     nonce = init.pop("nonce")

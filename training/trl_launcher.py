@@ -48,13 +48,13 @@ from pathlib import Path
 from typing import Any, ClassVar, Literal
 
 import polars as pl
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import ConfigDict, Field
 
-from mentor.pipeline.errors import ConfigError, DataError, config_error
+from mentor.pipeline.errors import ConfigError, DataError
 from mentor.pipeline.inputs import resolve_inputs
 from mentor.pipeline.io import read_json, write_json_atomic
 from mentor.pipeline.yaml_io import read_yaml_mapping
-from mentor.training.launcher import OUTCOME, RoundConfig, TrainError, log_tail, outcome_record
+from mentor.training.launcher import RoundConfig, finish_round, outcome_record, parse_round_config
 from mentor.pipeline.prompts import prompt_token_lengths
 from mentor.training.prompt_limits import LongestPrompt, model_context, require
 from mentor.training.reward_check import check_reward_loads
@@ -106,10 +106,7 @@ def parse_config(data: dict[str, Any], where: str = "round config", require_trl:
     ``require_trl=False`` (loading a workflow file): without trl installed only mentor's
     own fields are checked; the runner asks for trl before its first stage.
     """
-    try:
-        cfg = TrlTrainConfig.model_validate(data)
-    except ValidationError as exc:
-        raise config_error(exc, where) from exc
+    cfg = parse_round_config(TrlTrainConfig, data, where)
     if require_trl or trl_installed():
         check_grpo_fields(cfg.grpo_fields, where)
     return cfg
@@ -479,13 +476,7 @@ def run_round(cfg: TrlTrainConfig) -> dict[str, Any]:
     )
     if code == 0 and final is None:
         outcome["warning"] = f"the trainer exited 0 but {cfg.output_dir} holds no model"
-    write_json_atomic(outcome, cfg.train_path / OUTCOME)
-    if code != 0 or final is None:
-        raise TrainError(
-            f"the TRL trainer exited with code {code} (round {cfg.round}); full log: {cfg.log_file}\n"
-            f"--- last lines ---\n{log_tail(cfg.log_file)}"
-        )
-    return outcome
+    return finish_round(cfg, outcome, f"the TRL trainer exited with code {code}" if code != 0 or final is None else None)
 
 
 class TrlLauncher:

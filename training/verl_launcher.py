@@ -61,18 +61,17 @@ import os
 import re
 import shlex
 import subprocess
-import sys
 import time
 from pathlib import Path
 from typing import Any, ClassVar, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import ConfigDict, Field
 
-from mentor.pipeline.errors import ConfigError, config_error
+from mentor.pipeline.errors import ConfigError
 from mentor.pipeline.inputs import resolve_inputs
 from mentor.pipeline.io import write_json_atomic
 from mentor.pipeline.yaml_io import read_yaml_mapping
-from mentor.training.launcher import OUTCOME, RoundConfig, TrainError, log_tail, outcome_record
+from mentor.training.launcher import RoundConfig, finish_round, outcome_record, parse_round_config
 from mentor.training.prompt_format import check_readable
 from mentor.training.prompt_limits import LongestPrompt, longest_prompt, refuse, require
 from mentor.training.reward_check import check_reward_loads
@@ -144,10 +143,7 @@ class VerlTrainConfig(RoundConfig):
 
 def parse_config(data: dict[str, Any], where: str = "round config") -> VerlTrainConfig:
     """Validate mentor's fields and the override keys; `ConfigError` names the field."""
-    try:
-        cfg = VerlTrainConfig.model_validate(data)
-    except ValidationError as exc:
-        raise config_error(exc, where) from exc
+    cfg = parse_round_config(VerlTrainConfig, data, where)
     try:
         _user_overrides(cfg.overrides)
     except ConfigError as exc:
@@ -508,11 +504,9 @@ def run_round(cfg: VerlTrainConfig) -> dict[str, Any]:
     )
     if code == 0 and cfg.merge_model and final is None:
         outcome["warning"] = "verl finished but the round's model was not merged: see the log"
-    write_json_atomic(outcome, cfg.train_path / OUTCOME)
-    if code != 0 or (cfg.merge_model and final is None):
-        what = f"verl exited with code {code}" if code != 0 else "the model merge failed"
-        raise TrainError(f"{what} (round {cfg.round}); full log: {cfg.log_file}\n--- last lines ---\n{log_tail(cfg.log_file)}")
-    return outcome
+    failed = f"verl exited with code {code}" if code != 0 else "the model merge failed" if cfg.merge_model and final is None else None
+    return finish_round(cfg, outcome, failed)
+
 
 class VerlLauncher:
     """verl's ``main_ppo`` and model merger as a `mentor.training.launcher.Launcher`."""

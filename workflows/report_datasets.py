@@ -265,12 +265,17 @@ def summarize_problems(path: Path) -> dict[str, Any]:
 
 
 def rescue_files(path: Path) -> dict[str, Path]:
+    """A rescue folder's ``rescue.parquet`` and its stats: ``stats.json`` beside it (``rescue.json`` before 2026-12)."""
     folder = path if path.is_dir() else path.parent
-    return {n: folder / f"rescue.{n}" for n in ("parquet", "json") if (folder / f"rescue.{n}").exists()}
+    found = {"parquet": folder / "rescue.parquet"} if (folder / "rescue.parquet").exists() else {}
+    stats = next((p for p in (folder / "stats.json", folder / "rescue.json") if p.exists()), None)
+    if stats is not None and (found or stats.name == "rescue.json"):
+        found["json"] = stats
+    return found
 
 
 def _flatten_rates(obj: Any, prefix: str = "") -> dict[str, float]:
-    """Numbers in rescue.json whose key names a rate (rescue_rate, hinted/unhinted ...)."""
+    """Numbers in a rescue's stats.json whose key names a rate (rescue_rate, hinted/unhinted ...)."""
     out: dict[str, float] = {}
     if isinstance(obj, dict):
         for k, v in obj.items():
@@ -327,7 +332,7 @@ RESCUE_JSON_KEYS = (
 
 
 def summarize_rescue(path: Path) -> dict[str, Any]:
-    """rescue.json's totals (as `mentor rescue` writes them) and rates recomputed from rescue.parquet."""
+    """The rescue's stats.json totals (as `mentor rescue` writes them) and rates recomputed from rescue.parquet."""
     files = rescue_files(path)
     out: dict[str, Any] = {"files": sorted(p.name for p in files.values())}
     if "json" in files:

@@ -65,7 +65,7 @@ class RunOptions:
                 raise ConfigError(f"--{name.replace('_', '-')} {v!r}: choose one of {', '.join(ROUND_STAGES)}")
 
 
-def fingerprint(path: Path) -> str:
+def outputs_fingerprint(path: Path) -> str:
     """Content fingerprint of a stage's data outputs (Parquet and JSONL files, not bookkeeping)."""
     h = hashlib.sha256()
     if path.exists():
@@ -157,7 +157,7 @@ class Runner:
             sd.fail(msg)
             raise
         fault_point(f"{stage}.before_marker")
-        sd.finish(key, info | {"fingerprint": fingerprint(sd.path)})
+        sd.finish(key, info | {"fingerprint": outputs_fingerprint(sd.path)})
         self.ran.append((r, stage))
         return self._token(sd, key)
 
@@ -218,7 +218,7 @@ class Runner:
         if not sd.is_done(key):
             sd.begin(key)
             stats = run_stage(stage_by_name("build"), {}, cfg, sd.path)
-            sd.finish(key, {"rows": stats.rows, "fingerprint": fingerprint(sd.path)})
+            sd.finish(key, {"rows": stats.rows, "fingerprint": outputs_fingerprint(sd.path)})
         return sd.path, self._token(sd, key)
 
     def _history(self, r: int) -> tuple[list[str], list[str]]:

@@ -119,7 +119,7 @@ def _arms(hints: tuple[str, ...], arms: tuple[str, ...]) -> dict[str, list[str]]
 @click.option("--hints", "hints", multiple=True, help="hints.parquet from `mentor hint` (repeatable): the arm 'hinted'.")
 @click.option("--arm", "arms", multiple=True, metavar="NAME=HINTS",
               help="A named arm of hints (repeatable), e.g. --arm full=a/hints.parquet --arm generic=b/hints.parquet.")
-@click.option("--out", "out_dir", required=True, type=click.Path(file_okay=False), help="Writes DIR/rescue.parquet, DIR/rescue.json, DIR/rollouts/.")
+@click.option("--out", "out_dir", required=True, type=click.Path(file_okay=False), help="Writes DIR/rescue.parquet, DIR/stats.json, DIR/rollouts/.")
 @click.option("--placement", type=click.Choice(["before", "after", "system", "assistant"]), default=None,
               help="Where the hint goes, as `mentor build --placement` puts it [default: assistant for a vllm policy or "
                    "with --tokenizer (rendered with its chat template, as build renders it), else after].")

@@ -176,7 +176,7 @@ def floor_main(args, work: Path) -> None:
         warm = recording_backend(served, url, waves=False)
         timed_stage(REPORT_SET, work / "warm", warm, 4)
         for rep in range(args.repeat):
-            for arm in ("chains", "waves"):
+            for arm in args.arms:
                 backend = recording_backend(served, url, waves=arm == "waves")
                 reset_cache(args.port)
                 c0, s0, load0 = cpu_seconds(), cpu_seconds(server.pid), os.getloadavg()[0]
@@ -207,6 +207,8 @@ def main() -> None:
     ap.add_argument("--problems", type=int, default=32)
     ap.add_argument("--repeat", type=int, default=2)
     ap.add_argument("--port", type=int, default=8123)
+    ap.add_argument("--arms", nargs="+", choices=("chains", "waves"), default=["chains", "waves"],
+                    help="with --floor: the stage as it runs (chains) and/or in waves (the code before)")
     ap.add_argument("--floor", action="store_true", help="the stage (problems side by side, and in waves) against the "
                                                           "engine-bound floor of the same requests, on the server alone")
     args = ap.parse_args()
