@@ -24,7 +24,7 @@ import pyarrow as pa
 from mentor.pipeline.ids import text_id
 from mentor.pipeline.io import write_parquet_atomic
 from mentor.pipeline.schemas import code_label
-from mentor.stages.ingest import ingest
+from mentor.stages.ingest import INGEST
 
 HERE = Path(__file__).resolve().parent
 
@@ -42,7 +42,8 @@ def problems_table(rows: list[dict]) -> pa.Table:
 
 def convert(shared: Path, out: Path = HERE) -> None:
     with tempfile.TemporaryDirectory() as tmp:
-        ingest([str(shared / "gsm8k/example_model_solutions.jsonl")], tmp, fmt="gsm8k-example", round_=0)
+        INGEST({"sources": [str(shared / "gsm8k/example_model_solutions.jsonl")]},
+               {"format": "gsm8k-example", "round": 0}, tmp)
         shutil.copyfile(Path(tmp) / "part-00000.parquet", out / "gsm8k_rollouts.parquet")
 
     gsm = [

@@ -34,7 +34,6 @@ from mentor.pipeline.io import config_hash, read_json, sha256_file, write_json_a
 from mentor.pipeline.outdir import pid_alive
 from mentor.pipeline.stage import STATS_FILE, write_done
 
-STAGES = ("train", "ingest", "mine", "hint", "build")
 # Each stage writes into the folder named after the dataset it produces.
 STAGE_DIRS = {"train": "train", "ingest": "rollouts", "mine": "collapsed", "hint": "hints", "build": "prompts"}
 

@@ -1,21 +1,24 @@
-"""The stage contract: one way to be a stage; counters, stats.json and done markers.
+"""The stage contract: one `Stage` class, one driver (`run_stage`); counters, stats.json and done markers.
 
-A stage (ingest, mine, hint, build, rollout, rescue) is an object with the
-`Stage` shape: two pydantic models, ``Inputs`` (what it reads: paths, a sample
-size) and ``Config`` (its settings: what a workflow file sets and a resume key
-hashes), and ``run(inputs, cfg, out_dir, ctx) -> Stats`` (each stage module declares
-it in one statement, ``STAGE = StageSpec(...)``). It maps its work over
-shards with ``ctx.executor`` (in this process or on dask: the stage never knows
-which; `mentor.pipeline.shards` makes them resumable), gets its engine from ``ctx.backend`` when it needs one, writes its
-outputs all or nothing (`mentor.pipeline.outdir.staged_output_dir`) and returns
-a `Stats`. The CLI and the workflow runner call every stage the same way::
+A stage (ingest, mine, hint, build, rollout, rescue) is a `Stage` subclass that
+declares, once, its ``Inputs`` (what it reads: paths, a sample size) and
+``Config`` (its settings: what a workflow file sets and a resume key hashes),
+what it owns on disk, whether its output is all or nothing or resumable shards,
+whether it needs an engine, and ``run(inputs, cfg, out_dir, ctx) -> Stats``.
+It maps its work over shards with ``ctx.executor`` (in this process or on dask:
+the stage never knows which; `mentor.pipeline.shards` makes them resumable) and
+gets its engine from ``ctx.backend`` when it needs one. The driver does the rest
+for every stage alike, and the CLI, the workflow runner and the tests call every
+stage the same way::
 
     stats = run_stage(stage("mine"), {"sources": [...]}, cfg, out_dir, Context(executor=...))
+    stats = MINE({"sources": [...]}, cfg, out_dir)        # the same: a stage is callable
 
 (`mentor.stages.stage(name)` looks a stage up by name.) The CLI prints
 ``stats.as_dict()``; the workflow runner records a done marker (`write_done`)
-once the stage returned. Everything about a run is a plain file:
-``stats.json`` (`write_stats`) beside the outputs, ``_done/<key>.done`` markers.
+with the stage's ``summary`` counters once the stage returned. Everything about
+a run is a plain file: ``stats.json`` (`write_stats`) beside the outputs,
+``_done/<key>.done`` markers.
 
 `Stats` holds counters by name (``rows``) and by reason within a group
 (``quarantined["duplicate_key"]``); two of them merge by summing, so per-shard
@@ -27,22 +30,28 @@ a group's total) and its settings-like values (``round``, ``mode``).
 from __future__ import annotations
 
 import logging
+import os
 import time
 from collections import Counter
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Annotated, Any, ClassVar
 
-from pydantic import BaseModel
+from pydantic import BaseModel, BeforeValidator
 
 from mentor.pipeline.io import read_json, write_json_atomic
+from mentor.pipeline.llm import release_engines
+from mentor.pipeline.outdir import Owns, check_output_dir, staged_output_dir
 
 if TYPE_CHECKING:
     from mentor.pipeline.executor import Executor
     from mentor.pipeline.llm import Backend
 
 STATS_FILE = "stats.json"
+
+# A file, folder or glob a stage's Inputs name: a str, or any path object (kept as its str).
+Source = Annotated[str, BeforeValidator(lambda v: os.fspath(v) if isinstance(v, os.PathLike) else v)]
 
 
 @dataclass(frozen=True)
@@ -88,6 +97,7 @@ class Stats:
         object.__setattr__(self, "_groups", {g: Counter() for g in layout.groups})
         object.__setattr__(self, "_values", dict(layout.values) | values)
         object.__setattr__(self, "warnings", [])
+        object.__setattr__(self, "extra", {})  # stats.json entries beside the counters (inputs, config, ...)
 
     # ------------------------------------------------------------------ access
 
@@ -167,8 +177,8 @@ class Stats:
 
 
 def write_stats(folder: str | Path, stats: Stats | Mapping[str, Any], **extra: Any) -> Path:
-    """``folder/stats.json``: the stats (and `extra` entries beside them), written atomically."""
-    body = stats.as_dict() if isinstance(stats, Stats) else dict(stats)
+    """``folder/stats.json``: the stats (with ``stats.extra`` and `extra` entries beside them), written atomically."""
+    body = stats.as_dict() | stats.extra if isinstance(stats, Stats) else dict(stats)
     return write_json_atomic(body | extra, Path(folder) / STATS_FILE)
 
 
@@ -224,39 +234,81 @@ class Context:
         return self.backend
 
 
-class Stage(Protocol):
-    """One stage: ``Inputs`` and ``Config`` in, `out_dir` written, `Stats` back."""
+class Stage:
+    """One stage, one class: what it reads (``Inputs``), its settings (``Config``), what it owns on disk, and `run`.
 
-    name: str
-    Inputs: type[BaseModel]
-    Config: type[BaseModel]
+    A subclass declares, once:
 
-    def run(self, inputs: Any, cfg: Any, out_dir: Path, ctx: Context) -> Stats: ...
+    - ``name``, ``Inputs`` and ``Config`` (pydantic models; a workflow section or a
+      command's options are a ``Config``);
+    - ``owns``: what it writes in its output folder (`mentor.pipeline.outdir.Owns`);
+    - ``staged``: True when the output is all or nothing (written into a fresh folder
+      swapped in at the end); False when the stage resumes from shards it keeps under
+      its output folder (`mentor.pipeline.shards`: done markers inside it);
+    - ``needs_engine``: whether it generates (its engines are released when it ends,
+      however it ends, so the next stage, a trainer, finds the memory free);
+    - ``summary``: the counters a done marker and a status line show;
 
-
-@dataclass(frozen=True)
-class StageSpec:
-    """A `Stage` declared in one statement: ``STAGE = StageSpec("mine", MineInputs, MineConfig, _run)``.
-
-    ``run(inputs, cfg, out_dir, ctx) -> Stats`` is a module-level function (picklable)
-    that hands the validated models to the stage's own function.
+    ``plan(inputs, cfg, out_dir) -> inputs``: the checks that come before any output is
+    touched (settings with the command's flag names, sources outside the output
+    folder), returning the inputs as `run` reads them (sources resolved to files);
+    and ``run(inputs, cfg, out_dir, ctx) -> Stats``, which writes its outputs into
+    `out_dir` (the staging folder when ``staged``) and returns its `Stats`; entries of
+    stats.json besides the counters go in ``stats.extra``. The driver (`run_stage`, or
+    calling the stage: ``MINE({"sources": [...]}, cfg, out_dir)``) does the rest the
+    same way for every stage: the models validated, the output staged or not,
+    stats.json written, engines released.
     """
 
-    name: str
-    Inputs: type[BaseModel]
-    Config: type[BaseModel]
-    run: Callable[[Any, Any, Path, Context], Stats]
+    name: ClassVar[str]
+    Inputs: ClassVar[type[BaseModel]]
+    Config: ClassVar[type[BaseModel]]
+    owns: ClassVar[Owns]
+    staged: ClassVar[bool] = True
+    needs_engine: ClassVar[bool] = False
+    summary: ClassVar[tuple[str, ...]] = ()
+
+    def plan(self, inputs: Any, cfg: Any, out_dir: Path) -> Any:
+        return inputs
+
+    def run(self, inputs: Any, cfg: Any, out_dir: Path, ctx: Context) -> Stats:
+        raise NotImplementedError
+
+    def __call__(self, inputs: BaseModel | Mapping[str, Any], cfg: BaseModel | Mapping[str, Any],
+                 out_dir: str | Path, ctx: Context | None = None) -> Stats:
+        return run_stage(self, inputs, cfg, out_dir, ctx)
+
+    def __repr__(self) -> str:
+        return f"<stage {self.name}>"
 
 
 def run_stage(stage: Stage, inputs: BaseModel | Mapping[str, Any], cfg: BaseModel | Mapping[str, Any],
               out_dir: str | Path, ctx: Context | None = None) -> Stats:
-    """Run `stage` the one way every caller does: the models validated (a mapping is parsed), `Stats` back."""
+    """Run `stage` the one way every caller does: models validated (a mapping is parsed), the stage's
+    checks (`Stage.plan`), its output all or nothing (``stage.staged``) or resumable, stats.json
+    written, engines released; `Stats` back."""
     if not isinstance(inputs, stage.Inputs):
         inputs = stage.Inputs.model_validate(inputs if isinstance(inputs, Mapping) else inputs.model_dump())
     if not isinstance(cfg, stage.Config):
         cfg = stage.Config.model_validate(cfg if isinstance(cfg, Mapping) else cfg.model_dump())
-    return stage.run(inputs, cfg, Path(out_dir), ctx or Context())
+    ctx = ctx or Context()
+    out_dir = Path(out_dir)
+    try:
+        if stage.staged:
+            check_output_dir(out_dir)  # before any work: a folder that cannot be replaced is refused first
+        inputs = stage.plan(inputs, cfg, out_dir)
+        if stage.staged:
+            with staged_output_dir(out_dir, stage.name, stage.owns) as staging:
+                stats = stage.run(inputs, cfg, staging, ctx)
+                write_stats(staging, stats)
+        else:
+            stats = stage.run(inputs, cfg, out_dir, ctx)
+            write_stats(out_dir, stats)
+    finally:
+        if stage.needs_engine:
+            release_engines(ctx.executor)  # here and on every worker: the next stage (a trainer) gets the memory
+    return stats
 
 
-__all__ = ["STATS_FILE", "Context", "Stage", "StageSpec", "Stats", "StatsLayout", "counts", "read_done", "run_stage",
+__all__ = ["STATS_FILE", "Context", "Source", "Stage", "Stats", "StatsLayout", "counts", "read_done", "run_stage",
            "write_done", "write_stats"]

@@ -1,8 +1,8 @@
 """One module per stage: ingest, mine, hint, build, rollout, rescue; `stage(name)` looks one up.
 
-Each module defines ``STAGE``, a `mentor.pipeline.stage.StageSpec` (the `Stage`
-shape: ``Inputs``, ``Config``, ``run``). Modules are imported on first use, so
-asking for ``mine`` does not import the engine seam.
+Each module defines one `mentor.pipeline.stage.Stage` subclass and its instance,
+``STAGE`` (also by its name: ``MINE``, ``HINT``, ...). Modules are imported on first
+use, so asking for ``mine`` does not import the engine seam.
 """
 
 from __future__ import annotations
@@ -14,6 +14,8 @@ if TYPE_CHECKING:
     from mentor.pipeline.stage import Stage
 
 NAMES = ("ingest", "mine", "hint", "build", "rollout", "rescue")
+# A round of a workflow, in order: the trainer (`mentor.training`), then four of the stages above.
+ROUND_STAGES = ("train", "ingest", "mine", "hint", "build")
 
 
 def stage(name: str) -> "Stage":

@@ -44,7 +44,7 @@ The stage in three steps, one module each: `build_base` reads and checks the
 base set and the hints, `build_render` joins them into rows and renders the
 PROMPTS columns (polars expressions; per-row Python only for code labels and
 ``text_id`` of base sets without an id column), `build_write` writes the shards
-and the dataset card. `build` runs them into a staged folder.
+and the dataset card. `BuildStage` runs them; the driver stages its folder.
 """
 
 from __future__ import annotations
@@ -59,10 +59,11 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from mentor.pipeline.errors import ConfigError
 from mentor.pipeline.inputs import resolve_inputs
 from mentor.pipeline.io import atomic_path, sha256_file, write_manifest
-from mentor.pipeline.outdir import Owns, check_output_dir, staged_output_dir
+from mentor.pipeline.faults import fault_point
+from mentor.pipeline.outdir import Owns
 from mentor.pipeline.prompts import HINT_TEMPLATE, INSTRUCTIONS, PLACEHOLDER_RE, PLAIN_TEMPLATE, answer_template, load_tokenizer
 from mentor.pipeline.schemas import DOMAINS, HINT_STATUSES, SCHEMA_VERSION
-from mentor.pipeline.stage import Context, StageSpec, Stats, StatsLayout, write_stats
+from mentor.pipeline.stage import Context, Stage, Stats, StatsLayout
 from mentor.stages.build_base import PROBLEM_COLUMNS, load_base, load_hints, validate_base
 from mentor.stages.build_render import DEFAULT_PLACEMENT, PLACEMENTS, TEXT_PLACEMENTS, prepare_rows, resolve_placement
 from mentor.stages.build_write import DEFAULT_SHARD_ROWS, dataset_card, write_shards
@@ -191,53 +192,6 @@ class BuildConfig(BaseModel):
         return resolve_placement(self.placement, self.tokenizer)
 
 
-def build(cfg: BuildConfig, out_dir: str | Path, template_files: list[Path] | None = None) -> Stats:
-    """The stage: build the prompt shards into `out_dir`: part-NNNNN.parquet, stats.json, README.md, manifest.json.
-
-    Everything is written into a fresh folder beside `out_dir` that replaces it in
-    one rename at the end (`outdir.staged_output_dir`): a reader of ``part-*.parquet`` or
-    ``load_dataset(out_dir)``, and a build killed at any point, see the old build or
-    the new one, never a mix.
-    """
-    from mentor.pipeline.faults import fault_point
-
-    out_dir = Path(out_dir)
-    check_output_dir(out_dir)
-    placement = cfg.resolved_placement()
-    text = cfg.template is None and placement in TEXT_PLACEMENTS
-    stats = BUILD_STATS(mode=cfg.mode, placement=placement if cfg.template is None else "template", seed=cfg.seed,
-                        prompt_format="text" if text else "messages", prompt_tokenizer=cfg.tokenizer)
-    tokenizer = load_tokenizer(cfg.tokenizer) if cfg.tokenizer else None
-    base = load_base(cfg.base, cfg.mapping, cfg.domain)
-    if cfg.answer_after:
-        base.frame = base.frame.with_columns(pl.col("label").str.split(cfg.answer_after).list.last().str.strip_chars())
-    problems = validate_base(base, cfg.strict, stats)
-    stats.base_problems = problems.height
-    hints = load_hints(cfg.hints, cfg.hint_statuses, stats)  # its errors come after the base set's
-    if cfg.round is not None:
-        stats.round = cfg.round
-    elif hints.height:  # hints made from round r's rollouts are for round r + 1
-        stats.round = int(hints.get_column("hint_round").max()) + 1
-    rows = prepare_rows(problems, hints, cfg, stats.round, stats, where=base.where)
-    inputs = [*base.files, *(resolve_inputs(cfg.hints) if cfg.hints else []), *(template_files or [])]
-    with staged_output_dir(out_dir, "build", Owns(("manifest.json", "stats.json", "README.md"), shards=True)) as staging:
-        shards, stats.max_prompt_tokens = write_shards(rows, staging, cfg, stats.round, tokenizer, as_text=text)
-        fault_point("build.after_shards")  # resume tests: killed with shards written, nothing swapped in yet
-        stats.shards = len(shards)
-        hashes = {str(p): sha256_file(p) for p in [*shards, *inputs]}
-        write_stats(staging, stats, schema_version=SCHEMA_VERSION)
-        with atomic_path(staging / "README.md") as tmp:
-            tmp.write_text(dataset_card([s.name for s in shards], stats, [hashes[str(s)] for s in shards], text=text))
-        write_manifest(
-            staging, shards, "prompts", inputs=inputs, config=cfg,
-            extra={"base": base.info, "round": stats.round, "stats": "stats.json", "placement": stats.placement,
-                   "prompt_format": stats.prompt_format, "max_prompt_tokens": stats.max_prompt_tokens,
-                   "prompt_tokenizer": stats.prompt_tokenizer}, hashes=hashes,
-        )
-    log.info("built %d prompts (%d hinted) in %d shard(s) at %s", stats.rows, stats.hinted_rows, stats.shards, out_dir)
-    return stats
-
-
 class BuildInputs(BaseModel):
     """What `mentor build` reads besides the base set and hints its config names: the user's template
     files (listed in the manifest with their hashes)."""
@@ -247,11 +201,57 @@ class BuildInputs(BaseModel):
     template_files: list[Path] = Field(default_factory=list)
 
 
-def _run(inputs: BuildInputs, cfg: BuildConfig, out_dir: Path, ctx: Context) -> Stats:
-    return build(cfg, out_dir, template_files=inputs.template_files)
+class BuildStage(Stage):
+    """The stage: build the prompt shards into `out_dir`: part-NNNNN.parquet, stats.json, README.md, manifest.json.
+
+    All or nothing: everything is written into a fresh folder beside `out_dir` that
+    replaces it in one rename at the end: a reader of ``part-*.parquet`` or
+    ``load_dataset(out_dir)``, and a build killed at any point, see the old build or
+    the new one, never a mix.
+    """
+
+    name = "build"
+    Inputs = BuildInputs
+    Config = BuildConfig
+    owns = Owns(("manifest.json", "stats.json", "README.md"), shards=True)
+    summary = ("rows", "hinted_rows")
+
+    def run(self, inputs: BuildInputs, cfg: BuildConfig, out_dir: Path, ctx: Context) -> Stats:
+        placement = cfg.resolved_placement()
+        text = cfg.template is None and placement in TEXT_PLACEMENTS
+        stats = BUILD_STATS(mode=cfg.mode, placement=placement if cfg.template is None else "template", seed=cfg.seed,
+                            prompt_format="text" if text else "messages", prompt_tokenizer=cfg.tokenizer)
+        stats.extra["schema_version"] = SCHEMA_VERSION
+        tokenizer = load_tokenizer(cfg.tokenizer) if cfg.tokenizer else None
+        base = load_base(cfg.base, cfg.mapping, cfg.domain)
+        if cfg.answer_after:
+            base.frame = base.frame.with_columns(pl.col("label").str.split(cfg.answer_after).list.last().str.strip_chars())
+        problems = validate_base(base, cfg.strict, stats)
+        stats.base_problems = problems.height
+        hints = load_hints(cfg.hints, cfg.hint_statuses, stats)  # its errors come after the base set's
+        if cfg.round is not None:
+            stats.round = cfg.round
+        elif hints.height:  # hints made from round r's rollouts are for round r + 1
+            stats.round = int(hints.get_column("hint_round").max()) + 1
+        rows = prepare_rows(problems, hints, cfg, stats.round, stats, where=base.where)
+        sources = [*base.files, *(resolve_inputs(cfg.hints) if cfg.hints else []), *inputs.template_files]
+        shards, stats.max_prompt_tokens = write_shards(rows, out_dir, cfg, stats.round, tokenizer, as_text=text)
+        fault_point("build.after_shards")  # resume tests: killed with shards written, nothing swapped in yet
+        stats.shards = len(shards)
+        hashes = {str(p): sha256_file(p) for p in [*shards, *sources]}
+        with atomic_path(out_dir / "README.md") as tmp:
+            tmp.write_text(dataset_card([s.name for s in shards], stats, [hashes[str(s)] for s in shards], text=text))
+        write_manifest(
+            out_dir, shards, "prompts", inputs=sources, config=cfg,
+            extra={"base": base.info, "round": stats.round, "stats": "stats.json", "placement": stats.placement,
+                   "prompt_format": stats.prompt_format, "max_prompt_tokens": stats.max_prompt_tokens,
+                   "prompt_tokenizer": stats.prompt_tokenizer}, hashes=hashes,
+        )
+        log.info("built %d prompts (%d hinted) in %d shard(s)", stats.rows, stats.hinted_rows, stats.shards)
+        return stats
 
 
-STAGE = StageSpec("build", BuildInputs, BuildConfig, _run)
+STAGE = BUILD = BuildStage()
 
 
-__all__ = ["STAGE", "BUILD_STATS", "BuildConfig", "build"]
+__all__ = ["BUILD", "BUILD_STATS", "STAGE", "BuildConfig", "BuildInputs", "BuildStage"]

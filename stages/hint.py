@@ -28,7 +28,7 @@ this path, and is counted in the stats; so does a request that got no answer
 engine). A shard none of whose requests got an answer fails (`EngineError`).
 
 Shards. `hint_shard(rows, cfg, backend)` is a pure function of its rows (the
-seeds of every request derive from problem ids, not positions); `hint_to_dir`
+seeds of every request derive from problem ids, not positions); `HintStage`
 splits the collapsed set into resumable shards (`mentor.pipeline.shards`:
 ``_shards/part-NNNNN.parquet``, a done marker keyed by the shard's rows and the
 config), runs them with the stage's executor (`mentor.pipeline.executor`:
@@ -40,7 +40,7 @@ are `mentor.stages.hint_config.HintConfig`.
 
 This module is over 500 lines because the state machine (`_Shard`, its
 transitions and endings) is one piece that reads best whole; the stage around
-it (`hint_to_dir`, ``STAGE``) is short.
+it (`HintStage`) is short.
 """
 
 from __future__ import annotations
@@ -60,17 +60,24 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 import pyarrow as pa
+import pyarrow.parquet as pq
 from pydantic import BaseModel, ConfigDict
+from tqdm.auto import tqdm
+from tqdm.contrib.logging import logging_redirect_tqdm
 
 from mentor.pipeline.errors import ConfigError, EngineError
-from mentor.pipeline.executor import Executor, LocalExecutor
+from mentor.pipeline.executor import Executor
 from mentor.pipeline.ids import content_hash
-from mentor.pipeline.llm import Backend, GenRequest, GenResult, concurrently, describe_backend, release_engines
-from mentor.pipeline.schemas import HINTS, SCHEMA_VERSION, schema_metadata
+from mentor.pipeline.inputs import resolve_inputs
+from mentor.pipeline.io import config_hash, read_table, write_parquet_atomic
+from mentor.pipeline.llm import Backend, GenRequest, GenResult, concurrently, describe_backend
+from mentor.pipeline.outdir import Owns
+from mentor.pipeline.schemas import HINTS, SCHEMA_VERSION, conform, schema_metadata
 from mentor.pipeline.shards import Shard, ShardPlan, ShardResult
-from mentor.pipeline.stage import Context, StageSpec, Stats, StatsLayout, write_stats
+from mentor.pipeline.stage import Context, Source, Stage, Stats, StatsLayout
 from mentor.stages import hint_agents as agents
 from mentor.stages.hint_config import HintConfig
+from mentor.stages.solutions import load_solutions, with_solutions
 from mentor.stages.rules import (Instructions, RuleContext, RuleLimits, check_hint, copies_instructions, text_leaks_answer,
                                  trim_to_rules)
 
@@ -480,8 +487,6 @@ def _chains(shard: _Shard, problems: list[_Problem], backend: Backend, answered:
 
 
 def row_config_hash(cfg: HintConfig, model: str) -> str:
-    from mentor.pipeline.io import config_hash
-
     return config_hash({"hint": cfg.semantic(), "model": model})
 
 
@@ -550,7 +555,10 @@ class _Ticker:
             bar.update(n)
             bar.set_postfix(wave=wave, refresh=False)
 
-    def close(self) -> None:
+    def __enter__(self) -> "_Ticker":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
         self._bars.pop(self.key, None)
 
 
@@ -566,125 +574,99 @@ def shard_size_for(cfg: HintConfig, n: int, executor: Executor | None) -> int:
     return min(cfg.shard_size, -(-n // workers))
 
 
-def hint_to_dir(
-    collapsed_path: str | Path | Sequence[str | Path],
-    out_dir: str | Path,
-    cfg: HintConfig,
-    backend_factory: Callable[[], Backend],
-    executor: Executor | None = None,
-    sample: int | None = None,
-    progress: bool = False,
-) -> Stats:
-    """Hint a collapsed dataset into ``out_dir/hints.parquet`` and ``out_dir/stats.json``.
-
-    Shards are resumable (`mentor.pipeline.shards`): ``out_dir/_shards/part-NNNNN.parquet``
-    with a done marker in ``out_dir/_shards/_done/`` keyed by the shard's rows, the config,
-    the prompt version and the backend description, so finished shards are reused and
-    any change recomputes exactly what it affects.
-    """
-    from tqdm.auto import tqdm
-    from tqdm.contrib.logging import logging_redirect_tqdm
-
-    from mentor.pipeline.inputs import resolve_inputs
-    from mentor.pipeline.io import read_table, write_parquet_atomic
-
-    sources = [collapsed_path] if isinstance(collapsed_path, (str, Path)) else list(collapsed_path)
-    paths = resolve_inputs(sources)
-    table = read_table(paths, "collapsed").sort_by("problem_id")
-    whole = table  # the judge check draws on every collapsed problem, not only the --sample
-    if sample is not None:
-        if sample < 1:
-            raise ConfigError(f"--sample must be >= 1, got {sample}")
-        table = table.slice(0, sample)
-    rows = table.to_pylist()
-    if cfg.see_solution:  # a row without its own solution gets the file's or the bundled one (stages/solutions.py)
-        from mentor.stages.solutions import load_solutions, with_solutions
-
-        rows = with_solutions(rows, load_solutions(cfg.solutions, "hint.solutions"))
-    templates = agents.Templates.load(cfg.templates_dir)
-    from mentor.stages.judge_check import checked_config, stats_view
-    from mentor.stages.vouch import per_rescued as _per_rescued
-
-    given = cfg
-    bar = tqdm(total=len(rows), desc="hint", unit="problem", disable=not progress, dynamic_ncols=True)
-    if cfg.llm_judge and cfg.judge_check.enabled:
-        bar.set_postfix_str("checking the judge", refresh=True)  # one engine call (its start included) before any shard
-    try:
-        with logging_redirect_tqdm():  # the check's one-line verdict prints above the bar, not through it
-            cfg, judge_report = checked_config(cfg, whole, out_dir, templates, backend_factory, executor, describe_backend)
-    except BaseException:
-        bar.close()
-        release_engines(executor)  # the check's engine ends with the stage, however it ends
-        raise
-    bar.set_postfix_str("", refresh=True)
-    out_dir = Path(out_dir)
-    plan = ShardPlan(out_dir / "_shards", "hint", rows, shard_size_for(cfg, len(rows), executor), dataset="hints",
-                     owns_folder=True, config={"hint": cfg.semantic(), "prompt_version": templates.version,
-                                               "backend": describe_backend(backend_factory), "schema": SCHEMA_VERSION})
-    stats = HintStats()
-    ticker = _Ticker(bar)
-    computed: list[ShardResult] = []
-    finished = 0
-    executor = executor or LocalExecutor()
-    try:
-        for shard, res in plan.run(_hint_task, cfg, backend_factory, ticker, executor=executor):
-            stats.merge(res.record["stats"])
-            if not res.reused:
-                computed.append(res)
-            finished += len(shard.items)
-            bar.update(finished - bar.n)  # what the ticker could not show (a shard done earlier, or run elsewhere)
-    finally:
-        ticker.close()
-        bar.close()
-        release_engines(executor)  # here and on every worker: the next stage (a trainer) gets the memory
-    run_calls = sum(r.record["stats"]["engine_calls"] for r in computed)
-    import pyarrow.parquet as pq
-
-    from mentor.pipeline.schemas import conform
-
-    parts = [conform(pq.read_table(s.path), "hints") for s in plan.shards]  # shards written before the vouch column too
-    hints = pa.concat_tables(parts) if parts else HINTS.empty_table()
-    write_parquet_atomic(hints, out_dir / "hints.parquet", dataset="hints")
-    plan.finish()  # shards of an earlier input or config are not part of this output (a killed run never gets here)
-    if judge_report is not None and not judge_report.get("reused"):
-        run_calls += judge_report.get("engine_calls", 0)
-    summary = stats.as_dict() | {
-        "judge_check": stats_view(judge_report),
-        **({"vouch_per_rescued": _per_rescued(stats.as_dict())} if cfg.vouch is not None else {}),
-        "this_run": {
-            "engine_calls": run_calls,
-            "shards_computed": len(computed),
-            "shards_reused": len(plan.shards) - len(computed),
-        },
-        # where each shard computed by this run ran, when, and whether its worker had to start an engine for it
-        "shard_runs": [r.ran for r in computed],
-        "prompt_version": templates.version,
-        "backend": describe_backend(backend_factory),
-        "config": given.model_dump(mode="json"),
-        "inputs": [str(p) for p in paths],
-        "sample": sample,
-    }
-    write_stats(out_dir, summary)
-    log.info("hinted %d problems: %d accepted, %d repaired, %d fallback, %d engine calls",
-             stats.problems, stats.accepted, stats.repaired, stats.fallback, stats.engine_calls)
-    return stats
-
-
 class HintInputs(BaseModel):
     """What `mentor hint` reads: collapsed sets, and how many of their problems (problem_id order; None: all)."""
 
     model_config = ConfigDict(extra="forbid")
 
-    collapsed: list[str]
+    collapsed: list[Source]
     sample: int | None = None
 
 
-def _run(inputs: HintInputs, cfg: HintConfig, out_dir: Path, ctx: Context) -> Stats:
-    return hint_to_dir(inputs.collapsed, out_dir, cfg, ctx.engine("hint"), executor=ctx.executor,
-                       sample=inputs.sample, progress=ctx.progress)
+class HintStage(Stage):
+    """Hint a collapsed dataset into ``hints.parquet`` and ``stats.json``.
+
+    Shards are resumable (`mentor.pipeline.shards`): ``_shards/part-NNNNN.parquet``
+    with a done marker in ``_shards/_done/`` keyed by the shard's rows, the config,
+    the prompt version and the backend description, so finished shards are reused and
+    any change recomputes exactly what it affects.
+    """
+
+    name = "hint"
+    Inputs = HintInputs
+    Config = HintConfig
+    owns = Owns(("hints.parquet", "stats.json", "judge_check.json", "_shards"))
+    staged = False
+    needs_engine = True
+    summary = ("problems", "accepted", "repaired", "fallback", "engine_calls")
+
+    def plan(self, inputs: HintInputs, cfg: HintConfig, out_dir: Path) -> HintInputs:
+        if inputs.sample is not None and inputs.sample < 1:
+            raise ConfigError(f"--sample must be >= 1, got {inputs.sample}")
+        return inputs.model_copy(update={"collapsed": [str(p) for p in resolve_inputs(inputs.collapsed)]})
+
+    def run(self, inputs: HintInputs, cfg: HintConfig, out_dir: Path, ctx: Context) -> Stats:
+        from mentor.stages.judge_check import checked_config, stats_view
+        from mentor.stages.vouch import per_rescued
+
+        backend_factory, executor, sample = ctx.engine("hint"), ctx.tasks(), inputs.sample
+        table = read_table([Path(p) for p in inputs.collapsed], "collapsed").sort_by("problem_id")
+        whole = table  # the judge check draws on every collapsed problem, not only the --sample
+        if sample is not None:
+            table = table.slice(0, sample)
+        rows = table.to_pylist()
+        if cfg.see_solution:  # a row without its own solution gets the file's or the bundled one (stages/solutions.py)
+            rows = with_solutions(rows, load_solutions(cfg.solutions, "hint.solutions"))
+        templates = agents.Templates.load(cfg.templates_dir)
+        given = cfg
+        with tqdm(total=len(rows), desc="hint", unit="problem", disable=not ctx.progress, dynamic_ncols=True) as bar:
+            if cfg.llm_judge and cfg.judge_check.enabled:
+                bar.set_postfix_str("checking the judge", refresh=True)  # one engine call (its start included) before any shard
+            with logging_redirect_tqdm():  # the check's one-line verdict prints above the bar, not through it
+                cfg, judge_report = checked_config(cfg, whole, out_dir, templates, backend_factory, executor, describe_backend)
+            bar.set_postfix_str("", refresh=True)
+            plan = ShardPlan(out_dir / "_shards", "hint", rows, shard_size_for(cfg, len(rows), executor), dataset="hints",
+                             owns_folder=True, config={"hint": cfg.semantic(), "prompt_version": templates.version,
+                                                       "backend": describe_backend(backend_factory), "schema": SCHEMA_VERSION})
+            stats = HintStats()
+            computed: list[ShardResult] = []
+            finished = 0
+            with _Ticker(bar) as ticker:
+                for shard, res in plan.run(_hint_task, cfg, backend_factory, ticker, executor=executor):
+                    stats.merge(res.record["stats"])
+                    if not res.reused:
+                        computed.append(res)
+                    finished += len(shard.items)
+                    bar.update(finished - bar.n)  # what the ticker could not show (a shard done earlier, or run elsewhere)
+        run_calls = sum(r.record["stats"]["engine_calls"] for r in computed)
+        parts = [conform(pq.read_table(s.path), "hints") for s in plan.shards]  # shards written before the vouch column too
+        hints = pa.concat_tables(parts) if parts else HINTS.empty_table()
+        write_parquet_atomic(hints, out_dir / "hints.parquet", dataset="hints")
+        plan.finish()  # shards of an earlier input or config are not part of this output (a killed run never gets here)
+        if judge_report is not None and not judge_report.get("reused"):
+            run_calls += judge_report.get("engine_calls", 0)
+        stats.extra.update({
+            "judge_check": stats_view(judge_report),
+            **({"vouch_per_rescued": per_rescued(stats.as_dict())} if cfg.vouch is not None else {}),
+            "this_run": {
+                "engine_calls": run_calls,
+                "shards_computed": len(computed),
+                "shards_reused": len(plan.shards) - len(computed),
+            },
+            # where each shard computed by this run ran, when, and whether its worker had to start an engine for it
+            "shard_runs": [r.ran for r in computed],
+            "prompt_version": templates.version,
+            "backend": describe_backend(backend_factory),
+            "config": given.model_dump(mode="json"),
+            "inputs": list(inputs.collapsed),
+            "sample": sample,
+        })
+        log.info("hinted %d problems: %d accepted, %d repaired, %d fallback, %d engine calls",
+                 stats.problems, stats.accepted, stats.repaired, stats.fallback, stats.engine_calls)
+        return stats
 
 
-STAGE = StageSpec("hint", HintInputs, HintConfig, _run)
+STAGE = HINT = HintStage()
 
 
-__all__ = ["HINT_STATS", "STAGE", "HintStats", "hint_shard", "hint_to_dir", "shard_size_for"]
+__all__ = ["HINT", "HINT_STATS", "STAGE", "HintInputs", "HintStage", "HintStats", "hint_shard", "shard_size_for"]

@@ -22,8 +22,8 @@ from pydantic import BaseModel, ConfigDict, Field
 from mentor.pipeline.errors import ConfigError, DataError
 from mentor.pipeline.inputs import outside_output, resolve_inputs
 from mentor.pipeline.io import write_parquet_atomic
-from mentor.pipeline.outdir import Owns, check_output_dir, staged_output_dir
-from mentor.pipeline.stage import Context, StageSpec, Stats, StatsLayout, write_stats
+from mentor.pipeline.outdir import Owns
+from mentor.pipeline.stage import Context, Source, Stage, Stats, StatsLayout
 from mentor.pipeline.schemas import DOMAINS, SCHEMA_VERSION, conform
 from mentor.stages.ingest_formats import (
     INT32_MAX,
@@ -120,62 +120,84 @@ def clean_rollouts(table: pa.Table, stats: Stats, max_response_bytes: int, where
     return conform(df.to_arrow(), "rollouts")
 
 
-# --------------------------------------------------------------------------- driver
+# --------------------------------------------------------------------------- the stage
 
 
-def ingest(
-    sources: list[str],
-    out_dir: str | Path,
-    fmt: str = "auto",
-    round_: int | None = None,
-    domain: str = "math",
-    mapping: dict[str, str] | None = None,
-    problems: str | None = None,
-    max_response_bytes: int = DEFAULT_MAX_RESPONSE_BYTES,
-) -> Stats:
-    """Convert `sources` into ``out_dir/part-NNNNN.parquet`` + ``out_dir/stats.json``.
+class IngestInputs(BaseModel):
+    """What `mentor ingest` reads: rollout log files, folders or globs."""
 
-    All or nothing: the shards are written into a fresh folder beside `out_dir`
-    and swapped in only when every source was read, so an error (or a kill)
-    leaves `out_dir` as it was.
+    model_config = ConfigDict(extra="forbid")
+
+    sources: list[Source]
+
+
+class IngestConfig(BaseModel):
+    """Settings of `mentor ingest` (checked by `IngestStage.plan`, with the command's flag names)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    format: str = "auto"
+    round: int | None = None
+    domain: str = "math"
+    mapping: dict[str, str] = Field(default_factory=dict)
+    problems: str | None = None
+    max_response_bytes: int = DEFAULT_MAX_RESPONSE_BYTES
+
+
+class IngestStage(Stage):
+    """Convert rollout logs into ``part-NNNNN.parquet`` shards (ROLLOUTS) + ``stats.json``.
+
+    All or nothing: the shards are written into a fresh folder swapped in only when
+    every source was read, so an error (or a kill) leaves the output as it was.
 
     Where a log has only the prompt as sent (OpenRLHF, verl), the original
-    problem text is filled by problem_id from `problems` (a PROBLEMS dataset or a
+    problem text is filled by problem_id from ``problems`` (a PROBLEMS dataset or a
     bundled name: gsm8k, math500, humaneval), else from the base set of the run
     the logs lie in, else from a bundled set holding those ids, else recovered
     from the prompt (chat template, mentor's ``Hint:`` block and the default
     instruction removed). What is left is counted as ``problem_missing``.
     """
-    if fmt not in FORMATS:
-        raise ConfigError(f"unknown --format {fmt!r}; choose one of {', '.join(FORMATS)}")
-    if domain not in DOMAINS:
-        raise ConfigError(f"unknown --domain {domain!r}; choose one of {', '.join(DOMAINS)}")
-    check_mapping(mapping or {})
-    if max_response_bytes < 1:
-        raise ConfigError(f"--max-response-bytes {max_response_bytes}: must be at least 1")
-    if round_ is not None and not 0 <= round_ <= INT32_MAX:
-        raise ConfigError(f"--round {round_}: must be in [0, {INT32_MAX}]")
-    suffixes = (".parquet",) if fmt == "canonical" else (".jsonl", ".json", ".jsonl.gz", ".parquet")
-    paths = outside_output(resolve_inputs(sources, suffixes=suffixes), sources, out_dir)
-    # mentor's own bookkeeping beside data (an earlier ingest's stats.json, a reward config) is not a log
-    named = {os.path.abspath(s) for s in sources}
-    paths = [p for p in paths if p.name not in _BOOKKEEPING or os.path.abspath(p) in named]
-    check_output_dir(Path(out_dir))
-    stats = INGEST_STATS(format=fmt)
-    chosen = {p: (sniff_format(p) if fmt == "auto" else fmt) for p in paths}
-    kinds = sorted(set(chosen.values()))
-    stats.format = ",".join(kinds)
-    if fmt == "auto":
-        log.warning("ingest --format auto: detected %s", stats.format)
-    texts = problem_texts(problems) if problems else run_base_texts(paths)
-    default_round = 0 if round_ is None else round_
-    shards: list[str] = []
-    ids: set[str] = set()
-    seen_keys: set[tuple[str, int, int]] = set()
-    verl_counter: Counter = Counter()
-    openrlhf_counter: Counter = Counter()
-    recovery = ProblemRecovery(texts)
-    with staged_output_dir(out_dir, "ingest", Owns(("stats.json",), shards=True)) as staging:
+
+    name = "ingest"
+    Inputs = IngestInputs
+    Config = IngestConfig
+    owns = Owns(("stats.json",), shards=True)
+    summary = ("rollouts", "problems")
+
+    def plan(self, inputs: IngestInputs, cfg: IngestConfig, out_dir: Path) -> IngestInputs:
+        """The settings checked with the command's flag names; the log files, outside `out_dir`."""
+        if cfg.format not in FORMATS:
+            raise ConfigError(f"unknown --format {cfg.format!r}; choose one of {', '.join(FORMATS)}")
+        if cfg.domain not in DOMAINS:
+            raise ConfigError(f"unknown --domain {cfg.domain!r}; choose one of {', '.join(DOMAINS)}")
+        check_mapping(cfg.mapping)
+        if cfg.max_response_bytes < 1:
+            raise ConfigError(f"--max-response-bytes {cfg.max_response_bytes}: must be at least 1")
+        if cfg.round is not None and not 0 <= cfg.round <= INT32_MAX:
+            raise ConfigError(f"--round {cfg.round}: must be in [0, {INT32_MAX}]")
+        suffixes = (".parquet",) if cfg.format == "canonical" else (".jsonl", ".json", ".jsonl.gz", ".parquet")
+        paths = outside_output(resolve_inputs(inputs.sources, suffixes=suffixes), inputs.sources, out_dir)
+        # mentor's own bookkeeping beside data (an earlier ingest's stats.json, a reward config) is not a log
+        named = {os.path.abspath(s) for s in inputs.sources}
+        return IngestInputs(sources=[str(p) for p in paths if p.name not in _BOOKKEEPING or os.path.abspath(p) in named])
+
+    def run(self, inputs: IngestInputs, cfg: IngestConfig, out_dir: Path, ctx: Context) -> Stats:
+        fmt, round_, domain, mapping = cfg.format, cfg.round, cfg.domain, cfg.mapping
+        paths = [Path(s) for s in inputs.sources]
+        stats = INGEST_STATS(format=fmt)
+        chosen = {p: (sniff_format(p) if fmt == "auto" else fmt) for p in paths}
+        kinds = sorted(set(chosen.values()))
+        stats.format = ",".join(kinds)
+        if fmt == "auto":
+            log.warning("ingest --format auto: detected %s", stats.format)
+        texts = problem_texts(cfg.problems) if cfg.problems else run_base_texts(paths)
+        default_round = 0 if round_ is None else round_
+        shards: list[str] = []
+        ids: set[str] = set()
+        seen_keys: set[tuple[str, int, int]] = set()
+        verl_counter: Counter = Counter()
+        openrlhf_counter: Counter = Counter()
+        recovery = ProblemRecovery(texts)
         for i, path in enumerate(paths):
             kind = chosen[path]
             stats.files += 1
@@ -193,16 +215,16 @@ def ingest(
             elif kind == "openrlhf":
                 table = read_openrlhf(path, round_, domain, stats, openrlhf_counter)
             else:
-                table = read_jsonl_mapped(path, default_round, domain, mapping or {}, stats)
+                table = read_jsonl_mapped(path, default_round, domain, mapping, stats)
             table = recovery.by_id(table)
-            table = clean_rollouts(table, stats, max_response_bytes, str(path))
+            table = clean_rollouts(table, stats, cfg.max_response_bytes, str(path))
             table = _drop_cross_shard_duplicates(table, seen_keys, stats)
             table = recovery.from_prompt(table, stats, kind)
             if table.num_rows == 0:
                 log.warning("%s: no usable rollouts", path)
                 continue
             shard = f"part-{i:05d}.parquet"
-            write_parquet_atomic(table, staging / shard, dataset="rollouts")
+            write_parquet_atomic(table, out_dir / shard, dataset="rollouts")
             shards.append(shard)
             stats.rollouts += table.num_rows
             ids.update(table.column("problem_id").to_pylist())
@@ -215,37 +237,11 @@ def ingest(
                 "the hint agents the prompt as sent (chat template and any old hint included); "
                 "pass --problems gsm8k|math500|humaneval|FILE"
             )
-        write_stats(staging, stats, schema_version=SCHEMA_VERSION, shards=shards, inputs=[str(p) for p in paths])
-    return stats
+        stats.extra.update(schema_version=SCHEMA_VERSION, shards=shards, inputs=[str(p) for p in paths])
+        return stats
 
 
-class IngestInputs(BaseModel):
-    """What `mentor ingest` reads: rollout log files, folders or globs."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    sources: list[str]
-
-
-class IngestConfig(BaseModel):
-    """Settings of `mentor ingest` (checked by `ingest` itself, with the command's flag names)."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    format: str = "auto"
-    round: int | None = None
-    domain: str = "math"
-    mapping: dict[str, str] = Field(default_factory=dict)
-    problems: str | None = None
-    max_response_bytes: int = DEFAULT_MAX_RESPONSE_BYTES
-
-
-def _run(inputs: IngestInputs, cfg: IngestConfig, out_dir: Path, ctx: Context) -> Stats:
-    return ingest(inputs.sources, out_dir, fmt=cfg.format, round_=cfg.round, domain=cfg.domain, mapping=cfg.mapping,
-                  problems=cfg.problems, max_response_bytes=cfg.max_response_bytes)
-
-
-STAGE = StageSpec("ingest", IngestInputs, IngestConfig, _run)
+STAGE = INGEST = IngestStage()
 
 
 _BOOKKEEPING = frozenset({"stats.json", "manifest.json", "outcome.json", "config.json", "mentor_reward.json"})

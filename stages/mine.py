@@ -38,9 +38,13 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from mentor.pipeline.errors import ConfigError, DataError
 from mentor.pipeline.executor import Executor, LocalExecutor
-from mentor.pipeline.inputs import resolve_inputs
-from mentor.pipeline.io import check_dataset_files, read_parquet_schema
-from mentor.pipeline.stage import Context, StageSpec, Stats, StatsLayout
+from mentor.pipeline.faults import fault_point
+from mentor.pipeline.inputs import outside_output, resolve_inputs
+from mentor.pipeline.io import check_dataset_files, parquet_writer_atomic, read_parquet_schema, to_table
+from mentor.pipeline.outdir import Owns
+from mentor.pipeline.schemas import COLLAPSED
+from mentor.pipeline.stage import Context, Source, Stage, Stats, StatsLayout
+from mentor.stages.solutions import load_solutions
 
 log = logging.getLogger(__name__)
 
@@ -427,8 +431,6 @@ def mine_iter(sources: Sequence[str], cfg: MineConfig, history: Sequence[str] = 
         collapsed.append(part["collapsed"])
     log.info("counted %d problems, %d collapsed", stats.problems, stats.collapsed)
     past = history_frames(history) if history else (None, None)
-    from mentor.stages.solutions import load_solutions
-
     sols = load_solutions(cfg.solutions, "--solutions")
     solutions = pl.DataFrame({"problem_id": list(sols), "solution": list(sols.values())},
                              schema={"problem_id": pl.String, "solution": pl.String})
@@ -459,39 +461,10 @@ def _chunks(files: list[str], collapsed: pl.DataFrame, cfg: MineConfig, history,
 def mine(sources: Sequence[str], cfg: MineConfig, history: Sequence[str] = (),
          executor: Executor | None = None) -> tuple[pl.DataFrame, Stats]:
     """The whole collapsed set in memory (schema: collapsed), sorted by problem_id, and the stats."""
-    from mentor.pipeline.io import to_table
-    from mentor.pipeline.schemas import COLLAPSED
-
     mined = mine_iter(sources, cfg, history, executor)
     parts = [pl.from_arrow(to_table(c, "collapsed")) for c in mined.chunks]
     df = pl.concat(parts) if parts else pl.from_arrow(COLLAPSED.empty_table())
     return df.sort("problem_id"), mined.stats
-
-
-def mine_to_dir(sources: Sequence[str], out_dir: str | Path, cfg: MineConfig, history: Sequence[str] = (),
-                executor: Executor | None = None) -> Stats:
-    """The stage: mine `sources` into ``out_dir/collapsed.parquet`` (streamed) and ``out_dir/stats.json``.
-
-    Both are written into a fresh folder swapped in at the end: a kill or an error
-    leaves the old pair or the new one.
-    """
-    from mentor.pipeline.faults import fault_point
-    from mentor.pipeline.inputs import outside_output
-    from mentor.pipeline.io import parquet_writer_atomic
-    from mentor.pipeline.outdir import Owns, check_output_dir, staged_output_dir
-    from mentor.pipeline.stage import write_stats
-
-    check_output_dir(Path(out_dir))
-    sources = [str(f) for f in outside_output(resolve_inputs(sources), sources, out_dir)]
-    mined = mine_iter(sources, cfg, history, executor)
-    with staged_output_dir(out_dir, "mine", Owns(("collapsed.parquet", "stats.json"))) as staging:
-        with parquet_writer_atomic(staging / "collapsed.parquet", "collapsed") as write:
-            for chunk in mined.chunks:
-                write(chunk)
-                del chunk  # (before the next shard is read)
-        fault_point("mine.after_collapsed")
-        write_stats(staging, mined.stats, config=cfg.model_dump())
-    return mined.stats
 
 
 class MineInputs(BaseModel):
@@ -499,15 +472,40 @@ class MineInputs(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    sources: list[str]
-    history: list[str] = Field(default_factory=list)
+    sources: list[Source]
+    history: list[Source] = Field(default_factory=list)
 
 
-def _run(inputs: MineInputs, cfg: MineConfig, out_dir: Path, ctx: Context) -> Stats:
-    return mine_to_dir(inputs.sources, out_dir, cfg, history=inputs.history, executor=ctx.tasks())
+class MineStage(Stage):
+    """The stage: mine rollout shards into ``collapsed.parquet`` (streamed) and ``stats.json``.
+
+    Both are written into a fresh folder swapped in at the end: a kill or an error
+    leaves the old pair or the new one.
+    """
+
+    name = "mine"
+    Inputs = MineInputs
+    Config = MineConfig
+    owns = Owns(("collapsed.parquet", "stats.json"))
+    summary = ("collapsed", "problems")
+
+    def plan(self, inputs: MineInputs, cfg: MineConfig, out_dir: Path) -> MineInputs:
+        sources = [str(f) for f in outside_output(resolve_inputs(inputs.sources), inputs.sources, out_dir)]
+        return inputs.model_copy(update={"sources": sources})
+
+    def run(self, inputs: MineInputs, cfg: MineConfig, out_dir: Path, ctx: Context) -> Stats:
+        mined = mine_iter(inputs.sources, cfg, inputs.history, ctx.tasks())
+        with parquet_writer_atomic(out_dir / "collapsed.parquet", "collapsed") as write:
+            for chunk in mined.chunks:
+                write(chunk)
+                del chunk  # (before the next shard is read)
+        fault_point("mine.after_collapsed")
+        mined.stats.extra["config"] = cfg.model_dump()
+        return mined.stats
 
 
-STAGE = StageSpec("mine", MineInputs, MineConfig, _run)
+STAGE = MINE = MineStage()
 
 
-__all__ = ["STAGE", "MINE_STATS", "MineConfig", "count_part", "failed_shard", "mine", "mine_iter", "mine_to_dir", "truncate_keep_end"]
+__all__ = ["MINE", "MINE_STATS", "STAGE", "MineConfig", "MineInputs", "MineStage", "count_part", "failed_shard", "mine", "mine_iter",
+           "truncate_keep_end"]

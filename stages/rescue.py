@@ -27,7 +27,7 @@ of its problems that has a hint is re-rolled.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -37,9 +37,9 @@ from pydantic import BaseModel, ConfigDict, Field
 from mentor.pipeline.errors import ConfigError, DataError
 from mentor.pipeline.inputs import resolve_inputs
 from mentor.pipeline.io import read_dataset, read_parquet_schema, write_parquet_atomic
-from mentor.pipeline.llm import Backend, release_engines
 from mentor.pipeline.schemas import SCHEMA_VERSION
-from mentor.pipeline.stage import Context, StageSpec, Stats, StatsLayout, write_stats
+from mentor.pipeline.outdir import Owns
+from mentor.pipeline.stage import Context, Source, Stage, Stats, StatsLayout
 from mentor.pipeline.prompts import answer_template, load_tokenizer, render_prompt
 from mentor.stages.build_render import DEFAULT_PLACEMENT, PLACEMENTS, TEXT_PLACEMENTS, prompt_messages
 from mentor.stages.rollout import (
@@ -192,125 +192,120 @@ def rescue_layout(arms: Sequence[str]) -> StatsLayout:
     )
 
 
-def rescue_to_dir(
-    collapsed_sources: Sequence[str],
-    hints_sources: Sequence[str] | dict[str, Sequence[str]],
-    out_dir: str | Path,
-    cfg: RolloutConfig,
-    backend: Backend | Callable[[], Backend],
-    arm_placements: dict[str, str] | None = None,
-    progress: bool = False,
-    arm_answers: dict[str, str] | None = None,
-) -> Stats:
-    """`mentor rescue`: ``rescue.parquet`` + ``stats.json`` (the returned stats) + ``rollouts/`` in `out_dir`.
-
-    `hints_sources` is a list of hints files (the arm ``hinted``) or a mapping
-    arm name -> hints files. The arm ``unhinted`` is always added. `arm_placements`
-    gives an arm its own placement (default ``cfg.placement``), e.g. to compare
-    placements of the same hints in one run; `arm_answers` an arm its own opening of the answer
-    (placement assistant: a name of `prompts.ANSWER_TEMPLATES` or a text with {hint}).
-    """
-    arm_sources = {"hinted": list(hints_sources)} if not isinstance(hints_sources, dict) else {k: list(v) for k, v in hints_sources.items()}
-    for name in arm_sources:
-        if name == UNHINTED or not name.replace("_", "").replace("-", "").isalnum():
-            raise ConfigError(f"arm name {name!r}: use letters, digits, '-' and '_' (and not {UNHINTED!r}, which is always there)")
-    collapsed = read_collapsed_or_problems(collapsed_sources)
-    arms = {name: read_dataset(resolve_inputs(src), "hints") for name, src in arm_sources.items()}
-    if collapsed.height == 0:
-        raise DataError(f"{', '.join(map(str, collapsed_sources))}: no collapsed problems to re-roll")
-    if collapsed["problem_id"].is_duplicated().any():
-        # Several rounds' collapsed sets: keep each problem's latest row.
-        collapsed = collapsed.sort("round").unique("problem_id", keep="last", maintain_order=True)
-    arm_placements = dict(arm_placements or {})
-    unknown = sorted(set(arm_placements) - set(arms))
-    if unknown:
-        raise ConfigError(f"placement for arm(s) {unknown}, which are not in the run (arms: {', '.join(arms)})")
-    bad = {a: p for a, p in arm_placements.items() if p not in PLACEMENTS}
-    if bad:
-        a, p = next(iter(bad.items()))
-        raise ConfigError(f"arm {a}: placement {p!r}; use one of {', '.join(PLACEMENTS)}")
-    arm_answers = dict(arm_answers or {})
-    unknown = sorted(set(arm_answers) - set(arms))
-    if unknown:
-        raise ConfigError(f"answer template for arm(s) {unknown}, which are not in the run (arms: {', '.join(arms)})")
-    for a, spec in arm_answers.items():
-        try:
-            answer_template(spec)
-        except ConfigError as exc:
-            raise ConfigError(f"arm {a}: {exc}") from None
-    cfg = cfg.for_policy(backend, list(arm_placements.values()))
-    items, kept, missing = rescue_items(collapsed, arms, cfg, arm_placements, arm_answers)
-    if not items or not kept:
-        where = "; ".join(f"{name}: {', '.join(map(str, src))}" for name, src in arm_sources.items())
-        raise DataError(
-            f"none of the {collapsed.height} collapsed problems has a hint in every arm ({where}); "
-            "run `mentor hint` on this collapsed set first"
-        )
-    names = [UNHINTED, *arms]
-    t0 = time.monotonic()
-    out_dir = Path(out_dir)
-    per_problem = len(names)
-    # Whole problems per shard, so that every arm of a problem is in the same engine batch.
-    shard_cfg = cfg.model_copy(update={"shard_size": max(per_problem, cfg.shard_size // per_problem * per_problem)})
-    try:
-        run = run_shards("rescue", items, shard_cfg, backend, out_dir / "rollouts",
-                         seed_fn=lambda i, item, j: problem_seed(cfg.seed, item.problem_id, j), progress=progress)
-    finally:
-        release_engines()
-    rows = run.rows
-    report = rescue_report(rows, cfg.k, names)
-    write_parquet_atomic(report, out_dir / "rescue.parquet")
-    n = report.height
-    per_arm: dict[str, dict[str, Any]] = {}
-    for name in names:
-        rescued = int(report[f"rescued_{name}"].sum())
-        lo, hi = wilson(rescued, n)
-        per_arm[name] = {
-            "rescued": rescued,
-            "rescue_rate": round(rescued / n, 6) if n else 0.0,
-            "rescue_rate_ci95": [round(lo, 6), round(hi, 6)],
-            "mean_correct": round(float(report[f"mean_correct_{name}"].mean() or 0.0), 6),
-            "skipped_no_hint": missing.get(name, 0),
-        }
-        if name != UNHINTED:
-            place = arm_placements.get(name, cfg.placement) if cfg.hint_template is None else "template"
-            per_arm[name]["placement"] = place
-            if place in TEXT_PLACEMENTS:
-                per_arm[name]["answer_template"] = answer_template(arm_answers.get(name, cfg.answer_template))
-    per_arm_values = {f"mean_correct_{name}": a["mean_correct"] for name, a in per_arm.items()}
-    if "hinted" in per_arm:
-        per_arm_values["lift"] = round((per_arm["hinted"]["rescued"] - per_arm[UNHINTED]["rescued"]) / n, 6) if n else 0.0
-    stats = rescue_layout(names)(
-        k=cfg.k, arms=per_arm, **per_arm_values, model=run.model or getattr(backend, "model", None),
-        seconds=round(time.monotonic() - t0, 3), inputs={"collapsed": [str(s) for s in collapsed_sources], "arms": arm_sources},
-        config=cfg.model_dump(mode="json"),
-    )
-    stats.merge({"problems": n, "collapsed": collapsed.height, "skipped_no_hint": missing["*"],
-                 **{f"rescued_{name}": a["rescued"] for name, a in per_arm.items()}, "rollouts": len(rows),
-                 "prompt_tokens": run.prompt_tokens, "completion_tokens": run.completion_tokens,
-                 "engine_calls": run.engine_calls, "shards": run.shards, "shards_reused": run.shards - run.computed})
-    write_stats(out_dir, stats)
-    return stats
-
-
 class RescueInputs(BaseModel):
     """What `mentor rescue` reads: collapsed problems (or a problems set) and the hints of each arm."""
 
     model_config = ConfigDict(extra="forbid")
 
-    collapsed: list[str]
-    arms: dict[str, list[str]] = Field(description="Arm name -> hints files (`--hints H` is the arm 'hinted').")
+    collapsed: list[Source]
+    arms: dict[str, list[Source]] = Field(description="Arm name -> hints files (`--hints H` is the arm 'hinted').")
     placements: dict[str, str] = Field(default_factory=dict, description="An arm's own placement (default: the config's).")
     answers: dict[str, str] = Field(default_factory=dict, description="An arm's own opening of the answer (placement "
                                     "assistant; default: the config's).")
 
 
-def _run(inputs: RescueInputs, cfg: RolloutConfig, out_dir: Path, ctx: Context) -> Stats:
-    return rescue_to_dir(inputs.collapsed, inputs.arms, out_dir, cfg, ctx.engine("rescue"),
-                         arm_placements=inputs.placements, progress=ctx.progress, arm_answers=inputs.answers)
+class RescueStage(Stage):
+    """`mentor rescue`: ``rescue.parquet`` + ``stats.json`` + ``rollouts/`` (resumable shards).
+
+    The inputs' ``arms`` map an arm name to hints files; the arm ``unhinted`` is
+    always added. ``placements`` gives an arm its own placement (default
+    ``cfg.placement``), e.g. to compare placements of the same hints in one run;
+    ``answers`` an arm its own opening of the answer (placement assistant: a name of
+    `prompts.ANSWER_TEMPLATES` or a text with {hint}).
+    """
+
+    name = "rescue"
+    Inputs = RescueInputs
+    Config = RolloutConfig
+    owns = Owns(("rescue.parquet", "stats.json", "rollouts"))
+    staged = False
+    needs_engine = True
+    summary = ("problems", "rollouts")
+
+    def run(self, inputs: RescueInputs, cfg: RolloutConfig, out_dir: Path, ctx: Context) -> Stats:
+        collapsed_sources, arm_sources, backend = inputs.collapsed, inputs.arms, ctx.engine("rescue")
+        arm_placements, arm_answers, progress = inputs.placements, inputs.answers, ctx.progress
+        for name in arm_sources:
+            if name == UNHINTED or not name.replace("_", "").replace("-", "").isalnum():
+                raise ConfigError(f"arm name {name!r}: use letters, digits, '-' and '_' (and not {UNHINTED!r}, which is always there)")
+        collapsed = read_collapsed_or_problems(collapsed_sources)
+        arms = {name: read_dataset(resolve_inputs(src), "hints") for name, src in arm_sources.items()}
+        if collapsed.height == 0:
+            raise DataError(f"{', '.join(map(str, collapsed_sources))}: no collapsed problems to re-roll")
+        if collapsed["problem_id"].is_duplicated().any():
+            # Several rounds' collapsed sets: keep each problem's latest row.
+            collapsed = collapsed.sort("round").unique("problem_id", keep="last", maintain_order=True)
+        arm_placements = dict(arm_placements or {})
+        unknown = sorted(set(arm_placements) - set(arms))
+        if unknown:
+            raise ConfigError(f"placement for arm(s) {unknown}, which are not in the run (arms: {', '.join(arms)})")
+        bad = {a: p for a, p in arm_placements.items() if p not in PLACEMENTS}
+        if bad:
+            a, p = next(iter(bad.items()))
+            raise ConfigError(f"arm {a}: placement {p!r}; use one of {', '.join(PLACEMENTS)}")
+        arm_answers = dict(arm_answers or {})
+        unknown = sorted(set(arm_answers) - set(arms))
+        if unknown:
+            raise ConfigError(f"answer template for arm(s) {unknown}, which are not in the run (arms: {', '.join(arms)})")
+        for a, spec in arm_answers.items():
+            try:
+                answer_template(spec)
+            except ConfigError as exc:
+                raise ConfigError(f"arm {a}: {exc}") from None
+        cfg = cfg.for_policy(backend, list(arm_placements.values()))
+        items, kept, missing = rescue_items(collapsed, arms, cfg, arm_placements, arm_answers)
+        if not items or not kept:
+            where = "; ".join(f"{name}: {', '.join(map(str, src))}" for name, src in arm_sources.items())
+            raise DataError(
+                f"none of the {collapsed.height} collapsed problems has a hint in every arm ({where}); "
+                "run `mentor hint` on this collapsed set first"
+            )
+        names = [UNHINTED, *arms]
+        t0 = time.monotonic()
+        per_problem = len(names)
+        # Whole problems per shard, so that every arm of a problem is in the same engine batch.
+        shard_cfg = cfg.model_copy(update={"shard_size": max(per_problem, cfg.shard_size // per_problem * per_problem)})
+        run = run_shards("rescue", items, shard_cfg, backend, out_dir / "rollouts",
+                         seed_fn=lambda i, item, j: problem_seed(cfg.seed, item.problem_id, j), progress=progress)
+        rows = run.rows
+        report = rescue_report(rows, cfg.k, names)
+        write_parquet_atomic(report, out_dir / "rescue.parquet")
+        n = report.height
+        per_arm: dict[str, dict[str, Any]] = {}
+        for name in names:
+            rescued = int(report[f"rescued_{name}"].sum())
+            lo, hi = wilson(rescued, n)
+            per_arm[name] = {
+                "rescued": rescued,
+                "rescue_rate": round(rescued / n, 6) if n else 0.0,
+                "rescue_rate_ci95": [round(lo, 6), round(hi, 6)],
+                "mean_correct": round(float(report[f"mean_correct_{name}"].mean() or 0.0), 6),
+                "skipped_no_hint": missing.get(name, 0),
+            }
+            if name != UNHINTED:
+                place = arm_placements.get(name, cfg.placement) if cfg.hint_template is None else "template"
+                per_arm[name]["placement"] = place
+                if place in TEXT_PLACEMENTS:
+                    per_arm[name]["answer_template"] = answer_template(arm_answers.get(name, cfg.answer_template))
+        per_arm_values = {f"mean_correct_{name}": a["mean_correct"] for name, a in per_arm.items()}
+        if "hinted" in per_arm:
+            per_arm_values["lift"] = round((per_arm["hinted"]["rescued"] - per_arm[UNHINTED]["rescued"]) / n, 6) if n else 0.0
+        stats = rescue_layout(names)(
+            k=cfg.k, arms=per_arm, **per_arm_values, model=run.model or getattr(backend, "model", None),
+            seconds=round(time.monotonic() - t0, 3), inputs={"collapsed": [str(s) for s in collapsed_sources], "arms": arm_sources},
+            config=cfg.model_dump(mode="json"),
+        )
+        stats.merge({"problems": n, "collapsed": collapsed.height, "skipped_no_hint": missing["*"],
+                     **{f"rescued_{name}": a["rescued"] for name, a in per_arm.items()}, "rollouts": len(rows),
+                     "prompt_tokens": run.prompt_tokens, "completion_tokens": run.completion_tokens,
+                     "engine_calls": run.engine_calls, "shards": run.shards, "shards_reused": run.shards - run.computed})
+        return stats
 
 
-STAGE = StageSpec("rescue", RescueInputs, RolloutConfig, _run)
 
 
-__all__ = ["STAGE", "read_collapsed_or_problems", "rescue_items", "rescue_report", "rescue_to_dir", "wilson"]
+STAGE = RESCUE = RescueStage()
+
+
+__all__ = ["RESCUE", "STAGE", "RescueInputs", "RescueStage", "read_collapsed_or_problems", "rescue_items", "rescue_report",
+           "wilson"]

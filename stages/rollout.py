@@ -49,11 +49,12 @@ from pydantic import BaseModel, ConfigDict, Field
 from mentor.pipeline.errors import DataError, EngineError
 from mentor.pipeline.inputs import resolve_inputs
 from mentor.pipeline.io import read_dataset, read_parquet_schema
-from mentor.pipeline.llm import Backend, GenRequest, OnDone, describe_backend, release_engines
+from mentor.pipeline.llm import Backend, GenRequest, OnDone, describe_backend
 from mentor.pipeline.prompts import INSTRUCTIONS, answer_template
 from mentor.pipeline.schemas import SCHEMA_VERSION, check_schema, parse_prompt_label
 from mentor.pipeline.shards import Shard, ShardPlan
-from mentor.pipeline.stage import Context, StageSpec, Stats, StatsLayout, write_stats
+from mentor.pipeline.outdir import Owns
+from mentor.pipeline.stage import Context, Source, Stage, Stats, StatsLayout
 from mentor.stages.build_render import DEFAULT_PLACEMENT, PLACEMENTS, TEXT_PLACEMENTS, hint_template, prompt_messages, resolve_placement
 from mentor.training.verify import reference_of
 
@@ -449,63 +450,67 @@ ROLLOUT_STATS = StatsLayout(
 )
 
 
-def rollout_to_dir(sources: Sequence[str], out_dir: str | Path, cfg: RolloutConfig, backend: Backend | Callable[[], Backend],
-                   progress: bool = False) -> Stats:
-    """`mentor rollout`: writes ``out_dir/part-NNNNN.parquet`` (ROLLOUTS) and ``out_dir/stats.json``."""
-    items = load_prompt_items(sources, cfg)
-    if not items:
-        raise DataError(f"no prompts in {', '.join(map(str, sources))}")
-    _number_repeats(items)
-    t0 = time.monotonic()
-    out_dir = Path(out_dir)
-    try:
-        run = run_shards("rollout", items, cfg, backend, out_dir, progress=progress)
-    finally:
-        release_engines()  # the stage's engine ends with it: the next stage (a trainer) gets the memory
-    rows = run.rows
-    frame = pl.DataFrame({"pid": [r["problem_id"] for r in rows], "c": [r["correct"] for r in rows]})
-    per = frame.group_by("pid").agg(pl.col("c").max().alias("best"), pl.col("c").min().alias("worst"))
-    stats = ROLLOUT_STATS(
-        k=cfg.k, mean_correct=round(float(frame["c"].mean()), 6) if rows else 0.0,
-        model=run.model or getattr(backend, "model", None), seconds=round(time.monotonic() - t0, 3),
-        inputs=[str(s) for s in sources], config=cfg.model_dump(mode="json"),
-    )
-    stats.merge({
-        "prompts": len(items),
-        "problems": per.height,
-        "rollouts": len(rows),
-        "correct": int(sum(r["correct"] > 0 for r in rows)),
-        "collapsed": int((per["best"] <= 0).sum()),
-        "all_correct": int((per["worst"] > 0).sum()),
-        "truncated": int(sum(bool(r["truncated"]) for r in rows)),
-        "prompt_tokens": run.prompt_tokens,
-        "completion_tokens": run.completion_tokens,
-        "engine_calls": run.engine_calls,
-        "shards": run.shards,
-        "shards_reused": run.shards - run.computed,
-    })
-    write_stats(out_dir, stats)
-    return stats
-
-
 class RolloutInputs(BaseModel):
     """What `mentor rollout` reads: prompt shards, a problems dataset, or a bundled set name."""
 
     model_config = ConfigDict(extra="forbid")
 
-    prompts: list[str]
+    prompts: list[Source]
 
 
-def _run(inputs: RolloutInputs, cfg: RolloutConfig, out_dir: Path, ctx: Context) -> Stats:
-    return rollout_to_dir(inputs.prompts, out_dir, cfg, ctx.engine("rollout"), progress=ctx.progress)
+class RolloutStage(Stage):
+    """`mentor rollout`: writes ``part-NNNNN.parquet`` (ROLLOUTS) and ``stats.json``; resumable by shard."""
+
+    name = "rollout"
+    Inputs = RolloutInputs
+    Config = RolloutConfig
+    owns = Owns(("stats.json", "_done"), shards=True)
+    staged = False
+    needs_engine = True
+    summary = ("problems", "rollouts", "mean_correct", "collapsed")
+
+    def run(self, inputs: RolloutInputs, cfg: RolloutConfig, out_dir: Path, ctx: Context) -> Stats:
+        sources, backend = inputs.prompts, ctx.engine("rollout")
+        items = load_prompt_items(sources, cfg)
+        if not items:
+            raise DataError(f"no prompts in {', '.join(map(str, sources))}")
+        _number_repeats(items)
+        t0 = time.monotonic()
+        run = run_shards("rollout", items, cfg, backend, out_dir, progress=ctx.progress)
+        rows = run.rows
+        frame = pl.DataFrame({"pid": [r["problem_id"] for r in rows], "c": [r["correct"] for r in rows]})
+        per = frame.group_by("pid").agg(pl.col("c").max().alias("best"), pl.col("c").min().alias("worst"))
+        stats = ROLLOUT_STATS(
+            k=cfg.k, mean_correct=round(float(frame["c"].mean()), 6) if rows else 0.0,
+            model=run.model or getattr(backend, "model", None), seconds=round(time.monotonic() - t0, 3),
+            inputs=[str(s) for s in sources], config=cfg.model_dump(mode="json"),
+        )
+        stats.merge({
+            "prompts": len(items),
+            "problems": per.height,
+            "rollouts": len(rows),
+            "correct": int(sum(r["correct"] > 0 for r in rows)),
+            "collapsed": int((per["best"] <= 0).sum()),
+            "all_correct": int((per["worst"] > 0).sum()),
+            "truncated": int(sum(bool(r["truncated"]) for r in rows)),
+            "prompt_tokens": run.prompt_tokens,
+            "completion_tokens": run.completion_tokens,
+            "engine_calls": run.engine_calls,
+            "shards": run.shards,
+            "shards_reused": run.shards - run.computed,
+        })
+        return stats
 
 
-STAGE = StageSpec("rollout", RolloutInputs, RolloutConfig, _run)
+STAGE = ROLLOUT = RolloutStage()
 
 
 __all__ = [
+    "ROLLOUT",
     "ROLLOUT_STATS",
     "STAGE",
+    "RolloutInputs",
+    "RolloutStage",
     "PromptItem",
     "RolloutConfig",
     "is_dataset",
@@ -513,7 +518,6 @@ __all__ = [
     "policy_tokenizer",
     "problem_seed",
     "resolve_sources",
-    "rollout_to_dir",
     "run_shards",
     "sample_and_verify",
 ]

@@ -39,10 +39,10 @@ def bundled_rollouts() -> Path:
 @pytest.fixture(scope="session")
 def gsm8k_collapsed(tmp_path_factory, bundled_rollouts) -> Path:
     """collapsed.parquet mined from the bundled real GSM8K rollouts (432 rows)."""
-    from mentor.stages.mine import MineConfig, mine_to_dir
+    from mentor.stages.mine import MINE, MineConfig
 
     out = tmp_path_factory.mktemp("collapsed")
-    mine_to_dir([str(bundled_rollouts)], out, MineConfig())
+    MINE({"sources": [str(bundled_rollouts)]}, MineConfig(), out)
     return out / "collapsed.parquet"
 
 
@@ -57,10 +57,10 @@ def policy_model() -> str:
 @pytest.fixture(scope="session")
 def gsm8k_prompts(tmp_path_factory) -> str:
     """`mentor build --base gsm8k` (1,319 unhinted prompts): what a round trains on."""
-    from mentor.stages.build import BuildConfig, build
+    from mentor.stages.build import BUILD, BuildConfig
 
     out = tmp_path_factory.mktemp("gsm8k-prompts") / "prompts"
-    build(BuildConfig(base="gsm8k", round=0), out)
+    BUILD({}, BuildConfig(base="gsm8k", round=0), out)
     return str(out)
 
 

@@ -16,6 +16,7 @@ import pytest
 from mentor.pipeline.devices import engine_worker_env, local_gpus
 from mentor.pipeline.errors import ConfigError, EngineError
 from mentor.pipeline.llm import BackendSpec, FakeBackend, GenRequest, make_backend
+from mentor.pipeline.stage import Context
 from mentor.stages import hint_agents
 from mentor.stages.hint import hint_shard
 from mentor.stages.hint_config import HintConfig
@@ -322,7 +323,7 @@ def test_shards_split_over_the_engine_workers():
 def test_a_stage_releases_its_engines_unless_held(gsm8k_collapsed, tmp_path, monkeypatch):
     """hint_to_dir shuts the process's engines (and the executor's workers') when it ends; hold_engines keeps them."""
     from mentor.pipeline import llm
-    from mentor.stages.hint import hint_to_dir
+    from mentor.stages.hint import HINT
 
     closed: list[str] = []
 
@@ -347,7 +348,8 @@ def test_a_stage_releases_its_engines_unless_held(gsm8k_collapsed, tmp_path, mon
     cfg = HintConfig(llm_judge=False)
     monkeypatch.setitem(llm._ENGINES, "k", Engine())
     with llm.hold_engines():
-        hint_to_dir(gsm8k_collapsed, tmp_path / "a", cfg, spec, executor=Workers(), sample=3)
+        HINT({"collapsed": [gsm8k_collapsed], "sample": 3}, cfg, tmp_path / "a",
+             Context(backend=spec, executor=Workers()))
     assert closed == [] and "k" in llm._ENGINES
-    hint_to_dir(gsm8k_collapsed, tmp_path / "b", cfg, spec, executor=Workers(), sample=3)
+    HINT({"collapsed": [gsm8k_collapsed], "sample": 3}, cfg, tmp_path / "b", Context(backend=spec, executor=Workers()))
     assert closed == ["engine", "workers"] and not llm._ENGINES

@@ -126,9 +126,9 @@ def _round(root: Path, **conf) -> list[str]:
 
 
 def _prompts(root: Path) -> bool:
-    from mentor.stages.build import BuildConfig, build
+    from mentor.stages.build import BUILD, BuildConfig
 
-    build(BuildConfig(base="humaneval", round=0, shard_rows=100), root / "round-000" / "prompts")
+    BUILD({}, BuildConfig(base="humaneval", round=0, shard_rows=100), root / "round-000" / "prompts")
     return True
 
 

@@ -22,7 +22,7 @@ from mentor.pipeline.errors import ConfigError, DataError
 from mentor.pipeline.ids import text_id
 from mentor.pipeline.io import sha256_file
 from mentor.pipeline.schemas import PROMPTS, conform, parse_prompt_label, prompt_label
-from mentor.stages.build import DEFAULT_INSTRUCTIONS, BuildConfig, build
+from mentor.stages.build import DEFAULT_INSTRUCTIONS, BUILD, BuildConfig
 
 
 # --------------------------------------------------------------------------- helpers
@@ -83,7 +83,7 @@ def gsm8k_hints(tmp_path_factory, gsm8k_collapsed) -> Path:
 @pytest.fixture(scope="module")
 def built(tmp_path_factory, gsm8k_hints) -> Path:
     out = tmp_path_factory.mktemp("prompts") / "prompts"
-    build(BuildConfig(base="gsm8k", hints=[str(gsm8k_hints)], shard_rows=500), out)
+    BUILD({}, BuildConfig(base="gsm8k", hints=[str(gsm8k_hints)], shard_rows=500), out)
     return out
 
 
@@ -152,7 +152,9 @@ def test_shards_schema_manifest_stats_and_card(built, gsm8k_hints):
 
 def test_mode_both_keeps_the_unhinted_prompt_beside_the_hinted(tmp_path, gsm8k_hints):
     out = tmp_path / "both"
-    st = build(BuildConfig(base="gsm8k", hints=[str(gsm8k_hints)], mode="both", system_prompt="You are a careful solver."), out)
+    st = BUILD({},
+               BuildConfig(base="gsm8k", hints=[str(gsm8k_hints)], mode="both", system_prompt="You are a careful solver."),
+               out)
     df = read_prompts(out)
     assert df.height == 1319 + 20 and st.rows == 1339 and st.hinted_rows == 20 and st.unhinted_rows == 1319
     hinted_ids = set(df.filter(pl.col("hint_id").is_not_null()).get_column("problem_id"))
@@ -173,12 +175,12 @@ def test_same_inputs_and_seed_give_identical_bytes(tmp_path, gsm8k_hints):
         return [p.read_bytes() for p in sorted(out.glob("part-*.parquet"))]
 
     cfg = BuildConfig(base="gsm8k", hints=[str(gsm8k_hints)], shard_rows=400, mode="both")
-    build(cfg, tmp_path / "a")
-    build(cfg, tmp_path / "b")
+    BUILD({}, cfg, tmp_path / "a")
+    BUILD({}, cfg, tmp_path / "b")
     assert shard_bytes(tmp_path / "a") == shard_bytes(tmp_path / "b")
     seeded = cfg.model_copy(update={"seed": 7})
-    build(seeded, tmp_path / "s1")
-    build(seeded, tmp_path / "s2")
+    BUILD({}, seeded, tmp_path / "s1")
+    BUILD({}, seeded, tmp_path / "s2")
     assert shard_bytes(tmp_path / "s1") == shard_bytes(tmp_path / "s2")
     assert shard_bytes(tmp_path / "s1") != shard_bytes(tmp_path / "a")
     a, s = read_prompts(tmp_path / "a"), read_prompts(tmp_path / "s1")
@@ -192,9 +194,9 @@ def test_same_inputs_and_seed_give_identical_bytes(tmp_path, gsm8k_hints):
 
 def test_shard_bytes_and_stale_shards_are_removed(tmp_path):
     out = tmp_path / "p"
-    build(BuildConfig(base="gsm8k", shard_rows=100), out)
+    BUILD({}, BuildConfig(base="gsm8k", shard_rows=100), out)
     assert len(list(out.glob("part-*.parquet"))) == 14
-    build(BuildConfig(base="gsm8k", shard_bytes=200_000), out)
+    BUILD({}, BuildConfig(base="gsm8k", shard_bytes=200_000), out)
     shards = sorted(out.glob("part-*.parquet"))
     m = json.loads((out / "manifest.json").read_text())
     assert 1 < len(shards) < 14 and [s["path"] for s in m["shards"]] == [s.name for s in shards]
@@ -208,7 +210,7 @@ def test_math500_and_humaneval_labels(tmp_path):
 
     for name, domain in (("math500", "math"), ("humaneval", "code")):
         out = tmp_path / name
-        build(BuildConfig(base=name), out)
+        BUILD({}, BuildConfig(base=name), out)
         df = read_prompts(out)
         base = pl.read_parquet(bundled(f"{name}_problems.parquet"))
         assert df.height == base.height
@@ -232,7 +234,7 @@ def test_labels_escape_like_json_dumps(tmp_path):
     hints = make_hints([{"problem_id": "q1", "hint": 'Use "half" of {x}', "hint_id": 'h"1'}], tmp_path / "h.parquet")
     out = tmp_path / "o"
     # One row per shard: the escapes are found in the whole set and apply to each shard's slice.
-    build(BuildConfig(base=str(tmp_path / "b.parquet"), hints=[str(hints)], round=3, shard_rows=1), out)
+    BUILD({}, BuildConfig(base=str(tmp_path / "b.parquet"), hints=[str(hints)], round=3, shard_rows=1), out)
     df = read_prompts(out)
     assert len(list(out.glob("part-*.parquet"))) == 2
     for row in df.iter_rows(named=True):
@@ -271,7 +273,7 @@ def test_user_messages_are_the_shared_layout(tmp_path, gsm8k_hints, template):
     from mentor.data import bundled
 
     out = tmp_path / "o"
-    build(BuildConfig(base="gsm8k", hints=[str(gsm8k_hints)], template=template, mode="both"), out)
+    BUILD({}, BuildConfig(base="gsm8k", hints=[str(gsm8k_hints)], template=template, mode="both"), out)
     hints = {r["problem_id"]: r["hint"] for r in pl.read_parquet(gsm8k_hints).iter_rows(named=True)}
     problems = dict(pl.read_parquet(bundled("gsm8k_problems.parquet")).select("problem_id", "problem").iter_rows())
     for row in read_prompts(out).iter_rows(named=True):
@@ -294,7 +296,7 @@ def _user_message(problem: str, instruction: str, hint: str | None, template: st
 
 def _placed(tmp_path, gsm8k_hints, placement, **kw):
     out = tmp_path / f"p-{placement}"
-    build(BuildConfig(base="gsm8k", hints=[str(gsm8k_hints)], placement=placement, mode="both", **kw), out)
+    BUILD({}, BuildConfig(base="gsm8k", hints=[str(gsm8k_hints)], placement=placement, mode="both", **kw), out)
     return read_prompts(out)
 
 
@@ -412,7 +414,7 @@ def test_openrlhf_prompt_dataset_reads_each_placement(tmp_path, gsm8k_hints, pla
 
     tok = _chat_tokenizer()
     out = tmp_path / "o"
-    build(BuildConfig(base="gsm8k", hints=[str(gsm8k_hints)], placement=placement), out)
+    BUILD({}, BuildConfig(base="gsm8k", hints=[str(gsm8k_hints)], placement=placement), out)
     args = SimpleNamespace(use_ms=False, data=SimpleNamespace(input_key="prompt", label_key="label", apply_chat_template=True,
                                                               image_key="images"))
     strategy = SimpleNamespace(args=args, print=lambda *a, **k: None, is_rank_0=lambda: False)
@@ -442,7 +444,7 @@ def test_trl_and_verl_render_each_placement(tmp_path, gsm8k_hints, placement):
 
     tok = _chat_tokenizer()
     out = tmp_path / "o"
-    build(BuildConfig(base="gsm8k", hints=[str(gsm8k_hints)], placement=placement), out)
+    BUILD({}, BuildConfig(base="gsm8k", hints=[str(gsm8k_hints)], placement=placement), out)
     ds = datasets.load_dataset("parquet", data_files=str(out / "part-*.parquet"), split="train", cache_dir=str(tmp_path / "c"))
     hinted = ds.filter(lambda r: r["hint_id"] is not None)
     assert len(hinted) == 20
@@ -594,7 +596,7 @@ def test_openrlhf_prompt_dataset_reads_the_shard_directory(built, gsm8k_hints, c
 def test_local_jsonl_needs_a_map_and_then_matches_bundled_ids(tmp_path, shared_data):
     src = shared_data / "gsm8k" / "test.jsonl"
     with pytest.raises(DataError) as err:
-        build(BuildConfig(base=str(src)), tmp_path / "x")
+        BUILD({}, BuildConfig(base=str(src)), tmp_path / "x")
     msg = str(err.value)
     assert "test.jsonl" in msg and "'problem'" in msg and "'label'" in msg
     assert "--map problem=question" in msg and "--map label=answer" in msg
@@ -644,7 +646,7 @@ def test_hugging_face_dataset_through_datasets(tmp_path, monkeypatch):
     )
     raw.write_parquet(folder / "test-00000-of-00001.parquet")
     out = tmp_path / "o"
-    st = build(BuildConfig(base=f"hf:{folder}:test", mapping={"problem": "question", "label": "final"}), out)
+    st = BUILD({}, BuildConfig(base=f"hf:{folder}:test", mapping={"problem": "question", "label": "final"}), out)
     df = read_prompts(out)
     assert st.rows == 50 and df["problem_id"].to_list() == gsm8k_ids(50)
     m = json.loads((out / "manifest.json").read_text())
@@ -654,13 +656,13 @@ def test_hugging_face_dataset_through_datasets(tmp_path, monkeypatch):
 def test_bad_inputs(tmp_path, gsm8k_hints):
     # Unknown bundled name / missing file: a usage error.
     with pytest.raises(ConfigError, match="bundled"):
-        build(BuildConfig(base="gsm9k"), tmp_path / "x")
+        BUILD({}, BuildConfig(base="gsm9k"), tmp_path / "x")
     # Duplicate problem ids: an error naming the file and the ids.
     dup = pl.DataFrame({"problem_id": ["a", "b", "a"], "domain": ["math"] * 3, "problem": ["1", "2", "3"],
                         "label": ["1", "2", "3"], "data_source": ["t"] * 3})
     dup.write_parquet(tmp_path / "dup.parquet")
     with pytest.raises(DataError) as err:
-        build(BuildConfig(base=str(tmp_path / "dup.parquet")), tmp_path / "x")
+        BUILD({}, BuildConfig(base=str(tmp_path / "dup.parquet")), tmp_path / "x")
     assert "dup.parquet" in str(err.value) and "duplicate problem_id" in str(err.value) and "a" in str(err.value)
     # Rows without a label or problem: dropped and counted, an error with --strict.
     # Blank in any Unicode whitespace is missing; a problem that only starts with a space is kept.
@@ -670,7 +672,7 @@ def test_bad_inputs(tmp_path, gsm8k_hints):
                           "problem": ["1", "  ", "3", "4", "\u2003\u3000\n", " 6 eggs", "7"], "label": ["1", "2", None, "4", "5", "6", "7"],
                           "data_source": ["t", "t", "t", "t", "t", None, "t"]})
     holes.write_parquet(tmp_path / "holes.parquet")
-    st = build(BuildConfig(base=str(tmp_path / "holes.parquet")), tmp_path / "h")
+    st = BUILD({}, BuildConfig(base=str(tmp_path / "holes.parquet")), tmp_path / "h")
     assert st.rows == 2 and st.base_dropped == {"problem_missing": 2, "label_missing": 1, "domain_unknown": 2}
     shards = pl.read_parquet(tmp_path / "h" / "part-*.parquet")
     assert shards.get_column("problem_id").to_list() == ["a", "f"]
@@ -678,10 +680,10 @@ def test_bad_inputs(tmp_path, gsm8k_hints):
     assert any("chem" in w and "None" in w for w in st.warnings)
     assert any("1 base problem(s) have no data_source" in w and "'f'" in w and "'holes'" in w for w in st.warnings)
     # Given as a glob, the set is named after its folder.
-    build(BuildConfig(base=str(tmp_path / "hol*.parquet")), tmp_path / "g")
+    BUILD({}, BuildConfig(base=str(tmp_path / "hol*.parquet")), tmp_path / "g")
     assert pl.read_parquet(tmp_path / "g" / "part-*.parquet").get_column("data_source").to_list() == ["t", tmp_path.name]
     with pytest.raises(DataError, match="--strict"):
-        build(BuildConfig(base=str(tmp_path / "holes.parquet"), strict=True), tmp_path / "h2")
+        BUILD({}, BuildConfig(base=str(tmp_path / "holes.parquet"), strict=True), tmp_path / "h2")
     # Something else passed as --hints: a schema error naming the file and the missing columns.
     from mentor.data import bundled
 
@@ -690,7 +692,7 @@ def test_bad_inputs(tmp_path, gsm8k_hints):
     # Hints for problems not in the base set: counted warning, an error with --strict.
     stray = make_hints([{"problem_id": "p-nowhere", "hint": "x"}, {"problem_id": gsm8k_ids(1)[0], "hint": "Look at the eggs."}],
                        tmp_path / "stray" / "hints.parquet")
-    st = build(BuildConfig(base="gsm8k", hints=[str(stray)]), tmp_path / "s")
+    st = BUILD({}, BuildConfig(base="gsm8k", hints=[str(stray)]), tmp_path / "s")
     assert st.hints_unmatched == 1 and st.hints_used == 1 and st.hinted_rows == 1
     assert any("p-nowhere" in w for w in st.warnings)
     r = CliRunner().invoke(cli, ["build", "--base", "gsm8k", "--hints", str(stray), "--out", str(tmp_path / "s2"), "--strict"])
@@ -709,7 +711,7 @@ def test_hints_without_ids_are_skipped_and_counted(tmp_path):
         values[row] = None
         table = table.set_column(table.schema.get_field_index(col), pa.field(col, pa.string()), pa.array(values, pa.string()))
     pq.write_table(table, path)
-    st = build(BuildConfig(base="gsm8k", hints=[str(path)]), tmp_path / "o")
+    st = BUILD({}, BuildConfig(base="gsm8k", hints=[str(path)]), tmp_path / "o")
     assert st.hints_missing_ids == 2 and st.hints_used == 1 and st.hints_unmatched == 0 and st.hinted_rows == 1
     assert any("2 hint(s) skipped: null problem_id, hint_id or round" in w and "hints.parquet" in w for w in st.warnings)
     df = read_prompts(tmp_path / "o")
@@ -732,7 +734,7 @@ def test_empty_hints_and_several_hints_per_problem(tmp_path):
          {"problem_id": pid, "hint": "newer", "hint_id": "h1", "round": 1}],  # listed twice: not a conflict
         tmp_path / "m" / "hints.parquet",
     )
-    st = build(BuildConfig(base="gsm8k", hints=[str(multi)]), tmp_path / "mo")
+    st = BUILD({}, BuildConfig(base="gsm8k", hints=[str(multi)]), tmp_path / "mo")
     assert st.hints_superseded == 1 and st.hints_duplicate_rows == 1 and st.round == 2
     row = read_prompts(tmp_path / "mo").filter(pl.col("problem_id") == pid).row(0, named=True)
     assert row["hint_id"] == "h1" and "\n\nHint: newer\n\n" in row["prompt"][0]["content"]
@@ -741,15 +743,15 @@ def test_empty_hints_and_several_hints_per_problem(tmp_path):
         tmp_path / "c" / "hints.parquet",
     )
     with pytest.raises(DataError, match="more than one hint in the same round"):
-        build(BuildConfig(base="gsm8k", hints=[str(clash)]), tmp_path / "co")
+        BUILD({}, BuildConfig(base="gsm8k", hints=[str(clash)]), tmp_path / "co")
     # Status filter: fallback hints can be left out.
-    st = build(BuildConfig(base="gsm8k", hints=[str(multi)], hint_statuses=["repaired"]), tmp_path / "f")
+    st = BUILD({}, BuildConfig(base="gsm8k", hints=[str(multi)], hint_statuses=["repaired"]), tmp_path / "f")
     assert st.hinted_rows == 0 and st.hints_skipped_status == 3
 
 
 def test_a_failed_write_leaves_the_old_build_whole(tmp_path, monkeypatch, gsm8k_hints):
     out = tmp_path / "p"
-    build(BuildConfig(base="gsm8k", shard_rows=300), out)
+    BUILD({}, BuildConfig(base="gsm8k", shard_rows=300), out)
     before = {p.name: p.read_bytes() for p in out.iterdir()}
     calls = {"n": 0}
     real = pq.ParquetWriter.write_table
@@ -763,7 +765,7 @@ def test_a_failed_write_leaves_the_old_build_whole(tmp_path, monkeypatch, gsm8k_
 
     monkeypatch.setattr(pq.ParquetWriter, "write_table", flaky)
     with pytest.raises(OSError, match="disk full"):
-        build(BuildConfig(base="gsm8k", hints=[str(gsm8k_hints)], shard_rows=300), out)
+        BUILD({}, BuildConfig(base="gsm8k", hints=[str(gsm8k_hints)], shard_rows=300), out)
     # The old build is there byte for byte; no temporary file or folder is left, inside or beside it.
     assert {p.name: p.read_bytes() for p in out.iterdir()} == before
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]
@@ -813,7 +815,7 @@ def test_mixed_domains_get_their_own_instruction_and_label(tmp_path):
     mixed.write_parquet(tmp_path / "mixed.parquet")
     pid = mixed["problem_id"][7]
     hints = make_hints([{"problem_id": pid, "hint": "Sort first.", "hint_id": "hc"}], tmp_path / "h.parquet")
-    build(BuildConfig(base=str(tmp_path / "mixed.parquet"), hints=[str(hints)], round=2), tmp_path / "o")
+    BUILD({}, BuildConfig(base=str(tmp_path / "mixed.parquet"), hints=[str(hints)], round=2), tmp_path / "o")
     df = read_prompts(tmp_path / "o")
     for row, ref in zip(df.iter_rows(named=True), mixed.iter_rows(named=True)):
         dom = ref["domain"]
@@ -827,10 +829,10 @@ def test_rebuild_in_place_is_not_hidden_by_the_datasets_cache(tmp_path):
     """load_dataset(DIR), as OpenRLHF calls it, must see a rebuild's rows, not its cache of the earlier build."""
     datasets = pytest.importorskip("datasets")
     out, cache = tmp_path / "prompts", str(tmp_path / "hf-cache")
-    build(BuildConfig(base="gsm8k", instructions={"math": "First instruction."}), out)
+    BUILD({}, BuildConfig(base="gsm8k", instructions={"math": "First instruction."}), out)
     first = datasets.load_dataset(str(out), split="train", cache_dir=cache)
     assert first[0]["prompt"][-1]["content"].endswith("First instruction.")
-    build(BuildConfig(base="gsm8k", instructions={"math": "Second instruction."}), out)
+    BUILD({}, BuildConfig(base="gsm8k", instructions={"math": "Second instruction."}), out)
     second = datasets.load_dataset(str(out), split="train", cache_dir=cache)
     assert second[0]["prompt"][-1]["content"].endswith("Second instruction.")
 
@@ -860,8 +862,8 @@ def test_a_base_set_with_long_unused_columns_reads_only_the_problem_columns(tmp_
     # The process's own peak (VmHWM: ru_maxrss would keep the forking test process's size across the exec).
     code = textwrap.dedent("""
         import sys
-        from mentor.stages.build import BuildConfig, build
-        build(BuildConfig(base=sys.argv[1], mapping={"problem": "question", "label": "final_answer"}), sys.argv[2])
+        from mentor.stages.build import BUILD, BuildConfig
+        BUILD({}, BuildConfig(base=sys.argv[1], mapping={"problem": "question", "label": "final_answer"}), sys.argv[2])
         print(next(int(ln.split()[1]) for ln in open("/proc/self/status") if ln.startswith("VmHWM:")) // 1024)
     """)
 

@@ -17,8 +17,9 @@ from click.testing import CliRunner
 from mentor.cli import cli
 from mentor.pipeline.errors import ConfigError
 from mentor.pipeline.prompts import ANSWER_TEMPLATES, DEFAULT_ANSWER, INSTRUCTIONS, load_tokenizer, render_prompt
-from mentor.stages.build import BuildConfig, build
+from mentor.stages.build import BUILD, BuildConfig
 from mentor.pipeline.prompts import prompt_token_lengths
+from mentor.pipeline.stage import Context
 
 from test_build import make_hints
 
@@ -44,7 +45,7 @@ def hints(tmp_path_factory, gsm8k_collapsed):
 @pytest.fixture(scope="module")
 def text_build(tmp_path_factory, hints, tok_name):
     out = tmp_path_factory.mktemp("text") / "prompts"
-    stats = build(BuildConfig(base="gsm8k", hints=[str(hints)], tokenizer=tok_name, mode="both"), out)
+    stats = BUILD({}, BuildConfig(base="gsm8k", hints=[str(hints)], tokenizer=tok_name, mode="both"), out)
     return out, stats
 
 
@@ -83,13 +84,13 @@ def test_max_prompt_tokens_is_the_longest_prompt_in_the_policys_tokens(text_buil
         assert d["max_prompt_tokens"] == stats.max_prompt_tokens == longest and d["prompt_tokenizer"] == tok_name
     assert manifest["prompt_format"] == "text" and manifest["placement"] == "assistant"
     # message prompts: counted as the trainers render them (chat template with the generation prompt)
-    msg = build(BuildConfig(base="gsm8k", tokenizer=tok_name, placement="after", shard_rows=400), tmp_path / "m")
+    msg = BUILD({}, BuildConfig(base="gsm8k", tokenizer=tok_name, placement="after", shard_rows=400), tmp_path / "m")
     rows = pl.read_parquet(tmp_path / "m" / "part-*.parquet")["prompt"].to_list()
     assert msg.max_prompt_tokens == max(prompt_token_lengths(rows, tok)) and msg.prompt_format == "messages"
     assert msg.max_prompt_tokens == max(len(tok.apply_chat_template(r, add_generation_prompt=True, return_dict=True)["input_ids"])
                                         for r in rows)
     # without a tokenizer: nothing counted, as before
-    plain = build(BuildConfig(base="gsm8k"), tmp_path / "p")
+    plain = BUILD({}, BuildConfig(base="gsm8k"), tmp_path / "p")
     assert plain.max_prompt_tokens is None and plain.prompt_tokenizer is None and plain.placement == "after"
     assert json.loads((tmp_path / "p" / "manifest.json").read_text())["max_prompt_tokens"] is None
 
@@ -106,7 +107,7 @@ def test_prompt_token_lengths_takes_messages_and_text(tok_name):
 
 def test_answer_templates_and_errors(tmp_path, hints, tok_name):
     out = tmp_path / "l"
-    build(BuildConfig(base="gsm8k", hints=[str(hints)], tokenizer=tok_name, answer_template="labelled"), out)
+    BUILD({}, BuildConfig(base="gsm8k", hints=[str(hints)], tokenizer=tok_name, answer_template="labelled"), out)
     hinted = pl.read_parquet(out / "part-*.parquet").filter(pl.col("hint_id").is_not_null())["prompt"].to_list()
     assert all("<|im_start|>assistant\nHint: Find how many" in p and p.endswith("\n\n") for p in hinted)
     r = CliRunner().invoke(cli, ["build", "--base", "gsm8k", "--out", str(tmp_path / "x"), "--placement", "assistant"])
@@ -145,11 +146,12 @@ def test_rescue_sends_the_prompts_build_writes(text_build, hints, gsm8k_collapse
 
 def test_rescue_logs_the_prompt_as_sent(hints, gsm8k_collapsed, tok_name, tmp_path):
     from mentor.pipeline.llm import BackendSpec
-    from mentor.stages.rescue import rescue_to_dir
+    from mentor.stages.rescue import RESCUE
     from mentor.stages.rollout import RolloutConfig
 
     spec = BackendSpec("fake", options={"script": "mentor.pipeline.llm:echo_script"})
-    stats = rescue_to_dir([str(gsm8k_collapsed)], {"h": [str(hints)]}, tmp_path / "r", RolloutConfig(k=2, tokenizer=tok_name), spec)
+    stats = RESCUE({"collapsed": [str(gsm8k_collapsed)], "arms": {"h": [str(hints)]}},
+                   RolloutConfig(k=2, tokenizer=tok_name), tmp_path / "r", Context(backend=spec))
     assert stats.as_dict()["arms"]["h"]["placement"] == "assistant"
     rolled = pl.read_parquet(tmp_path / "r" / "rollouts" / "*.parquet")
     by_hint = dict(pl.read_parquet(hints).select("problem_id", "hint").iter_rows())
@@ -200,7 +202,7 @@ def test_verl_is_refused_text_prompts(text_build, tmp_path, tok_name):
         check_readable("verl", [str(out)])
     check_readable("trl", [str(out)])
     msg_out = tmp_path / "m"
-    build(BuildConfig(base="gsm8k", tokenizer=tok_name, placement="after"), msg_out)
+    BUILD({}, BuildConfig(base="gsm8k", tokenizer=tok_name, placement="after"), msg_out)
     check_readable("verl", [str(msg_out)])
     assert "--data.apply_chat_template" not in openrlhf_data_flags([str(out)])
     assert openrlhf_data_flags([str(msg_out)])[-1] == "--data.apply_chat_template"

@@ -15,7 +15,8 @@ from mentor.cli import cli
 from mentor.pipeline.errors import ConfigError
 from mentor.pipeline.llm import BackendSpec, FakeBackend, GenRequest, GenResult
 from mentor.pipeline.schemas import HINTS, check_schema
-from mentor.stages.hint import HintStats, hint_shard, hint_to_dir
+from mentor.pipeline.stage import Context
+from mentor.stages.hint import HintStats, hint_shard, HINT
 from mentor.stages.hint_config import HintConfig, load_config
 from mentor.stages.hint_agents import Templates
 from mentor.stages.rules import check
@@ -340,13 +341,13 @@ def test_hint_to_dir_resume_and_rerun(gsm8k_collapsed, tmp_path):
     # A run killed in the third shard.
     killed = CountingFactory(scripted(), fail_on=first_of_shard_3)
     with pytest.raises(KeyboardInterrupt):
-        hint_to_dir(gsm8k_collapsed, out, cfg, killed, sample=150)
+        HINT({"collapsed": [gsm8k_collapsed], "sample": 150}, cfg, out, Context(backend=killed))
     assert not (out / "hints.parquet").exists()
     assert len(list((out / "_shards").glob("_done/*.json"))) == 2
     # Resume: only the last two shards run.
     fake = scripted()
     resumed = CountingFactory(fake)
-    st = hint_to_dir(gsm8k_collapsed, out, cfg, resumed, sample=150)
+    st = HINT({"collapsed": [gsm8k_collapsed], "sample": 150}, cfg, out, Context(backend=resumed))
     problems_seen = {r.id for call in fake.log for r in call if r.id.endswith(":attribution:0")}
     assert len(problems_seen) == 40  # ids are per shard; 40 + 30 rows in two shards
     assert fake.calls == 2 * 3
@@ -360,14 +361,15 @@ def test_hint_to_dir_resume_and_rerun(gsm8k_collapsed, tmp_path):
     assert stats["this_run"] == {"engine_calls": 6, "shards_computed": 2, "shards_reused": 2}
     # A second run over the same inputs and config: no engine, no calls.
     again = CountingFactory(scripted())
-    hint_to_dir(gsm8k_collapsed, out, cfg, again, sample=150)
+    HINT({"collapsed": [gsm8k_collapsed], "sample": 150}, cfg, out, Context(backend=again))
     assert again.made == 0 and again.fake.calls == 0
     assert json.loads((out / "stats.json").read_text())["this_run"]["engine_calls"] == 0
     assert pq.read_table(out / "hints.parquet").equals(hints)
     _, old_keys = _shard_files(out)
     # A config change recomputes.
     changed = CountingFactory(scripted())
-    hint_to_dir(gsm8k_collapsed, out, HintConfig(shard_size=40, seed=1, judge_check={"enabled": False}), changed, sample=150)
+    HINT({"collapsed": [gsm8k_collapsed], "sample": 150},
+         HintConfig(shard_size=40, seed=1, judge_check={"enabled": False}), out, Context(backend=changed))
     assert changed.fake.calls == 4 * 3
     # ... and leaves only its own shards behind.
     shards, keys = _shard_files(out)
@@ -405,9 +407,11 @@ def test_dask_workers_give_the_same_rows(gsm8k_collapsed, tmp_path):
 
     spec = BackendSpec("fake", options={"script": "mentor.stages.hint_agents:fake_script"})
     cfg = HintConfig(shard_size=20)
-    hint_to_dir(gsm8k_collapsed, tmp_path / "serial", cfg, spec, executor=LocalExecutor(), sample=60)
+    HINT({"collapsed": [gsm8k_collapsed], "sample": 60}, cfg, tmp_path / "serial",
+         Context(backend=spec, executor=LocalExecutor()))
     with dask_client(workers=2) as client:
-        hint_to_dir(gsm8k_collapsed, tmp_path / "dask", cfg, spec, executor=DaskExecutor(client), sample=60)
+        HINT({"collapsed": [gsm8k_collapsed], "sample": 60}, cfg, tmp_path / "dask",
+             Context(backend=spec, executor=DaskExecutor(client)))
     a = pq.read_table(tmp_path / "serial" / "hints.parquet")
     b = pq.read_table(tmp_path / "dask" / "hints.parquet")
     assert a.equals(b)
@@ -425,7 +429,7 @@ def test_empty_collapsed_set(tmp_path):
     src = tmp_path / "collapsed.parquet"
     write_parquet_atomic(COLLAPSED.empty_table(), src, dataset="collapsed")
     factory = CountingFactory(scripted())
-    st = hint_to_dir(src, tmp_path / "out", HintConfig(), factory)
+    st = HINT({"collapsed": [src]}, HintConfig(), tmp_path / "out", Context(backend=factory))
     assert st.problems == 0 and factory.made == 0
     t = pq.read_table(tmp_path / "out" / "hints.parquet")
     assert t.num_rows == 0 and t.schema.names == HINTS.names
@@ -541,7 +545,8 @@ def test_hint_to_dir_fills_a_missing_solution_from_the_bundled_ones(gsm8k_collap
     src = tmp_path / "c.parquet"
     pl.read_parquet(gsm8k_collapsed).drop("solution").head(2).write_parquet(src)  # a collapsed set mined before the column
     f = scripted()
-    hint_to_dir(str(src), tmp_path / "h", HintConfig(judge_check={"enabled": False}), lambda: f)
+    HINT({"collapsed": [str(src)]}, HintConfig(judge_check={"enabled": False}), tmp_path / "h",
+         Context(backend=lambda: f))
     sols = dict(pl.read_parquet(bundled("gsm8k_solutions.parquet")).iter_rows())
     first = next(req for call in f.log for req in call if agent_of(req)[0] == "generation")
     pid = pl.read_parquet(src).sort("problem_id")["problem_id"][0]

@@ -16,8 +16,8 @@ from mentor.cli import cli
 from mentor.pipeline.errors import ConfigError, DataError
 from mentor.pipeline.io import write_json_atomic, write_parquet_atomic
 from mentor.pipeline.schemas import conform
-from mentor.stages.build import BuildConfig, build
-from mentor.stages.mine import MineConfig, mine_to_dir
+from mentor.stages.build import BUILD, BuildConfig
+from mentor.stages.mine import MINE, MineConfig
 from mentor.workflows.report import detect, inspect_path, problem_history
 from mentor.workflows.report_render import render_table, to_json
 
@@ -64,11 +64,11 @@ def run_dir(tmp_path_factory, bundled_rollouts) -> dict:
     r0, r1 = root / "round-000", root / "round-001"
     (r0 / "rollouts").mkdir(parents=True)
     shutil.copy(bundled_rollouts, r0 / "rollouts" / "part-00000.parquet")
-    mine_to_dir([str(r0 / "rollouts")], r0 / "collapsed", MineConfig())
+    MINE({"sources": [str(r0 / "rollouts")]}, MineConfig(), r0 / "collapsed")
     collapsed = pl.read_parquet(r0 / "collapsed" / "collapsed.parquet").get_column("problem_id").sort().to_list()
     hinted = collapsed[:N_HINTED]
     write_parquet_atomic(hints_table(hinted, 0), r0 / "hints" / "hints.parquet", dataset="hints")
-    build(BuildConfig(base="gsm8k", hints=[str(r0 / "hints" / "hints.parquet")]), r0 / "prompts")
+    BUILD({}, BuildConfig(base="gsm8k", hints=[str(r0 / "hints" / "hints.parquet")]), r0 / "prompts")
 
     roll = pl.read_parquet(bundled_rollouts).with_columns(pl.lit(1, pl.Int32).alias("round"))
     rescued = hinted[:N_RESCUED]
@@ -78,8 +78,8 @@ def run_dir(tmp_path_factory, bundled_rollouts) -> dict:
         pl.col("problem_id").replace_strict(hint_of, default=None, return_dtype=pl.String).alias("hint_id"),
     )
     write_parquet_atomic(roll, r1 / "rollouts" / "part-00000.parquet", dataset="rollouts")
-    mine_to_dir([str(r1 / "rollouts")], r1 / "collapsed", MineConfig(),
-                history=[str(r0 / "collapsed" / "collapsed.parquet"), str(r0 / "hints" / "hints.parquet")])
+    MINE({"sources": [str(r1 / "rollouts")], "history": [str(r0 / "collapsed" / "collapsed.parquet"), str(r0 / "hints" / "hints.parquet")]},
+         MineConfig(), r1 / "collapsed")
     still = hinted[N_RESCUED:]
     write_parquet_atomic(hints_table(still, 1, prefix="Stronger: "), r1 / "hints" / "hints.parquet", dataset="hints")
     # The rescue check, in the layout `mentor rescue` writes (rescue.parquet + stats.json).

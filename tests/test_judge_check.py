@@ -21,8 +21,9 @@ from click.testing import CliRunner
 from mentor.cli import cli
 from mentor.pipeline.errors import ConfigError, DataError, EngineError
 from mentor.pipeline.llm import FakeBackend, GenRequest
+from mentor.pipeline.stage import Context
 from mentor.stages import hint_agents as agents
-from mentor.stages.hint import hint_to_dir
+from mentor.stages.hint import HINT as HINT_STAGE
 from mentor.stages.hint_config import HintConfig
 from mentor.stages.rules import check
 from mentor.stages.judge_check import (
@@ -198,7 +199,7 @@ def test_the_threshold_is_the_configs(rows):
 def test_an_untrusted_judge_is_replaced_by_the_rules_for_the_run(gsm8k_collapsed, tmp_path, caplog):
     factory = Factory(approves_everything)
     with caplog.at_level("WARNING", logger="mentor.stages.judge_check"):
-        st = hint_to_dir(gsm8k_collapsed, tmp_path / "h", HintConfig(), factory, sample=5)
+        st = HINT_STAGE({"collapsed": [gsm8k_collapsed], "sample": 5}, HintConfig(), tmp_path / "h", Context(backend=factory))
     lines = [r.getMessage() for r in caplog.records]
     assert len(lines) == 1 and "cannot tell good hints from bad" in lines[0] and "rules alone" in lines[0]
     # one calibration call, then attribution and generation only: no judgment request in the run
@@ -221,14 +222,14 @@ def test_an_untrusted_judge_is_replaced_by_the_rules_for_the_run(gsm8k_collapsed
     assert [e["agent"] for e in problem_history(tmp_path / "h", pid)["trace"]] == ["attribution", "generation", "rules"]
     # A rerun reuses the check and every shard: no engine at all.
     again = Factory(approves_everything)
-    hint_to_dir(gsm8k_collapsed, tmp_path / "h", HintConfig(), again, sample=5)
+    HINT_STAGE({"collapsed": [gsm8k_collapsed], "sample": 5}, HintConfig(), tmp_path / "h", Context(backend=again))
     assert again.made == 0 and again.fake.calls == 0
     assert json.loads((tmp_path / "h" / "stats.json").read_text())["judge_check"]["reused"] is True
 
 
 def test_a_trusted_judge_judges_the_run(gsm8k_collapsed, tmp_path):
     factory = Factory(careful_judge)
-    st = hint_to_dir(gsm8k_collapsed, tmp_path / "h", HintConfig(), factory, sample=5)
+    st = HINT_STAGE({"collapsed": [gsm8k_collapsed], "sample": 5}, HintConfig(), tmp_path / "h", Context(backend=factory))
     assert st.judge_calls == 5
     stats = json.loads((tmp_path / "h" / "stats.json").read_text())
     assert stats["judge_check"]["status"] == "trusted"
@@ -236,15 +237,16 @@ def test_a_trusted_judge_judges_the_run(gsm8k_collapsed, tmp_path):
 
 
 def test_keep_judge_and_error_and_off(gsm8k_collapsed, tmp_path):
-    st = hint_to_dir(gsm8k_collapsed, tmp_path / "k", HintConfig(judge_check={"on_fail": "keep_judge"}),
-                     Factory(approves_everything), sample=3)
+    st = HINT_STAGE({"collapsed": [gsm8k_collapsed], "sample": 3}, HintConfig(judge_check={"on_fail": "keep_judge"}),
+              tmp_path / "k", Context(backend=Factory(approves_everything)))
     assert st.judge_calls == 3
     with pytest.raises(ConfigError, match=r"^judge check: balanced accuracy 0\.5 .*judge_check\.on_fail: error"):
-        hint_to_dir(gsm8k_collapsed, tmp_path / "e", HintConfig(judge_check={"on_fail": "error"}), Factory(approves_everything), sample=3)
+        HINT_STAGE({"collapsed": [gsm8k_collapsed], "sample": 3}, HintConfig(judge_check={"on_fail": "error"}),
+             tmp_path / "e", Context(backend=Factory(approves_everything)))
     assert not (tmp_path / "e" / "hints.parquet").exists()
     for cfg in (HintConfig(judge_check={"enabled": False}), HintConfig(llm_judge=False, max_refine=0)):
         f = Factory(approves_everything)
-        hint_to_dir(gsm8k_collapsed, tmp_path / f"off{cfg.llm_judge}", cfg, f, sample=3)
+        HINT_STAGE({"collapsed": [gsm8k_collapsed], "sample": 3}, cfg, tmp_path / f"off{cfg.llm_judge}", Context(backend=f))
         assert not any(all(r.id.split(":")[1] == "judgment" for r in call) and len(call) == 32 for call in f.fake.log)
         assert json.loads((tmp_path / f"off{cfg.llm_judge}" / "stats.json").read_text())["judge_check"] is None
 
@@ -256,7 +258,7 @@ def test_without_reference_solutions_the_judge_is_used_unchecked(gsm8k_collapsed
     other.write_parquet(src)
     f = Factory(approves_everything)
     with caplog.at_level("WARNING", logger="mentor.stages.judge_check"):
-        st = hint_to_dir(src, tmp_path / "h", HintConfig(), f)
+        st = HINT_STAGE({"collapsed": [src]}, HintConfig(), tmp_path / "h", Context(backend=f))
     assert st.judge_calls == 4 and "not run" in caplog.records[0].getMessage()
     assert json.loads((tmp_path / "h" / "stats.json").read_text())["judge_check"]["status"] == "unchecked"
     # ... and a solutions file gives them (JSONL, problem_id + solution)
@@ -273,7 +275,7 @@ def test_an_engine_failure_in_the_check_is_one_clear_error(gsm8k_collapsed, tmp_
 
     with pytest.raises(EngineError, match=r"^hint: the judge check \(32 calibration hints from 8 problems\) failed before any "
                                           r"shard ran: the vLLM engine died .*Rerun the same command"):
-        hint_to_dir(gsm8k_collapsed, tmp_path / "h", HintConfig(), Factory(dies), sample=2)
+        HINT_STAGE({"collapsed": [gsm8k_collapsed], "sample": 2}, HintConfig(), tmp_path / "h", Context(backend=Factory(dies)))
 
 
 def test_check_judge_command(gsm8k_collapsed, tmp_path):

@@ -124,14 +124,14 @@ def test_prompts_over_openrlhfs_limit_raise_it_or_are_refused(tmp_path, fake_pyt
     import polars as pl
 
     from mentor.data import bundled
-    from mentor.stages.build import BuildConfig, build
+    from mentor.stages.build import BUILD, BuildConfig
     from mentor.training.openrlhf_launcher import round_command
     from test_build import make_hints
 
     ids = pl.read_parquet(bundled("humaneval_problems.parquet"))["problem_id"].head(10).to_list()
     hints = make_hints([{"problem_id": i, "hint": "Check every branch of the input before you return. " * 150} for i in ids],
                        tmp_path / "hints.parquet")
-    build(BuildConfig(base="humaneval", hints=[str(hints)], round=1), tmp_path / "prompts")
+    BUILD({}, BuildConfig(base="humaneval", hints=[str(hints)], round=1), tmp_path / "prompts")
     cfg = TrainConfig(round=0, round_dir=str(tmp_path / "round-000"), base_model=base_model, prompts=str(tmp_path / "prompts"),
                       python=fake_python)
     cmd, found = round_command(cfg, dry_run=True)

@@ -297,7 +297,7 @@ def test_text_prompts_reach_the_policy_token_for_token(tokenizer, tmp_path, monk
     from openrlhf.datasets.utils import blending_datasets
     from openrlhf.utils.agent import SingleTurnAgentExecutor
 
-    from mentor.stages.build import BuildConfig, build
+    from mentor.stages.build import BUILD, BuildConfig
     from mentor.training.prompt_format import openrlhf_data_flags
 
     math = pl.read_parquet(bundled("gsm8k_problems.parquet")).row(0, named=True)
@@ -307,7 +307,9 @@ def test_text_prompts_reach_the_policy_token_for_token(tokenizer, tmp_path, monk
     hint = "Find the eggs left after breakfast and baking first."
     make_hints([{"problem_id": math["problem_id"], "hint": hint, "hint_id": "h-open"}], hints)
     out = tmp_path / "prompts"
-    build(BuildConfig(base="gsm8k", hints=[str(hints)], tokenizer=tokenizer.name_or_path, answer_template="labelled"), out)
+    BUILD({},
+          BuildConfig(base="gsm8k", hints=[str(hints)], tokenizer=tokenizer.name_or_path, answer_template="labelled"),
+          out)
     flags = openrlhf_data_flags([str(out)])
     assert "--data.apply_chat_template" not in flags
     args = SimpleNamespace(use_ms=False, data=SimpleNamespace(input_key="prompt", label_key="label", apply_chat_template=False,
@@ -338,7 +340,7 @@ def test_text_prompts_reach_the_policy_token_for_token(tokenizer, tmp_path, monk
                                                                  image_key="images"))
     own = SimpleNamespace(args=args_ct, print=lambda *a, **k: None, is_rank_0=lambda: False)
     msg_out = tmp_path / "messages"
-    build(BuildConfig(base="gsm8k", placement="after"), msg_out)
+    BUILD({}, BuildConfig(base="gsm8k", placement="after"), msg_out)
     theirs = PromptDataset(blending_datasets(str(msg_out), None, own, dataset_split="train"), tokenizer, own)
     assert plain == theirs[j][1]
     # with the chat template flag, OpenRLHF would wrap the text in a new user turn: why the flag must go

@@ -16,8 +16,9 @@ from mentor.pipeline.errors import DataError
 from mentor.pipeline.io import read_dataset, write_parquet_atomic
 from mentor.pipeline.llm import FakeBackend, GenRequest
 from mentor.pipeline.schemas import code_label, prompt_label
-from mentor.stages.rescue import rescue_to_dir
-from mentor.stages.rollout import RolloutConfig, rollout_to_dir
+from mentor.pipeline.stage import Context
+from mentor.stages.rescue import RESCUE
+from mentor.stages.rollout import ROLLOUT, RolloutConfig
 
 
 @pytest.fixture(scope="module")
@@ -45,7 +46,7 @@ def test_rollout_from_problems(tmp_path, gsm8k):
     answers = dict(zip(probs["problem"], probs["label"]))
     right = set(probs["problem"][:2])
     backend = FakeBackend(_answer_script(answers, right))
-    stats = rollout_to_dir([str(src)], tmp_path / "out", RolloutConfig(k=3, round=5), backend).as_dict()
+    stats = ROLLOUT({"prompts": [str(src)]}, RolloutConfig(k=3, round=5), tmp_path / "out", Context(backend=backend)).as_dict()
     assert backend.calls == 1 and len(backend.log[0]) == 12  # one engine call for all prompts
     assert len({r.seed for r in backend.log[0]}) == 12  # each rollout its own seed
     df = read_dataset([tmp_path / "out"], "rollouts")
@@ -82,7 +83,8 @@ def _prompt_shards(tmp_path, gsm8k) -> tuple[list, dict]:
 def test_rollout_from_prompt_shards(tmp_path, gsm8k):
     rows, answers = _prompt_shards(tmp_path, gsm8k)
     backend = FakeBackend(_answer_script(answers, set(answers)))
-    stats = rollout_to_dir([str(tmp_path / "prompts")], tmp_path / "out", RolloutConfig(k=2), backend).as_dict()
+    stats = ROLLOUT({"prompts": [str(tmp_path / "prompts")]}, RolloutConfig(k=2), tmp_path / "out",
+                    Context(backend=backend)).as_dict()
     df = read_dataset([tmp_path / "out"], "rollouts")
     assert df.height == 12 and stats["prompts"] == 6 and stats["problems"] == 3
     assert set(df["round"]) == {2}  # from the label
@@ -105,7 +107,7 @@ def test_rollout_code_problems(tmp_path):
                     " for j, b in enumerate(numbers) if i != j)\n```")
         return "```python\nimport os\nos.system('echo pwned')\n```"
 
-    rollout_to_dir([str(src)], tmp_path / "out", RolloutConfig(k=2), FakeBackend(script))
+    ROLLOUT({"prompts": [str(src)]}, RolloutConfig(k=2), tmp_path / "out", Context(backend=FakeBackend(script)))
     df = read_dataset([tmp_path / "out"], "rollouts")
     per = dict(df.group_by("problem_id").agg(pl.col("correct").sum()).iter_rows())
     assert per == {he["problem_id"][0]: 2.0, he["problem_id"][1]: 0.0}
@@ -114,7 +116,8 @@ def test_rollout_code_problems(tmp_path):
 
 def test_rollout_rejects_other_datasets(tmp_path, bundled_rollouts):
     with pytest.raises(DataError, match="neither prompt shards"):
-        rollout_to_dir([str(bundled_rollouts)], tmp_path / "out", RolloutConfig(k=1), FakeBackend())
+        ROLLOUT({"prompts": [str(bundled_rollouts)]}, RolloutConfig(k=1), tmp_path / "out",
+                Context(backend=FakeBackend()))
 
 
 def _hints(collapsed: pl.DataFrame, n: int) -> pa.Table:
@@ -145,8 +148,8 @@ def test_rescue_hinted_vs_unhinted(tmp_path, gsm8k_collapsed):
         return "?"
 
     backend = FakeBackend(script)
-    summary = rescue_to_dir([str(tmp_path / "collapsed.parquet")], [str(tmp_path / "hints.parquet")], tmp_path / "rescue",
-                            RolloutConfig(k=3), backend).as_dict()
+    summary = RESCUE({"collapsed": [str(tmp_path / "collapsed.parquet")], "arms": {"hinted": [str(tmp_path / "hints.parquet")]}},
+                     RolloutConfig(k=3), tmp_path / "rescue", Context(backend=backend)).as_dict()
     assert backend.calls == 1 and len(backend.log[0]) == 4 * 2 * 3
     assert summary["problems"] == 4 and summary["skipped_no_hint"] == 1
     assert summary["rescued_hinted"] == 2 and summary["rescued_unhinted"] == 0
@@ -242,14 +245,15 @@ def test_rollout_engine_failure_names_the_shard_and_a_rerun_redoes_only_the_rest
     cfg = RolloutConfig(k=2, shard_size=2)
     backend = FakeBackend(script)
     with pytest.raises(EngineError, match=r"^rollout: shard 2 of 3 \(2 prompts from .*boom.*rerun the same command"):
-        rollout_to_dir(["gsm8k"], tmp_path / "out", cfg.model_copy(update={"limit": 5}), backend)
+        ROLLOUT({"prompts": ["gsm8k"]}, cfg.model_copy(update={"limit": 5}), tmp_path / "out", Context(backend=backend))
     assert sorted(p.name for p in (tmp_path / "out").glob("part-*.parquet")) == ["part-00000.parquet"]
     alive["ok"] = True
-    stats = rollout_to_dir(["gsm8k"], tmp_path / "out", cfg.model_copy(update={"limit": 5}), backend).as_dict()
+    stats = ROLLOUT({"prompts": ["gsm8k"]}, cfg.model_copy(update={"limit": 5}), tmp_path / "out",
+                    Context(backend=backend)).as_dict()
     assert stats["shards"] == 3 and stats["shards_reused"] == 1 and stats["engine_calls"] == 2 and stats["rollouts"] == 10
     # The same rows as one uninterrupted run (seeds depend on positions, not on shards).
     fresh = FakeBackend(lambda r: _answer_script(answers, set(probs["problem"][:1]))(r))
-    rollout_to_dir(["gsm8k"], tmp_path / "one", RolloutConfig(k=2, limit=5), fresh)
+    ROLLOUT({"prompts": ["gsm8k"]}, RolloutConfig(k=2, limit=5), tmp_path / "one", Context(backend=fresh))
     assert read_dataset([tmp_path / "out"], "rollouts").equals(read_dataset([tmp_path / "one"], "rollouts"))
     first_run_shard_1, _failed, *second_run = backend.log
     assert [r.seed for r in fresh.log[0]] == [r.seed for batch in (first_run_shard_1, *second_run) for r in batch]
@@ -270,8 +274,8 @@ def test_rescue_arms_share_problems_and_seeds(tmp_path, gsm8k_collapsed):
     write_parquet_atomic(_hints(collapsed, 4), tmp_path / "a.parquet", dataset="hints")
     write_parquet_atomic(_hints(collapsed, 3), tmp_path / "b.parquet", dataset="hints")  # no hint for the 4th
     backend = FakeBackend(lambda r: "\\boxed{-1}")
-    s = rescue_to_dir([str(tmp_path / "c.parquet")], {"full": [str(tmp_path / "a.parquet")], "generic": [str(tmp_path / "b.parquet")]},
-                      tmp_path / "r", RolloutConfig(k=2), backend).as_dict()
+    s = RESCUE({"collapsed": [str(tmp_path / "c.parquet")], "arms": {"full": [str(tmp_path / "a.parquet")], "generic": [str(tmp_path / "b.parquet")]}},
+               RolloutConfig(k=2), tmp_path / "r", Context(backend=backend)).as_dict()
     assert s["problems"] == 3 and s["skipped_no_hint"] == 1 and set(s["arms"]) == {"unhinted", "full", "generic"}
     assert s["arms"]["full"]["rescue_rate_ci95"][0] == 0.0 and s["arms"]["full"]["rescue_rate_ci95"][1] > 0.4
     by_arm: dict[str, list[int]] = {}
@@ -301,8 +305,8 @@ def test_rescue_gives_each_arm_its_placement(tmp_path, gsm8k_collapsed, capsys):
     hints = {r["problem_id"]: r["hint"] for r in pl.read_parquet(tmp_path / "h.parquet").iter_rows(named=True)}
     backend = FakeBackend(lambda r: "\\boxed{-1}")
     arms = {"before": [str(tmp_path / "h.parquet")], "after": [str(tmp_path / "h.parquet")], "sys": [str(tmp_path / "h.parquet")]}
-    s = rescue_to_dir([str(tmp_path / "c.parquet")], arms, tmp_path / "r", RolloutConfig(k=1), backend,
-                      arm_placements={"before": "before", "sys": "system"}, progress=True).as_dict()
+    s = RESCUE({"collapsed": [str(tmp_path / "c.parquet")], "arms": arms, "placements": {"before": "before", "sys": "system"}},
+               RolloutConfig(k=1), tmp_path / "r", Context(backend=backend, progress=True)).as_dict()
     assert {a: s["arms"][a]["placement"] for a in arms} == {"before": "before", "after": "after", "sys": "system"}
     problems = dict(collapsed.select("problem_id", "problem").iter_rows())
     for req in backend.log[0]:
@@ -319,7 +323,8 @@ def test_rescue_gives_each_arm_its_placement(tmp_path, gsm8k_collapsed, capsys):
     err = capsys.readouterr().err
     assert "rescue: 100%" in err and "12/12" in err and "24/12" not in err
     with pytest.raises(Exception, match="placement for arm"):
-        rescue_to_dir([str(tmp_path / "c.parquet")], arms, tmp_path / "r2", RolloutConfig(k=1), backend, arm_placements={"nope": "after"})
+        RESCUE({"collapsed": [str(tmp_path / "c.parquet")], "arms": arms, "placements": {"nope": "after"}},
+               RolloutConfig(k=1), tmp_path / "r2", Context(backend=backend))
     res = CliRunner().invoke(cli, ["rescue", "--collapsed", str(tmp_path / "c.parquet"), "--hints", str(tmp_path / "h.parquet"),
                                    "--backend", "fake", "--k", "1", "--placement", "before", "--out", str(tmp_path / "r3")],
                              catch_exceptions=False)

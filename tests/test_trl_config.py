@@ -15,7 +15,7 @@ pytest.importorskip("trl")
 
 from mentor.cli import cli  # noqa: E402
 from mentor.pipeline.errors import ConfigError, DataError  # noqa: E402
-from mentor.stages.build import BuildConfig, build  # noqa: E402
+from mentor.stages.build import BUILD, BuildConfig  # noqa: E402
 from mentor.training.trl_launcher import (  # noqa: E402
     parse_config,
     resolve_grpo,
@@ -29,7 +29,7 @@ from mentor.workflows.config import load_workflow, validate_workflow  # noqa: E4
 def round_dir(tmp_path_factory):
     """round-001 with `mentor build`'s unhinted GSM8K prompts (1,319 rows)."""
     d = tmp_path_factory.mktemp("run") / "round-001"
-    build(BuildConfig(base="gsm8k", round=1), d / "prompts")
+    BUILD({}, BuildConfig(base="gsm8k", round=1), d / "prompts")
     return d
 
 

@@ -28,7 +28,7 @@ pytestmark = pytest.mark.trl
 from mentor.cli import cli  # noqa: E402
 from mentor.pipeline.io import write_parquet_atomic  # noqa: E402
 from mentor.pipeline.schemas import prompt_label  # noqa: E402
-from mentor.stages.build import BuildConfig, build  # noqa: E402
+from mentor.stages.build import BUILD, BuildConfig  # noqa: E402
 from mentor.training.trl_reward import TrlReward  # noqa: E402
 
 HINT = "h-contract"
@@ -53,7 +53,7 @@ def rows(tmp_path_factory) -> list[dict]:
     out = []
     for base in ("gsm8k", "humaneval"):
         d = tmp_path_factory.mktemp(base) / "prompts"
-        build(BuildConfig(base=base, round=1), d)
+        BUILD({}, BuildConfig(base=base, round=1), d)
         out.append(pl.read_parquet(d / "*.parquet").row(0, named=True))
     lab = json.loads(out[0]["label"])
     out[0]["label"] = prompt_label("math", lab["answer"], lab["problem_id"], HINT, 1)
@@ -210,7 +210,7 @@ def test_text_prompts_are_conditioned_on_token_for_token(tiny_model, tmp_path, m
     hint = "Find the eggs left after breakfast and baking first."
     make_hints([{"problem_id": math["problem_id"], "hint": hint, "hint_id": HINT}], tmp_path / "hints.parquet")
     out = tmp_path / "prompts"
-    build(BuildConfig(base="gsm8k", hints=[str(tmp_path / "hints.parquet")], tokenizer=tiny_model, answer_template="bare",
+    BUILD({}, BuildConfig(base="gsm8k", hints=[str(tmp_path / "hints.parquet")], tokenizer=tiny_model, answer_template="bare",
                       round=1), out)
     tok = AutoTokenizer.from_pretrained(tiny_model)
     cfg = TrlTrainConfig(round=1, round_dir=str(tmp_path / "r"), actor_model=tiny_model, prompts=str(out), select="hinted")

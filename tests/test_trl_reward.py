@@ -13,7 +13,7 @@ import pytest
 from click.testing import CliRunner
 
 from mentor.cli import cli
-from mentor.stages.build import BuildConfig, build
+from mentor.stages.build import BUILD, BuildConfig
 from mentor.training.trl_reward import TrlReward, make_reward, reward_func
 
 EOS, PAD = 2, 0
@@ -25,7 +25,7 @@ def rows(tmp_path_factory) -> dict[str, dict]:
     out = {}
     for base in ("gsm8k", "humaneval"):
         d = tmp_path_factory.mktemp(base)
-        build(BuildConfig(base=base, round=2), d / "prompts")
+        BUILD({}, BuildConfig(base=base, round=2), d / "prompts")
         out[base] = pl.read_parquet(d / "prompts" / "*.parquet").row(0, named=True)
     return out
 

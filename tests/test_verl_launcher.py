@@ -33,7 +33,7 @@ pytestmark = pytest.mark.verl
 
 from mentor.cli import cli  # noqa: E402
 from mentor.pipeline.errors import ConfigError  # noqa: E402
-from mentor.stages.build import BuildConfig, build  # noqa: E402
+from mentor.stages.build import BUILD, BuildConfig  # noqa: E402
 from mentor.training.verl_checkpoints import prepare_logs  # noqa: E402
 from mentor.training.verl_hydra import compose  # noqa: E402
 from mentor.training.verl_launcher import (  # noqa: E402
@@ -61,7 +61,7 @@ def tiny_model(tmp_path_factory) -> Path:
 def round_dir(tmp_path_factory):
     """round-000 with `mentor build`'s GSM8K prompts in two shards (700 + 619 rows)."""
     d = tmp_path_factory.mktemp("run") / "round-000"
-    build(BuildConfig(base="gsm8k", round=0, shard_rows=700), d / "prompts")
+    BUILD({}, BuildConfig(base="gsm8k", round=0, shard_rows=700), d / "prompts")
     return d
 
 
@@ -118,7 +118,7 @@ def test_the_prompt_limit_holds_the_longest_hinted_prompt(tmp_path, tiny_model):
     ids = pl.read_parquet(bundled("humaneval_problems.parquet"))["problem_id"]
     make_hints([{"problem_id": i, "hint": "Consider every branch of the input before you return. " * 40}
                 for i in ids.head(20).to_list()], hints)
-    build(BuildConfig(base="humaneval", hints=[str(hints)], round=1), d / "prompts")
+    BUILD({}, BuildConfig(base="humaneval", hints=[str(hints)], round=1), d / "prompts")
     tok = AutoTokenizer.from_pretrained(tiny_model)
     prompts = pl.read_parquet(d / "prompts" / "*.parquet")["prompt"].to_list()
     want = max(len(tok(tok.apply_chat_template(p, tokenize=False, add_generation_prompt=True), add_special_tokens=False)
@@ -139,7 +139,7 @@ def test_the_prompt_limit_holds_the_longest_hinted_prompt(tmp_path, tiny_model):
 
 def test_paths_hydra_would_misread_survive(tmp_path):
     d = tmp_path / "it's a ${run},[x]=y" / "round-000"
-    build(BuildConfig(base="humaneval", round=0, shard_rows=100), d / "prompts")
+    BUILD({}, BuildConfig(base="humaneval", round=0, shard_rows=100), d / "prompts")
     (tmp_path / "my model's dir").mkdir()
     cfg = parse_config(_base(d, base_model=str(tmp_path / "my model's dir"), n_gpus_per_node=1))
     cmd = build_command(cfg)

@@ -16,8 +16,9 @@ import pytest
 from mentor.pipeline.llm import FakeBackend, GenRequest
 from mentor.pipeline.prompts import INSTRUCTIONS
 from mentor.pipeline.schemas import check_schema
+from mentor.pipeline.stage import Context
 from mentor.stages.build_render import prompt_messages
-from mentor.stages.hint import HintStats, hint_to_dir
+from mentor.stages.hint import HintStats, HINT
 from mentor.stages.hint_config import HintConfig
 from mentor.stages.rollout import problem_seed
 from mentor.stages.vouch import reroll_seed, vouch_shard
@@ -168,7 +169,7 @@ def test_hint_to_dir_with_vouching_records_the_rescue_and_its_cost(rows, gsm8k_c
         def describe(self):
             return {"kind": "fake", "script": "hinter"}
 
-    st = hint_to_dir(gsm8k_collapsed, tmp_path / "h", c, F(), sample=4)
+    st = HINT({"collapsed": [gsm8k_collapsed], "sample": 4}, c, tmp_path / "h", Context(backend=F()))
     hints = pl.read_parquet(tmp_path / "h" / "hints.parquet")
     assert check_schema(pq.read_schema(tmp_path / "h" / "hints.parquet"), "hints") == []
     assert hints["hint"].to_list() == [HINTS[1]] * 4  # "remainder" first appears in candidate 2
@@ -179,9 +180,9 @@ def test_hint_to_dir_with_vouching_records_the_rescue_and_its_cost(rows, gsm8k_c
     assert per["rescued"] == 4 and per["hint_tokens_per_rescued"] == round((st.prompt_tokens + st.completion_tokens) / 4, 1)
     assert per["policy_tokens_per_rescued"] > 0
     # build reads the vouched hints as any others
-    from mentor.stages.build import BuildConfig, build
+    from mentor.stages.build import BUILD, BuildConfig
 
-    b = build(BuildConfig(base="gsm8k", hints=[str(tmp_path / "h" / "hints.parquet")]), tmp_path / "p")
+    b = BUILD({}, BuildConfig(base="gsm8k", hints=[str(tmp_path / "h" / "hints.parquet")]), tmp_path / "p")
     assert b.hinted_rows == 4
     # a config without vouching keeps the hash of runs made before the setting existed
     assert "vouch" not in HintConfig().semantic() and "vouch" in c.semantic()

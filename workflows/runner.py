@@ -38,15 +38,15 @@ from mentor.pipeline.executor import executor_for
 from mentor.pipeline.faults import fault_point
 from mentor.pipeline.inputs import glob_files
 from mentor.pipeline.io import atomic_path, read_json, sha256_file, write_parquet_atomic
-from mentor.pipeline.rundir import STAGES, RunDir, StageDir, inputs_key, stage_key
+from mentor.pipeline.rundir import RunDir, StageDir, inputs_key, stage_key
 from mentor.pipeline.stage import Context, counts, run_stage
+from mentor.stages import ROUND_STAGES
 from mentor.stages import stage as stage_by_name
 from mentor.training.launcher import LAUNCHERS, get_launcher
 from mentor.workflows.config import Workflow, check_sections
 
 log = logging.getLogger(__name__)
 
-ROUND_STAGES = STAGES  # train, ingest, mine, hint, build
 
 
 @dataclass
@@ -129,7 +129,8 @@ class Runner:
     def _stage(self, r: int, job: "_Job", upstream: list[str]) -> str:
         """Run one of the stages (`mentor.stages.stage`) the one way: `run_stage`, its counts in the marker."""
         def work(sd: StageDir) -> dict:
-            return counts(run_stage(stage_by_name(job.stage), job.inputs, job.cfg, sd.path, job.ctx), SUMMARY[job.stage])
+            stage = stage_by_name(job.stage)
+            return counts(run_stage(stage, job.inputs, job.cfg, sd.path, job.ctx), stage.summary)
 
         return self._step(r, job.stage, job.key, upstream, work)
 
@@ -396,14 +397,6 @@ def trainer_policy(trainer: Any) -> str | None:
 
 
 # What a stage's done marker keeps of its stats.
-SUMMARY = {
-    "ingest": ("rollouts", "problems"),
-    "mine": ("collapsed", "problems"),
-    "hint": ("problems", "accepted", "repaired", "fallback", "engine_calls"),
-    "build": ("rows", "hinted_rows"),
-}
-
-
 @dataclass
 class _Job:
     """One stage of a round: its name, what its resume key hashes, and what `run_stage` gets."""

@@ -10,8 +10,9 @@ from pathlib import Path
 import click
 
 from mentor.cli.options import executor_options
+from mentor.stages import ROUND_STAGES
 
-STAGE_CHOICE = click.Choice(["train", "ingest", "mine", "hint", "build"])
+STAGE_CHOICE = click.Choice(ROUND_STAGES)
 
 
 def _run(workflow: str, run_dir: str | None, rounds: int | None, from_stage: str | None, only: str | None,

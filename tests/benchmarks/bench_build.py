@@ -33,14 +33,14 @@ from pathlib import Path
 
 BUILD = r"""
 import json, resource, sys, time
-from mentor.stages.build import BuildConfig, build
+from mentor.stages.build import BUILD, BuildConfig
 def cpu():
     r = resource.getrusage(resource.RUSAGE_SELF)
     return r.ru_utime + r.ru_stime
 base, hints, out = sys.argv[1:4]
 cfg = BuildConfig(base=base, hints=[hints])
 t, c = time.perf_counter(), cpu()
-stats = build(cfg, out)
+stats = BUILD({}, cfg, out)
 dt, dc = time.perf_counter() - t, cpu() - c
 print(json.dumps({"seconds": dt, "cpu": dc, "rows": stats.rows, "hinted": stats.hinted_rows, "shards": stats.shards}))
 """

@@ -398,13 +398,14 @@ def run(args: argparse.Namespace) -> list[dict]:
 
     from mentor.pipeline.io import read_json, write_parquet_atomic
     from mentor.pipeline.llm import BackendSpec, close_backends, hold_engines
-    from mentor.stages.hint import hint_to_dir
+    from mentor.pipeline.stage import Context
+    from mentor.stages.hint import HINT
     from mentor.stages.hint_config import HintConfig, load_config
     from mentor.stages.rules import check
     from mentor.stages.build_render import DEFAULT_PLACEMENT, DEFAULT_TOKENIZED_PLACEMENT, PLACEMENTS
-    from mentor.stages.mine import MineConfig, mine_to_dir
-    from mentor.stages.rescue import rescue_to_dir
-    from mentor.stages.rollout import RolloutConfig, rollout_to_dir
+    from mentor.stages.mine import MINE, MineConfig
+    from mentor.stages.rescue import RESCUE
+    from mentor.stages.rollout import ROLLOUT, RolloutConfig
 
     work = Path(args.work) / f"{args.domain}-{args.split}"
     work.mkdir(parents=True, exist_ok=True)
@@ -425,9 +426,9 @@ def run(args: argparse.Namespace) -> list[dict]:
             problems = problems.filter(pl.col("problem_id").is_in(ids.implode()))
         write_parquet_atomic(problems, work / "problems.parquet", dataset="problems")
         screen_cfg = RolloutConfig(k=args.screen_k, seed=args.seed, shard_size=SCREEN_SHARD[args.domain], **sampling)
-        screen = rollout_to_dir([str(work / "problems.parquet")], work / "screen", screen_cfg, policy,
-                                progress=not args.no_progress).as_dict()
-        mine_to_dir([str(work / "screen")], work / "collapsed", MineConfig(min_rollouts=args.screen_k))
+        screen = ROLLOUT({"prompts": [str(work / "problems.parquet")]}, screen_cfg, work / "screen",
+                         Context(backend=policy, progress=not args.no_progress)).as_dict()
+        MINE({"sources": [str(work / "screen")]}, MineConfig(min_rollouts=args.screen_k), work / "collapsed")
         collapsed = pl.read_parquet(work / "collapsed" / "collapsed.parquet")
         screened = {"problems": problems.height, "screen_mean_correct": screen["mean_correct"],
                     "screen_completion_tokens": screen["completion_tokens"]}
@@ -459,8 +460,9 @@ def run(args: argparse.Namespace) -> list[dict]:
             for place in args.placements:
                 files[f"{kind}_{place}"], where[f"{kind}_{place}"] = controls[kind], place
         t1 = time.monotonic()
-        rescue_to_dir([str(source)], files, work / "controls", RolloutConfig(k=args.k, seed=args.seed + 1, **sampling), policy,
-                      arm_placements=where, progress=not args.no_progress)
+        RESCUE({"collapsed": [str(source)], "arms": files, "placements": where},
+               RolloutConfig(k=args.k, seed=args.seed + 1, **sampling), work / "controls",
+               Context(backend=policy, progress=not args.no_progress))
         report = pl.read_parquet(work / "controls" / "rescue.parquet")
         for place in args.placements:
             verdicts.append(setting_verdict(report, place, args.gate, args.seed))
@@ -495,7 +497,7 @@ def run(args: argparse.Namespace) -> list[dict]:
 
     def hint_arm(cfg: HintConfig, out: Path) -> dict:
         t1 = time.monotonic()
-        st = hint_to_dir(str(source), out, cfg, hinter, progress=not args.no_progress).as_dict()
+        st = HINT({"collapsed": [str(source)]}, cfg, out, Context(backend=hinter, progress=not args.no_progress)).as_dict()
         # The judge's calibration (stages/judge_check.py) is part of what the arm costs.
         check = read_json(out / "stats.json").get("judge_check") or {}
         calib = check.get("prompt_tokens", 0) + check.get("completion_tokens", 0) if not check.get("reused") else 0
@@ -546,9 +548,9 @@ def run(args: argparse.Namespace) -> list[dict]:
             else:
                 where[name], answers[name] = "assistant", w
     t2 = time.monotonic()
-    summary = rescue_to_dir([str(source)], arms_run, work / "rescue",
-                            RolloutConfig(k=args.k, seed=args.seed + 1, placement=placement, **sampling), policy,
-                            arm_placements=where, arm_answers=answers, progress=not args.no_progress).as_dict()
+    summary = RESCUE({"collapsed": [str(source)], "arms": arms_run, "placements": where, "answers": answers},
+                     RolloutConfig(k=args.k, seed=args.seed + 1, placement=placement, **sampling), work / "rescue",
+                     Context(backend=policy, progress=not args.no_progress)).as_dict()
     close_backends()
     report = pl.read_parquet(work / "rescue" / "rescue.parquet")
     answers_of = {r["problem_id"]: r for r in collapsed.iter_rows(named=True)}

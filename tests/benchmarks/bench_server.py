@@ -41,22 +41,23 @@ from pathlib import Path
 
 def collapsed(path: Path) -> Path:
     from mentor.data import bundled
-    from mentor.stages.mine import MineConfig, mine_to_dir
+    from mentor.stages.mine import MINE, MineConfig
 
-    mine_to_dir([str(bundled("gsm8k_rollouts.parquet"))], path, MineConfig())
+    MINE({"sources": [str(bundled("gsm8k_rollouts.parquet"))]}, MineConfig(), path)
     return path / "collapsed.parquet"
 
 
 def timed_hint(src: Path, out: Path, spec, sample: int, skip: int = 0) -> tuple[float, dict]:
     import polars as pl
 
-    from mentor.stages.hint import hint_to_dir
+    from mentor.pipeline.stage import Context
+    from mentor.stages.hint import HINT
     from mentor.stages.hint_config import HintConfig
 
     part = out.with_suffix(".parquet")
     pl.read_parquet(src).sort("problem_id").slice(skip, sample).write_parquet(part)
     t = time.perf_counter()
-    st = hint_to_dir(str(part), out, HintConfig(seed=7), spec)
+    st = HINT({"collapsed": [str(part)]}, HintConfig(seed=7), out, Context(backend=spec))
     return time.perf_counter() - t, st.as_dict()
 
 
@@ -134,14 +135,15 @@ def cpu_seconds(pid: int | None = None) -> float:
 def timed_stage(src: Path, out: Path, backend, sample: int) -> tuple[float, dict]:
     import polars as pl
 
-    from mentor.stages.hint import hint_to_dir
+    from mentor.pipeline.stage import Context
+    from mentor.stages.hint import HINT
     from mentor.stages.hint_config import HintConfig
 
     part = out.with_suffix(".parquet")
     pl.read_parquet(src).sort("problem_id").head(sample).write_parquet(part)
     cfg = HintConfig(seed=7, judge_check={"enabled": False})
     t = time.perf_counter()
-    st = hint_to_dir(str(part), out, cfg, lambda: backend)
+    st = HINT({"collapsed": [str(part)]}, cfg, out, Context(backend=lambda: backend))
     return time.perf_counter() - t, st.as_dict()
 
 
