@@ -104,14 +104,9 @@ HintStats = HINT_STATS  # HintStats() makes the empty counters of a hint run
 # --------------------------------------------------------------------------- one shard
 
 
-class Phase(Enum):
-    """Where a problem is on its way through the agents; each phase but DONE is one request per wave."""
-
-    ATTRIBUTION = "attribution"
-    GENERATION = "generation"
-    JUDGMENT = "judgment"
-    REPAIR = "repair"
-    DONE = "done"
+# Where a problem is on its way through the agents: one phase per agent (`hint_agents.AGENTS`), each one
+# request per wave, and DONE.
+Phase = Enum("Phase", {**{name.upper(): name for name in agents.AGENTS}, "DONE": "done"})
 
 
 class TraceEntry(NamedTuple):

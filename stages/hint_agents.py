@@ -49,19 +49,8 @@ if TYPE_CHECKING:
 
 TEMPLATE_DIR = Path(__file__).parent / "templates"
 
-# template name -> the placeholders it may use
-TEMPLATE_VARS: dict[str, frozenset[str]] = {
-    "attribution_system": frozenset(),
-    "attribution_user": frozenset({"problem", "answer", "solution", "failed"}),
-    "generation_system": frozenset(),
-    "generation_user": frozenset({"problem", "answer", "solution", "diagnosis", "keywords", "error", "escalation", "retry"}),
-    "generation_diagnosis": frozenset({"keywords", "error"}),
-    "generation_escalation": frozenset({"previous_hint"}),
-    "generation_retry": frozenset({"violations"}),
-    "judgment_system": frozenset(),
-    "judgment_user": frozenset({"problem", "answer", "solution", "hint"}),
-    "repair_system": frozenset(),
-    "repair_user": frozenset({"problem", "answer", "solution", "hint", "violations", "feedback"}),
+# Templates no agent owns: the safe defaults a problem falls back to (`Agent.templates` holds the others).
+FALLBACK_TEMPLATES: dict[str, frozenset[str]] = {
     "fallback_keywords": frozenset({"keywords"}),
     "fallback_math": frozenset(),
     "fallback_code": frozenset(),
@@ -264,13 +253,18 @@ class Agent(ABC):
     the stage keeps the raw text in the trace either way). hint.py calls these for every
     agent alike; what happens after an answer is its state machine.
 
-    A new agent: a subclass here, in `AGENTS`, with its ``<name>_system`` / ``<name>_user``
-    templates (`TEMPLATE_VARS`); in hint.py a `Phase` of the same name and the transition
-    that follows its answer; a `TokenLimits` field of the same name.
+    Everything about an agent is declared here, once: its name (the request ids, seeds,
+    stats, trace, its `Phase` in hint.py, its ``max_tokens.<name>`` setting and its key in
+    ``agent_chat_template_kwargs``), its templates and the placeholders each may use, its
+    default token limit and sampling. A new agent is a subclass here, in `AGENTS`, and
+    the transition that follows its answer in hint.py's state machine.
     """
 
     name: ClassVar[str]  # the request ids ("i:name:n"), seeds, stats, trace, max_tokens.<name>
     creative: ClassVar[bool] = False  # sampled at temperature/top_p, else at analysis_temperature (greedy by default)
+    templates: ClassVar[dict[str, frozenset[str]]]  # its template files (``<name>_system``, ...) -> their placeholders
+    max_tokens_default: ClassVar[int]  # the default of ``max_tokens.<name>``
+    max_tokens_help: ClassVar[str]  # its description in the settings
 
     def attempt(self, s: State) -> int:
         """The n of the request id ``i:name:n`` and of its seed."""
@@ -316,6 +310,9 @@ class Attribution(Agent):
     """1. problem, reference, failed responses -> {keywords, error}."""
 
     name = "attribution"
+    templates = {"attribution_system": frozenset(),
+                 "attribution_user": frozenset({"problem", "answer", "solution", "failed"})}
+    max_tokens_default, max_tokens_help = 200, "max_tokens of an attribution call."
 
     def attempt(self, s: State) -> int:
         return 0
@@ -356,6 +353,14 @@ class Generation(Agent):
 
     name = "generation"
     creative = True
+    templates = {
+        "generation_system": frozenset(),
+        "generation_user": frozenset({"problem", "answer", "solution", "diagnosis", "keywords", "error", "escalation", "retry"}),
+        "generation_diagnosis": frozenset({"keywords", "error"}),
+        "generation_escalation": frozenset({"previous_hint"}),
+        "generation_retry": frozenset({"violations"}),
+    }
+    max_tokens_default, max_tokens_help = 360, "max_tokens of a generation call (reasoning + hint)."
 
     def messages(self, s: State, cfg: HintConfig, t: Templates) -> list[dict]:
         """Without attribution (an ablation: cfg.attribution off) the prompt has the problem alone."""
@@ -392,6 +397,8 @@ class Judgment(Agent):
     """3. problem, reference, hint -> {correct, score, feedback} (after the rules pass)."""
 
     name = "judgment"
+    templates = {"judgment_system": frozenset(), "judgment_user": frozenset({"problem", "answer", "solution", "hint"})}
+    max_tokens_default, max_tokens_help = 120, "max_tokens of a judgment call."
 
     def attempt(self, s: State) -> int:
         return s.cand_no - 1  # the candidate it judges
@@ -438,6 +445,9 @@ class Repair(Generation):
     """4. problem, rejected hint, violations, feedback -> {hint} (the schema and parse of generation)."""
 
     name = "repair"
+    templates = {"repair_system": frozenset(),
+                 "repair_user": frozenset({"problem", "answer", "solution", "hint", "violations", "feedback"})}
+    max_tokens_default, max_tokens_help = 360, "max_tokens of a repair call (reasoning + hint)."
 
     def messages(self, s: State, cfg: HintConfig, t: Templates) -> list[dict]:
         from mentor.stages.rules import describe
@@ -451,6 +461,8 @@ class Repair(Generation):
 
 ATTRIBUTION, GENERATION, JUDGMENT, REPAIR = Attribution(), Generation(), Judgment(), Repair()
 AGENTS: dict[str, Agent] = {a.name: a for a in (ATTRIBUTION, GENERATION, JUDGMENT, REPAIR)}
+# template name -> the placeholders it may use: every agent's, and the fallbacks'
+TEMPLATE_VARS: dict[str, frozenset[str]] = {k: v for a in AGENTS.values() for k, v in a.templates.items()} | FALLBACK_TEMPLATES
 
 
 # --------------------------------------------------------------------------- demo fake

@@ -8,9 +8,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, create_model
 
 from mentor.pipeline.errors import config_error
+from mentor.stages.hint_agents import AGENTS
 from mentor.stages.judge_check import JudgeCheckConfig
 from mentor.stages.rules import RuleLimits
 from mentor.stages.vouch import VouchConfig
@@ -32,17 +33,16 @@ class DomainOverrides(BaseModel):
     max_hint_sentences: int | None = Field(None, ge=1, description="Most sentences in a hint.")
 
 
-class TokenLimits(BaseModel):
-    """max_tokens per agent call (JSON output is also bounded by its schema)."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    attribution: int = Field(200, ge=16, description="max_tokens of an attribution call.")
-    generation: int = Field(360, ge=16, description="max_tokens of a generation call (reasoning + hint).")
-    judgment: int = Field(120, ge=16, description="max_tokens of a judgment call.")
-    repair: int = Field(360, ge=16, description="max_tokens of a repair call (reasoning + hint).")
-    thinking: int = Field(4096, ge=0, description="Added to the max_tokens of an agent whose chat template variables turn "
-                          "thinking on (enable_thinking: true): its <think> block comes before its JSON answer.")
+# max_tokens per agent call (JSON output is also bounded by its schema): one field per agent, from its record.
+TokenLimits = create_model(
+    "TokenLimits",
+    __config__=ConfigDict(extra="forbid"),
+    __doc__="max_tokens per agent call (JSON output is also bounded by its schema).",
+    **{a.name: (int, Field(a.max_tokens_default, ge=16, description=a.max_tokens_help)) for a in AGENTS.values()},
+    thinking=(int, Field(4096, ge=0, description="Added to the max_tokens of an agent whose chat template variables turn "
+                         "thinking on (enable_thinking: true): its <think> block comes before its JSON answer.")),
+)
+AgentName = Literal[tuple(AGENTS)]  # type: ignore[valid-type]
 
 
 class HintConfig(BaseModel):
@@ -90,7 +90,7 @@ class HintConfig(BaseModel):
         default_factory=lambda: dict(THINKING_OFF),
         description="Variables for the hint model's chat template, for every agent. The default turns a thinking model's "
         "thinking off (Qwen3's enable_thinking); a template that does not use a variable ignores it. {}: the template's defaults.")
-    agent_chat_template_kwargs: dict[Literal["attribution", "generation", "judgment", "repair"], dict[str, Any]] = Field(
+    agent_chat_template_kwargs: dict[AgentName, dict[str, Any]] = Field(
         default_factory=dict, description="Per-agent additions to chat_template_kwargs, e.g. {judgment: {enable_thinking: true}} "
         "lets the judge think (its <think> block is dropped before the verdict is read).")
     templates_dir: str | None = Field(None, description="Directory whose <name>.txt files replace the bundled prompt templates.")
