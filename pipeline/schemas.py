@@ -86,7 +86,7 @@ TRACE_ENTRY = pa.struct(
 )
 
 # hints.vouch: candidates tried, the kept one (0-based), its re-rolls and how many were correct,
-# and whether that earned reward (rescued). See stages/vouch.py.
+# and whether that earned reward (rescued). See stages/hint/vouch.py.
 VOUCH = pa.struct(
     [
         pa.field("candidates", pa.int32()),

@@ -49,7 +49,7 @@ def model_list(*names: str) -> dict:
 def hint_agent_answer(body: dict) -> str:
     """The text mentor's fake hint model gives the request `body` (the schema says which agent asks)."""
     from mentor.pipeline.llm import GenRequest
-    from mentor.stages.hint_agents import fake_script
+    from mentor.stages.hint.agents import fake_script
 
     schema = ((body.get("response_format") or {}).get("json_schema") or {}).get("schema")
     return fake_script(GenRequest("x", body["messages"], json_schema=schema))

@@ -17,9 +17,9 @@ from mentor.pipeline.devices import engine_worker_env, local_gpus
 from mentor.pipeline.errors import ConfigError, EngineError
 from mentor.pipeline.llm import BackendSpec, FakeBackend, GenRequest, make_backend
 from mentor.pipeline.stage import Context
-from mentor.stages import hint_agents
-from mentor.stages.hint import hint_shard
-from mentor.stages.hint_config import HintConfig
+from mentor.stages.hint import agents as hint_agents
+from mentor.stages.hint.machine import hint_shard
+from mentor.stages.hint.config import HintConfig
 
 # ----------------------------------------------------------------------------- devices
 
@@ -344,7 +344,7 @@ def test_a_stage_releases_its_engines_unless_held(gsm8k_collapsed, tmp_path, mon
         def close_engines(self):
             closed.append("workers")
 
-    spec = BackendSpec("fake", options={"script": "mentor.stages.hint_agents:fake_script"})
+    spec = BackendSpec("fake", options={"script": "mentor.stages.hint.agents:fake_script"})
     cfg = HintConfig(llm_judge=False)
     monkeypatch.setitem(llm._ENGINES, "k", Engine())
     with llm.hold_engines():

@@ -180,7 +180,7 @@ def workflow(root: Path, **change) -> dict:
     wf = {"name": "wf-bad", "base": str(root / "problems.parquet"), "rounds": 1,
           "initial_rollouts": {"source": [str(root / "initial.parquet")], "format": "canonical"},
           "trainer": {"kind": "offline"},
-          "hint": {"backend": {"backend": "fake", "options": {"script": "mentor.stages.hint_agents:fake_script"}}}}
+          "hint": {"backend": {"backend": "fake", "options": {"script": "mentor.stages.hint.agents:fake_script"}}}}
     wf.update(change)
     return wf
 

@@ -75,9 +75,9 @@ def _rescue(chat=ok_chat, *extra: str):
         import pyarrow.parquet as pq
 
         from mentor.pipeline.llm import FakeBackend
-        from mentor.stages.hint import hint_shard
-        from mentor.stages.hint_agents import fake_script
-        from mentor.stages.hint_config import HintConfig
+        from mentor.stages.hint.machine import hint_shard
+        from mentor.stages.hint.agents import fake_script
+        from mentor.stages.hint.config import HintConfig
 
         COLLAPSED.head(3).write_parquet(root / "c.parquet")
         pq.write_table(hint_shard(COLLAPSED.head(3).to_arrow(), HintConfig(), FakeBackend(fake_script)), root / "h.parquet")

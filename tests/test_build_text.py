@@ -168,13 +168,13 @@ def test_vouching_rerolls_send_builds_text(tok_name, gsm8k_collapsed):
     import pyarrow.parquet as pq
 
     from mentor.pipeline.llm import FakeBackend
-    from mentor.stages.hint_config import HintConfig
-    from mentor.stages.vouch import vouch_shard
+    from mentor.stages.hint.config import HintConfig
+    from mentor.stages.hint.vouch import vouch_shard
 
     rows = pq.read_table(gsm8k_collapsed).sort_by("problem_id").slice(0, 2).to_pylist()
     pol = FakeBackend(script=lambda req: "\\boxed{123456789}")
     cfg = HintConfig(judge_check={"enabled": False}, vouch={"samples": 2, "candidates": 1, "tokenizer": tok_name})
-    table = vouch_shard(rows, cfg, FakeBackend(script="mentor.stages.hint_agents:fake_script"), policy=pol)
+    table = vouch_shard(rows, cfg, FakeBackend(script="mentor.stages.hint.agents:fake_script"), policy=pol)
     tok = load_tokenizer(tok_name)
     for i, (r, h) in enumerate(zip(rows, table.column("hint").to_pylist())):
         req = pol.log[0][i * 2]

@@ -8,7 +8,7 @@ from pydantic import ValidationError
 
 from mentor.pipeline.errors import ConfigError, config_error
 from mentor.stages.build import BuildConfig
-from mentor.stages.hint_config import load_config
+from mentor.stages.hint.config import load_config
 from mentor.stages.mine import MineConfig
 
 

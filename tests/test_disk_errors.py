@@ -36,7 +36,7 @@ def commands(tmp: Path, out: Path) -> dict[str, list[str]]:
     wf = tmp / "wf.yaml"
     wf.write_text(json.dumps({
         "name": "disk", "base": "gsm8k", "initial_rollouts": {"source": [str(ROLLOUTS)], "format": "canonical"},
-        "trainer": {"kind": "offline"}, "hint": {"sample": 2, "backend": {"backend": "fake", "options": {"script": "mentor.stages.hint_agents:fake_script"}}},
+        "trainer": {"kind": "offline"}, "hint": {"sample": 2, "backend": {"backend": "fake", "options": {"script": "mentor.stages.hint.agents:fake_script"}}},
     }))
     return {
         "ingest": ["ingest", str(ROLLOUTS), "--format", "canonical", "--out", str(out)],

@@ -16,9 +16,10 @@ from mentor.pipeline.errors import ConfigError
 from mentor.pipeline.llm import BackendSpec, FakeBackend, GenRequest, GenResult
 from mentor.pipeline.schemas import HINTS, check_schema
 from mentor.pipeline.stage import Context
-from mentor.stages.hint import HintStats, hint_shard, HINT
-from mentor.stages.hint_config import HintConfig, load_config
-from mentor.stages.hint_agents import Templates
+from mentor.stages.hint.machine import HintStats, hint_shard
+from mentor.stages.hint import HINT
+from mentor.stages.hint.config import HintConfig, load_config
+from mentor.stages.hint.agents import Templates
 from mentor.stages.rules import check
 
 GOOD = '{"hint": "Count how many eggs are left after breakfast and baking before you think about money."}'
@@ -405,7 +406,7 @@ def test_cli_hint_fake(gsm8k_collapsed, tmp_path):
 def test_dask_workers_give_the_same_rows(gsm8k_collapsed, tmp_path):
     from mentor.pipeline.executor import DaskExecutor, LocalExecutor, dask_client
 
-    spec = BackendSpec("fake", options={"script": "mentor.stages.hint_agents:fake_script"})
+    spec = BackendSpec("fake", options={"script": "mentor.stages.hint.agents:fake_script"})
     cfg = HintConfig(shard_size=20)
     HINT({"collapsed": [gsm8k_collapsed], "sample": 60}, cfg, tmp_path / "serial",
          Context(backend=spec, executor=LocalExecutor()))

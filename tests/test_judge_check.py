@@ -1,4 +1,4 @@
-"""The judge check (stages/judge_check.py) on the real bundled GSM8K collapsed set, with scripted judges.
+"""The judge check (stages/hint/judge_check.py) on the real bundled GSM8K collapsed set, with scripted judges.
 
 A judge that cannot tell good from bad (one that approves everything, one that calls
 everything incorrect, one whose output never parses) must be found out, and the run
@@ -22,18 +22,11 @@ from mentor.cli import cli
 from mentor.pipeline.errors import ConfigError, DataError, EngineError
 from mentor.pipeline.llm import FakeBackend, GenRequest
 from mentor.pipeline.stage import Context
-from mentor.stages import hint_agents as agents
+from mentor.stages.hint import agents
 from mentor.stages.hint import HINT as HINT_STAGE
-from mentor.stages.hint_config import HintConfig
+from mentor.stages.hint.config import HintConfig
 from mentor.stages.rules import check
-from mentor.stages.judge_check import (
-    calibration_set,
-    change_a_number,
-    check_judge,
-    first_step,
-    int_words,
-    load_solutions,
-)
+from mentor.stages.hint.judge_check import calibration_set, change_a_number, check_judge, first_step, int_words, load_solutions
 
 ATTR = '{"keywords": ["eggs left to sell"], "error": "The attempts price all the eggs."}'
 HINT = '{"hint": "Work out how many of the items are left before you multiply by the price of each one."}'
@@ -198,7 +191,7 @@ def test_the_threshold_is_the_configs(rows):
 
 def test_an_untrusted_judge_is_replaced_by_the_rules_for_the_run(gsm8k_collapsed, tmp_path, caplog):
     factory = Factory(approves_everything)
-    with caplog.at_level("WARNING", logger="mentor.stages.judge_check"):
+    with caplog.at_level("WARNING", logger="mentor.stages.hint.judge_check"):
         st = HINT_STAGE({"collapsed": [gsm8k_collapsed], "sample": 5}, HintConfig(), tmp_path / "h", Context(backend=factory))
     lines = [r.getMessage() for r in caplog.records]
     assert len(lines) == 1 and "cannot tell good hints from bad" in lines[0] and "rules alone" in lines[0]
@@ -257,7 +250,7 @@ def test_without_reference_solutions_the_judge_is_used_unchecked(gsm8k_collapsed
     src = tmp_path / "c.parquet"
     other.write_parquet(src)
     f = Factory(approves_everything)
-    with caplog.at_level("WARNING", logger="mentor.stages.judge_check"):
+    with caplog.at_level("WARNING", logger="mentor.stages.hint.judge_check"):
         st = HINT_STAGE({"collapsed": [src]}, HintConfig(), tmp_path / "h", Context(backend=f))
     assert st.judge_calls == 4 and "not run" in caplog.records[0].getMessage()
     assert json.loads((tmp_path / "h" / "stats.json").read_text())["judge_check"]["status"] == "unchecked"

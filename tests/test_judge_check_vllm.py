@@ -41,7 +41,7 @@ def test_the_judge_is_checked_and_the_run_follows_the_verdict(gsm8k_collapsed, t
     verdicts = report["verdicts"]
     assert jc["engine_calls"] == 1 and jc["items"] == len(verdicts) == 12 and jc["problems"] == 3
     assert jc["parse_failures"] == 0 and all(v["score"] is not None for v in verdicts), [v["raw"] for v in verdicts]
-    for v in verdicts:  # each verdict read as `_Shard._judged` reads it (threshold 7)
+    for v in verdicts:  # each verdict read as `HintMachine._judged` reads it (threshold 7)
         assert v["accepted"] == (v["correct"] is not False and v["score"] >= 7), v
     good = [v for v in verdicts if v["kind"] == "good"]
     bad = [v for v in verdicts if v["kind"] != "good"]

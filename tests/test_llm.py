@@ -82,7 +82,7 @@ def test_contract_violations_raise(mode):
 
 
 def test_make_backend_and_spec():
-    fake = make_backend("fake", script="mentor.stages.hint_agents:fake_script")
+    fake = make_backend("fake", script="mentor.stages.hint.agents:fake_script")
     (res,) = fake.generate([_req("a", json_schema={"properties": {"score": {}}})])
     assert '"score"' in res.text
     with pytest.raises(ConfigError, match="unknown backend"):
@@ -91,7 +91,7 @@ def test_make_backend_and_spec():
         make_backend("openai")
     with pytest.raises(ConfigError):
         make_backend("fake", script="no.such.module:thing")
-    spec = BackendSpec("fake", options={"script": "mentor.stages.hint_agents:fake_script"})
+    spec = BackendSpec("fake", options={"script": "mentor.stages.hint.agents:fake_script"})
     spec2 = pickle.loads(pickle.dumps(spec))
     assert spec2 == spec
     assert spec2().name == "fake"

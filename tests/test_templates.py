@@ -7,7 +7,7 @@ import pickle
 import pytest
 
 from mentor.pipeline.errors import ConfigError
-from mentor.stages.hint_agents import TEMPLATE_DIR, TEMPLATE_VARS, Templates
+from mentor.stages.hint.agents import TEMPLATE_DIR, TEMPLATE_VARS, Templates
 
 
 def test_bundled_templates_render_values_verbatim_and_keep_their_text():

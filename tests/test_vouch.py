@@ -1,4 +1,4 @@
-"""Policy vouching (stages/vouch.py): the state machine over candidates, with scripted hinter and policy.
+"""Policy vouching (stages/hint/vouch.py): the state machine over candidates, with scripted hinter and policy.
 
 The hint stage and the rules are real, the verifier is mentor's math verifier and the
 prompts are build's layout; only the two models are scripted: the policy "solves" a
@@ -18,10 +18,11 @@ from mentor.pipeline.prompts import INSTRUCTIONS
 from mentor.pipeline.schemas import check_schema
 from mentor.pipeline.stage import Context
 from mentor.stages.build_render import prompt_messages
-from mentor.stages.hint import HintStats, HINT
-from mentor.stages.hint_config import HintConfig
+from mentor.stages.hint.machine import HintStats
+from mentor.stages.hint import HINT
+from mentor.stages.hint.config import HintConfig
 from mentor.stages.rollout import problem_seed
-from mentor.stages.vouch import reroll_seed, vouch_shard
+from mentor.stages.hint.vouch import reroll_seed, vouch_shard
 
 ATTR = '{"keywords": ["items left"], "error": "The attempts use every item instead of the ones left."}'
 # Candidate n of a problem (generation attempt n): the first is vague, the later ones name the step.

@@ -140,7 +140,7 @@ Trainer = Annotated[OfflineTrainer | OpenRLHFTrainer | TrlTrainer | VerlTrainer 
 
 
 class HintSettings(_Strict):
-    """The hint stage: backend + the agents' settings (stages/hint_config.py HintConfig)."""
+    """The hint stage: backend + the agents' settings (stages/hint/config.py HintConfig)."""
 
     backend: BackendSettings = Field(default_factory=BackendSettings, description="The hint model.")
     sample: int | None = Field(None, ge=1, description="Hint only the first N collapsed problems (by problem_id); none = all.")
@@ -218,7 +218,7 @@ def check_sections(wf: Workflow) -> None:
         raise ConfigError(f"build.placement {build.placement}: the prompts would be text rendered with the policy's chat "
                           f"template, and {why}; use placement after (or before/system) with trainer {wf.trainer.kind}")
     from mentor.pipeline.llm import check_backend
-    from mentor.stages.hint_config import HintConfig
+    from mentor.stages.hint.config import HintConfig
 
     try:
         hint = HintConfig.model_validate(wf.hint.config)

@@ -41,7 +41,7 @@ def hint(collapsed, out_dir, backend, model, base_url, max_concurrency, request_
     from mentor.pipeline.llm import BackendSpec
     from mentor.pipeline.stage import Context, run_stage
     from mentor.stages import stage
-    from mentor.stages.hint_config import load_config
+    from mentor.stages.hint.config import load_config
 
     cfg = load_config(config_path, seed=seed, templates_dir=templates_dir, shard_size=shard_size)
     if cfg.vouch is not None:  # the policy's settings, before the judge check and the first shard
@@ -51,7 +51,7 @@ def hint(collapsed, out_dir, backend, model, base_url, max_concurrency, request_
         check_backend(p.backend, p.model, p.options, f"{config_path}: vouch.policy")
     options: dict = {}
     if backend == "fake":
-        options["script"] = "mentor.stages.hint_agents:fake_script"
+        options["script"] = "mentor.stages.hint.agents:fake_script"
     elif backend == "openai":
         options = server_backend_options(model, base_url, max_concurrency, structured_output,
                                          engine_flags={"--tensor-parallel-size": tensor_parallel_size,
@@ -112,13 +112,13 @@ def check_hint(hint_text, domain, answer, problem, entry_point, previous, max_ch
 def check_judge(collapsed, backend, model, config_path, problems, solutions, out_file, max_model_len, dtype, tensor_parallel_size):
     """Score the LLM judge on known-good and known-bad hints of these problems; exit 0 when it can be trusted, 1 when not."""
     from mentor.pipeline.llm import BackendSpec
-    from mentor.stages.hint_config import load_config
-    from mentor.stages.judge_check import check_judge_path, stats_view, summary_line
+    from mentor.stages.hint.config import load_config
+    from mentor.stages.hint.judge_check import check_judge_path, stats_view, summary_line
 
     cfg = load_config(config_path)
     jc = cfg.judge_check.model_copy(update={k: v for k, v in {"problems": problems, "solutions": solutions}.items() if v is not None})
     cfg = cfg.model_copy(update={"judge_check": jc})
-    options: dict = {"script": "mentor.stages.hint_agents:fake_script"} if backend == "fake" else {
+    options: dict = {"script": "mentor.stages.hint.agents:fake_script"} if backend == "fake" else {
         k: v for k, v in {"max_model_len": max_model_len, "dtype": dtype, "tensor_parallel_size": tensor_parallel_size}.items()
         if v is not None}
     if backend != "fake":

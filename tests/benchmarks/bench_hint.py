@@ -43,9 +43,9 @@ def collapsed_rows() -> list[dict]:
 
 def bench_orchestration(base: list[dict], n: int) -> dict:
     from mentor.pipeline.llm import FakeBackend, GenRequest
-    from mentor.stages.hint import HintStats, hint_shard
-    from mentor.stages.hint_config import HintConfig
-    from mentor.stages.hint_agents import fake_script
+    from mentor.stages.hint.machine import HintStats, hint_shard
+    from mentor.stages.hint.config import HintConfig
+    from mentor.stages.hint.agents import fake_script
 
     rows = [dict(base[i % len(base)], problem_id=f"p-bench-{i:07d}") for i in range(n)]
     leak = '{"hint": "The answer is %s."}'
@@ -82,8 +82,8 @@ def bench_floor(base: list[dict], n: int) -> dict:
     import gc
 
     from mentor.pipeline.llm import FakeBackend, GenRequest
-    from mentor.stages import hint_agents as ha
-    from mentor.stages.hint_config import HintConfig
+    from mentor.stages.hint import agents as ha
+    from mentor.stages.hint.config import HintConfig
     from mentor.stages.rules import RuleContext, check_hint
 
     cfg = HintConfig()
@@ -97,7 +97,7 @@ def bench_floor(base: list[dict], n: int) -> dict:
     def waves() -> tuple[float, float]:
         """Seconds of (the three waves of requests, the rule checks)."""
         fake = FakeBackend(script=ha.fake_script, record=False)
-        # what each agent reads of a problem (hint_agents.State), made before the clock starts
+        # what each agent reads of a problem (agents.State), made before the clock starts
         states = [SimpleNamespace(row=r, keywords=[], error=None, retry=0, rejected=[], candidate=None) for r in rows]
         t0 = time.perf_counter()
         res = fake.generate([GenRequest(f"{i}:attribution:0", attribution.messages(s, cfg, t),
@@ -137,9 +137,9 @@ def bench_floor(base: list[dict], n: int) -> dict:
 
 def bench_vllm(base: list[dict], n: int, repeat: int = 1) -> dict:
     from mentor.pipeline.llm import GenRequest, make_backend
-    from mentor.stages import hint_agents as ha
-    from mentor.stages.hint import HintStats, hint_shard
-    from mentor.stages.hint_config import HintConfig
+    from mentor.stages.hint import agents as ha
+    from mentor.stages.hint.machine import HintStats, hint_shard
+    from mentor.stages.hint.config import HintConfig
 
     backend = make_backend("vllm", max_model_len=4096)
     waves: list[tuple[list, list, dict | None, float]] = []

@@ -27,9 +27,9 @@
 3. Hint the collapsed set under each arm, through `mentor hint` and its config:
    ``full`` (Attribution -> Generation -> Judgment -> Repair, the defaults: the
    agents see the reference solution, the judge checked first:
-   stages/judge_check.py), ``vouched`` (``full`` plus ``vouch:``: the policy
+   stages/hint/judge_check.py), ``vouched`` (``full`` plus ``vouch:``: the policy
    re-rolls each candidate hint and the first that earns reward is kept,
-   stages/vouch.py; its re-roll seeds avoid the rescue's), ``no_attribution``
+   stages/hint/vouch.py; its re-roll seeds avoid the rescue's), ``no_attribution``
    (``attribution: false``: generation from the problem alone), ``no_judgment``
    (``llm_judge: false, max_refine: 0``: the first generated hint that passes the
    rule checks), ``no_generation`` (``generation: false``: the keyword template;
@@ -161,7 +161,7 @@ def reference_hints(collapsed, domain: str, hinted_round: int = 0):
 
     from mentor.pipeline.ids import content_hash
     from mentor.pipeline.schemas import HINTS
-    from mentor.stages.hint_agents import Templates
+    from mentor.stages.hint.agents import Templates
     from mentor.stages.rules import check
 
     solutions = reference_solutions(domain)
@@ -400,7 +400,7 @@ def run(args: argparse.Namespace) -> list[dict]:
     from mentor.pipeline.llm import BackendSpec, close_backends, hold_engines
     from mentor.pipeline.stage import Context
     from mentor.stages.hint import HINT
-    from mentor.stages.hint_config import HintConfig, load_config
+    from mentor.stages.hint.config import HintConfig, load_config
     from mentor.stages.rules import check
     from mentor.stages.build_render import DEFAULT_PLACEMENT, DEFAULT_TOKENIZED_PLACEMENT, PLACEMENTS
     from mentor.stages.mine import MINE, MineConfig
@@ -411,7 +411,7 @@ def run(args: argparse.Namespace) -> list[dict]:
     work.mkdir(parents=True, exist_ok=True)
     fake = args.backend == "fake"
     policy = BackendSpec("fake", options={"script": args.fake_policy}) if fake else BackendSpec("vllm", args.policy)
-    hinter = BackendSpec("fake", options={"script": "mentor.stages.hint_agents:fake_script"}) if fake else BackendSpec("vllm", args.hinter)
+    hinter = BackendSpec("fake", options={"script": "mentor.stages.hint.agents:fake_script"}) if fake else BackendSpec("vllm", args.hinter)
     t0 = time.monotonic()
 
     # 1. screen (or a given collapsed set)
@@ -498,7 +498,7 @@ def run(args: argparse.Namespace) -> list[dict]:
     def hint_arm(cfg: HintConfig, out: Path) -> dict:
         t1 = time.monotonic()
         st = HINT({"collapsed": [str(source)]}, cfg, out, Context(backend=hinter, progress=not args.no_progress)).as_dict()
-        # The judge's calibration (stages/judge_check.py) is part of what the arm costs.
+        # The judge's calibration (stages/hint/judge_check.py) is part of what the arm costs.
         check = read_json(out / "stats.json").get("judge_check") or {}
         calib = check.get("prompt_tokens", 0) + check.get("completion_tokens", 0) if not check.get("reused") else 0
         vouch = st.get("vouch") or {}
@@ -514,7 +514,7 @@ def run(args: argparse.Namespace) -> list[dict]:
             out = work / "hints" / arm
             if arm in extra:
                 hint_info[arm] = hint_arm(load_config(extra[arm]), out)
-            elif arm == "vouched":  # full, plus the policy's say (stages/vouch.py): re-rolled as the rescue re-rolls
+            elif arm == "vouched":  # full, plus the policy's say (stages/hint/vouch.py): re-rolled as the rescue re-rolls
                 hint_info[arm] = hint_arm(base.model_copy(update={"vouch": vouch_config(args, placement)}), out)
             elif arm == "reference":
                 table, fell_back = reference_hints(collapsed, args.domain)
@@ -602,7 +602,7 @@ def run(args: argparse.Namespace) -> list[dict]:
 def vouch_config(args: argparse.Namespace, placement: str):
     """The vouched arm's policy settings: the benchmark's policy and sampling, the rescue's placement, and
     re-roll seeds kept apart from the rescue's and the controls' (``--seed + 1``, per problem)."""
-    from mentor.stages.vouch import PolicySettings, VouchConfig
+    from mentor.stages.hint.config import PolicySettings, VouchConfig
 
     if args.backend == "fake":
         policy = PolicySettings(backend="fake", model="fake", options={"script": args.fake_policy})
@@ -643,7 +643,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--policy", default="qwen2.5-coder-0.5b", help="Policy model (a mentor CPU model name, folder or HF name).")
     p.add_argument("--hinter", default="qwen2.5-coder-1.5b", help="Hint model for the four agents.")
     p.add_argument("--backend", choices=("vllm", "fake"), default="vllm", help="fake: plumbing only (tests).")
-    p.add_argument("--fake-policy", default="mentor.stages.hint_agents:fake_script", help=argparse.SUPPRESS)
+    p.add_argument("--fake-policy", default="mentor.stages.hint.agents:fake_script", help=argparse.SUPPRESS)
     p.add_argument("--problems", type=int, help=f"Problems of the split to screen (default: 400 math, 177 of them collapsed at 0/8 with the default models, all code; --quick {QUICK_PROBLEMS}).")
     p.add_argument("--max-collapsed", type=int, help="Keep at most this many collapsed problems (problem_id order).")
     p.add_argument("--screen-k", type=int, default=8, help="Samples of the collapse screen (collapsed = none right).")

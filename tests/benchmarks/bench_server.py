@@ -52,7 +52,7 @@ def timed_hint(src: Path, out: Path, spec, sample: int, skip: int = 0) -> tuple[
 
     from mentor.pipeline.stage import Context
     from mentor.stages.hint import HINT
-    from mentor.stages.hint_config import HintConfig
+    from mentor.stages.hint.config import HintConfig
 
     part = out.with_suffix(".parquet")
     pl.read_parquet(src).sort("problem_id").slice(skip, sample).write_parquet(part)
@@ -137,7 +137,7 @@ def timed_stage(src: Path, out: Path, backend, sample: int) -> tuple[float, dict
 
     from mentor.pipeline.stage import Context
     from mentor.stages.hint import HINT
-    from mentor.stages.hint_config import HintConfig
+    from mentor.stages.hint.config import HintConfig
 
     part = out.with_suffix(".parquet")
     pl.read_parquet(src).sort("problem_id").head(sample).write_parquet(part)

@@ -1,4 +1,4 @@
-"""Hint: turn collapsed problems into answer-free hints with four LLM agents.
+"""The hint state machine: one shard of collapsed problems through the four agents, in waves.
 
 Waves. Every pending problem of a shard takes its next agent step in the same
 wave, and a wave is ONE backend call (requests of different agents mixed), so
@@ -15,10 +15,10 @@ batch never drains to the slowest request of a wave. A problem's path:
                                    v
                        regenerate (up to max_retry) ... -> safe fallback
 
-The phases are `Phase`; each agent is one record in hint_agents.py (`Agent`:
-its messages, JSON schema, parser, sampling, token limit), which `_Shard`
+The phases are `Phase`; each agent is one record in agents.py (`Agent`:
+its messages, JSON schema, parser, sampling, token limit), which `HintMachine`
 calls alike for every agent; what follows an answer is this module's state
-machine: every phase change happens in `_Shard.transition`, whose table is the
+machine: every phase change happens in `HintMachine.transition`, whose table is the
 state machine above. Rules run locally between waves (no engine call); only a hint
 that passes them is sent to the LLM judge. Bad model output (invalid JSON, empty text,
 truncation, a hint in another language, keywords that are the answer, a
@@ -27,27 +27,20 @@ this path, and is counted in the stats; so does a request that got no answer
 (``failed_calls``: a server's error after its retries, a prompt too long for the
 engine). A shard none of whose requests got an answer fails (`EngineError`).
 
-Shards. `hint_shard(rows, cfg, backend)` is a pure function of its rows (the
-seeds of every request derive from problem ids, not positions); `HintStage`
-splits the collapsed set into resumable shards (`mentor.pipeline.shards`:
-``_shards/part-NNNNN.parquet``, a done marker keyed by the shard's rows and the
-config), runs them with the stage's executor (`mentor.pipeline.executor`:
-in-process, or dask workers that each own one engine built from a picklable
-`BackendSpec`), and concatenates them into ``hints.parquet`` + ``stats.json``.
-A killed run resumes without redoing finished shards; a re-run of the same
-inputs and config makes no engine call (and starts no engine). The settings
-are `mentor.stages.hint_config.HintConfig`.
+`hint_shard(rows, cfg, backend)` is a pure function of its rows (the seeds of
+every request derive from problem ids, not positions); the stage
+(`mentor.stages.hint`) runs it over resumable shards, the judge check
+(`judge_check`) asks the same machine for its judgment requests, and vouching
+(`vouch`) calls `hint_shard` once per candidate.
 
-This module is over 500 lines because the state machine (`_Shard`, its
-transitions and endings) is one piece that reads best whole; the stage around
-it (`HintStage`) is short.
+This module is over 500 lines because the state machine (`HintMachine`, its
+transitions and endings) is one piece that reads best whole.
 """
 
 from __future__ import annotations
 
 import json
 import logging
-import os
 import re
 import threading
 import time
@@ -56,28 +49,18 @@ from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from enum import Enum
-from pathlib import Path
 from typing import Any, NamedTuple
 
 import pyarrow as pa
-import pyarrow.parquet as pq
-from pydantic import BaseModel, ConfigDict
-from tqdm.auto import tqdm
-from tqdm.contrib.logging import logging_redirect_tqdm
 
-from mentor.pipeline.errors import ConfigError, EngineError
-from mentor.pipeline.executor import Executor
+from mentor.pipeline.errors import EngineError
 from mentor.pipeline.ids import content_hash
-from mentor.pipeline.inputs import resolve_inputs
-from mentor.pipeline.io import config_hash, read_table, write_parquet_atomic
-from mentor.pipeline.llm import Backend, GenRequest, GenResult, concurrently, describe_backend
-from mentor.pipeline.outdir import Owns
-from mentor.pipeline.schemas import HINTS, SCHEMA_VERSION, conform, schema_metadata
-from mentor.pipeline.shards import Shard, ShardPlan, ShardResult
-from mentor.pipeline.stage import Context, Source, Stage, Stats, StatsLayout
-from mentor.stages import hint_agents as agents
-from mentor.stages.hint_config import HintConfig
-from mentor.stages.solutions import load_solutions, with_solutions
+from mentor.pipeline.io import config_hash
+from mentor.pipeline.llm import Backend, GenRequest, GenResult, concurrently
+from mentor.pipeline.schemas import HINTS, schema_metadata
+from mentor.pipeline.stage import Stats, StatsLayout
+from mentor.stages.hint import agents
+from mentor.stages.hint.config import HintConfig
 from mentor.stages.rules import (Instructions, RuleContext, RuleLimits, check_hint, copies_instructions, text_leaks_answer,
                                  trim_to_rules)
 
@@ -104,7 +87,7 @@ HintStats = HINT_STATS  # HintStats() makes the empty counters of a hint run
 # --------------------------------------------------------------------------- one shard
 
 
-# Where a problem is on its way through the agents: one phase per agent (`hint_agents.AGENTS`), each one
+# Where a problem is on its way through the agents: one phase per agent (`agents.AGENTS`), each one
 # request per wave, and DONE.
 Phase = Enum("Phase", {**{name.upper(): name for name in agents.AGENTS}, "DONE": "done"})
 
@@ -122,7 +105,7 @@ class TraceEntry(NamedTuple):
 
 
 @dataclass
-class _Problem:
+class ProblemState:
     """The state of one problem in a shard."""
 
     i: int
@@ -161,7 +144,7 @@ def _to_json(obj: Any) -> str:
 _LETTER = re.compile(r"[^\W\d_]")
 
 
-class _Shard:
+class HintMachine:
     """The per-shard machinery: requests from the agents' records, and the transitions between phases."""
 
     def __init__(self, cfg: HintConfig, templates: agents.Templates, stats: Stats) -> None:
@@ -172,18 +155,26 @@ class _Shard:
         self.settings = {d: cfg.for_domain(d) for d in ("math", "code")}
         self.schemas: dict[tuple[str, RuleLimits], dict] = {}  # (agent, a domain's limits) -> its JSON schema
 
-    def problem(self, i: int, row: dict) -> _Problem:
+    def problem(self, i: int, row: dict) -> ProblemState:
         domain = row.get("domain") or "math"
         max_retry, max_refine, threshold, limits = self.settings.get(domain, self.settings["math"])
         ctx = RuleContext(domain=domain, answer=row.get("label"), problem=row.get("problem") or "",
                           previous_hints=tuple(row.get("previous_hints") or ()), limits=limits)
-        p = _Problem(i, row, ctx, max_retry, max_refine, threshold)
+        p = ProblemState(i, row, ctx, max_retry, max_refine, threshold)
         self.transition(p, "start")
         return p
 
+    def judgment_request(self, i: int, row: dict, hint: str) -> GenRequest:
+        """The request the run sends to judge `hint` as the first candidate for `row` (id ``i:judgment:0``):
+        the judge check (`judge_check`) scores the judge on exactly what a run would ask it."""
+        p = self.problem(i, row)
+        p.candidate, p.cand_no = hint, 1
+        p.phase = Phase.JUDGMENT
+        return self.request(p)
+
     # ------------------------------------------------------------------ the state machine
 
-    def transition(self, p: _Problem, event: str, violations: Sequence[str] = (), feedback: str | None = None) -> None:
+    def transition(self, p: ProblemState, event: str, violations: Sequence[str] = (), feedback: str | None = None) -> None:
         """Every phase change, in one place.
 
         ========================  ==============================================================
@@ -243,7 +234,7 @@ class _Shard:
 
     # ------------------------------------------------------------------ requests and results
 
-    def request(self, p: _Problem) -> GenRequest:
+    def request(self, p: ProblemState) -> GenRequest:
         a, cfg = agents.AGENTS[p.phase.value], self.cfg
         n = a.attempt(p)
         key = (a.name, p.ctx.limits)
@@ -257,10 +248,10 @@ class _Shard:
         return GenRequest(f"{p.i}:{a.name}:{n}", a.messages(p, cfg, self.t), max_tokens, temperature, top_p,
                           self._seed(p, a.name, n), schema, cfg.template_kwargs(a.name))
 
-    def _seed(self, p: _Problem, agent: str, n: int) -> int:
+    def _seed(self, p: ProblemState, agent: str, n: int) -> int:
         return zlib.crc32(f"{self.cfg.seed}|{p.pid}|{agent}|{n}".encode()) & 0x7FFFFFFF
 
-    def consume(self, p: _Problem, res: GenResult) -> None:
+    def consume(self, p: ProblemState, res: GenResult) -> None:
         """Read an answer with its agent's parser (raw text always traced), then take the phase's transition."""
         a, st = agents.AGENTS[p.phase.value], self.st
         st.requests_by_agent[a.name] += 1
@@ -278,7 +269,7 @@ class _Shard:
         else:
             self._candidate(p, res, parsed)
 
-    def _attributed(self, p: _Problem, parsed: dict | None) -> None:
+    def _attributed(self, p: ProblemState, parsed: dict | None) -> None:
         st = self.st
         if parsed is not None:
             # Keywords are concepts: one without a letter ("1.1.1", "2400") is noise, one that carries
@@ -305,7 +296,7 @@ class _Shard:
             p.error = err
         self.transition(p, "attributed")
 
-    def _judged(self, p: _Problem, parsed: dict | None) -> None:
+    def _judged(self, p: ProblemState, parsed: dict | None) -> None:
         self.st.judge_calls += 1
         if parsed is None:
             self.transition(p, "rejected", ["judge_parse_error"])
@@ -318,7 +309,7 @@ class _Shard:
         else:
             self.transition(p, "rejected", ["judge_low_score"], parsed["feedback"])
 
-    def _candidate(self, p: _Problem, res: GenResult, parsed: dict | None) -> None:
+    def _candidate(self, p: ProblemState, res: GenResult, parsed: dict | None) -> None:
         """A generated or repaired hint: run the rules."""
         n = p.cand_no
         p.cand_no += 1
@@ -342,12 +333,12 @@ class _Shard:
 
     # ------------------------------------------------------------------ endings
 
-    def _accept(self, p: _Problem) -> None:
+    def _accept(self, p: ProblemState) -> None:
         p.hint = p.candidate or ""
         p.status = "accepted" if p.retry == 0 and p.refines == 0 and not p.trimmed else "repaired"
         p.phase = Phase.DONE
 
-    def _fallback(self, p: _Problem) -> None:
+    def _fallback(self, p: ProblemState) -> None:
         """A safe default: from the keywords when the rules pass it, else a generic one."""
         t = self.t
         domain = p.ctx.domain if p.ctx.domain in ("math", "code") else "math"
@@ -389,12 +380,12 @@ def hint_shard(
         rows = rows.to_pylist()
     st = stats if stats is not None else HintStats()
     t = templates or agents.Templates.load(cfg.templates_dir)
-    shard = _Shard(cfg, t, st)
+    shard = HintMachine(cfg, t, st)
     problems = [shard.problem(i, row) for i, row in enumerate(rows)]
     calls0, pt0, ct0 = backend.calls, backend.prompt_tokens, backend.completion_tokens
     requests0, errors = st.requests, []
 
-    def answered(p: _Problem, res: GenResult) -> None:
+    def answered(p: ProblemState, res: GenResult) -> None:
         """A request without an answer is a failed model call, counted; its problem moves on as after a parse failure."""
         if res.finish_reason == "error":
             st.failed_calls += 1
@@ -442,7 +433,7 @@ def hint_shard(
     return _to_table(problems, model, t.version, row_config_hash(cfg, model))
 
 
-def _chains(shard: _Shard, problems: list[_Problem], backend: Backend, answered: Callable[[_Problem, GenResult], None],
+def _chains(shard: HintMachine, problems: list[ProblemState], backend: Backend, answered: Callable[[ProblemState, GenResult], None],
             progress: Callable[[int, int], None] | None) -> None:
     """Each problem's requests one after another, problems side by side (a server): no wave waits for its slowest request.
 
@@ -454,7 +445,7 @@ def _chains(shard: _Shard, problems: list[_Problem], backend: Backend, answered:
     st, lock, stop = shard.st, threading.Lock(), threading.Event()
     longest = 0
 
-    def run(p: _Problem) -> None:
+    def run(p: ProblemState) -> None:
         nonlocal longest
         steps = 0
         while not stop.is_set():
@@ -485,7 +476,7 @@ def row_config_hash(cfg: HintConfig, model: str) -> str:
     return config_hash({"hint": cfg.semantic(), "model": model})
 
 
-def _to_table(problems: list[_Problem], model: str, prompt_version: str, cfg_hash: str) -> pa.Table:
+def _to_table(problems: list[ProblemState], model: str, prompt_version: str, cfg_hash: str) -> pa.Table:
     trace = [[e._asdict() for e in p.trace] for p in problems]
     hints = [p.hint for p in problems]
     columns = {
@@ -504,7 +495,7 @@ def _to_table(problems: list[_Problem], model: str, prompt_version: str, cfg_has
         "model": [model] * len(problems),
         "prompt_version": [prompt_version] * len(problems),
         "config_hash": [cfg_hash] * len(problems),
-        "vouch": [None] * len(problems),  # filled by stages/vouch.py when the policy vouches
+        "vouch": [None] * len(problems),  # filled by vouch.py when the policy vouches
     }
     schema = pa.schema(list(HINTS), metadata=schema_metadata("hints"))
     return pa.Table.from_pydict(columns, schema=schema)
@@ -513,155 +504,5 @@ def _to_table(problems: list[_Problem], model: str, prompt_version: str, cfg_has
 # --------------------------------------------------------------------------- the stage
 
 
-def _hint_task(shard: Shard, cfg: HintConfig, backend_factory: Callable[[], Backend],
-               progress: Callable[[int, int], None] | None = None) -> tuple[pa.Table, dict]:
-    """One shard's hints and what its done marker records (the shard's stats). Top-level: picklable for dask."""
-    rows = shard.items
-    st = HintStats()
-    try:
-        if cfg.vouch is not None:
-            from mentor.stages.vouch import vouch_shard
 
-            table = vouch_shard(rows, cfg, backend_factory(), stats=st, progress=progress)
-        else:
-            table = hint_shard(rows, cfg, backend_factory(), stats=st, progress=progress)
-    except EngineError as exc:
-        first = rows[0]["problem_id"] if rows else "-"
-        raise shard.failure(exc, f"{len(rows)} problems from {first}", detail=f" after {st.waves} waves") from exc
-    return table, {"stats": st.as_dict()}
-
-
-class _Ticker:
-    """``progress(problems, wave)`` for `_hint_task`: moves the bar in the process that made it.
-
-    A task run elsewhere (a dask worker process) gets a copy that does nothing; the
-    bar then moves when the shard's result comes back.
-    """
-
-    _bars: dict[int, Any] = {}
-
-    def __init__(self, bar: Any) -> None:
-        self.pid, self.key = os.getpid(), id(bar)
-        self._bars[self.key] = bar
-
-    def __call__(self, n: int, wave: int) -> None:
-        bar = self._bars.get(self.key) if os.getpid() == self.pid else None
-        if bar is not None:
-            bar.update(n)
-            bar.set_postfix(wave=wave, refresh=False)
-
-    def __enter__(self) -> "_Ticker":
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        self._bars.pop(self.key, None)
-
-
-def shard_size_for(cfg: HintConfig, n: int, executor: Executor | None) -> int:
-    """Problems per shard: the config's, or, when it was not set and dask has W engine workers, ``ceil(n / W)``.
-
-    One shard is one worker's batch of waves: with the default (512) a run of 432
-    problems would keep 1 of 8 engines busy. A shard size given in the config is kept.
-    """
-    workers = executor.workers() if executor is not None else 1
-    if "shard_size" in cfg.model_fields_set or workers <= 1 or n <= 0:
-        return cfg.shard_size
-    return min(cfg.shard_size, -(-n // workers))
-
-
-class HintInputs(BaseModel):
-    """What `mentor hint` reads: collapsed sets, and how many of their problems (problem_id order; None: all)."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    collapsed: list[Source]
-    sample: int | None = None
-
-
-class HintStage(Stage):
-    """Hint a collapsed dataset into ``hints.parquet`` and ``stats.json``.
-
-    Shards are resumable (`mentor.pipeline.shards`): ``_shards/part-NNNNN.parquet``
-    with a done marker in ``_shards/_done/`` keyed by the shard's rows, the config,
-    the prompt version and the backend description, so finished shards are reused and
-    any change recomputes exactly what it affects.
-    """
-
-    name = "hint"
-    Inputs = HintInputs
-    Config = HintConfig
-    owns = Owns(("hints.parquet", "stats.json", "judge_check.json", "_shards"))
-    staged = False
-    needs_engine = True
-    summary = ("problems", "accepted", "repaired", "fallback", "engine_calls")
-
-    def plan(self, inputs: HintInputs, cfg: HintConfig, out_dir: Path) -> HintInputs:
-        if inputs.sample is not None and inputs.sample < 1:
-            raise ConfigError(f"--sample must be >= 1, got {inputs.sample}")
-        return inputs.model_copy(update={"collapsed": [str(p) for p in resolve_inputs(inputs.collapsed)]})
-
-    def run(self, inputs: HintInputs, cfg: HintConfig, out_dir: Path, ctx: Context) -> Stats:
-        from mentor.stages.judge_check import checked_config, stats_view
-        from mentor.stages.vouch import per_rescued
-
-        backend_factory, executor, sample = ctx.engine("hint"), ctx.tasks(), inputs.sample
-        table = read_table([Path(p) for p in inputs.collapsed], "collapsed").sort_by("problem_id")
-        whole = table  # the judge check draws on every collapsed problem, not only the --sample
-        if sample is not None:
-            table = table.slice(0, sample)
-        rows = table.to_pylist()
-        if cfg.see_solution:  # a row without its own solution gets the file's or the bundled one (stages/solutions.py)
-            rows = with_solutions(rows, load_solutions(cfg.solutions, "hint.solutions"))
-        templates = agents.Templates.load(cfg.templates_dir)
-        given = cfg
-        with tqdm(total=len(rows), desc="hint", unit="problem", disable=not ctx.progress, dynamic_ncols=True) as bar:
-            if cfg.llm_judge and cfg.judge_check.enabled:
-                bar.set_postfix_str("checking the judge", refresh=True)  # one engine call (its start included) before any shard
-            with logging_redirect_tqdm():  # the check's one-line verdict prints above the bar, not through it
-                cfg, judge_report = checked_config(cfg, whole, out_dir, templates, backend_factory, executor, describe_backend)
-            bar.set_postfix_str("", refresh=True)
-            plan = ShardPlan(out_dir / "_shards", "hint", rows, shard_size_for(cfg, len(rows), executor), dataset="hints",
-                             owns_folder=True, config={"hint": cfg.semantic(), "prompt_version": templates.version,
-                                                       "backend": describe_backend(backend_factory), "schema": SCHEMA_VERSION})
-            stats = HintStats()
-            computed: list[ShardResult] = []
-            finished = 0
-            with _Ticker(bar) as ticker:
-                for shard, res in plan.run(_hint_task, cfg, backend_factory, ticker, executor=executor):
-                    stats.merge(res.record["stats"])
-                    if not res.reused:
-                        computed.append(res)
-                    finished += len(shard.items)
-                    bar.update(finished - bar.n)  # what the ticker could not show (a shard done earlier, or run elsewhere)
-        run_calls = sum(r.record["stats"]["engine_calls"] for r in computed)
-        parts = [conform(pq.read_table(s.path), "hints") for s in plan.shards]  # shards written before the vouch column too
-        hints = pa.concat_tables(parts) if parts else HINTS.empty_table()
-        write_parquet_atomic(hints, out_dir / "hints.parquet", dataset="hints")
-        plan.finish()  # shards of an earlier input or config are not part of this output (a killed run never gets here)
-        if judge_report is not None and not judge_report.get("reused"):
-            run_calls += judge_report.get("engine_calls", 0)
-        stats.extra.update({
-            "judge_check": stats_view(judge_report),
-            **({"vouch_per_rescued": per_rescued(stats.as_dict())} if cfg.vouch is not None else {}),
-            "this_run": {
-                "engine_calls": run_calls,
-                "shards_computed": len(computed),
-                "shards_reused": len(plan.shards) - len(computed),
-            },
-            # where each shard computed by this run ran, when, and whether its worker had to start an engine for it
-            "shard_runs": [r.ran for r in computed],
-            "prompt_version": templates.version,
-            "backend": describe_backend(backend_factory),
-            "config": given.model_dump(mode="json"),
-            "inputs": list(inputs.collapsed),
-            "sample": sample,
-        })
-        log.info("hinted %d problems: %d accepted, %d repaired, %d fallback, %d engine calls",
-                 stats.problems, stats.accepted, stats.repaired, stats.fallback, stats.engine_calls)
-        return stats
-
-
-STAGE = HINT = HintStage()
-
-
-__all__ = ["HINT", "HINT_STATS", "STAGE", "HintInputs", "HintStage", "HintStats", "hint_shard", "shard_size_for"]
+__all__ = ["HINT_STATS", "HintMachine", "HintStats", "Phase", "ProblemState", "TraceEntry", "hint_shard", "row_config_hash"]

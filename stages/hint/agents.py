@@ -13,7 +13,7 @@ Where the problem has a reference solution (`stages.solutions`), every agent see
 the hint from it (its first step the student misses, never further), judgment checks the
 hint's claims against it. Without one, the templates leave the block out.
 
-Prompts come from versioned template files (``stages/templates/*.txt``, jinja2
+Prompts come from versioned template files (``stages/hint/templates/*.txt``, jinja2
 with ``{{ name }}`` placeholders), overridable per file from a user directory; the
 hash of the effective templates is the ``prompt_version`` of every hint row.
 
@@ -41,11 +41,11 @@ from jinja2.sandbox import SandboxedEnvironment
 
 from mentor.pipeline.errors import ConfigError
 from mentor.pipeline.llm import GenRequest
+from mentor.stages.rules import RuleLimits, describe
 from mentor.stages.solutions import solution_text
 
-if TYPE_CHECKING:
-    from mentor.stages.hint_config import HintConfig
-    from mentor.stages.rules import RuleLimits
+if TYPE_CHECKING:  # (config.py builds its per-agent settings from `AGENTS`: the import runs the other way)
+    from mentor.stages.hint.config import HintConfig
 
 TEMPLATE_DIR = Path(__file__).parent / "templates"
 
@@ -231,7 +231,7 @@ def _clean_str(v: Any, max_chars: int) -> str | None:
 
 
 class State(Protocol):
-    """What the agents read of a problem on its way through the stage (hint.py's `_Problem`)."""
+    """What the agents read of a problem on its way through the stage (machine.py's `ProblemState`)."""
 
     row: dict  # the collapsed row
     keywords: list[str]  # the attribution's, screened
@@ -450,8 +450,6 @@ class Repair(Generation):
     max_tokens_default, max_tokens_help = 360, "max_tokens of a repair call (reasoning + hint)."
 
     def messages(self, s: State, cfg: HintConfig, t: Templates) -> list[dict]:
-        from mentor.stages.rules import describe
-
         row = s.row
         reasons = "\n".join(f"- {describe(v)}" for v in s.last_violations) or "- (none given)"
         return self._chat(t, t.render("repair_user", problem=row["problem"], answer=reference_text(row),

@@ -15,7 +15,7 @@ run's own collapsed problems:
 
 Each item is one request of the *same* judgment agent as the real run (its
 messages, JSON schema, sampling, token limit and parser: `stages.hint`'s
-`_Shard` builds them), all in ONE backend call, and each verdict is read as the
+`HintMachine.judgment_request` builds them), all in ONE backend call, and each verdict is read as the
 run reads it: accepted when not judged incorrect and the score reaches the
 domain's ``judge_threshold``. The judge's discrimination is the balanced
 accuracy over good (should accept) and bad (should reject) items. Below
@@ -45,43 +45,25 @@ from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal
-
-from pydantic import BaseModel, ConfigDict, Field
+from typing import Any
 
 from mentor.pipeline.errors import ConfigError, DataError, EngineError
+from mentor.pipeline.executor import LocalExecutor
+from mentor.pipeline.inputs import resolve_inputs
+from mentor.pipeline.io import config_hash, read_table, write_json_atomic
 from mentor.pipeline.llm import Backend, GenRequest, GenResult
+from mentor.stages.hint import agents
+from mentor.stages.hint.agents import Templates
+from mentor.stages.hint.config import HintConfig
+from mentor.stages.hint.machine import HintMachine, HintStats
 from mentor.stages.rules import RuleContext, check_hint
 from mentor.stages.solutions import load_solutions, with_solutions
-
-if TYPE_CHECKING:
-    from mentor.stages.hint_config import HintConfig
-    from mentor.stages.hint_agents import Templates
 
 log = logging.getLogger(__name__)
 
 KINDS = ("good", "number_changed", "answer_in_words", "restatement")
 BAD_KINDS = KINDS[1:]
 RESULT_FILE = "judge_check.json"
-
-
-class JudgeCheckConfig(BaseModel):
-    """Settings of the judge check (the ``judge_check:`` section of HintConfig)."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    enabled: bool = Field(True, description="Check the LLM judge on a calibration set before the run trusts it "
-                          "(only when llm_judge is on).")
-    problems: int = Field(8, ge=1, le=1000, description="Collapsed problems (with a reference solution) the calibration "
-                          "set is built from: one good and up to three bad hints each, one engine call in all.")
-    min_balanced_accuracy: float = Field(0.75, ge=0.0, le=1.0, description="The judge is trusted when its balanced "
-                                         "accuracy (mean of the good-accepted and bad-rejected rates) reaches this; "
-                                         "0.5 is a coin flip.")
-    on_fail: Literal["rules_only", "keep_judge", "error"] = Field(
-        "rules_only", description="When the judge cannot tell good from bad: rules_only judges this run by the rules alone "
-        "(llm_judge off); keep_judge warns and keeps it; error stops the run.")
-    solutions: str | None = Field(None, description="Parquet or JSONL with problem_id and solution (reference solutions "
-                                  "for the known-good hints); default: hint.solutions, else the bundled GSM8K, MATH-500 and HumanEval solutions.")
 
 
 @dataclass(frozen=True)
@@ -236,26 +218,17 @@ def calibration_set(rows: Sequence[dict], cfg: HintConfig, solutions: dict[str, 
 def judge_requests(items: Sequence[CalibrationItem], rows: dict[str, dict], cfg: HintConfig,
                    templates: Templates) -> list[GenRequest]:
     """The run's own judgment requests (messages, schema, sampling, max_tokens, seed scheme) for each item."""
-    from mentor.stages.hint import HintStats, Phase, _Shard
-
-    shard = _Shard(cfg, templates, HintStats())
-    out = []
-    for i, it in enumerate(items):
-        p = shard.problem(i, rows[it.problem_id])
-        p.phase, p.candidate, p.cand_no = Phase.JUDGMENT, it.hint, 1
-        out.append(shard.request(p))  # id "i:judgment:0", as in a run
-    return out
+    machine = HintMachine(cfg, templates, HintStats())
+    return [machine.judgment_request(i, rows[it.problem_id], it.hint) for i, it in enumerate(items)]
 
 
 def accepts(parsed: dict | None, threshold: float) -> bool:
-    """The run's verdict (`_Shard._judged`): not judged incorrect, and the score reaches the threshold."""
+    """The run's verdict (`HintMachine._judged`): not judged incorrect, and the score reaches the threshold."""
     return parsed is not None and parsed.get("correct") is not False and parsed["score"] >= threshold
 
 
 def score(items: Sequence[CalibrationItem], results: Sequence[GenResult], rows: dict[str, dict], cfg: HintConfig) -> dict:
     """Verdicts, counts and balanced accuracy of the judge on the calibration set."""
-    from mentor.stages import hint_agents as agents
-
     verdicts = []
     counts = {k: Counter() for k in KINDS}
     parse_failures = 0
@@ -292,8 +265,6 @@ def score(items: Sequence[CalibrationItem], results: Sequence[GenResult], rows: 
 def check_judge(rows: Sequence[dict], cfg: HintConfig, backend: Backend, templates: Templates | None = None,
                 solutions: dict[str, str] | None = None) -> dict:
     """The judge check on `rows` (collapsed rows) with `backend`: one engine call; the report (see `decide`)."""
-    from mentor.stages import hint_agents as agents
-
     t = templates or agents.Templates.load(cfg.templates_dir)
     sols = load_solutions(cfg.judge_check.solutions or cfg.solutions) if solutions is None else solutions
     if cfg.see_solution:  # the judge reviews with the reference solution in view, as in the run
@@ -373,8 +344,6 @@ def checked_config(cfg: HintConfig, rows: Any, out_dir: str | Path, templates: T
     """
     if not (cfg.llm_judge and cfg.judge_check.enabled):
         return cfg, None
-    from mentor.pipeline.executor import LocalExecutor
-    from mentor.pipeline.io import config_hash, write_json_atomic
 
     solutions = load_solutions(cfg.judge_check.solutions or cfg.solutions)
     if hasattr(rows, "slice"):  # a pyarrow table (a whole collapsed set)
@@ -435,8 +404,6 @@ def check_judge_path(collapsed: Sequence[str], cfg: HintConfig, backend_factory:
     A dataset with no problem to build the calibration set from is an error (there is nothing to check).
     `out` gets the report with every verdict (JSON, atomically).
     """
-    from mentor.pipeline.inputs import resolve_inputs
-    from mentor.pipeline.io import read_table, write_json_atomic
 
     paths = resolve_inputs(list(collapsed))
     table = read_table(paths, "collapsed").sort_by("problem_id")
@@ -457,5 +424,5 @@ def check_judge_path(collapsed: Sequence[str], cfg: HintConfig, backend_factory:
     return report
 
 
-__all__ = ["CalibrationItem", "JudgeCheckConfig", "calibration_set", "check_judge", "check_judge_path", "checked_config",
+__all__ = ["CalibrationItem", "calibration_set", "check_judge", "check_judge_path", "checked_config",
            "decide", "load_solutions", "stats_view", "summary_line"]

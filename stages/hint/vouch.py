@@ -36,60 +36,24 @@ import logging
 import zlib
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from typing import TYPE_CHECKING, Any, Literal
+from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field
+import pyarrow as pa
 
-from mentor.pipeline.llm import Backend, BackendSpec, GenRequest
-from mentor.pipeline.prompts import INSTRUCTIONS, load_tokenizer, render_prompt
-from mentor.stages.build_render import DEFAULT_PLACEMENT, PLACEMENTS, TEXT_PLACEMENTS, resolve_placement
-
-if TYPE_CHECKING:
-    import pyarrow as pa
-
-    from mentor.pipeline.stage import Stats
-    from mentor.stages.hint_config import HintConfig
+from mentor.pipeline.errors import ConfigError
+from mentor.pipeline.ids import content_hash
+from mentor.pipeline.llm import Backend, GenRequest
+from mentor.pipeline.prompts import load_tokenizer, render_prompt
+from mentor.pipeline.schemas import HINTS, schema_metadata
+from mentor.pipeline.stage import Stats
+from mentor.stages.build_render import TEXT_PLACEMENTS, prompt_messages, resolve_placement
+from mentor.stages.hint import agents
+from mentor.stages.hint.config import HintConfig, VouchConfig
+from mentor.stages.hint.machine import HintStats, hint_shard
+from mentor.stages.rollout import policy_tokenizer, problem_seed
+from mentor.training.verify import verify
 
 log = logging.getLogger(__name__)
-
-
-class PolicySettings(BaseModel):
-    """The policy to re-roll with: a backend as `mentor rollout --policy` takes it."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    backend: str = Field("vllm", description="vllm (an engine in this process or on each dask worker), openai (a server), or fake (tests).")
-    model: str | None = Field(None, description="The policy model (a CPU model name, a path, a Hugging Face name, or the served name).")
-    options: dict[str, Any] = Field(default_factory=dict, description="Backend options (vLLM engine options, base_url, script, ...).")
-
-    def spec(self) -> BackendSpec:
-        return BackendSpec(kind=self.backend, model=self.model, options=dict(self.options))
-
-
-class VouchConfig(BaseModel):
-    """Settings of policy vouching (the ``vouch:`` section of HintConfig)."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    policy: PolicySettings = Field(default_factory=PolicySettings, description="The policy that re-rolls each candidate.")
-    samples: int = Field(4, ge=1, le=256, description="Re-rolls per candidate hint (m).")
-    candidates: int = Field(3, ge=1, le=20, description="Candidate hints tried per problem (N).")
-    pick: Literal["first", "best"] = Field("first", description="first: keep the first candidate that earns reward; "
-                                           "best: try all N, keep the one with the most correct re-rolls.")
-    temperature: float = Field(1.0, ge=0.0, le=2.0, description="Sampling temperature of the re-rolls (the round's).")
-    top_p: float = Field(1.0, gt=0.0, le=1.0, description="Nucleus sampling of the re-rolls.")
-    max_tokens: int = Field(1024, ge=1, description="Max new tokens per re-roll (the round's).")
-    seed: int = Field(0, description="Base seed of the re-rolls; salted apart from rollout/rescue seeds.")
-    avoid_seeds: list[int] = Field(default_factory=lambda: [0], description="Base seeds of the evaluations (mentor rescue "
-                                   "--seed) whose per-problem seeds the re-rolls must never reuse.")
-    placement: Literal[PLACEMENTS] | None = Field(  # type: ignore[valid-type]
-        None, description="Where the hint goes in the re-roll prompt, as `mentor build --placement` (default: assistant "
-        f"where the policy's tokenizer is known, i.e. a vllm policy or tokenizer; else {DEFAULT_PLACEMENT}).")
-    tokenizer: str | None = Field(None, description="Tokenizer whose chat template renders placement assistant "
-                                  "(default: the vllm policy's own).")
-    answer_template: str | None = Field(None, description="How the hint opens the answer (placement assistant), as build's.")
-    system_prompt: str | None = Field(None, description="The system message build adds (build's system_prompt).")
-    instructions: dict[str, str] = Field(default_factory=lambda: dict(INSTRUCTIONS), description="Per-domain instruction, as build's.")
 
 
 # --------------------------------------------------------------------------- seeds
@@ -97,7 +61,6 @@ class VouchConfig(BaseModel):
 
 def reroll_seed(cfg: VouchConfig, problem_id: str, candidate: int, j: int) -> int:
     """Seed of re-roll j of candidate `candidate`; never one of `mentor rescue`'s seeds for this problem."""
-    from mentor.stages.rollout import problem_seed
 
     taken = {problem_seed(b, problem_id, jj) for b in cfg.avoid_seeds for jj in range(256)}
     salt = 0
@@ -113,13 +76,11 @@ def reroll_seed(cfg: VouchConfig, problem_id: str, candidate: int, j: int) -> in
 
 def reroll_layout(cfg: VouchConfig) -> tuple[str, str | None]:
     """The re-rolls' placement and the tokenizer that renders it (None: sent as chat messages)."""
-    from mentor.stages.rollout import policy_tokenizer
 
     tok = cfg.tokenizer or policy_tokenizer(cfg.policy.spec())
     try:
         placement = resolve_placement(cfg.placement, tok)
     except ValueError as exc:
-        from mentor.pipeline.errors import ConfigError
 
         raise ConfigError(f"vouch: {exc} (vouch.tokenizer)") from None
     return placement, (tok if placement in TEXT_PLACEMENTS else None)
@@ -127,7 +88,6 @@ def reroll_layout(cfg: VouchConfig) -> tuple[str, str | None]:
 
 def reroll_messages(rows: Sequence[dict], hints: Sequence[str], cfg: VouchConfig) -> list[list[dict]]:
     """The policy's prompts: build's layout (the same function `mentor build` and `mentor rescue` use)."""
-    from mentor.stages.build_render import prompt_messages
 
     placement, tok = reroll_layout(cfg)
     return prompt_messages([{"problem": r["problem"], "hint": h, "domain": r.get("domain") or "math"} for r, h in zip(rows, hints)],
@@ -138,8 +98,7 @@ def reroll_messages(rows: Sequence[dict], hints: Sequence[str], cfg: VouchConfig
 def reroll(policy: Backend, rows: Sequence[dict], hints: Sequence[str], candidate: int, cfg: VouchConfig,
            verifier: Callable[[str, str, Any], float] | None = None) -> list[dict]:
     """`cfg.samples` re-rolls of each (row, hint) in ONE policy call; per row: correct count and tokens."""
-    if verifier is None:
-        from mentor.training.verify import verify as verifier  # noqa: N813
+    verifier = verifier or verify
     messages = reroll_messages(rows, hints, cfg)
     _, tok = reroll_layout(cfg)
     texts = [render_prompt(load_tokenizer(tok), m) for m in messages] if tok else [None] * len(messages)
@@ -176,13 +135,6 @@ def vouch_shard(rows: Sequence[dict] | pa.Table, cfg: HintConfig, backend: Backe
                 progress: Callable[[int, int], None] | None = None, policy: Backend | None = None,
                 templates: Any = None) -> pa.Table:
     """`hint_shard` with policy vouching (schema hints, same order as `rows`); `cfg.vouch` must be set."""
-    import pyarrow as pa
-
-    from mentor.pipeline.ids import content_hash
-    from mentor.pipeline.schemas import HINTS, schema_metadata
-    from mentor.stages import hint_agents as agents
-    from mentor.stages.hint import HintStats, hint_shard
-
     vc: VouchConfig = cfg.vouch  # type: ignore[assignment]
     if isinstance(rows, pa.Table):
         rows = rows.to_pylist()
@@ -264,4 +216,4 @@ def per_rescued(stats: dict) -> dict | None:
     }
 
 
-__all__ = ["PolicySettings", "VouchConfig", "per_rescued", "reroll", "reroll_seed", "vouch_shard"]
+__all__ = ["per_rescued", "reroll", "reroll_seed", "vouch_shard"]

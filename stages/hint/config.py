@@ -1,4 +1,5 @@
-"""Settings of the hint stage (`mentor hint`, a workflow's ``hint:`` section): `HintConfig` and `load_config`.
+"""Settings of the hint stage (`mentor hint`, a workflow's ``hint:`` section): `HintConfig` and `load_config`,
+with the judge check's (`JudgeCheckConfig`) and vouching's (`VouchConfig`) sections.
 
 `mentor.stages.hint` is the stage; its ``STAGE.Config`` is `HintConfig`.
 """
@@ -8,13 +9,15 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, create_model
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model
 
 from mentor.pipeline.errors import config_error
-from mentor.stages.hint_agents import AGENTS
-from mentor.stages.judge_check import JudgeCheckConfig
+from mentor.pipeline.llm import BackendSpec
+from mentor.pipeline.prompts import INSTRUCTIONS
+from mentor.pipeline.yaml_io import read_yaml_mapping
+from mentor.stages.build_render import DEFAULT_PLACEMENT, PLACEMENTS
+from mentor.stages.hint.agents import AGENTS
 from mentor.stages.rules import RuleLimits
-from mentor.stages.vouch import VouchConfig
 
 
 # Qwen3's switch; templates that have no such variable ignore it.
@@ -31,6 +34,64 @@ class DomainOverrides(BaseModel):
     judge_threshold: float | None = Field(None, ge=1, le=10, description="Minimum judge score (1-10) to accept.")
     max_hint_chars: int | None = Field(None, ge=40, description="Longest acceptable hint, characters.")
     max_hint_sentences: int | None = Field(None, ge=1, description="Most sentences in a hint.")
+
+
+class JudgeCheckConfig(BaseModel):
+    """Settings of the judge check (the ``judge_check:`` section of HintConfig)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    enabled: bool = Field(True, description="Check the LLM judge on a calibration set before the run trusts it "
+                          "(only when llm_judge is on).")
+    problems: int = Field(8, ge=1, le=1000, description="Collapsed problems (with a reference solution) the calibration "
+                          "set is built from: one good and up to three bad hints each, one engine call in all.")
+    min_balanced_accuracy: float = Field(0.75, ge=0.0, le=1.0, description="The judge is trusted when its balanced "
+                                         "accuracy (mean of the good-accepted and bad-rejected rates) reaches this; "
+                                         "0.5 is a coin flip.")
+    on_fail: Literal["rules_only", "keep_judge", "error"] = Field(
+        "rules_only", description="When the judge cannot tell good from bad: rules_only judges this run by the rules alone "
+        "(llm_judge off); keep_judge warns and keeps it; error stops the run.")
+    solutions: str | None = Field(None, description="Parquet or JSONL with problem_id and solution (reference solutions "
+                                  "for the known-good hints); default: hint.solutions, else the bundled GSM8K, MATH-500 and HumanEval solutions.")
+
+
+class PolicySettings(BaseModel):
+    """The policy to re-roll with: a backend as `mentor rollout --policy` takes it."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    backend: str = Field("vllm", description="vllm (an engine in this process or on each dask worker), openai (a server), or fake (tests).")
+    model: str | None = Field(None, description="The policy model (a CPU model name, a path, a Hugging Face name, or the served name).")
+    options: dict[str, Any] = Field(default_factory=dict, description="Backend options (vLLM engine options, base_url, script, ...).")
+
+    def spec(self) -> BackendSpec:
+        return BackendSpec(kind=self.backend, model=self.model, options=dict(self.options))
+
+
+class VouchConfig(BaseModel):
+    """Settings of policy vouching (the ``vouch:`` section of HintConfig)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    policy: PolicySettings = Field(default_factory=PolicySettings, description="The policy that re-rolls each candidate.")
+    samples: int = Field(4, ge=1, le=256, description="Re-rolls per candidate hint (m).")
+    candidates: int = Field(3, ge=1, le=20, description="Candidate hints tried per problem (N).")
+    pick: Literal["first", "best"] = Field("first", description="first: keep the first candidate that earns reward; "
+                                           "best: try all N, keep the one with the most correct re-rolls.")
+    temperature: float = Field(1.0, ge=0.0, le=2.0, description="Sampling temperature of the re-rolls (the round's).")
+    top_p: float = Field(1.0, gt=0.0, le=1.0, description="Nucleus sampling of the re-rolls.")
+    max_tokens: int = Field(1024, ge=1, description="Max new tokens per re-roll (the round's).")
+    seed: int = Field(0, description="Base seed of the re-rolls; salted apart from rollout/rescue seeds.")
+    avoid_seeds: list[int] = Field(default_factory=lambda: [0], description="Base seeds of the evaluations (mentor rescue "
+                                   "--seed) whose per-problem seeds the re-rolls must never reuse.")
+    placement: Literal[PLACEMENTS] | None = Field(  # type: ignore[valid-type]
+        None, description="Where the hint goes in the re-roll prompt, as `mentor build --placement` (default: assistant "
+        f"where the policy's tokenizer is known, i.e. a vllm policy or tokenizer; else {DEFAULT_PLACEMENT}).")
+    tokenizer: str | None = Field(None, description="Tokenizer whose chat template renders placement assistant "
+                                  "(default: the vllm policy's own).")
+    answer_template: str | None = Field(None, description="How the hint opens the answer (placement assistant), as build's.")
+    system_prompt: str | None = Field(None, description="The system message build adds (build's system_prompt).")
+    instructions: dict[str, str] = Field(default_factory=lambda: dict(INSTRUCTIONS), description="Per-domain instruction, as build's.")
 
 
 # max_tokens per agent call (JSON output is also bounded by its schema): one field per agent, from its record.
@@ -96,9 +157,9 @@ class HintConfig(BaseModel):
     templates_dir: str | None = Field(None, description="Directory whose <name>.txt files replace the bundled prompt templates.")
     shard_size: int = Field(512, ge=1, description="Problems per shard (one shard = one batch of waves; dask runs shards in parallel).")
     judge_check: JudgeCheckConfig = Field(default_factory=JudgeCheckConfig, description="Score the LLM judge on known-good "
-                                          "and known-bad hints before the run trusts it (stages/judge_check.py).")
+                                          "and known-bad hints before the run trusts it (stages/hint/judge_check.py).")
     vouch: VouchConfig | None = Field(None, description="Keep a hint only when the policy, re-rolled with it, earns reward; "
-                                      "else try the next candidate (stages/vouch.py). None: off.")
+                                      "else try the next candidate (stages/hint/vouch.py). None: off.")
 
     def for_domain(self, domain: str) -> tuple[int, int, float, RuleLimits]:
         o = self.domains.get(domain)  # type: ignore[call-overload]
@@ -140,17 +201,14 @@ def load_config(path: str | Path | None, **overrides: Any) -> HintConfig:
     """HintConfig from a YAML file (top level, or under a `hint:` key) plus CLI overrides."""
     data: dict[str, Any] = {}
     if path:
-        from mentor.pipeline.yaml_io import read_yaml_mapping
-
         loaded = read_yaml_mapping(path, "hint settings")
         data = loaded.get("hint", loaded) if isinstance(loaded.get("hint"), dict) else loaded
     data.update({k: v for k, v in overrides.items() if v is not None})
-    from pydantic import ValidationError
-
     try:
         return HintConfig(**data)
     except ValidationError as exc:
         raise config_error(exc, f"{path}: invalid hint config" if path else "invalid hint config") from exc
 
 
-__all__ = ["THINKING_OFF", "DomainOverrides", "HintConfig", "TokenLimits", "load_config"]
+__all__ = ["THINKING_OFF", "DomainOverrides", "HintConfig", "JudgeCheckConfig", "PolicySettings", "TokenLimits", "VouchConfig",
+           "load_config"]
