@@ -98,14 +98,17 @@ def test_dask_executor_gives_results_in_item_order():
 def test_every_stage_has_the_stage_shape():
     from pydantic import BaseModel
 
+    from mentor.pipeline.stage import Stage
     from mentor.stages import NAMES, stage
 
     assert NAMES == ("ingest", "mine", "hint", "build", "rollout", "rescue")
     for name in NAMES:
         s = stage(name)
-        assert s.name == name
+        assert isinstance(s, Stage) and s.name == name
         assert issubclass(s.Inputs, BaseModel) and issubclass(s.Config, BaseModel), name
-        assert callable(s.run), name
+        # generating stages resume from shards and release their engines; the others write all or nothing
+        assert s.needs_engine == (not s.staged) == (name in ("hint", "rollout", "rescue")), name
+        assert "stats.json" in s.owns.files, name
     with pytest.raises(KeyError, match="no stage 'inspect'"):
         stage("inspect")
 
@@ -128,3 +131,94 @@ def test_run_stage_is_what_the_command_runs(tmp_path):
     assert (tmp_path / "api" / "collapsed.parquet").read_bytes() == (tmp_path / "cli" / "collapsed.parquet").read_bytes()
     with pytest.raises(ValueError, match="histroy"):  # the inputs are a model: a misspelt input is refused
         run_stage(stage("mine"), {"sources": [logs], "histroy": []}, {}, tmp_path / "typo")
+
+
+# --------------------------------------------------------------------------- the driver
+
+
+class _Parts:
+    """A small real stage for the driver: writes `n` part files and a note, then fails when told to."""
+
+    from pydantic import BaseModel as _Base
+
+    class Inputs(_Base):
+        n: int
+
+    class Config(_Base):
+        fail: bool = False
+        refuse: bool = False
+
+
+def _stage(staged: bool = True, needs_engine: bool = False):
+    from mentor.pipeline.outdir import Owns
+    from mentor.pipeline.stage import Stage
+
+    class PartsStage(Stage):
+        name = "parts"
+        Inputs = _Parts.Inputs
+        Config = _Parts.Config
+        owns = Owns(("stats.json", "note.txt"), shards=True)
+        summary = ("rows",)
+
+        def plan(self, inputs, cfg, out_dir):
+            if cfg.refuse:
+                raise ValueError("refused before any output")
+            return inputs
+
+        def run(self, inputs, cfg, out_dir, ctx):
+            stats = LAYOUT()
+            out_dir.mkdir(parents=True, exist_ok=True)
+            for i in range(inputs.n):
+                (out_dir / f"part-{i:05d}.parquet").write_text(str(i))
+                stats.rows += 1
+                if cfg.fail and i == 1:
+                    raise RuntimeError("killed half way")
+            (out_dir / "note.txt").write_text("done")
+            stats.extra["inputs"] = inputs.n
+            return stats
+
+    PartsStage.staged, PartsStage.needs_engine = staged, needs_engine
+    return PartsStage()
+
+
+def test_driver_stages_an_all_or_nothing_output(tmp_path):
+    stage, out = _stage(), tmp_path / "out"
+    with pytest.raises(ValueError, match="refused"):
+        stage({"n": 3}, {"refuse": True}, out)
+    assert not out.exists()  # the plan's checks come before any output
+    stats = stage({"n": 3}, {}, out)
+    assert stats.rows == 3 and stage.summary == ("rows",)
+    assert sorted(p.name for p in out.iterdir()) == ["note.txt", "part-00000.parquet", "part-00001.parquet",
+                                                      "part-00002.parquet", "stats.json"]
+    written = json.loads((out / "stats.json").read_text())
+    assert written["rows"] == 3 and written["inputs"] == 3 and "inputs" not in stats.as_dict()  # extra: the file only
+    (out / "mine.txt").write_text("a file the stage does not own")
+    with pytest.raises(RuntimeError, match="half way"):
+        stage({"n": 2}, {"fail": True}, out)
+    # The failed run left the folder as it was: three parts, the old stats, the user's file; no temporary folder.
+    assert sorted(p.name for p in out.iterdir()) == ["mine.txt", "note.txt", "part-00000.parquet", "part-00001.parquet",
+                                                      "part-00002.parquet", "stats.json"]
+    assert json.loads((out / "stats.json").read_text())["rows"] == 3
+    assert [p.name for p in tmp_path.iterdir()] == ["out"]
+    stage({"n": 1}, {}, out)  # a new output replaces the stage's files, keeps the others
+    assert sorted(p.name for p in out.iterdir()) == ["mine.txt", "note.txt", "part-00000.parquet", "stats.json"]
+
+
+def test_driver_releases_the_engines_however_a_stage_ends(tmp_path):
+    from mentor.pipeline.stage import Context
+
+    class Workers(LocalExecutor):
+        closed = 0
+
+        def close_engines(self):
+            Workers.closed += 1
+
+    stage = _stage(staged=False, needs_engine=True)
+    stage({"n": 2}, {}, tmp_path / "a", Context(executor=Workers()))
+    assert Workers.closed == 1 and json.loads((tmp_path / "a" / "stats.json").read_text())["rows"] == 2
+    with pytest.raises(RuntimeError):
+        stage({"n": 3}, {"fail": True}, tmp_path / "b", Context(executor=Workers()))
+    assert Workers.closed == 2
+    assert sorted(p.name for p in (tmp_path / "b").iterdir()) == ["part-00000.parquet", "part-00001.parquet"]  # resumable: kept
+    _stage(staged=False)({"n": 1}, {}, tmp_path / "c", Context(executor=Workers()))
+    assert Workers.closed == 2  # a stage without an engine releases none
