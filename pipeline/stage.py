@@ -38,8 +38,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, ClassVar
 
-from pydantic import BaseModel, BeforeValidator
+from pydantic import BaseModel, BeforeValidator, ValidationError
 
+from mentor.pipeline.errors import config_error
 from mentor.pipeline.io import read_json, write_json_atomic
 from mentor.pipeline.llm import release_engines
 from mentor.pipeline.outdir import Owns, check_output_dir, staged_output_dir
@@ -287,10 +288,13 @@ def run_stage(stage: Stage, inputs: BaseModel | Mapping[str, Any], cfg: BaseMode
     """Run `stage` the one way every caller does: models validated (a mapping is parsed), the stage's
     checks (`Stage.plan`), its output all or nothing (``stage.staged``) or resumable, stats.json
     written, engines released; `Stats` back."""
-    if not isinstance(inputs, stage.Inputs):
-        inputs = stage.Inputs.model_validate(inputs if isinstance(inputs, Mapping) else inputs.model_dump())
-    if not isinstance(cfg, stage.Config):
-        cfg = stage.Config.model_validate(cfg if isinstance(cfg, Mapping) else cfg.model_dump())
+    try:
+        if not isinstance(inputs, stage.Inputs):
+            inputs = stage.Inputs.model_validate(inputs if isinstance(inputs, Mapping) else inputs.model_dump())
+        if not isinstance(cfg, stage.Config):
+            cfg = stage.Config.model_validate(cfg if isinstance(cfg, Mapping) else cfg.model_dump())
+    except ValidationError as exc:  # one line naming the field, as a workflow file's or a command's error does
+        raise config_error(exc, f"{stage.name} settings") from exc
     ctx = ctx or Context()
     out_dir = Path(out_dir)
     try:

@@ -14,12 +14,13 @@ import logging
 import os
 from collections import Counter
 from pathlib import Path
+from typing import Literal
 
 import polars as pl
 import pyarrow as pa
 from pydantic import BaseModel, ConfigDict, Field
 
-from mentor.pipeline.errors import ConfigError, DataError
+from mentor.pipeline.errors import DataError
 from mentor.pipeline.inputs import outside_output, resolve_inputs
 from mentor.pipeline.io import write_parquet_atomic
 from mentor.pipeline.outdir import Owns
@@ -132,16 +133,20 @@ class IngestInputs(BaseModel):
 
 
 class IngestConfig(BaseModel):
-    """Settings of `mentor ingest` (checked by `IngestStage.plan`, with the command's flag names)."""
+    """Settings of `mentor ingest` (its options are generated from these fields)."""
 
     model_config = ConfigDict(extra="forbid")
 
-    format: str = "auto"
-    round: int | None = None
-    domain: str = "math"
-    mapping: dict[str, str] = Field(default_factory=dict)
-    problems: str | None = None
-    max_response_bytes: int = DEFAULT_MAX_RESPONSE_BYTES
+    format: Literal[FORMATS] = Field(  # type: ignore[valid-type]
+        "auto", description="Input format; auto sniffs it from the columns and says which it chose.")
+    round: int | None = Field(None, ge=0, le=INT32_MAX, description="Round number to stamp on the rollouts (default: from "
+                              "the log, else 0).")
+    domain: Literal[DOMAINS] = Field("math", description="Domain when the log does not say.")  # type: ignore[valid-type]
+    mapping: dict[str, str] = Field(default_factory=dict, description="Column mapping for format jsonl: canonical -> column.")
+    problems: str | None = Field(None, description="Problems to fill the original problem text by problem_id: gsm8k | "
+                                 "math500 | humaneval (bundled) or a problems Parquet file/folder.")
+    max_response_bytes: int = Field(DEFAULT_MAX_RESPONSE_BYTES, ge=1, le=1 << 40, description="Longer responses are "
+                                    "clipped (head and tail kept) and counted.")
 
 
 class IngestStage(Stage):
@@ -165,16 +170,8 @@ class IngestStage(Stage):
     summary = ("rollouts", "problems")
 
     def plan(self, inputs: IngestInputs, cfg: IngestConfig, out_dir: Path) -> IngestInputs:
-        """The settings checked with the command's flag names; the log files, outside `out_dir`."""
-        if cfg.format not in FORMATS:
-            raise ConfigError(f"unknown --format {cfg.format!r}; choose one of {', '.join(FORMATS)}")
-        if cfg.domain not in DOMAINS:
-            raise ConfigError(f"unknown --domain {cfg.domain!r}; choose one of {', '.join(DOMAINS)}")
+        """The column mapping checked; the log files, outside `out_dir`."""
         check_mapping(cfg.mapping)
-        if cfg.max_response_bytes < 1:
-            raise ConfigError(f"--max-response-bytes {cfg.max_response_bytes}: must be at least 1")
-        if cfg.round is not None and not 0 <= cfg.round <= INT32_MAX:
-            raise ConfigError(f"--round {cfg.round}: must be in [0, {INT32_MAX}]")
         suffixes = (".parquet",) if cfg.format == "canonical" else (".jsonl", ".json", ".jsonl.gz", ".parquet")
         paths = outside_output(resolve_inputs(inputs.sources, suffixes=suffixes), inputs.sources, out_dir)
         # mentor's own bookkeeping beside data (an earlier ingest's stats.json, a reward config) is not a log

@@ -7,6 +7,7 @@ import pickle
 
 import pytest
 
+from mentor.pipeline.errors import ConfigError
 from mentor.pipeline.executor import LocalExecutor
 from mentor.pipeline.stage import StatsLayout, read_done, write_done, write_stats
 
@@ -129,8 +130,8 @@ def test_run_stage_is_what_the_command_runs(tmp_path):
     assert res.exit_code == 0, res.output
     assert json.loads(res.output) == stats.as_dict()
     assert (tmp_path / "api" / "collapsed.parquet").read_bytes() == (tmp_path / "cli" / "collapsed.parquet").read_bytes()
-    with pytest.raises(ValueError, match="histroy"):  # the inputs are a model: a misspelt input is refused
-        run_stage(stage("mine"), {"sources": [logs], "histroy": []}, {}, tmp_path / "typo")
+    with pytest.raises(ConfigError, match="mine settings: histroy: unknown key"):  # the inputs are a model: a misspelt
+        run_stage(stage("mine"), {"sources": [logs], "histroy": []}, {}, tmp_path / "typo")  # input is refused, by name
 
 
 # --------------------------------------------------------------------------- the driver

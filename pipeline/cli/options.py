@@ -3,9 +3,16 @@
 from __future__ import annotations
 
 import math
+import types
+import typing
+from typing import Any, Literal
 
+import annotated_types
 import click
+from pydantic import BaseModel, ValidationError
+from pydantic_core import PydanticUndefined
 
+from mentor.pipeline.errors import config_error
 from mentor.pipeline.openai_backend import DEFAULT_TIMEOUT, check_base_url
 
 
@@ -74,3 +81,64 @@ def server_backend_options(model: str | None, base_url: str | None, max_concurre
                           "not by mentor; drop them with --backend openai")
     return {"base_url": check_base_url(base_url, "--base-url"), "max_concurrency": max_concurrency,
             "structured_output": structured_output, "timeout": request_timeout}
+
+
+# --------------------------------------------------------------------------- options from a stage's Config
+
+
+def _bounds(metadata: list) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for m in metadata:
+        for attr in ("ge", "gt", "le", "lt"):
+            if isinstance(m, getattr(annotated_types, attr.capitalize())):
+                out[attr] = getattr(m, attr)
+    return out
+
+
+def _click_type(annotation: Any, metadata: list) -> Any:
+    """The click type of a field: a Literal's choices, a number's range (from ge/gt/le/lt), else the plain type."""
+    args = typing.get_args(annotation)
+    if typing.get_origin(annotation) in (typing.Union, types.UnionType):  # `X | None`: an option given or not
+        (annotation,) = [a for a in args if a is not type(None)]
+        args = typing.get_args(annotation)
+    if typing.get_origin(annotation) is Literal:
+        return click.Choice([str(a) for a in args])
+    b = _bounds(metadata)
+    if annotation is int:
+        lo = b.get("ge", b["gt"] + 1 if "gt" in b else None)
+        hi = b.get("le", b["lt"] - 1 if "lt" in b else None)
+        return click.IntRange(lo, hi) if b else int
+    if annotation is float:
+        return FiniteFloatRange(b.get("ge", b.get("gt")), b.get("le", b.get("lt")), min_open="gt" in b, max_open="lt" in b)
+    return annotation if annotation in (str, bool) else str
+
+
+def config_options(model: type[BaseModel], fields: tuple[str, ...], flags: dict[str, str] | None = None,
+                   metavars: dict[str, str] | None = None):
+    """click options for `fields` of a stage's Config, declared once there: each option's flag (``k_failed`` ->
+    ``--k-failed``, or `flags`), type and range, default and help come from the field; a bool is ``--x/--no-x``."""
+    flags, metavars = flags or {}, metavars or {}
+
+    def decorate(f):
+        for name in reversed(fields):
+            info = model.model_fields[name]
+            flag = flags.get(name, "--" + name.replace("_", "-"))
+            default = None if info.default is PydanticUndefined else info.default
+            kind = _click_type(info.annotation, info.metadata)
+            if kind is bool:
+                decl = [f"{flag}/--no-{flag[2:]}", name]
+                f = click.option(*decl, default=default, show_default=True, help=info.description)(f)
+                continue
+            f = click.option(flag, name, type=kind, default=default, show_default=default is not None,
+                             metavar=metavars.get(name), help=info.description)(f)
+        return f
+
+    return decorate
+
+
+def config_from_options(model: type[BaseModel], values: dict[str, Any], flags: dict[str, str] | None = None) -> Any:
+    """The Config from the options `config_options` made; an invalid value names its flag."""
+    try:
+        return model(**{k: v for k, v in values.items() if k in model.model_fields})
+    except ValidationError as exc:
+        raise config_error(exc, flags=flags or True) from exc
