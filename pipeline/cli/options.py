@@ -130,7 +130,7 @@ def config_options(model: type[BaseModel], fields: tuple[str, ...], flags: dict[
                 f = click.option(*decl, default=default, show_default=True, help=info.description)(f)
                 continue
             f = click.option(flag, name, type=kind, default=default, show_default=default is not None,
-                             metavar=metavars.get(name), help=info.description)(f)
+                             required=info.is_required(), metavar=metavars.get(name), help=info.description)(f)
         return f
 
     return decorate
