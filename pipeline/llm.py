@@ -33,6 +33,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
 from mentor.pipeline.errors import ConfigError
 
 log = logging.getLogger(__name__)
@@ -467,6 +469,56 @@ class BackendSpec:
         return {"kind": self.kind, "model": "embedded:SmolLM2-135M-Instruct" if embedded else self.model, "options": opts}
 
 
+class BackendSettings(BaseModel):
+    """An LLM backend's settings: the one model every backend is built from (a workflow's ``hint.backend`` and
+    ``trainer.policy``, vouching's ``policy``, and the commands' --backend/--model/--base-url/engine flags).
+
+    `check` refuses what building the backend would refuse, naming the settings (no server is contacted and no
+    engine starts); `spec` is the picklable `BackendSpec` the stages take.
+    """
+
+    model_config = ConfigDict(extra="forbid")
+
+    backend: str = Field(  # checked by `check`, whose error names the settings and the choices
+        "vllm", description="vllm (an engine here, or one per dask worker), openai (a server at base_url), or fake (tests only).")
+    model: str | None = Field(None, description="HF model folder or id in the local cache, or a mentor CPU model name; none = the "
+                              "embedded SmolLM2-135M-Instruct; openai: the name the server serves.")
+    base_url: str | None = Field(None, description="openai: the server's URL, e.g. http://HOST:8000/v1 (key: $OPENAI_API_KEY).")
+    options: dict[str, Any] = Field(
+        default_factory=dict,
+        description="vllm: tensor_parallel_size, gpu_memory_utilization, max_model_len, enforce_eager, dtype; openai: "
+        "max_concurrency, max_retries, timeout (seconds one attempt of a request may wait, 600), structured_output; "
+        "fake: script (module:function). Checked when the settings are loaded.",
+    )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _url_beside_options(cls, data: Any) -> Any:
+        """A server's URL may be given among its options (``options: {base_url: ...}``): it is the same setting."""
+        if isinstance(data, dict) and isinstance(data.get("options"), dict) and "base_url" in data["options"]:
+            options = dict(data["options"])
+            url = options.pop("base_url")
+            if data.get("base_url") not in (None, url):
+                raise ValueError("base_url is given twice, with two values (base_url and options.base_url)")
+            data = {**data, "options": options, "base_url": url}
+        return data
+
+    @model_validator(mode="after")
+    def _server(self) -> "BackendSettings":
+        if self.backend == "openai" and not (self.base_url and self.model):
+            raise ValueError("backend openai needs base_url (http://HOST:PORT/v1) and model (the served name)")
+        if self.backend != "openai" and self.base_url:
+            raise ValueError(f"base_url is for backend openai, not {self.backend}")
+        return self
+
+    def check(self, where: str = "backend") -> None:
+        check_backend(self.backend, self.model, self.options, where, base_url=self.base_url)
+
+    def spec(self) -> BackendSpec:
+        options = dict(self.options) | ({"base_url": self.base_url} if self.base_url else {})
+        return BackendSpec(self.backend, self.model, options)
+
+
 def describe_backend(backend: Backend | Callable[[], Backend]) -> Any:
     """What a backend or a backend factory contributes to a resume key: its ``describe()`` (a
     `BackendSpec`'s), else a backend's model name, else the factory's name."""
@@ -479,6 +531,7 @@ def describe_backend(backend: Backend | Callable[[], Backend]) -> Any:
 
 __all__ = [
     "Backend",
+    "BackendSettings",
     "BackendSpec",
     "CountingBackend",
     "FakeBackend",

@@ -14,6 +14,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from mentor.pipeline.errors import ConfigError, config_error
+from mentor.pipeline.llm import BackendSettings
 from mentor.pipeline.yaml_io import read_yaml_mapping
 from mentor.stages.mine import MineConfig
 from mentor.stages.rollout import RolloutConfig
@@ -27,39 +28,6 @@ _SAFE_NAME = re.compile(r"[^./\\\s\-:*?\"<>|\x00-\x1f][^/\\:*?\"<>|\x00-\x1f]{0,
 
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid")
-
-
-class BackendSettings(_Strict):
-    """An LLM backend: vLLM in this process (CUDA or CPU build), an OpenAI-compatible server, or the fake (tests)."""
-
-    backend: Literal["vllm", "openai", "fake"] = Field(
-        "vllm", description="vllm (an engine here, or one per dask worker), openai (a server at base_url), or fake (tests only).")
-    model: str | None = Field(None, description="HF model folder or id in the local cache; none = the embedded SmolLM2-135M-Instruct; "
-                              "openai: the name the server serves.")
-    base_url: str | None = Field(None, description="openai: the server's URL, e.g. http://HOST:8000/v1 (key: $OPENAI_API_KEY).")
-    options: dict[str, Any] = Field(
-        default_factory=dict,
-        description="vllm: tensor_parallel_size, gpu_memory_utilization, max_model_len, enforce_eager, dtype; openai: "
-        "max_concurrency, max_retries, timeout (seconds one attempt of a request may wait, 600), structured_output; "
-        "fake: script (module:function). Checked when the workflow is loaded.",
-    )
-
-    @model_validator(mode="after")
-    def _server(self) -> "BackendSettings":
-        if self.backend == "openai" and not (self.base_url and self.model):
-            raise ValueError("backend openai needs base_url (http://HOST:PORT/v1) and model (the served name)")
-        if self.backend != "openai" and self.base_url:
-            raise ValueError(f"base_url is for backend openai, not {self.backend}")
-        return self
-
-    def spec(self):
-        """The picklable `BackendSpec` the stages take."""
-        from mentor.pipeline.llm import BackendSpec
-
-        options = dict(self.options)
-        if self.base_url:
-            options["base_url"] = self.base_url
-        return BackendSpec(self.backend, self.model, options)
 
 
 class InitialRollouts(_Strict):
@@ -217,7 +185,6 @@ def check_sections(wf: Workflow) -> None:
     if why and build.placement in TEXT_PLACEMENTS:
         raise ConfigError(f"build.placement {build.placement}: the prompts would be text rendered with the policy's chat "
                           f"template, and {why}; use placement after (or before/system) with trainer {wf.trainer.kind}")
-    from mentor.pipeline.llm import check_backend
     from mentor.stages.hint.config import HintConfig
 
     try:
@@ -227,10 +194,9 @@ def check_sections(wf: Workflow) -> None:
     # The backends, as the stages would build them (no server contacted, no engine started).
     backends = [("hint.backend", wf.hint.backend)] + ([("trainer.policy", wf.trainer.policy)] if wf.trainer.kind == "offline" else [])
     for where, b in backends:
-        check_backend(b.backend, b.model, b.options, where, base_url=b.base_url)
+        b.check(where)
     if hint.vouch is not None:
-        p = hint.vouch.policy
-        check_backend(p.backend, p.model, p.options, "hint.config.vouch.policy")
+        hint.vouch.policy.check("hint.config.vouch.policy")
     if wf.trainer.kind in LAUNCHERS and getattr(wf.trainer, "config", None) is not None:
         if "kind" in wf.trainer.config:
             raise ConfigError("trainer.config.kind: set by trainer.kind; remove it")

@@ -7,7 +7,7 @@ import json
 
 import click
 
-from mentor.cli.options import DEFAULT_TIMEOUT, server_backend_options, server_options
+from mentor.cli.options import backend_spec, server_options
 from mentor.pipeline.errors import config_error
 
 
@@ -53,25 +53,13 @@ def _progress(flag: bool | None) -> bool:
     return sys.stderr.isatty() if flag is None else flag
 
 
-def _backend(backend, policy, max_model_len, tensor_parallel_size, base_url=None, max_concurrency=64,
-             structured_output="response_format", request_timeout=DEFAULT_TIMEOUT):
+def _backend(backend, policy, max_model_len, tensor_parallel_size, base_url, max_concurrency, structured_output,
+             request_timeout):
     """A BackendSpec: the engine starts only once the inputs have been read and a shard needs sampling."""
-    from mentor.pipeline.llm import BackendSpec
-
-    if backend == "fake":
-        return BackendSpec("fake", policy)
-    if backend == "openai":
-        return BackendSpec("openai", policy, server_backend_options(
-            policy, base_url, max_concurrency, structured_output,
-            engine_flags={"--max-model-len": max_model_len, "--tensor-parallel-size": tensor_parallel_size},
-            request_timeout=request_timeout))
-    from mentor.pipeline.models import check_model
-
-    check_model(policy)  # a named model that is not set up: the setup command, now
-    opts = {"tensor_parallel_size": tensor_parallel_size or 1}
-    if max_model_len:
-        opts["max_model_len"] = max_model_len
-    return BackendSpec("vllm", policy, opts)
+    engine = {"--max-model-len": ("max_model_len", max_model_len),
+              "--tensor-parallel-size": ("tensor_parallel_size", tensor_parallel_size or (None if backend == "openai" else 1))}
+    return backend_spec(backend, policy, engine, base_url=base_url, max_concurrency=max_concurrency,
+                        structured_output=structured_output, request_timeout=request_timeout)
 
 
 @click.command()

@@ -7,7 +7,7 @@ import sys
 
 import click
 
-from mentor.cli.options import FiniteFloatRange, executor_options, server_backend_options, server_options
+from mentor.cli.options import FiniteFloatRange, backend_spec, executor_options, server_options
 from mentor.pipeline.errors import ConfigError
 from mentor.stages.rules import RuleLimits  # plain Python: the rules' defaults show in --help
 
@@ -38,36 +38,20 @@ def hint(collapsed, out_dir, backend, model, base_url, max_concurrency, request_
          progress, workers, scheduler, scheduler_timeout):
     """Hint collapsed problems with four LLM agents (attribution, generation, judgment, repair)."""
     from mentor.pipeline.executor import open_executor
-    from mentor.pipeline.llm import BackendSpec
     from mentor.pipeline.stage import Context, run_stage
     from mentor.stages import stage
     from mentor.stages.hint.config import load_config
 
     cfg = load_config(config_path, seed=seed, templates_dir=templates_dir, shard_size=shard_size)
     if cfg.vouch is not None:  # the policy's settings, before the judge check and the first shard
-        from mentor.pipeline.llm import check_backend
-
-        p = cfg.vouch.policy
-        check_backend(p.backend, p.model, p.options, f"{config_path}: vouch.policy")
-    options: dict = {}
-    if backend == "fake":
-        options["script"] = "mentor.stages.hint.agents:fake_script"
-    elif backend == "openai":
-        options = server_backend_options(model, base_url, max_concurrency, structured_output,
-                                         engine_flags={"--tensor-parallel-size": tensor_parallel_size,
-                                                       "--gpu-memory-utilization": gpu_memory_utilization,
-                                                       "--max-model-len": max_model_len, "--dtype": dtype,
-                                                       "--enforce-eager": enforce_eager}, request_timeout=request_timeout)
-    else:
-        for k, v in {"tensor_parallel_size": tensor_parallel_size, "gpu_memory_utilization": gpu_memory_utilization,
-                     "max_model_len": max_model_len, "dtype": dtype, "enforce_eager": enforce_eager}.items():
-            if v is not None:
-                options[k] = v
-        # Fail fast, before any work, when the model is not set up.
-        from mentor.pipeline.models import check_model
-
-        check_model(model)
-    spec = BackendSpec(kind=backend, model=model, options=options)
+        cfg.vouch.policy.check(f"{config_path}: vouch.policy")
+    engine = {"--tensor-parallel-size": ("tensor_parallel_size", tensor_parallel_size),
+              "--gpu-memory-utilization": ("gpu_memory_utilization", gpu_memory_utilization),
+              "--max-model-len": ("max_model_len", max_model_len), "--dtype": ("dtype", dtype),
+              "--enforce-eager": ("enforce_eager", enforce_eager)}
+    spec = backend_spec(backend, model, engine, base_url=base_url, max_concurrency=max_concurrency,
+                        structured_output=structured_output, request_timeout=request_timeout,
+                        script="mentor.stages.hint.agents:fake_script")
     with open_executor(workers, scheduler, gpus_per_worker=tensor_parallel_size or 1, timeout=scheduler_timeout) as executor:
         stats = run_stage(stage("hint"), {"collapsed": list(collapsed), "sample": sample}, cfg, out_dir,
                           Context(executor=executor, backend=spec, progress=progress))
@@ -111,21 +95,16 @@ def check_hint(hint_text, domain, answer, problem, entry_point, previous, max_ch
 @click.option("--tensor-parallel-size", type=click.IntRange(1, 1024), help="vLLM: GPUs per engine.")
 def check_judge(collapsed, backend, model, config_path, problems, solutions, out_file, max_model_len, dtype, tensor_parallel_size):
     """Score the LLM judge on known-good and known-bad hints of these problems; exit 0 when it can be trusted, 1 when not."""
-    from mentor.pipeline.llm import BackendSpec
     from mentor.stages.hint.config import load_config
     from mentor.stages.hint.judge_check import check_judge_path, stats_view, summary_line
 
     cfg = load_config(config_path)
     jc = cfg.judge_check.model_copy(update={k: v for k, v in {"problems": problems, "solutions": solutions}.items() if v is not None})
     cfg = cfg.model_copy(update={"judge_check": jc})
-    options: dict = {"script": "mentor.stages.hint.agents:fake_script"} if backend == "fake" else {
-        k: v for k, v in {"max_model_len": max_model_len, "dtype": dtype, "tensor_parallel_size": tensor_parallel_size}.items()
-        if v is not None}
-    if backend != "fake":
-        from mentor.pipeline.models import check_model
-
-        check_model(model)
-    report = check_judge_path(list(collapsed), cfg, BackendSpec(kind=backend, model=model, options=options), out=out_file)
+    engine = {"--max-model-len": ("max_model_len", max_model_len), "--dtype": ("dtype", dtype),
+              "--tensor-parallel-size": ("tensor_parallel_size", tensor_parallel_size)}
+    spec = backend_spec(backend, model, engine, script="mentor.stages.hint.agents:fake_script")
+    report = check_judge_path(list(collapsed), cfg, spec, out=out_file)
     click.echo(summary_line(report, run=False), err=True)
     click.echo(json.dumps(stats_view(report), sort_keys=True))
     sys.exit(0 if report["status"] == "trusted" else 1)

@@ -83,6 +83,35 @@ def server_backend_options(model: str | None, base_url: str | None, max_concurre
             "structured_output": structured_output, "timeout": request_timeout}
 
 
+def backend_spec(backend: str, model: str | None, engine: dict[str, tuple[str, Any]] | None = None, *,
+                 base_url: str | None = None, max_concurrency: int = 64, structured_output: str = "response_format",
+                 request_timeout: float = DEFAULT_TIMEOUT, script: str | None = None):
+    """The `BackendSpec` of a command's --backend/--model flags, built as every backend is (`BackendSettings`).
+
+    `engine` maps the vLLM engine's flags to ``(option, value)`` (None: not given); with --backend openai a given
+    engine flag is refused (the server's settings are set where it starts). A named vLLM model that is not set up
+    is refused now, before any work, with the setup command.
+    """
+    from mentor.pipeline.llm import BackendSettings
+    from mentor.pipeline.models import check_model
+
+    engine = engine or {}
+    if backend == "openai":
+        options = server_backend_options(model, base_url, max_concurrency, structured_output,
+                                         engine_flags={flag: v for flag, (_, v) in engine.items()},
+                                         request_timeout=request_timeout)
+    elif backend == "fake":
+        options = {"script": script} if script else {}
+    else:
+        check_model(model)
+        options = {name: v for name, v in engine.values() if v is not None}
+    try:
+        settings = BackendSettings(backend=backend, model=model, options=options)
+    except ValidationError as exc:
+        raise config_error(exc, flags=True) from exc
+    return settings.spec()
+
+
 # --------------------------------------------------------------------------- options from a stage's Config
 
 

@@ -12,7 +12,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model
 
 from mentor.pipeline.errors import config_error
-from mentor.pipeline.llm import BackendSpec
+from mentor.pipeline.llm import BackendSettings
 from mentor.pipeline.prompts import INSTRUCTIONS
 from mentor.pipeline.yaml_io import read_yaml_mapping
 from mentor.stages.build_render import DEFAULT_PLACEMENT, PLACEMENTS
@@ -55,25 +55,13 @@ class JudgeCheckConfig(BaseModel):
                                   "for the known-good hints); default: hint.solutions, else the bundled GSM8K, MATH-500 and HumanEval solutions.")
 
 
-class PolicySettings(BaseModel):
-    """The policy to re-roll with: a backend as `mentor rollout --policy` takes it."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    backend: str = Field("vllm", description="vllm (an engine in this process or on each dask worker), openai (a server), or fake (tests).")
-    model: str | None = Field(None, description="The policy model (a CPU model name, a path, a Hugging Face name, or the served name).")
-    options: dict[str, Any] = Field(default_factory=dict, description="Backend options (vLLM engine options, base_url, script, ...).")
-
-    def spec(self) -> BackendSpec:
-        return BackendSpec(kind=self.backend, model=self.model, options=dict(self.options))
-
-
 class VouchConfig(BaseModel):
     """Settings of policy vouching (the ``vouch:`` section of HintConfig)."""
 
     model_config = ConfigDict(extra="forbid")
 
-    policy: PolicySettings = Field(default_factory=PolicySettings, description="The policy that re-rolls each candidate.")
+    policy: BackendSettings = Field(default_factory=BackendSettings, description="The policy that re-rolls each candidate "
+                                   "(a backend as `mentor rollout --policy` takes it).")
     samples: int = Field(4, ge=1, le=256, description="Re-rolls per candidate hint (m).")
     candidates: int = Field(3, ge=1, le=20, description="Candidate hints tried per problem (N).")
     pick: Literal["first", "best"] = Field("first", description="first: keep the first candidate that earns reward; "
@@ -210,5 +198,5 @@ def load_config(path: str | Path | None, **overrides: Any) -> HintConfig:
         raise config_error(exc, f"{path}: invalid hint config" if path else "invalid hint config") from exc
 
 
-__all__ = ["THINKING_OFF", "DomainOverrides", "HintConfig", "JudgeCheckConfig", "PolicySettings", "TokenLimits", "VouchConfig",
+__all__ = ["THINKING_OFF", "DomainOverrides", "HintConfig", "JudgeCheckConfig", "TokenLimits", "VouchConfig",
            "load_config"]

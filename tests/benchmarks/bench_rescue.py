@@ -602,12 +602,13 @@ def run(args: argparse.Namespace) -> list[dict]:
 def vouch_config(args: argparse.Namespace, placement: str):
     """The vouched arm's policy settings: the benchmark's policy and sampling, the rescue's placement, and
     re-roll seeds kept apart from the rescue's and the controls' (``--seed + 1``, per problem)."""
-    from mentor.stages.hint.config import PolicySettings, VouchConfig
+    from mentor.pipeline.llm import BackendSettings
+    from mentor.stages.hint.config import VouchConfig
 
     if args.backend == "fake":
-        policy = PolicySettings(backend="fake", model="fake", options={"script": args.fake_policy})
+        policy = BackendSettings(backend="fake", model="fake", options={"script": args.fake_policy})
     else:
-        policy = PolicySettings(backend="vllm", model=args.policy)
+        policy = BackendSettings(backend="vllm", model=args.policy)
     return VouchConfig(policy=policy, samples=args.k, temperature=args.temperature, top_p=args.top_p, max_tokens=args.max_tokens,
                        avoid_seeds=[args.seed + 1], placement=placement)
 
