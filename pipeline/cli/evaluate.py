@@ -7,8 +7,11 @@ import json
 
 import click
 
-from mentor.cli.options import backend_spec, server_options
-from mentor.pipeline.errors import config_error
+from mentor.cli.options import backend_spec, config_from_options, config_options, server_options
+from mentor.stages.rollout import RolloutConfig
+
+
+SAMPLING = ("shard_size", "k", "max_tokens", "temperature", "top_p", "seed", "limit", "round")
 
 
 def _policy_options(f):
@@ -19,32 +22,12 @@ def _policy_options(f):
     f = click.option("--policy", "policy", default=None, metavar="MODEL",
                      help="Policy model: a folder, an HF name, or a CPU model name from `mentor setup-cpu --model` "
                           "(qwen2.5-coder-0.5b, qwen2.5-coder-1.5b); default: the embedded demo model.")(f)
-    f = click.option("--shard-size", type=click.IntRange(min=1), default=256, show_default=True,
-                     help="Prompts per shard (one engine call and one resumable output file each).")(f)
-    f = click.option("--k", type=click.IntRange(min=1), default=4, show_default=True, help="Rollouts per prompt.")(f)
-    f = click.option("--max-tokens", type=click.IntRange(min=1), default=1024, show_default=True, help="Max new tokens per rollout.")(f)
-    f = click.option("--temperature", type=click.FloatRange(min=0.0), default=1.0, show_default=True, help="Sampling temperature.")(f)
-    f = click.option("--top-p", type=click.FloatRange(min=0.0, max=1.0, min_open=True), default=1.0, show_default=True, help="Nucleus sampling.")(f)
-    f = click.option("--seed", type=int, default=0, show_default=True, help="Base seed (each rollout gets its own).")(f)
-    f = click.option("--limit", type=click.IntRange(min=1), default=None, help="Only the first N prompts/problems.")(f)
-    f = click.option("--round", "round_", type=click.IntRange(min=0), default=None, help="Round stamped on the rollouts.")(f)
+    f = config_options(RolloutConfig, SAMPLING)(f)
     f = click.option("--max-model-len", type=click.IntRange(min=16), default=None, help="vLLM max_model_len (memory on small machines).")(f)
     f = click.option("--tensor-parallel-size", type=click.IntRange(min=1), default=None, help="vLLM tensor parallel size (GPUs) [default: 1].")(f)
     f = click.option("--progress/--no-progress", default=None,
                      help="A progress bar of rollouts on stderr, moved as each rollout finishes [default: on when stderr is a terminal].")(f)
     return f
-
-
-def _config(k, max_tokens, temperature, top_p, seed, limit, round_, shard_size):
-    from pydantic import ValidationError
-
-    from mentor.stages.rollout import RolloutConfig
-
-    try:
-        return RolloutConfig(k=k, max_tokens=max_tokens, temperature=temperature, top_p=top_p, seed=seed, limit=limit,
-                             round=round_, shard_size=shard_size)
-    except ValidationError as exc:
-        raise config_error(exc, flags=True) from exc
 
 
 def _progress(flag: bool | None) -> bool:
@@ -67,8 +50,8 @@ def _backend(backend, policy, max_model_len, tensor_parallel_size, base_url, max
 @click.option("--out", "out_dir", required=True, type=click.Path(file_okay=False),
               help="Writes DIR/part-NNNNN.parquet (rollouts, one per shard) and DIR/stats.json.")
 @_policy_options
-def rollout(prompts, out_dir, backend, base_url, max_concurrency, request_timeout, structured_output, policy, k, max_tokens,
-            temperature, top_p, seed, limit, round_, max_model_len, tensor_parallel_size, shard_size, progress):
+def rollout(prompts, out_dir, backend, base_url, max_concurrency, request_timeout, structured_output, policy, max_model_len,
+            tensor_parallel_size, progress, **settings):
     """Sample k responses per prompt (vLLM offline), verify them, write canonical rollouts.
 
     PROMPTS: prompt shards from `mentor build`, a problems dataset, or a bundled set (gsm8k, math500, humaneval).
@@ -76,7 +59,7 @@ def rollout(prompts, out_dir, backend, base_url, max_concurrency, request_timeou
     from mentor.pipeline.stage import Context, run_stage
     from mentor.stages import stage
 
-    cfg = _config(k, max_tokens, temperature, top_p, seed, limit, round_, shard_size)
+    cfg = config_from_options(RolloutConfig, settings)
     spec = _backend(backend, policy, max_model_len, tensor_parallel_size, base_url, max_concurrency, structured_output,
                     request_timeout)
     _print(run_stage(stage("rollout"), {"prompts": list(prompts)}, cfg, out_dir, Context(backend=spec, progress=_progress(progress))))
@@ -108,17 +91,11 @@ def _arms(hints: tuple[str, ...], arms: tuple[str, ...]) -> dict[str, list[str]]
 @click.option("--arm", "arms", multiple=True, metavar="NAME=HINTS",
               help="A named arm of hints (repeatable), e.g. --arm full=a/hints.parquet --arm generic=b/hints.parquet.")
 @click.option("--out", "out_dir", required=True, type=click.Path(file_okay=False), help="Writes DIR/rescue.parquet, DIR/stats.json, DIR/rollouts/.")
-@click.option("--placement", type=click.Choice(["before", "after", "system", "assistant"]), default=None,
-              help="Where the hint goes, as `mentor build --placement` puts it [default: assistant for a vllm policy or "
-                   "with --tokenizer (rendered with its chat template, as build renders it), else after].")
-@click.option("--tokenizer", metavar="MODEL", help="Tokenizer whose chat template renders --placement assistant "
-              "(default: the vllm policy's own).")
-@click.option("--answer-template", metavar="NAME|TEXT",
-              help="How the hint opens the answer (assistant), as `mentor build --answer-template`.")
+@config_options(RolloutConfig, ("placement", "tokenizer", "answer_template"),
+                metavars={"tokenizer": "MODEL", "answer_template": "NAME|TEXT"})
 @_policy_options
-def rescue(collapsed, hints, arms, out_dir, placement, tokenizer, answer_template, backend, base_url, max_concurrency,
-           request_timeout, structured_output, policy, k, max_tokens, temperature, top_p, seed, limit, round_, max_model_len,
-           tensor_parallel_size, shard_size, progress):
+def rescue(collapsed, hints, arms, out_dir, backend, base_url, max_concurrency, request_timeout, structured_output, policy,
+           max_model_len, tensor_parallel_size, progress, **settings):
     """Re-roll collapsed problems without a hint and under each arm of hints; report each arm's rescue rate.
 
     Every arm re-rolls the same problems (those with a hint in every arm) with the same seeds.
@@ -126,8 +103,7 @@ def rescue(collapsed, hints, arms, out_dir, placement, tokenizer, answer_templat
     from mentor.pipeline.stage import Context, run_stage
     from mentor.stages import stage
 
-    cfg = _config(k, max_tokens, temperature, top_p, seed, limit, round_, shard_size)
-    cfg = cfg.model_copy(update={"placement": placement, "tokenizer": tokenizer, "answer_template": answer_template})
+    cfg = config_from_options(RolloutConfig, settings)
     inputs = {"collapsed": list(collapsed), "arms": _arms(hints, arms)}
     spec = _backend(backend, policy, max_model_len, tensor_parallel_size, base_url, max_concurrency, structured_output,
                     request_timeout)
