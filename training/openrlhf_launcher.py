@@ -388,8 +388,7 @@ class OpenRLHFLauncher:
         text = dry_run_text(cfg, args, (cmd, found))
         return "\n".join([*(f"# openrlhf: {n}" for n in notes), text])
 
-    def run_round(self, cfg: TrainConfig) -> dict[str, Any]:
-        return run_round(cfg)
+    run_round = staticmethod(run_round)
 
 
 LAUNCHER = OpenRLHFLauncher()

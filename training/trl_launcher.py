@@ -499,11 +499,8 @@ class TrlLauncher:
     def env(self, cfg: TrlTrainConfig) -> dict[str, str]:
         return build_env(cfg, round_spec(cfg))
 
-    def check(self, cfg: TrlTrainConfig) -> str:
-        return dry_run_text(cfg)
-
-    def run_round(self, cfg: TrlTrainConfig) -> dict[str, Any]:
-        return run_round(cfg)
+    check = staticmethod(dry_run_text)  # the dry run's text: what the round would run, checked
+    run_round = staticmethod(run_round)
 
 
 LAUNCHER = TrlLauncher()

@@ -521,14 +521,9 @@ class VerlLauncher:
     def command(self, cfg: VerlTrainConfig) -> list[str]:
         return build_command(cfg, prompt_limit(cfg, dry_run=True)[0])
 
-    def env(self, cfg: VerlTrainConfig) -> dict[str, str]:
-        return build_env(cfg)
-
-    def check(self, cfg: VerlTrainConfig) -> str:
-        return dry_run_text(cfg)
-
-    def run_round(self, cfg: VerlTrainConfig) -> dict[str, Any]:
-        return run_round(cfg)
+    env = staticmethod(build_env)
+    check = staticmethod(dry_run_text)  # the dry run's text: what the round would run, checked
+    run_round = staticmethod(run_round)
 
 
 LAUNCHER = VerlLauncher()
