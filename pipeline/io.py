@@ -262,6 +262,15 @@ def config_hash(obj: Any) -> str:
     return hashlib.sha256(blob).hexdigest()[:16]
 
 
+def files_hash(files: Iterable[tuple[str, str | os.PathLike]]) -> str:
+    """Stable short hash of files' contents under their names: ``(name, path)`` pairs, in order."""
+    h = hashlib.sha256()
+    for name, path in files:
+        h.update(name.encode())
+        h.update(sha256_file(path).encode())
+    return h.hexdigest()[:16]
+
+
 def write_manifest(
     out_dir: str | os.PathLike,
     shards: list[Path],

@@ -22,15 +22,13 @@ most temporary files (``.*.tmp``, cleaned on the next start) and no marker.
 
 from __future__ import annotations
 
-import hashlib
-import json
 import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from mentor.pipeline.io import config_hash, read_json, sha256_file, write_json_atomic
+from mentor.pipeline.io import config_hash, files_hash, read_json, write_json_atomic
 from mentor.pipeline.outdir import pid_alive
 from mentor.pipeline.stage import STATS_FILE, write_done
 
@@ -44,16 +42,12 @@ def round_name(r: int) -> str:
 
 def inputs_key(paths: list[Path]) -> str:
     """Content key of external input files (sha256 of each, in order)."""
-    h = hashlib.sha256()
-    for p in paths:
-        h.update(str(p.name).encode())
-        h.update(sha256_file(p).encode())
-    return h.hexdigest()[:16]
+    return files_hash((p.name, p) for p in paths)
 
 
 def stage_key(stage: str, config: Any, upstream: list[str]) -> str:
-    blob = json.dumps({"stage": stage, "config": config_hash(config), "upstream": upstream}, sort_keys=True)
-    return hashlib.sha256(blob.encode()).hexdigest()[:16]
+    """A stage's resume key: its name, its config's hash and the tokens of what it reads."""
+    return config_hash({"stage": stage, "config": config_hash(config), "upstream": upstream})
 
 
 def _pid(value: Any) -> int | None:

@@ -19,7 +19,6 @@ runner then writes the done marker (`StageDir.finish`) with a few of the counts.
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import os
 import shlex
@@ -37,7 +36,7 @@ from mentor.pipeline.errors import ConfigError, DataError, MentorError
 from mentor.pipeline.executor import executor_for
 from mentor.pipeline.faults import fault_point
 from mentor.pipeline.inputs import glob_files
-from mentor.pipeline.io import atomic_path, read_json, sha256_file, write_parquet_atomic
+from mentor.pipeline.io import atomic_path, files_hash, read_json, write_parquet_atomic
 from mentor.pipeline.rundir import RunDir, StageDir, inputs_key, stage_key
 from mentor.pipeline.stage import Context, counts, run_stage
 from mentor.stages import ROUND_STAGES
@@ -67,16 +66,9 @@ class RunOptions:
 
 def outputs_fingerprint(path: Path) -> str:
     """Content fingerprint of a stage's data outputs (Parquet and JSONL files, not bookkeeping)."""
-    h = hashlib.sha256()
-    if path.exists():
-        for f in sorted(path.rglob("*")):
-            rel = f.relative_to(path)
-            if not f.is_file() or any(part.startswith(("_", ".")) for part in rel.parts):
-                continue
-            if f.suffix in (".parquet", ".jsonl"):
-                h.update(str(rel).encode())
-                h.update(sha256_file(f).encode())
-    return h.hexdigest()[:16]
+    files = sorted(path.rglob("*")) if path.exists() else []
+    return files_hash((str(f.relative_to(path)), f) for f in files if f.is_file() and f.suffix in (".parquet", ".jsonl")
+                      and not any(part.startswith(("_", ".")) for part in f.relative_to(path).parts))
 
 
 @dataclass
