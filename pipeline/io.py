@@ -24,7 +24,7 @@ import pyarrow.parquet as pq
 
 from mentor.pipeline.errors import ConfigError, CorruptFileError, DataError, SchemaError
 from mentor.pipeline.inputs import resolve_inputs
-from mentor.pipeline.schemas import SCHEMA_VERSION, SCHEMAS, conform, expected_schema, require_schema, schema_metadata
+from mentor.pipeline.schemas import DOMAINS, SCHEMA_VERSION, SCHEMAS, conform, expected_schema, require_schema, schema_metadata
 
 PARQUET_COMPRESSION = "zstd"
 # Row groups of this many rows: readers (polars, pyarrow, dask) decode row groups in
@@ -122,8 +122,6 @@ def read_table(sources: Iterable[str | os.PathLike], dataset: str) -> pa.Table:
 def check_values(table: pa.Table, dataset: str, where: str) -> None:
     """`DataError` naming `where`, the column and a few rows where a required column is null;
     for collapsed sets also a repeated problem_id or an unknown domain (one row per problem)."""
-    from mentor.pipeline.schemas import DOMAINS
-
     schema = SCHEMAS[dataset]
     for field in schema:
         col = table.column(field.name)

@@ -11,8 +11,6 @@ removes what a killed run left beside the target (and puts back what it had carr
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import errno
 import logging
 import os
@@ -22,9 +20,11 @@ import sys
 import tempfile
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 
 from mentor.pipeline.errors import ConfigError, DataError, MentorError
+from mentor.pipeline.faults import fault_point
 
 log = logging.getLogger(__name__)
 _UMASK = os.umask(0)
@@ -166,8 +166,6 @@ def staged_output_dir(out_dir: str | os.PathLike, command: str, owned: Callable[
     over. On any error the staged folder is removed and `out_dir` is left as it was; disk
     errors (out of space, read-only, no permission) become a `DataError` naming the folder.
     """
-    from mentor.pipeline.faults import fault_point
-
     target = check_output_dir(Path(out_dir), option)
     try:
         target.parent.mkdir(parents=True, exist_ok=True)

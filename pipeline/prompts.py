@@ -25,6 +25,7 @@ from functools import lru_cache
 from typing import Any
 
 from mentor.pipeline.errors import ConfigError
+from mentor.pipeline.models import resolve_model
 
 # User message of a hinted problem: placeholders {hint}, {problem}, optional {instruction}.
 HINT_TEMPLATE = "Hint: {hint}\n\n{problem}"
@@ -64,8 +65,6 @@ def answer_template(spec: str | None) -> str:
 @lru_cache(maxsize=8)
 def load_tokenizer(name: str) -> Any:
     """The Hugging Face tokenizer (and chat template) of a model: a mentor CPU model name, a folder or a hub name."""
-    from mentor.pipeline.models import resolve_model
-
     path = resolve_model(name)
     try:
         from transformers import AutoTokenizer

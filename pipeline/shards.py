@@ -38,7 +38,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from mentor.pipeline.errors import EngineError
+from mentor.pipeline.executor import LocalExecutor
+from mentor.pipeline.faults import fault_point
 from mentor.pipeline.ids import content_hash
+from mentor.pipeline.io import config_hash, write_parquet_atomic
+from mentor.pipeline.llm import engine_starts
 from mentor.pipeline.stage import read_done, write_done
 
 if TYPE_CHECKING:
@@ -95,10 +99,6 @@ def rows_hash(obj: Any) -> str:
 
 def compute_shard(shard: Shard, compute: Compute, *args: Any) -> ShardResult:
     """Compute one shard and write it (Parquet, then marker); a done shard is not recomputed. Top-level: picklable."""
-    from mentor.pipeline.faults import fault_point
-    from mentor.pipeline.io import write_parquet_atomic
-    from mentor.pipeline.llm import engine_starts
-
     marker = shard.done()
     if marker is not None:  # e.g. a dask task retried after its worker died past the marker
         return ShardResult(shard.index, marker, reused=True)
@@ -126,8 +126,6 @@ class ShardPlan:
     def __init__(self, folder: str | Path, stage: str, items: Sequence, size: int, config: Mapping[str, Any],
                  view: Callable[[Any], Any] | None = None, by_position: bool = False, dataset: str | None = None,
                  owns_folder: bool = False) -> None:
-        from mentor.pipeline.io import config_hash
-
         self.folder, self.stage, self.owns_folder = Path(folder), stage, owns_folder
         run_key = config_hash(dict(config))
         starts = range(0, len(items), size)
@@ -148,8 +146,6 @@ class ShardPlan:
     def run(self, compute: Compute, *args: Any, executor: "Executor | None" = None) -> Iterator[tuple[Shard, ShardResult]]:
         """Every shard with its result, in shard order: a done one's from its marker (nothing computed),
         the others computed by `compute_shard` through `executor` (default: this process, one by one)."""
-        from mentor.pipeline.executor import LocalExecutor
-
         todo = [s for s in self.shards if s.index not in self.done]
         computed = (executor or LocalExecutor()).imap(compute_shard, todo, compute, *args) if todo else iter(())
         for s in self.shards:

@@ -17,6 +17,7 @@ from typing import Any
 import polars as pl
 
 from mentor.data import BUNDLED_SETS as BUNDLED
+from mentor.data import bundled
 from mentor.pipeline.errors import ConfigError, DataError
 from mentor.pipeline.ids import text_id
 from mentor.pipeline.inputs import jsonl_problem, resolve_inputs
@@ -41,8 +42,6 @@ def load_base(spec: str, mapping: dict[str, str] | None = None, domain: str = "m
     """Resolve `spec` (bundled name, local file/dir, or ``hf:NAME[:CONFIG]:SPLIT``) into a problem frame."""
     mapping = dict(mapping or {})
     if spec in BUNDLED:
-        from mentor.data import bundled
-
         path = bundled(BUNDLED[spec])
         frame = _from_problems_parquet([path], mapping, domain, spec)
         return BaseSet(frame, str(path), [path], {"kind": "bundled", "name": spec}, spec)

@@ -15,8 +15,10 @@ from pathlib import Path
 
 import pyarrow as pa
 
+from mentor.data import bundled
 from mentor.pipeline.errors import ConfigError
 from mentor.pipeline.ids import text_id
+from mentor.pipeline.io import read_dataset
 from mentor.pipeline.prompts import HINT_PREFIX, INSTRUCTION_SEPARATOR, INSTRUCTIONS
 from mentor.pipeline.stage import Stats
 
@@ -26,9 +28,6 @@ log = logging.getLogger("mentor.stages.ingest")  # the stage's logger: `mentor i
 def problem_texts(problems: str) -> dict[str, str]:
     """problem_id -> problem of a PROBLEMS dataset or a bundled set (gsm8k, math500, humaneval)."""
     from mentor.data import BUNDLED_SETS as BUNDLED
-    from mentor.data import bundled
-    from mentor.pipeline.io import read_dataset
-
     if problems in BUNDLED:
         problems = str(bundled(BUNDLED[problems]))
     elif not Path(problems).exists():

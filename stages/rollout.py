@@ -46,16 +46,25 @@ import polars as pl
 import pyarrow as pa
 from pydantic import BaseModel, ConfigDict, Field
 
-from mentor.pipeline.errors import DataError, EngineError
+from mentor.data import BUNDLED_SETS, bundled
+from mentor.pipeline.errors import ConfigError, DataError, EngineError
 from mentor.pipeline.inputs import resolve_inputs
 from mentor.pipeline.io import read_dataset, read_parquet_schema
 from mentor.pipeline.llm import Backend, GenRequest, OnDone, describe_backend
-from mentor.pipeline.prompts import INSTRUCTIONS, answer_template
-from mentor.pipeline.schemas import SCHEMA_VERSION, check_schema, parse_prompt_label
-from mentor.pipeline.shards import Shard, ShardPlan
+from mentor.pipeline.models import EMBEDDED_ALIAS
 from mentor.pipeline.outdir import Owns
+from mentor.pipeline.prompts import INSTRUCTIONS, answer_template
+from mentor.pipeline.schemas import ROLLOUTS, SCHEMA_VERSION, check_schema, parse_prompt_label
+from mentor.pipeline.shards import Shard, ShardPlan
 from mentor.pipeline.stage import Context, Source, Stage, Stats, StatsLayout
-from mentor.stages.build_render import DEFAULT_PLACEMENT, PLACEMENTS, TEXT_PLACEMENTS, hint_template, prompt_messages, resolve_placement
+from mentor.stages.build_render import (
+    DEFAULT_PLACEMENT,
+    PLACEMENTS,
+    TEXT_PLACEMENTS,
+    hint_template,
+    prompt_messages,
+    resolve_placement,
+)
 from mentor.training.verify import reference_of
 
 log = logging.getLogger(__name__)
@@ -109,8 +118,6 @@ class RolloutConfig(BaseModel):
         --tokenizer, else the vllm policy's model; the placement is asked for, else assistant where a tokenizer
         is known. A text placement (here or in `placements`, e.g. a rescue arm's) without a tokenizer is a
         `ConfigError`."""
-        from mentor.pipeline.errors import ConfigError
-
         tok = self.tokenizer or policy_tokenizer(backend)
         try:
             placement = resolve_placement(self.placement, tok)
@@ -128,7 +135,6 @@ def policy_tokenizer(backend: Any) -> str | None:
     kind = getattr(backend, "kind", None) or getattr(backend, "name", None)
     if kind != "vllm":
         return None
-    from mentor.pipeline.models import EMBEDDED_ALIAS
 
     return getattr(backend, "model", None) or EMBEDDED_ALIAS
 
@@ -154,8 +160,6 @@ class PromptItem:
 
 def resolve_sources(sources: Sequence[str]) -> list[Path]:
     """Files, folders and globs (as every stage), plus the bundled set names."""
-    from mentor.data import BUNDLED_SETS, bundled
-
     paths: list[Path] = []
     for s in sources:
         if str(s) in BUNDLED_SETS and not Path(s).exists():
@@ -318,8 +322,6 @@ def sample_and_verify(
 
 
 def _rollouts_table(rows: list[dict[str, Any]]) -> pa.Table:
-    from mentor.pipeline.schemas import ROLLOUTS
-
     cols = {f.name: [r.get(f.name) for r in rows] for f in ROLLOUTS}
     return pa.Table.from_pydict(cols, schema=pa.schema([f.with_nullable(True) for f in ROLLOUTS]))
 

@@ -21,6 +21,8 @@ from pathlib import Path
 
 import polars as pl
 
+from mentor.data import bundled
+from mentor.data.convert_solutions import SOLUTION_FILES
 from mentor.pipeline.errors import ConfigError, DataError
 
 _CALC = re.compile(r"<<[^>]*>>")
@@ -28,9 +30,6 @@ _CALC = re.compile(r"<<[^>]*>>")
 
 @lru_cache(maxsize=1)
 def _bundled() -> tuple[tuple[str, str], ...]:
-    from mentor.data import bundled
-    from mentor.data.convert_solutions import SOLUTION_FILES
-
     rows: list[tuple[str, str]] = []
     for name in SOLUTION_FILES:
         try:

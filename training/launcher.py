@@ -32,6 +32,7 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationErr
 
 from mentor.pipeline.errors import ConfigError, MentorError, config_error
 from mentor.pipeline.io import read_json, write_json_atomic
+from mentor.pipeline.models import resolve_model
 from mentor.pipeline.yaml_io import read_yaml_mapping
 
 OUTCOME = "outcome.json"
@@ -115,8 +116,6 @@ class RoundConfig(BaseModel):
     def start_model(self, start_from_base: bool = False) -> str:
         """The model this round starts from: explicit, the base model (round 0, or no earlier round trained one),
         or the previous round's final model."""
-        from mentor.pipeline.models import resolve_model
-
         if self.actor_model:
             return self.actor_model
         if self.round == 0 or start_from_base:

@@ -56,12 +56,22 @@ from mentor.pipeline.errors import ConfigError
 from mentor.pipeline.inputs import resolve_inputs
 from mentor.pipeline.io import write_json_atomic
 from mentor.pipeline.yaml_io import read_yaml_mapping
-from mentor.training.launcher import (ModelRef, RoundConfig, finish_round, outcome_record,
-                                      parse_round_config)
+from mentor.training.gpus import cluster_supply, local_gpus
+from mentor.training.launcher import ModelRef, RoundConfig, finish_round, outcome_record, parse_round_config
+from mentor.training.openrlhf_check import check_with_openrlhf
+from mentor.training.openrlhf_placement import round_demand
 from mentor.training.prompt_format import openrlhf_data_flags
 from mentor.training.prompt_limits import LongestPrompt, longest_prompt, require
+from mentor.training.ray_preflight import probe_cluster
 from mentor.training.reward_check import check_reward_loads
-from mentor.training.rollout_log import ENV_DIR, ENV_ROUND, RAY_JOB_CONFIG_ENV, ray_job_config_env, reward_env_vars
+from mentor.training.rollout_log import (
+    ENV_DIR,
+    ENV_ROUND,
+    RAY_JOB_CONFIG_ENV,
+    check_rollout_reach,
+    ray_job_config_env,
+    reward_env_vars,
+)
 
 log = logging.getLogger(__name__)
 
@@ -278,8 +288,6 @@ def dry_run_text(cfg: TrainConfig, args: Any = None, planned: tuple[list[str], L
     lines = ["# environment"] + [f"export {k}={shlex.quote(v)}" for k, v in env.items()] + ["# command", shlex.join(cmd)]
     lines += [f"# longest prompt: {found.describe()}", f"# checked: {check_reward(cfg, dict(os.environ) | env)}"]
     if args is not None:
-        from mentor.training.openrlhf_placement import round_demand
-
         demand = round_demand(cmd, args)
         lines.append(f"# GPUs: this round needs {demand.describe()} (not checked against a cluster in a dry run)")
         lines += [f"#   or with {name}: {gpus:g}" for name, gpus in demand.fixes]
@@ -299,11 +307,6 @@ def preflight(cfg: TrainConfig, cmd: list[str], extra_env: dict[str, str]) -> di
     Without openrlhf in mentor's environment the GPU count is skipped (a warning).
     Returns what was checked (kept in outcome.json).
     """
-    from mentor.training.gpus import cluster_supply, local_gpus
-    from mentor.training.openrlhf_placement import round_demand
-    from mentor.training.ray_preflight import probe_cluster
-    from mentor.training.rollout_log import check_rollout_reach
-
     try:
         demand = round_demand(cmd)
     except ConfigError as exc:
@@ -376,8 +379,6 @@ class OpenRLHFLauncher:
     def check(self, cfg: TrainConfig) -> str:
         """OpenRLHF's own launch code on the command (when openrlhf is installed here), the prompts, the reward
         load; the dry run's text. The GPUs are counted, not checked against a cluster (`run_round` does that)."""
-        from mentor.training.openrlhf_check import check_with_openrlhf
-
         cmd, found = round_command(cfg, dry_run=True)
         try:
             args, notes = check_with_openrlhf(cmd)

@@ -31,7 +31,9 @@ from typing import Any
 import pyarrow.parquet as pq
 
 from mentor.pipeline.errors import ConfigError
+from mentor.pipeline.ids import content_hash
 from mentor.pipeline.io import write_json_atomic
+from mentor.pipeline.models import cache_dir
 from mentor.pipeline.prompts import prompt_token_lengths
 
 log = logging.getLogger(__name__)
@@ -70,9 +72,6 @@ def _from_build_stats(files: list[Path], tokenizer: str) -> LongestPrompt | None
 
 
 def _cache_file(files: list[Path], tokenizer: str) -> tuple[Path, dict[str, Any]]:
-    from mentor.pipeline.ids import content_hash
-    from mentor.pipeline.models import cache_dir
-
     key = {"tokenizer": tokenizer, "files": [[str(f.resolve()), f.stat().st_size, f.stat().st_mtime_ns] for f in files]}
     return cache_dir() / "prompt-tokens" / f"{content_hash(json.dumps(key, sort_keys=True))}.json", key
 

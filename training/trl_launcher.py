@@ -52,10 +52,11 @@ from pydantic import ConfigDict, Field
 
 from mentor.pipeline.errors import ConfigError, DataError
 from mentor.pipeline.inputs import resolve_inputs
-from mentor.pipeline.io import read_json, write_json_atomic
-from mentor.pipeline.yaml_io import read_yaml_mapping
-from mentor.training.launcher import RoundConfig, finish_round, outcome_record, parse_round_config
+from mentor.pipeline.io import read_json, scan_dataset, write_json_atomic
 from mentor.pipeline.prompts import prompt_token_lengths
+from mentor.pipeline.yaml_io import read_yaml_mapping
+from mentor.training.gpus import GpuDemand, GpuShortage, local_gpus
+from mentor.training.launcher import RoundConfig, finish_round, outcome_record, parse_round_config
 from mentor.training.prompt_limits import LongestPrompt, model_context, require
 from mentor.training.reward_check import check_reward_loads
 from mentor.training.rollout_log import ENV_DIR
@@ -202,7 +203,6 @@ def select_prompts(cfg: TrlTrainConfig) -> pl.DataFrame:
     files = resolve_inputs(cfg.prompt_sources)
     if not files:
         raise ConfigError(f"prompts {', '.join(cfg.prompt_sources)}: no Parquet shards; run `mentor build` first")
-    from mentor.pipeline.io import scan_dataset
 
     lf = scan_dataset([str(f) for f in files], "prompts")
     if cfg.select == "hinted":
@@ -392,7 +392,6 @@ def gpu_demand(cfg: TrlTrainConfig, spec: dict[str, Any]):
     """One GPU per training process on this machine (None on CPU); a vLLM server (vllm_mode server) runs elsewhere."""
     if spec["grpo"].get("use_cpu"):
         return None
-    from mentor.training.gpus import GpuDemand
 
     machines = int(cfg.accelerate_args.get("num_machines", 1) or 1)
     per_machine = max(1, cfg.num_processes // machines)
@@ -402,8 +401,6 @@ def gpu_demand(cfg: TrlTrainConfig, spec: dict[str, Any]):
 
 def check_gpus(demand) -> None:
     """accelerate starts the processes on this machine (each machine of a multi-machine run has its own launch)."""
-    from mentor.training.gpus import GpuShortage, local_gpus
-
     supply = local_gpus()
     why = demand.shortage(supply)
     if why:

@@ -71,11 +71,13 @@ from mentor.pipeline.errors import ConfigError
 from mentor.pipeline.inputs import resolve_inputs
 from mentor.pipeline.io import write_json_atomic
 from mentor.pipeline.yaml_io import read_yaml_mapping
+from mentor.training.gpus import cluster_supply, local_gpus
 from mentor.training.launcher import RoundConfig, finish_round, outcome_record, parse_round_config
 from mentor.training.prompt_format import check_readable
 from mentor.training.prompt_limits import LongestPrompt, longest_prompt, refuse, require
+from mentor.training.ray_preflight import probe_cluster
 from mentor.training.reward_check import check_reward_loads
-from mentor.training.rollout_log import ENV_DIR, RAY_JOB_CONFIG_ENV, REWARD_ENV_PREFIX, ray_job_config_env
+from mentor.training.rollout_log import ENV_DIR, RAY_JOB_CONFIG_ENV, REWARD_ENV_PREFIX, check_rollout_reach, ray_job_config_env
 from mentor.training.verl_checkpoints import LATEST, last_checkpoint, merge_backend, merge_checkpoint, merge_command, prepare_logs
 from mentor.training.verl_hydra import INSTALL, compose, gpu_demand, hydra_unquote, hydra_value, one_line, verl_config_dir
 
@@ -301,7 +303,6 @@ def ray_init_runtime_env(composed, env: dict[str, str]) -> dict[str, Any]:
     `env`: verl's ``get_ppo_ray_runtime_env`` (which drops the variables the driver already has), then
     ``ray_kwargs.ray_init.runtime_env`` over it, as ``run_ppo`` merges them."""
     from omegaconf import OmegaConf
-
     from verl.trainer.constants_ppo import get_ppo_ray_runtime_env
 
     with _environ(env):
@@ -400,10 +401,6 @@ def check_with_verl(cfg: VerlTrainConfig, cmd: list[str]) -> tuple[Any, list[str
 
 def preflight(cfg: VerlTrainConfig, composed, extra_env: dict[str, str]) -> dict[str, Any]:
     """Refuse a round the GPUs cannot place, or whose rollout log dir the Ray workers cannot reach."""
-    from mentor.training.gpus import cluster_supply, local_gpus
-    from mentor.training.ray_preflight import probe_cluster
-    from mentor.training.rollout_log import check_rollout_reach
-
     demand = gpu_demand(composed) if composed is not None else None
     env = dict(os.environ) | extra_env
     try:  # join as verl's run_ppo does: its runtime env, which Ray merges with the job's

@@ -16,9 +16,13 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from mentor.pipeline.errors import ConfigError, config_error
 from mentor.pipeline.llm import BackendSettings
 from mentor.pipeline.yaml_io import read_yaml_mapping
+from mentor.stages.build import BuildConfig
+from mentor.stages.build_render import TEXT_PLACEMENTS
+from mentor.stages.hint.config import HintConfig
 from mentor.stages.mine import MineConfig
 from mentor.stages.rollout import RolloutConfig
 from mentor.training.launcher import LAUNCHERS, get_launcher
+from mentor.training.prompt_format import text_prompts_refused
 
 PACKAGED = Path(__file__).resolve().parent
 # One folder name: no path separator, no "..", no leading dot, dash or space, none of the
@@ -172,20 +176,14 @@ def validate_workflow(data: dict[str, Any], where: str = "workflow") -> Workflow
 
 def check_sections(wf: Workflow) -> None:
     """Validate the sections owned by other stages with their own models."""
-    from mentor.stages.build import BuildConfig
-
     try:
         build = BuildConfig.model_validate(wf.build | {"base": wf.base})
     except ValidationError as exc:
         raise config_error(exc, prefix="build") from exc
-    from mentor.stages.build_render import TEXT_PLACEMENTS
-    from mentor.training.prompt_format import text_prompts_refused
-
     why = text_prompts_refused(wf.trainer.kind)
     if why and build.placement in TEXT_PLACEMENTS:
         raise ConfigError(f"build.placement {build.placement}: the prompts would be text rendered with the policy's chat "
                           f"template, and {why}; use placement after (or before/system) with trainer {wf.trainer.kind}")
-    from mentor.stages.hint.config import HintConfig
 
     try:
         hint = HintConfig.model_validate(wf.hint.config)

@@ -32,16 +32,23 @@ from typing import Any
 
 import yaml
 
+from mentor.data import bundled
 from mentor.pipeline.errors import ConfigError, DataError, MentorError
 from mentor.pipeline.executor import executor_for
 from mentor.pipeline.faults import fault_point
-from mentor.pipeline.inputs import glob_files
-from mentor.pipeline.io import atomic_path, files_hash, read_json, write_parquet_atomic
+from mentor.pipeline.inputs import glob_files, resolve_inputs
+from mentor.pipeline.io import atomic_path, files_hash, read_json, write_json_atomic, write_parquet_atomic
+from mentor.pipeline.llm import release_engines
 from mentor.pipeline.rundir import RunDir, StageDir, inputs_key, stage_key
 from mentor.pipeline.stage import Context, counts, run_stage
 from mentor.stages import ROUND_STAGES
 from mentor.stages import stage as stage_by_name
+from mentor.stages.build import BUILD_STATS, BuildConfig
+from mentor.stages.build_base import load_base, validate_base
+from mentor.stages.build_render import DEFAULT_PLACEMENT
 from mentor.training.launcher import LAUNCHERS, get_launcher
+from mentor.training.prompt_format import TEXT_READERS
+from mentor.training.rollout_log import RAY_JOB_CONFIG_ENV, ray_job_config_env, reward_env_vars
 from mentor.workflows.config import Workflow, check_sections
 
 log = logging.getLogger(__name__)
@@ -167,9 +174,6 @@ class Runner:
 
     def _base_problems(self) -> str:
         """The base set as a PROBLEMS Parquet in the run dir (read once; ingest and build use it)."""
-        from mentor.stages.build import BUILD_STATS
-        from mentor.stages.build_base import load_base, validate_base
-
         path = self.rd.path / "base" / "problems.parquet"
         marker = self.rd.path / "base" / "_source.json"
         want = {"base": self.wf.base, "map": self.wf.base_map, "domain": self.wf.domain}
@@ -178,7 +182,6 @@ class Runner:
             # The checks build would make rounds later (duplicate ids, no usable rows, --strict drops).
             validate_base(base, bool(self.wf.build.get("strict", False)), BUILD_STATS())
             write_parquet_atomic(base.frame, path, dataset="problems")
-            from mentor.pipeline.io import write_json_atomic
 
             write_json_atomic(want, marker)
         return inputs_key([path])
@@ -188,23 +191,17 @@ class Runner:
         return self.rd.path / "base" / "problems.parquet"
 
     def _initial_sources(self) -> list[str]:
-        from mentor.data import bundled
-
         out = []
         for s in self.wf.initial_rollouts.source:
             out.append(str(bundled(f"{s.split(':', 1)[1]}_rollouts.parquet")) if s.startswith("bundled:") else s)
         return out
 
     def _initial_token(self) -> str:
-        from mentor.pipeline.inputs import resolve_inputs
-
         files = resolve_inputs(self._initial_sources(), suffixes=(".parquet", ".jsonl", ".json", ".jsonl.gz"))
         return "initial:" + inputs_key(files)
 
     def _base_prompts(self, base_token: str) -> tuple[Path, str]:
         """Unhinted prompts of the base set: what round 0's trainer trains on without initial logs."""
-        from mentor.stages.build import BuildConfig
-
         sd = self.rd.base_prompts()
         cfg = BuildConfig.model_validate(self.build_settings() | {"base": str(self.problems_path), "hints": [], "round": 0})
         key = stage_key("base-prompts", cfg.model_dump(exclude={"base"}), [base_token])
@@ -238,8 +235,6 @@ class Runner:
         return {"kind": "initial_rollouts", "files": sources}
 
     def _train(self, r: int, prompts: Path, sd: StageDir) -> dict:
-        from mentor.pipeline.llm import release_engines
-
         # Every stage releases its engines when it ends; a trainer of any kind must also find none left
         # over (an earlier stage's, here or in the dask workers): the GPUs' memory is the trainer's.
         release_engines(executor_for(self.opts.client))
@@ -285,7 +280,6 @@ class Runner:
         t = self.wf.trainer
         ph = self._placeholders(r, prompts, logs)
         cmd = [c.format(**ph) for c in (t.command if isinstance(t.command, list) else shlex.split(t.command))]
-        from mentor.training.rollout_log import RAY_JOB_CONFIG_ENV, ray_job_config_env, reward_env_vars
 
         env = os.environ | {"MENTOR_ROLLOUT_DIR": str(logs), "MENTOR_ROUND": str(r)}
         # verl's ray.init() merges this job config: the reward workers on every node get the variables too.
@@ -295,7 +289,6 @@ class Runner:
             rc = subprocess.run(cmd, env=env, stdout=fh, stderr=subprocess.STDOUT).returncode
         outcome = {"kind": "verl", "command": cmd, "exit_code": rc, "log": str(log_file),
                    "final_model": t.model_out.format(**ph) if t.model_out else None}
-        from mentor.pipeline.io import write_json_atomic
 
         write_json_atomic(outcome, sd.path / "outcome.json")
         if rc != 0:
@@ -362,9 +355,6 @@ class Runner:
         """The build section, with the round's policy as tokenizer unless it names one (so build counts
         max_prompt_tokens and, for a trainer that takes text prompts, opens the answer with the hint by
         default); a trainer that reads only chat messages keeps a message placement by default."""
-        from mentor.stages.build_render import DEFAULT_PLACEMENT
-        from mentor.training.prompt_format import TEXT_READERS
-
         b = dict(self.wf.build)
         tok = b.get("tokenizer") or trainer_policy(self.wf.trainer)
         if tok:
