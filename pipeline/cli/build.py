@@ -10,6 +10,9 @@ import click
 
 from mentor.cli.options import config_from_options, config_options, parse_map
 from mentor.pipeline.errors import ConfigError
+from mentor.pipeline.prompts import INSTRUCTIONS
+from mentor.pipeline.stage import run_stage
+from mentor.stages import stage
 from mentor.stages.build import BuildConfig
 
 
@@ -25,7 +28,6 @@ def _read_text(path: str | None, option: str) -> str | None:
 def _instructions(pairs: tuple[str, ...]) -> dict[str, str] | None:
     if not pairs:
         return None
-    from mentor.pipeline.prompts import INSTRUCTIONS
 
     out = dict(INSTRUCTIONS)
     for pair in pairs:
@@ -61,9 +63,6 @@ BUILD_FLAGS = {"mapping": "--map", "hint_statuses": "--status", "instructions": 
 def build(hints, out_dir, template_file, plain_template_file, system_prompt, system_file, instructions, statuses, maps,
           **settings):
     """Build the next round's prompt shards (base problems + hints) for OpenRLHF, verl and TRL."""
-    from mentor.pipeline.stage import run_stage
-    from mentor.stages import stage
-
     if system_prompt and system_file:
         raise ConfigError("give --system or --system-file, not both")
     if settings["placement"] and template_file:

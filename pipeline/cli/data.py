@@ -8,6 +8,9 @@ import logging
 import click
 
 from mentor.cli.options import config_from_options, config_options, executor_options, parse_map
+from mentor.pipeline.executor import open_executor
+from mentor.pipeline.stage import Context, run_stage
+from mentor.stages import stage
 from mentor.stages.ingest import IngestConfig
 from mentor.stages.mine import MineConfig
 
@@ -21,9 +24,6 @@ from mentor.stages.mine import MineConfig
 @config_options(IngestConfig, ("problems", "max_response_bytes"), metavars={"problems": "SPEC"})
 def ingest(sources, out_dir, maps, **settings):
     """Convert rollout logs into canonical rollout Parquet shards."""
-    from mentor.pipeline.stage import run_stage
-    from mentor.stages import stage
-
     cfg = config_from_options(IngestConfig, settings | {"mapping": parse_map(maps)})
     # The stage logs its warnings for library callers; the command prints them itself, once.
     stage_log = logging.getLogger("mentor.stages.ingest")
@@ -52,10 +52,6 @@ MINE_FLAGS = {"failed_budget_chars": "--failed-budget"}
 @executor_options
 def mine(rollouts, out_dir, history, workers, scheduler, scheduler_timeout, **settings):
     """Find collapsed problems (every rollout wrong) with a few failed responses."""
-    from mentor.pipeline.executor import open_executor
-    from mentor.pipeline.stage import Context, run_stage
-    from mentor.stages import stage
-
     cfg = config_from_options(MineConfig, settings, MINE_FLAGS)
     with open_executor(workers, scheduler, timeout=scheduler_timeout) as executor:
         stats = run_stage(stage("mine"), {"sources": list(rollouts), "history": list(history)}, cfg, out_dir,

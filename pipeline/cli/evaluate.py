@@ -8,8 +8,9 @@ import json
 import click
 
 from mentor.cli.options import backend_spec, config_from_options, config_options, server_options
+from mentor.pipeline.stage import Context, run_stage
+from mentor.stages import stage
 from mentor.stages.rollout import RolloutConfig
-
 
 SAMPLING = ("shard_size", "k", "max_tokens", "temperature", "top_p", "seed", "limit", "round")
 
@@ -56,9 +57,6 @@ def rollout(prompts, out_dir, backend, base_url, max_concurrency, request_timeou
 
     PROMPTS: prompt shards from `mentor build`, a problems dataset, or a bundled set (gsm8k, math500, humaneval).
     """
-    from mentor.pipeline.stage import Context, run_stage
-    from mentor.stages import stage
-
     cfg = config_from_options(RolloutConfig, settings)
     spec = _backend(backend, policy, max_model_len, tensor_parallel_size, base_url, max_concurrency, structured_output,
                     request_timeout)
@@ -100,9 +98,6 @@ def rescue(collapsed, hints, arms, out_dir, backend, base_url, max_concurrency, 
 
     Every arm re-rolls the same problems (those with a hint in every arm) with the same seeds.
     """
-    from mentor.pipeline.stage import Context, run_stage
-    from mentor.stages import stage
-
     cfg = config_from_options(RolloutConfig, settings)
     inputs = {"collapsed": list(collapsed), "arms": _arms(hints, arms)}
     spec = _backend(backend, policy, max_model_len, tensor_parallel_size, base_url, max_concurrency, structured_output,

@@ -9,7 +9,12 @@ import click
 
 from mentor.cli.options import FiniteFloatRange, backend_spec, executor_options, server_options
 from mentor.pipeline.errors import ConfigError
-from mentor.stages.rules import RuleLimits  # plain Python: the rules' defaults show in --help
+from mentor.pipeline.executor import open_executor
+from mentor.pipeline.stage import Context, run_stage
+from mentor.stages import stage
+from mentor.stages.hint.config import load_config
+from mentor.stages.hint.judge_check import check_judge_path, stats_view, summary_line
+from mentor.stages.rules import RuleLimits, check  # plain Python: the rules' defaults show in --help
 
 
 @click.command()
@@ -37,11 +42,6 @@ def hint(collapsed, out_dir, backend, model, base_url, max_concurrency, request_
          templates_dir, shard_size, tensor_parallel_size, gpu_memory_utilization, max_model_len, dtype, enforce_eager,
          progress, workers, scheduler, scheduler_timeout):
     """Hint collapsed problems with four LLM agents (attribution, generation, judgment, repair)."""
-    from mentor.pipeline.executor import open_executor
-    from mentor.pipeline.stage import Context, run_stage
-    from mentor.stages import stage
-    from mentor.stages.hint.config import load_config
-
     cfg = load_config(config_path, seed=seed, templates_dir=templates_dir, shard_size=shard_size)
     if cfg.vouch is not None:  # the policy's settings, before the judge check and the first shard
         cfg.vouch.policy.check(f"{config_path}: vouch.policy")
@@ -71,8 +71,6 @@ def hint(collapsed, out_dir, backend, model, base_url, max_concurrency, request_
               help="Most sentences in a hint (the hint stage's default).")
 def check_hint(hint_text, domain, answer, problem, entry_point, previous, max_chars, max_sentences):
     """Run the hint rules alone; print {"ok", "violations"}; exit 0 when ok, 1 when not."""
-    from mentor.stages.rules import check
-
     if domain == "math" and not answer:
         raise ConfigError("--answer is required for --domain math (the reference answer the hint must not reveal)")
     report = check(hint_text, domain=domain, answer=answer, problem=problem, previous_hints=previous,
@@ -95,9 +93,6 @@ def check_hint(hint_text, domain, answer, problem, entry_point, previous, max_ch
 @click.option("--tensor-parallel-size", type=click.IntRange(1, 1024), help="vLLM: GPUs per engine.")
 def check_judge(collapsed, backend, model, config_path, problems, solutions, out_file, max_model_len, dtype, tensor_parallel_size):
     """Score the LLM judge on known-good and known-bad hints of these problems; exit 0 when it can be trusted, 1 when not."""
-    from mentor.stages.hint.config import load_config
-    from mentor.stages.hint.judge_check import check_judge_path, stats_view, summary_line
-
     cfg = load_config(config_path)
     jc = cfg.judge_check.model_copy(update={k: v for k, v in {"problems": problems, "solutions": solutions}.items() if v is not None})
     cfg = cfg.model_copy(update={"judge_check": jc})

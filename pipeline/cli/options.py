@@ -12,7 +12,9 @@ import click
 from pydantic import BaseModel, ValidationError
 from pydantic_core import PydanticUndefined
 
-from mentor.pipeline.errors import config_error
+from mentor.pipeline.errors import ConfigError, config_error
+from mentor.pipeline.llm import BackendSettings
+from mentor.pipeline.models import check_model
 from mentor.pipeline.openai_backend import DEFAULT_TIMEOUT, check_base_url
 
 
@@ -67,8 +69,6 @@ def server_options(f):
 def server_backend_options(model: str | None, base_url: str | None, max_concurrency: int, structured_output: str,
                            engine_flags: dict | None = None, request_timeout: float = DEFAULT_TIMEOUT) -> dict:
     """The `openai` backend's options from the command line; engine flags are the server's, not ours."""
-    from mentor.pipeline.errors import ConfigError
-
     if not base_url:
         raise click.BadParameter("--backend openai needs the server's URL, e.g. --base-url http://localhost:8000/v1",
                                  param_hint="--base-url")
@@ -92,9 +92,6 @@ def backend_spec(backend: str, model: str | None, engine: dict[str, tuple[str, A
     engine flag is refused (the server's settings are set where it starts). A named vLLM model that is not set up
     is refused now, before any work, with the setup command.
     """
-    from mentor.pipeline.llm import BackendSettings
-    from mentor.pipeline.models import check_model
-
     engine = engine or {}
     if backend == "openai":
         options = server_backend_options(model, base_url, max_concurrency, structured_output,

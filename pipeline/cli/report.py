@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import click
 
+from mentor.workflows.report import inspect_path, problem_history
+from mentor.workflows.report_render import plot, render_table, to_json
+
 
 @click.command()
 @click.argument("path", type=click.Path())
@@ -14,9 +17,6 @@ import click
 @click.option("--problem", "problem_id", metavar="ID", help="Show one problem's history across rounds instead of the summary.")
 def inspect(path, fmt, plot_out, problem_id):
     """Summarise rollouts, collapsed, hints, prompts, rescue outputs or a whole run directory."""
-    from mentor.workflows.report import inspect_path, problem_history
-    from mentor.workflows.report_render import plot, render_table, to_json
-
     if problem_id is not None:
         result = problem_history(path, problem_id)
         title = f"problem {problem_id} in {path}"

@@ -6,6 +6,8 @@ import json
 
 import click
 
+from mentor.training.launcher import load_round
+
 
 @click.command()
 @click.option("--config", "config_path", required=True, type=click.Path(dir_okay=False),
@@ -22,8 +24,6 @@ import click
 def train(config_path, dry_run, check):
     """Run one GRPO round from round.yaml: OpenRLHF (python -m openrlhf.cli.train_ppo_ray), TRL with kind: trl,
     or verl (python -m verl.trainer.main_ppo, then verl's model merger) with kind: verl."""
-    from mentor.training.launcher import load_round
-
     launcher, cfg = load_round(config_path)
     if not check and "preflight" in type(cfg).model_fields:
         cfg = cfg.model_copy(update={"preflight": False})
