@@ -1,4 +1,4 @@
-"""One module per stage: ingest, mine, hint, build, rollout, rescue; `stage(name)` looks one up.
+"""One module per stage: ingest, mine, hint, build, rollout, rescue, train; `stage(name)` looks one up.
 
 Each module defines one `mentor.pipeline.stage.Stage` subclass and its instance,
 ``STAGE`` (also by its name: ``MINE``, ``HINT``, ...). Modules are imported on first
@@ -13,8 +13,8 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from mentor.pipeline.stage import Stage
 
-NAMES = ("ingest", "mine", "hint", "build", "rollout", "rescue")
-# A round of a workflow, in order: the trainer (`mentor.training`), then four of the stages above.
+NAMES = ("ingest", "mine", "hint", "build", "rollout", "rescue", "train")
+# A round of a workflow, in order: the trainer (train: `mentor.training`'s launchers), then four of the stages above.
 ROUND_STAGES = ("train", "ingest", "mine", "hint", "build")
 
 

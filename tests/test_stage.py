@@ -102,13 +102,13 @@ def test_every_stage_has_the_stage_shape():
     from mentor.pipeline.stage import Stage
     from mentor.stages import NAMES, stage
 
-    assert NAMES == ("ingest", "mine", "hint", "build", "rollout", "rescue")
+    assert NAMES == ("ingest", "mine", "hint", "build", "rollout", "rescue", "train")
     for name in NAMES:
         s = stage(name)
         assert isinstance(s, Stage) and s.name == name
         assert issubclass(s.Inputs, BaseModel) and issubclass(s.Config, BaseModel), name
-        # generating stages resume from shards and release their engines; the others write all or nothing
-        assert s.needs_engine == (not s.staged) == (name in ("hint", "rollout", "rescue")), name
+        # generating stages (and the trainer) resume and release the engines; the others write all or nothing
+        assert s.needs_engine == (not s.staged) == (name in ("hint", "rollout", "rescue", "train")), name
         assert "stats.json" in s.owns.files, name
     with pytest.raises(KeyError, match="no stage 'inspect'"):
         stage("inspect")

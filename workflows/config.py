@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
@@ -20,8 +20,8 @@ from mentor.stages.build import BuildConfig
 from mentor.stages.build_render import TEXT_PLACEMENTS
 from mentor.stages.hint.config import HintConfig
 from mentor.stages.mine import MineConfig
-from mentor.stages.rollout import RolloutConfig
-from mentor.training.launcher import LAUNCHERS, get_launcher
+from mentor.stages.train import Trainer, launched
+from mentor.training.launcher import get_launcher
 from mentor.training.prompt_format import text_prompts_refused
 
 PACKAGED = Path(__file__).resolve().parent
@@ -40,75 +40,6 @@ class InitialRollouts(_Strict):
     source: list[str] = Field(description="Files, directories or globs; 'bundled:gsm8k' is the bundled real GSM8K rollouts.")
     format: str = Field("auto", description="An ingest --format.")
     map: dict[str, str] = Field(default_factory=dict, description="Column mapping for format jsonl.")
-
-
-class OfflineTrainer(_Strict):
-    """No training: sample the policy on the round's prompts with `mentor rollout` (vLLM)."""
-
-    kind: Literal["offline"]
-    policy: BackendSettings = Field(default_factory=BackendSettings, description="The policy that answers the prompts.")
-    rollout: RolloutConfig = Field(
-        default_factory=RolloutConfig,
-        description="`mentor rollout` settings (k, max_tokens, temperature, ...); each round offsets the seed and stamps its round.",
-    )
-
-
-class OpenRLHFTrainer(_Strict):
-    """One OpenRLHF GRPO round per mentor round (`mentor train`)."""
-
-    kind: Literal["openrlhf"]
-    config: dict[str, Any] = Field(default_factory=dict, description="The `mentor train` round config (see training/openrlhf_launcher.py).")
-
-
-class TrlTrainer(_Strict):
-    """One TRL GRPO round per mentor round, in its own process (`mentor train` with kind: trl)."""
-
-    kind: Literal["trl"]
-    config: dict[str, Any] = Field(
-        default_factory=dict,
-        description="mentor's TRL round settings (training/trl_launcher.py TrlTrainConfig: base_model, num_generations, "
-        "select, limit, cpu_threads, ...) and any trl.GRPOConfig field (max_steps, max_completion_length, use_vllm, ...).",
-    )
-
-
-class VerlTrainer(_Strict):
-    """A verl GRPO round per mentor round: built by mentor from `config` (`mentor train` with kind: verl), or a user command."""
-
-    kind: Literal["verl"]
-    config: dict[str, Any] | None = Field(
-        None,
-        description="mentor's verl round settings (training/verl_launcher.py VerlTrainConfig: base_model, n_samples_per_prompt, "
-        "n_gpus_per_node, nnodes, overrides of any verl key, ...): mentor builds verl's main_ppo command and merges the model.",
-    )
-    command: list[str] | str | None = Field(
-        None,
-        description="Instead of config, a custom launch; placeholders {prompts} {rollout_dir} {round} {run_dir} {model} {prev_model}. "
-        "mentor sets MENTOR_ROLLOUT_DIR so its verl reward function logs every rollout there.",
-    )
-    model_out: str | None = Field(None, description="With command: where it leaves the round's final model (placeholders allowed).")
-
-    @model_validator(mode="after")
-    def _one_form(self) -> "VerlTrainer":
-        if (self.config is None) == (self.command is None):
-            raise ValueError("give either config (mentor builds verl's command) or command (your own launch), not both or neither")
-        if self.config is not None and self.model_out is not None:
-            raise ValueError("model_out is for command; with config the model is merged into the round's train/model")
-        return self
-
-
-class ExternalTrainer(_Strict):
-    """A trainer mentor does not launch: wait for the round's rollout logs to appear."""
-
-    kind: Literal["external"]
-    rollouts: str = Field(description="Glob of the round's logs; placeholders {round} {run_dir}.")
-    format: str = Field("openrlhf", description="ingest --format of those logs.")
-    sentinel: str | None = Field(None, description="A file whose appearance says the logs are complete (placeholders allowed).")
-    settle_s: float = Field(10.0, ge=0, description="Without a sentinel: the logs are complete once unchanged this long.")
-    timeout_s: float = Field(86400.0, gt=0, description="Give up waiting after this long.")
-    poll_s: float = Field(5.0, gt=0, description="Polling interval.")
-
-
-Trainer = Annotated[OfflineTrainer | OpenRLHFTrainer | TrlTrainer | VerlTrainer | ExternalTrainer, Field(discriminator="kind")]
 
 
 class HintSettings(_Strict):
@@ -195,7 +126,7 @@ def check_sections(wf: Workflow) -> None:
         b.check(where)
     if hint.vouch is not None:
         hint.vouch.policy.check("hint.config.vouch.policy")
-    if wf.trainer.kind in LAUNCHERS and getattr(wf.trainer, "config", None) is not None:
+    if launched(wf.trainer):
         if "kind" in wf.trainer.config:
             raise ConfigError("trainer.config.kind: set by trainer.kind; remove it")
         # A trainer package mentor needs in its own process (TRL) is asked for when the run starts.

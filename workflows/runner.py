@@ -1,9 +1,11 @@
 """The round-by-round runner behind `mentor run`, `mentor demo` and `mentor status`.
 
-Each round runs, in order:
+Each round is a loop over the round's stages (`mentor.stages.ROUND_STAGES`), in order:
 
     train (OpenRLHF / TRL / verl / offline rollout / wait for an external trainer)
       -> ingest -> mine (with earlier rounds as history) -> hint -> build
+
+each a `Stage` the runner calls the same way; ``_<stage>_job`` says what it reads.
 
 in the run-directory layout of `mentor.pipeline.rundir`. A stage runs only if
 its done marker for the current key is missing; the key hashes the stage's
@@ -20,25 +22,19 @@ runner then writes the done marker (`StageDir.finish`) with a few of the counts.
 from __future__ import annotations
 
 import logging
-import os
-import shlex
-import subprocess
-import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from functools import partial
 from pathlib import Path
 from typing import Any
 
 import yaml
 
 from mentor.data import bundled
-from mentor.pipeline.errors import ConfigError, DataError, MentorError
+from mentor.pipeline.errors import ConfigError, MentorError
 from mentor.pipeline.executor import executor_for
 from mentor.pipeline.faults import fault_point
-from mentor.pipeline.inputs import glob_files, resolve_inputs
+from mentor.pipeline.inputs import resolve_inputs
 from mentor.pipeline.io import atomic_path, files_hash, read_json, write_json_atomic, write_parquet_atomic
-from mentor.pipeline.llm import release_engines
 from mentor.pipeline.rundir import RunDir, StageDir, inputs_key, stage_key
 from mentor.pipeline.stage import Context, counts, run_stage
 from mentor.stages import ROUND_STAGES
@@ -46,9 +42,9 @@ from mentor.stages import stage as stage_by_name
 from mentor.stages.build import BUILD_STATS, BuildConfig
 from mentor.stages.build_base import load_base, validate_base
 from mentor.stages.build_render import DEFAULT_PLACEMENT
-from mentor.training.launcher import LAUNCHERS, get_launcher
+from mentor.stages.train import launched
+from mentor.training.launcher import get_launcher
 from mentor.training.prompt_format import TEXT_READERS
-from mentor.training.rollout_log import RAY_JOB_CONFIG_ENV, ray_job_config_env, reward_env_vars
 from mentor.workflows.config import Workflow, check_sections
 
 log = logging.getLogger(__name__)
@@ -89,49 +85,36 @@ class Runner:
         self._forced: set[tuple[int, str]] = set()
         self.ran: list[tuple[int, str]] = []
         self.skipped: list[tuple[int, str]] = []
+        self._base_token = ""
+        self._next_prompts: tuple[Path, str] | None = None  # the prompts the next round trains on, with their token
 
     # ------------------------------------------------------------------ driver
 
     def run(self) -> list[tuple[int, str]]:
         check_sections(self.wf)  # every section, before any stage runs (load_workflow did too, naming the file)
         t = self.wf.trainer
-        if t.kind in LAUNCHERS and getattr(t, "config", None) is not None:
+        if launched(t):
             # Strictly, as the round will: a trainer package missing here must not surface only after round 0's hints.
             get_launcher(t.kind).parse(t.config, "trainer.config")
-        base_token = self._base_problems()  # validated before any stage runs (or the run folder is made)
+        self._base_token = self._base_problems()  # validated before any stage runs (or the run folder is made)
         self.rd.path.mkdir(parents=True, exist_ok=True)
         self._save_workflow()
-        n = self.opts.rounds or self.wf.rounds
-        prompts_dir: Path | None = None
-        prompts_token = ""
-        for r in range(n):
+        for r in range(self.opts.rounds or self.wf.rounds):
             log.info("round %d", r)
-            if r == 0 and self.wf.initial_rollouts is not None:
-                # Existing logs stand in for round 0's training: recorded, nothing launched.
-                sources = self._initial_sources()
-                train_token = self._step(r, "train", {"initial_rollouts": self.wf.initial_rollouts.model_dump()},
-                                         [self._initial_token()], partial(self._initial_train, sources))
-                logs_dir = None
-            else:
-                if prompts_dir is None:
-                    prompts_dir, prompts_token = self._base_prompts(base_token)
-                train_token = self._step(r, "train", self._train_config(), [prompts_token], partial(self._train, r, prompts_dir))
-                logs_dir = self.rd.stage(r, "train").path / "logs"
-            ingest_token = self._stage(r, self._ingest_job(r, logs_dir), [train_token, base_token])
-            history, history_tokens = self._history(r)
-            mine_token = self._stage(r, self._mine_job(r, history), [ingest_token, *history_tokens])
-            hint_token = self._stage(r, self._hint_job(r), [mine_token])
-            build_token = self._stage(r, self._build_job(r), [hint_token, base_token])
-            prompts_dir, prompts_token = self.rd.stage(r, "build").path, build_token
+            tokens: dict[str, str] = {}  # each stage's token (key + output fingerprint), for the ones after it
+            for name in ROUND_STAGES:
+                job = getattr(self, f"_{name}_job")(r, tokens)
+                tokens[name] = self._stage(r, job)
+            self._next_prompts = (self.rd.stage(r, "build").path, tokens["build"])
         return self.ran
 
-    def _stage(self, r: int, job: "_Job", upstream: list[str]) -> str:
-        """Run one of the stages (`mentor.stages.stage`) the one way: `run_stage`, its counts in the marker."""
+    def _stage(self, r: int, job: "_Job") -> str:
+        """Run one stage of the round (`mentor.stages.stage`) the one way: `run_stage`, its counts in the marker."""
         def work(sd: StageDir) -> dict:
             stage = stage_by_name(job.stage)
             return counts(run_stage(stage, job.inputs, job.cfg, sd.path, job.ctx), stage.summary)
 
-        return self._step(r, job.stage, job.key, upstream, work)
+        return self._step(r, job.stage, job.key, job.upstream, work)
 
     def _step(self, r: int, stage: str, config: Any, upstream: list[str], fn: Callable[[StageDir], dict]) -> str:
         """Run one stage unless done; returns its token (key + output fingerprint) for what follows."""
@@ -226,43 +209,19 @@ class Runner:
 
     # ------------------------------------------------------------------ stages
 
-    def _train_config(self) -> dict:
-        return self.wf.trainer.model_dump(mode="json")
-
-    @staticmethod
-    def _initial_train(sources: list[str], sd: StageDir) -> dict:
-        """Round 0 on existing logs: nothing trains; the marker records the files."""
-        return {"kind": "initial_rollouts", "files": sources}
-
-    def _train(self, r: int, prompts: Path, sd: StageDir) -> dict:
-        # Every stage releases its engines when it ends; a trainer of any kind must also find none left
-        # over (an earlier stage's, here or in the dask workers): the GPUs' memory is the trainer's.
-        release_engines(executor_for(self.opts.client))
-        t = self.wf.trainer
-        logs = sd.path / "logs"
-        logs.mkdir(parents=True, exist_ok=True)
-        if t.kind == "offline":
-            cfg = t.rollout.model_copy(update={"seed": t.rollout.seed + 1000 * r, "round": r})
-            stats = run_stage(stage_by_name("rollout"), {"prompts": [str(prompts)]}, cfg, logs, Context(backend=t.policy.spec()))
-            return {"kind": "offline", "rollouts": stats.rollouts}
-        if t.kind in LAUNCHERS and t.config is not None:
-            return self._launch(r, prompts, sd, logs)
-        if t.kind == "verl":
-            return self._run_verl_command(r, prompts, sd, logs)
-        return self._wait_external(r, sd)
-
-    def _launch(self, r: int, prompts: Path, sd: StageDir, logs: Path) -> dict:
-        """A round of a trainer mentor launches itself (`mentor.training.launcher.Launcher`), the same for every kind."""
-        launcher = get_launcher(self.wf.trainer.kind)
-        prev = self._prev_model(r)
-        # No earlier round trained a model (round 0 stood on existing logs): start from the base model.
-        cfg = launcher.parse(self.wf.trainer.config, "trainer.config").for_round(
-            r, prompts=prompts, round_dir=self.rd.round_dir(r), train_dir=sd.path, rollout_dir=logs, prev_model=prev,
-            start_from_base=prev is None)
-        outcome = launcher.run_round(cfg)
-        return {"kind": launcher.kind, **{k: outcome.get(k) for k in launcher.summary}}
+    def _train_job(self, r: int, tokens: dict[str, str]) -> "_Job":
+        if r == 0 and self.wf.initial_rollouts is not None:
+            # Existing logs stand in for round 0's training: recorded, nothing launched.
+            return _Job("train", {"initial_rollouts": self.wf.initial_rollouts.model_dump()}, {},
+                        {"round": 0, "initial_rollouts": self._initial_sources()}, upstream=[self._initial_token()])
+        # The prompts of the round before, or (no round built any yet) the base set's unhinted prompts.
+        prompts, token = self._next_prompts or self._base_prompts(self._base_token)
+        inputs = {"prompts": str(prompts), "run_dir": str(self.rd.path), "prev_model": self._prev_model(r)}
+        return _Job("train", self.wf.trainer.model_dump(mode="json"), inputs, {"round": r, "trainer": self.wf.trainer},
+                    Context(executor=executor_for(self.opts.client)), upstream=[token])
 
     def _prev_model(self, r: int) -> str | None:
+        """The last model an earlier round trained (None: none did; the round starts from the base model)."""
         for j in range(r - 1, -1, -1):
             f = self.rd.stage(j, "train").path / "outcome.json"
             if f.exists():
@@ -271,85 +230,37 @@ class Runner:
                     return model
         return None
 
-    def _placeholders(self, r: int, prompts: Path, logs: Path) -> dict[str, str]:
-        return {"prompts": str(prompts), "rollout_dir": str(logs), "round": str(r), "run_dir": str(self.rd.path),
-                "prev_model": self._prev_model(r) or "", "model": self._prev_model(r) or ""}
-
-    def _run_verl_command(self, r: int, prompts: Path, sd: StageDir, logs: Path) -> dict:
-        """`trainer: {kind: verl, command: ...}`: the user's own verl command, with the round's placeholders."""
-        t = self.wf.trainer
-        ph = self._placeholders(r, prompts, logs)
-        cmd = [c.format(**ph) for c in (t.command if isinstance(t.command, list) else shlex.split(t.command))]
-
-        env = os.environ | {"MENTOR_ROLLOUT_DIR": str(logs), "MENTOR_ROUND": str(r)}
-        # verl's ray.init() merges this job config: the reward workers on every node get the variables too.
-        env |= ray_job_config_env(reward_env_vars(env), env.get(RAY_JOB_CONFIG_ENV))
-        log_file = sd.path / "train.log"
-        with open(log_file, "wb") as fh:
-            rc = subprocess.run(cmd, env=env, stdout=fh, stderr=subprocess.STDOUT).returncode
-        outcome = {"kind": "verl", "command": cmd, "exit_code": rc, "log": str(log_file),
-                   "final_model": t.model_out.format(**ph) if t.model_out else None}
-
-        write_json_atomic(outcome, sd.path / "outcome.json")
-        if rc != 0:
-            tail = log_file.read_text(errors="replace")[-2000:]
-            raise DataError(f"round {r}: the verl command exited with {rc}; see {log_file}; last lines:\n{tail}")
-        return outcome
-
-    def _wait_external(self, r: int, sd: StageDir) -> dict:
-        t = self.wf.trainer
-        ph = {"round": str(r), "run_dir": str(self.rd.path)}
-        pattern = t.rollouts.format(**ph)
-        sentinel = Path(t.sentinel.format(**ph)) if t.sentinel else None
-        deadline = time.monotonic() + t.timeout_s
-        last, stable_since = None, None
-        while True:
-            files = sorted(map(str, glob_files(pattern)))  # bounded, and ends on symlink loops
-            state = [(f, os.path.getsize(f), os.path.getmtime(f)) for f in files if os.path.isfile(f)]
-            now = time.monotonic()
-            if state and (sentinel.exists() if sentinel else False):
-                break
-            if state and sentinel is None:
-                if state == last:
-                    if now - stable_since >= t.settle_s:
-                        break
-                else:
-                    last, stable_since = state, now
-            if now > deadline:
-                raise DataError(f"round {r}: no complete rollout logs matched {pattern} within {t.timeout_s:.0f}s"
-                                + (f" (waiting for {sentinel})" if sentinel else ""))
-            time.sleep(t.poll_s)
-        return {"kind": "external", "files": [f for f, _, _ in state]}
-
     def _ingest_config(self, r: int) -> dict:
         if r == 0 and self.wf.initial_rollouts is not None:
             return {"format": self.wf.initial_rollouts.format, "map": self.wf.initial_rollouts.map, "round": r}
         fmt = {"offline": "canonical", "openrlhf": "openrlhf", "trl": "openrlhf", "verl": "openrlhf"}.get(self.wf.trainer.kind)
         return {"format": fmt or self.wf.trainer.format, "round": r}
 
-    def _ingest_job(self, r: int, logs: Path | None) -> "_Job":
+    def _ingest_job(self, r: int, tokens: dict[str, str]) -> "_Job":
         key = self._ingest_config(r)
-        if logs is None:
+        train = self.rd.stage(r, "train")
+        if r == 0 and self.wf.initial_rollouts is not None:
             sources = self._initial_sources()
-        elif self.wf.trainer.kind == "external":
-            sources = read_json(self.rd.stage(r, "train").done_dir / f"{self.rd.stage(r, 'train').done_key()}.done")["files"]
+        elif self.wf.trainer.kind == "external":  # the files the train stage waited for (its marker)
+            sources = read_json(train.done_dir / f"{train.done_key()}.done")["files"]
         else:
-            sources = [str(logs)]
+            sources = [str(train.path / "logs")]
         cfg = {"format": key["format"], "round": r, "domain": self.wf.domain, "mapping": key.get("map") or {},
                "problems": str(self.problems_path)}
-        return _Job("ingest", key, {"sources": sources}, cfg)
+        return _Job("ingest", key, {"sources": sources}, cfg, upstream=[tokens["train"], self._base_token])
 
-    def _mine_job(self, r: int, history: list[str]) -> "_Job":
+    def _mine_job(self, r: int, tokens: dict[str, str]) -> "_Job":
+        history, history_tokens = self._history(r)
         return _Job("mine", self.wf.mine, {"sources": [str(self.rd.stage(r, "ingest").path)], "history": history},
-                    self.wf.mine, Context(executor=executor_for(self.opts.client)))
+                    self.wf.mine, Context(executor=executor_for(self.opts.client)), upstream=[tokens["ingest"], *history_tokens])
 
-    def _hint_job(self, r: int) -> "_Job":
+    def _hint_job(self, r: int, tokens: dict[str, str]) -> "_Job":
         h = self.wf.hint
         # On a GPU cluster each hint task needs the workers' GPU resource (one engine per worker).
         ctx = Context(executor=executor_for(self.opts.client, resources=h.worker_resources), backend=h.backend.spec(),
                       progress=self.opts.progress)
         inputs = {"collapsed": [str(self.rd.stage(r, "mine").path / "collapsed.parquet")], "sample": h.sample}
-        return _Job("hint", h.model_dump(exclude={"worker_resources"}), inputs, h.config, ctx)
+        return _Job("hint", h.model_dump(exclude={"worker_resources"}), inputs, h.config, ctx, upstream=[tokens["mine"]])
 
     def build_settings(self) -> dict:
         """The build section, with the round's policy as tokenizer unless it names one (so build counts
@@ -363,11 +274,11 @@ class Runner:
             b["placement"] = DEFAULT_PLACEMENT
         return b
 
-    def _build_job(self, r: int) -> "_Job":
+    def _build_job(self, r: int, tokens: dict[str, str]) -> "_Job":
         hints = self.rd.stage(r, "hint").path / "hints.parquet"
         settings = self.build_settings()
         cfg = settings | {"base": str(self.problems_path), "hints": [str(hints)] if hints.exists() else [], "round": r + 1}
-        return _Job("build", settings, {}, cfg)
+        return _Job("build", settings, {}, cfg, upstream=[tokens["hint"], self._base_token])
 
 
 def trainer_policy(trainer: Any) -> str | None:
@@ -378,16 +289,17 @@ def trainer_policy(trainer: Any) -> str | None:
     return config.get("base_model") if isinstance(config, dict) else None
 
 
-# What a stage's done marker keeps of its stats.
 @dataclass
 class _Job:
-    """One stage of a round: its name, what its resume key hashes, and what `run_stage` gets."""
+    """One stage of a round: its name, what its resume key hashes, what `run_stage` gets, and the tokens of
+    what it reads (the stages before it: a change there re-runs it)."""
 
     stage: str
     key: Any
     inputs: dict[str, Any]
     cfg: Any
     ctx: Context = field(default_factory=Context)
+    upstream: list[str] = field(default_factory=list)
 
 
 def _read_or_none(path: Path) -> Any:

@@ -1,0 +1,253 @@
+"""The train stage: how one round's rollouts come to be, whichever trainer makes them.
+
+The workflow's ``trainer`` section is this stage's config (`Trainer`, one model per
+kind), and each kind is one branch of `TrainStage.run`:
+
+- ``openrlhf``, ``trl``, ``verl`` with ``config``: one GRPO round of the trainer
+  (`mentor.training.launcher.Launcher`, the same four steps for every kind), its reward
+  function logging every rollout into ``<train>/logs``;
+- ``verl`` with ``command``: the user's own launch, with the round's placeholders;
+- ``offline``: no training; the policy answers the round's prompts (`mentor rollout`);
+- ``external``: a trainer mentor does not launch; wait until the round's logs are complete;
+- no trainer, ``initial_rollouts``: existing logs stand in for round 0 (nothing runs).
+
+The stage writes into ``round-NNN/train`` directly (``staged`` False): a trainer's own
+checkpoints are its resume. Before any trainer starts, every engine an earlier stage
+left (here or on the dask workers) is released: the GPUs' memory is the trainer's.
+stats.json records the kind, the final model or the files; ``outcome.json`` (the
+launchers') what ran.
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+import subprocess
+import time
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from mentor.pipeline.errors import ConfigError, DataError
+from mentor.pipeline.inputs import glob_files
+from mentor.pipeline.io import write_json_atomic
+from mentor.pipeline.llm import BackendSettings, release_engines
+from mentor.pipeline.outdir import Owns
+from mentor.pipeline.stage import Context, Source, Stage, Stats, StatsLayout
+from mentor.stages.rollout import ROLLOUT, RolloutConfig
+from mentor.training.launcher import LAUNCHERS, OUTCOME, get_launcher
+from mentor.training.rollout_log import RAY_JOB_CONFIG_ENV, ray_job_config_env, reward_env_vars
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class OfflineTrainer(_Strict):
+    """No training: sample the policy on the round's prompts with `mentor rollout` (vLLM)."""
+
+    kind: Literal["offline"]
+    policy: BackendSettings = Field(default_factory=BackendSettings, description="The policy that answers the prompts.")
+    rollout: RolloutConfig = Field(
+        default_factory=RolloutConfig,
+        description="`mentor rollout` settings (k, max_tokens, temperature, ...); each round offsets the seed and stamps its round.",
+    )
+
+
+class OpenRLHFTrainer(_Strict):
+    """One OpenRLHF GRPO round per mentor round (`mentor train`)."""
+
+    kind: Literal["openrlhf"]
+    config: dict[str, Any] = Field(default_factory=dict, description="The `mentor train` round config (see training/openrlhf_launcher.py).")
+
+
+class TrlTrainer(_Strict):
+    """One TRL GRPO round per mentor round, in its own process (`mentor train` with kind: trl)."""
+
+    kind: Literal["trl"]
+    config: dict[str, Any] = Field(
+        default_factory=dict,
+        description="mentor's TRL round settings (training/trl_launcher.py TrlTrainConfig: base_model, num_generations, "
+        "select, limit, cpu_threads, ...) and any trl.GRPOConfig field (max_steps, max_completion_length, use_vllm, ...).",
+    )
+
+
+class VerlTrainer(_Strict):
+    """A verl GRPO round per mentor round: built by mentor from `config` (`mentor train` with kind: verl), or a user command."""
+
+    kind: Literal["verl"]
+    config: dict[str, Any] | None = Field(
+        None,
+        description="mentor's verl round settings (training/verl_launcher.py VerlTrainConfig: base_model, n_samples_per_prompt, "
+        "n_gpus_per_node, nnodes, overrides of any verl key, ...): mentor builds verl's main_ppo command and merges the model.",
+    )
+    command: list[str] | str | None = Field(
+        None,
+        description="Instead of config, a custom launch; placeholders {prompts} {rollout_dir} {round} {run_dir} {model} {prev_model}. "
+        "mentor sets MENTOR_ROLLOUT_DIR so its verl reward function logs every rollout there.",
+    )
+    model_out: str | None = Field(None, description="With command: where it leaves the round's final model (placeholders allowed).")
+
+    @model_validator(mode="after")
+    def _one_form(self) -> "VerlTrainer":
+        if (self.config is None) == (self.command is None):
+            raise ValueError("give either config (mentor builds verl's command) or command (your own launch), not both or neither")
+        if self.config is not None and self.model_out is not None:
+            raise ValueError("model_out is for command; with config the model is merged into the round's train/model")
+        return self
+
+
+class ExternalTrainer(_Strict):
+    """A trainer mentor does not launch: wait for the round's rollout logs to appear."""
+
+    kind: Literal["external"]
+    rollouts: str = Field(description="Glob of the round's logs; placeholders {round} {run_dir}.")
+    format: str = Field("openrlhf", description="ingest --format of those logs.")
+    sentinel: str | None = Field(None, description="A file whose appearance says the logs are complete (placeholders allowed).")
+    settle_s: float = Field(10.0, ge=0, description="Without a sentinel: the logs are complete once unchanged this long.")
+    timeout_s: float = Field(86400.0, gt=0, description="Give up waiting after this long.")
+    poll_s: float = Field(5.0, gt=0, description="Polling interval.")
+
+
+# The workflow's `trainer` section: one model per kind.
+Trainer = Annotated[OfflineTrainer | OpenRLHFTrainer | TrlTrainer | VerlTrainer | ExternalTrainer, Field(discriminator="kind")]
+
+
+def launched(trainer: Any) -> bool:
+    """Whether mentor launches this trainer as a `Launcher` round (OpenRLHF, TRL, verl with ``config``)."""
+    return trainer.kind in LAUNCHERS and getattr(trainer, "config", None) is not None
+
+
+class TrainConfig(_Strict):
+    """One round's training: the workflow's trainer, or the existing logs that stand in for it."""
+
+    round: int = Field(0, ge=0, description="The round (offline: offsets the rollout seed; launchers: round-NNN).")
+    trainer: Trainer | None = Field(None, description="How the round's rollouts come to be.")
+    initial_rollouts: list[str] | None = Field(
+        None, description="Instead of a trainer: existing rollout files that stand in for this round (nothing runs).")
+
+    @model_validator(mode="after")
+    def _one(self) -> "TrainConfig":
+        if (self.trainer is None) == (self.initial_rollouts is None):
+            raise ValueError("give either trainer or initial_rollouts")
+        return self
+
+
+class TrainInputs(_Strict):
+    """What the round trains on and where it stands: its prompt shards (none for existing logs), the run
+    folder (``{run_dir}``; default: two folders above the stage's), and the last model an earlier round
+    trained (none: the round starts from the base model)."""
+
+    prompts: Source | None = None
+    run_dir: Source | None = None
+    prev_model: str | None = None
+
+
+TRAIN_STATS = StatsLayout(
+    counters=("rollouts",),
+    values={"kind": None, "round": 0, "exit_code": None, "final_model": None, "files": None},
+    logger=__name__,
+)
+
+
+class TrainStage(Stage):
+    """A round's trainer (the kinds above); writes into its folder directly, with ``logs/`` the reward's rollout log."""
+
+    name = "train"
+    Inputs = TrainInputs
+    Config = TrainConfig
+    owns = Owns(("stats.json", OUTCOME, "train.log", "logs", "model"))
+    staged = False  # a trainer resumes from its own checkpoints; its folder is never swapped
+    needs_engine = True  # offline generates; every trainer needs the GPUs' memory free
+    summary = ("kind", "rollouts", "exit_code", "final_model", "files")
+
+    def plan(self, inputs: TrainInputs, cfg: TrainConfig, out_dir: Path) -> TrainInputs:
+        t = cfg.trainer
+        if t is not None and t.kind != "external" and inputs.prompts is None:
+            raise ConfigError(f"the {t.kind} trainer trains on the round's prompts: give prompts")
+        if t is not None and launched(t):
+            get_launcher(t.kind).parse(t.config, "trainer.config")  # its checks, before anything runs
+        return inputs
+
+    def run(self, inputs: TrainInputs, cfg: TrainConfig, out_dir: Path, ctx: Context) -> Stats:
+        stats = TRAIN_STATS(round=cfg.round)
+        t = cfg.trainer
+        if t is None:
+            stats.kind, stats.files = "initial_rollouts", list(cfg.initial_rollouts or [])
+            return stats
+        release_engines(ctx.executor)  # an earlier stage's, here or in the dask workers
+        logs = out_dir / "logs"
+        logs.mkdir(parents=True, exist_ok=True)
+        run_dir = Path(inputs.run_dir) if inputs.run_dir else out_dir.parent.parent
+        stats.kind = t.kind
+        if t.kind == "offline":
+            rollout = t.rollout.model_copy(update={"seed": t.rollout.seed + 1000 * cfg.round, "round": cfg.round})
+            stats.rollouts = ROLLOUT({"prompts": [inputs.prompts]}, rollout, logs, Context(backend=t.policy.spec())).rollouts
+        elif launched(t):
+            launcher = get_launcher(t.kind)
+            # No earlier round trained a model (round 0 stood on existing logs): start from the base model.
+            round_cfg = launcher.parse(t.config, "trainer.config").for_round(
+                cfg.round, prompts=inputs.prompts, round_dir=out_dir.parent, train_dir=out_dir, rollout_dir=logs,
+                prev_model=inputs.prev_model, start_from_base=inputs.prev_model is None)
+            outcome = launcher.run_round(round_cfg)
+            stats.exit_code, stats.final_model = outcome.get("exit_code"), outcome.get("final_model")
+            stats.extra.update({k: outcome.get(k) for k in launcher.summary})
+        elif t.kind == "verl":
+            stats.exit_code, stats.final_model = _verl_command(t, cfg.round, inputs, run_dir, out_dir, logs)
+        else:
+            stats.files = _wait_for_logs(t, cfg.round, run_dir)
+        return stats
+
+
+def _verl_command(t: VerlTrainer, r: int, inputs: TrainInputs, run_dir: Path, out_dir: Path, logs: Path) -> tuple[int, str | None]:
+    """`trainer: {kind: verl, command: ...}`: the user's own verl command, with the round's placeholders."""
+    ph = {"prompts": str(inputs.prompts), "rollout_dir": str(logs), "round": str(r), "run_dir": str(run_dir),
+          "prev_model": inputs.prev_model or "", "model": inputs.prev_model or ""}
+    cmd = [c.format(**ph) for c in (t.command if isinstance(t.command, list) else shlex.split(t.command))]
+    env = os.environ | {"MENTOR_ROLLOUT_DIR": str(logs), "MENTOR_ROUND": str(r)}
+    # verl's ray.init() merges this job config: the reward workers on every node get the variables too.
+    env |= ray_job_config_env(reward_env_vars(env), env.get(RAY_JOB_CONFIG_ENV))
+    log_file = out_dir / "train.log"
+    with open(log_file, "wb") as fh:
+        rc = subprocess.run(cmd, env=env, stdout=fh, stderr=subprocess.STDOUT).returncode
+    final = t.model_out.format(**ph) if t.model_out else None
+    write_json_atomic({"kind": "verl", "command": cmd, "exit_code": rc, "log": str(log_file), "final_model": final},
+                      out_dir / OUTCOME)
+    if rc != 0:
+        tail = log_file.read_text(errors="replace")[-2000:]
+        raise DataError(f"round {r}: the verl command exited with {rc}; see {log_file}; last lines:\n{tail}")
+    return rc, final
+
+
+def _wait_for_logs(t: ExternalTrainer, r: int, run_dir: Path) -> list[str]:
+    """An external trainer's round: its logs, once the sentinel appears or (without one) they stop changing."""
+    ph = {"round": str(r), "run_dir": str(run_dir)}
+    pattern = t.rollouts.format(**ph)
+    sentinel = Path(t.sentinel.format(**ph)) if t.sentinel else None
+    deadline = time.monotonic() + t.timeout_s
+    last, stable_since = None, None
+    while True:
+        files = sorted(map(str, glob_files(pattern)))  # bounded, and ends on symlink loops
+        state = [(f, os.path.getsize(f), os.path.getmtime(f)) for f in files if os.path.isfile(f)]
+        now = time.monotonic()
+        if state and (sentinel.exists() if sentinel else False):
+            break
+        if state and sentinel is None:
+            if state == last:
+                if now - stable_since >= t.settle_s:
+                    break
+            else:
+                last, stable_since = state, now
+        if now > deadline:
+            raise DataError(f"round {r}: no complete rollout logs matched {pattern} within {t.timeout_s:.0f}s"
+                            + (f" (waiting for {sentinel})" if sentinel else ""))
+        time.sleep(t.poll_s)
+    return [f for f, _, _ in state]
+
+
+STAGE = TRAIN = TrainStage()
+
+
+__all__ = ["STAGE", "TRAIN", "TRAIN_STATS", "ExternalTrainer", "OfflineTrainer", "OpenRLHFTrainer", "TrainConfig",
+           "TrainInputs", "TrainStage", "Trainer", "TrlTrainer", "VerlTrainer", "launched"]
