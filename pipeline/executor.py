@@ -68,6 +68,10 @@ class LocalExecutor:
         return "LocalExecutor()"
 
 
+# This process: the executor of every function that maps tasks unless it is given another (it holds no state).
+LOCAL = LocalExecutor()
+
+
 class DaskExecutor:
     """Each task on a dask.distributed cluster (results in item order).
 

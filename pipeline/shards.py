@@ -38,7 +38,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from mentor.pipeline.errors import EngineError
-from mentor.pipeline.executor import LocalExecutor
+from mentor.pipeline.executor import LOCAL, Executor
 from mentor.pipeline.faults import fault_point
 from mentor.pipeline.ids import content_hash
 from mentor.pipeline.io import config_hash, write_parquet_atomic
@@ -47,8 +47,6 @@ from mentor.pipeline.stage import read_done, write_done
 
 if TYPE_CHECKING:
     import pyarrow as pa
-
-    from mentor.pipeline.executor import Executor
 
 DONE = "_done"
 _PART = re.compile(r"part-\d{5,}\.(parquet|json)")
@@ -143,11 +141,11 @@ class ShardPlan:
             if marker is not None:
                 self.done[s.index] = marker
 
-    def run(self, compute: Compute, *args: Any, executor: "Executor | None" = None) -> Iterator[tuple[Shard, ShardResult]]:
+    def run(self, compute: Compute, *args: Any, executor: Executor = LOCAL) -> Iterator[tuple[Shard, ShardResult]]:
         """Every shard with its result, in shard order: a done one's from its marker (nothing computed),
         the others computed by `compute_shard` through `executor` (default: this process, one by one)."""
         todo = [s for s in self.shards if s.index not in self.done]
-        computed = (executor or LocalExecutor()).imap(compute_shard, todo, compute, *args) if todo else iter(())
+        computed = executor.imap(compute_shard, todo, compute, *args) if todo else iter(())
         for s in self.shards:
             if s.index in self.done:
                 yield s, ShardResult(s.index, self.done[s.index], reused=True)

@@ -41,12 +41,12 @@ from typing import TYPE_CHECKING, Annotated, Any, ClassVar
 from pydantic import BaseModel, BeforeValidator, ValidationError
 
 from mentor.pipeline.errors import config_error
+from mentor.pipeline.executor import LOCAL, Executor
 from mentor.pipeline.io import read_json, write_json_atomic
 from mentor.pipeline.llm import release_engines
 from mentor.pipeline.outdir import Owns, check_output_dir, staged_output_dir
 
 if TYPE_CHECKING:
-    from mentor.pipeline.executor import Executor
     from mentor.pipeline.llm import Backend
 
 STATS_FILE = "stats.json"
@@ -217,17 +217,12 @@ class Context:
 
     ``backend`` is a picklable factory of the LLM backend (`mentor.pipeline.llm`),
     for the stages that generate (hint, rollout, rescue); a dask worker calls it
-    once and keeps the engine. ``executor`` None means this process.
+    once and keeps the engine. ``executor``: this process unless given.
     """
 
-    executor: "Executor | None" = None
+    executor: Executor = LOCAL
     backend: "Callable[[], Backend] | None" = None
     progress: bool = False
-
-    def tasks(self) -> "Executor":
-        from mentor.pipeline.executor import LocalExecutor
-
-        return self.executor if self.executor is not None else LocalExecutor()
 
     def engine(self, stage: str) -> "Callable[[], Backend]":
         if self.backend is None:

@@ -37,7 +37,7 @@ import pyarrow.parquet as pq
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from mentor.pipeline.errors import ConfigError, DataError
-from mentor.pipeline.executor import Executor, LocalExecutor
+from mentor.pipeline.executor import LOCAL, Executor
 from mentor.pipeline.faults import fault_point
 from mentor.pipeline.inputs import outside_output, resolve_inputs
 from mentor.pipeline.io import check_dataset_files, parquet_writer_atomic, read_parquet_schema, to_table
@@ -414,9 +414,8 @@ def _check_correct_col(paths: list[Path], cfg: MineConfig) -> None:
             )
 
 
-def mine_iter(sources: Sequence[str], cfg: MineConfig, history: Sequence[str] = (), executor: Executor | None = None) -> Mined:
+def mine_iter(sources: Sequence[str], cfg: MineConfig, history: Sequence[str] = (), executor: Executor = LOCAL) -> Mined:
     """Count (pass 1) now; return the stats and an iterator over the collapsed rows (schema: collapsed)."""
-    executor = executor or LocalExecutor()
     paths = resolve_inputs(sources)
     check_dataset_files(paths, "rollouts")
     _check_correct_col(paths, cfg)
@@ -459,7 +458,7 @@ def _chunks(files: list[str], collapsed: pl.DataFrame, cfg: MineConfig, history,
 
 
 def mine(sources: Sequence[str], cfg: MineConfig, history: Sequence[str] = (),
-         executor: Executor | None = None) -> tuple[pl.DataFrame, Stats]:
+         executor: Executor = LOCAL) -> tuple[pl.DataFrame, Stats]:
     """The whole collapsed set in memory (schema: collapsed), sorted by problem_id, and the stats."""
     mined = mine_iter(sources, cfg, history, executor)
     parts = [pl.from_arrow(to_table(c, "collapsed")) for c in mined.chunks]
@@ -494,7 +493,7 @@ class MineStage(Stage):
         return inputs.model_copy(update={"sources": sources})
 
     def run(self, inputs: MineInputs, cfg: MineConfig, out_dir: Path, ctx: Context) -> Stats:
-        mined = mine_iter(inputs.sources, cfg, inputs.history, ctx.tasks())
+        mined = mine_iter(inputs.sources, cfg, inputs.history, ctx.executor)
         with parquet_writer_atomic(out_dir / "collapsed.parquet", "collapsed") as write:
             for chunk in mined.chunks:
                 write(chunk)

@@ -309,6 +309,7 @@ def test_a_thinking_judge_has_room_to_think(gsm8k_collapsed):
 
 def test_shards_split_over_the_engine_workers():
     """The default shard size would give 432 problems one shard: 1 of 8 engines busy."""
+    from mentor.pipeline.executor import LOCAL
     from mentor.stages.hint import shard_size_for
 
     class Eight:
@@ -316,7 +317,7 @@ def test_shards_split_over_the_engine_workers():
             return 8
 
     assert shard_size_for(HintConfig(), 432, Eight()) == 54
-    assert shard_size_for(HintConfig(), 432, None) == 512
+    assert shard_size_for(HintConfig(), 432, LOCAL) == 512  # this process: one engine
     assert shard_size_for(HintConfig(shard_size=100), 432, Eight()) == 100  # the user's choice stands
 
 

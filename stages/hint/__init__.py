@@ -94,13 +94,13 @@ class _Ticker:
         self._bars.pop(self.key, None)
 
 
-def shard_size_for(cfg: HintConfig, n: int, executor: Executor | None) -> int:
+def shard_size_for(cfg: HintConfig, n: int, executor: Executor) -> int:
     """Problems per shard: the config's, or, when it was not set and dask has W engine workers, ``ceil(n / W)``.
 
     One shard is one worker's batch of waves: with the default (512) a run of 432
     problems would keep 1 of 8 engines busy. A shard size given in the config is kept.
     """
-    workers = executor.workers() if executor is not None else 1
+    workers = executor.workers()
     if "shard_size" in cfg.model_fields_set or workers <= 1 or n <= 0:
         return cfg.shard_size
     return min(cfg.shard_size, -(-n // workers))
@@ -138,7 +138,7 @@ class HintStage(Stage):
         return inputs.model_copy(update={"collapsed": [str(p) for p in resolve_inputs(inputs.collapsed)]})
 
     def run(self, inputs: HintInputs, cfg: HintConfig, out_dir: Path, ctx: Context) -> Stats:
-        backend_factory, executor, sample = ctx.engine("hint"), ctx.tasks(), inputs.sample
+        backend_factory, executor, sample = ctx.engine("hint"), ctx.executor, inputs.sample
         table = read_table([Path(p) for p in inputs.collapsed], "collapsed").sort_by("problem_id")
         whole = table  # the judge check draws on every collapsed problem, not only the --sample
         if sample is not None:

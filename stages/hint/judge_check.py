@@ -48,7 +48,7 @@ from pathlib import Path
 from typing import Any
 
 from mentor.pipeline.errors import ConfigError, DataError, EngineError
-from mentor.pipeline.executor import LocalExecutor
+from mentor.pipeline.executor import LOCAL, Executor
 from mentor.pipeline.inputs import resolve_inputs
 from mentor.pipeline.io import config_hash, read_table, write_json_atomic
 from mentor.pipeline.llm import Backend, GenRequest, GenResult
@@ -336,7 +336,7 @@ def run_check(task: CheckTask, cfg: HintConfig, backend_factory: Callable[[], Ba
 
 
 def checked_config(cfg: HintConfig, rows: Any, out_dir: str | Path, templates: Templates,
-                   backend_factory: Callable[[], Backend], executor: Any = None,
+                   backend_factory: Callable[[], Backend], executor: Executor = LOCAL,
                    describe: Callable[[Any], Any] | None = None) -> tuple[HintConfig, dict | None]:
     """The config a hint run uses after the judge check, and the check's report (None: not run).
 
@@ -363,7 +363,7 @@ def checked_config(cfg: HintConfig, rows: Any, out_dir: str | Path, templates: T
     if report is None:
         task = CheckTask([r for r in rows if r["problem_id"] in used], {p: solutions[p] for p in used if p in solutions})
         try:
-            (report,) = (executor or LocalExecutor()).map(run_check, [task], cfg, backend_factory)
+            (report,) = executor.map(run_check, [task], cfg, backend_factory)
         except EngineError as exc:
             raise EngineError(f"hint: the judge check ({len(items)} calibration hints from {len(used)} problems) failed "
                               f"before any shard ran: {exc}. Rerun the same command (judge_check.enabled: false skips "
