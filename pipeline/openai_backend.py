@@ -100,20 +100,24 @@ def _count(value: Any, name: str, least: int) -> int:
     return value
 
 
-def check_server_options(options: dict[str, Any], where: str = "options") -> None:
-    """The server backend's options, checked as `OpenAIBackend` checks them, each error naming ``where.<option>``."""
+def check_server_options(options: dict[str, Any], where: str = "") -> None:
+    """The server backend's options (the one place they are checked: a workflow at load, `OpenAIBackend` when
+    built), each error naming ``<where>.<option>`` (the option alone without `where`)."""
+    def name(option: str) -> str:
+        return f"{where}.{option}" if where else option
+
     if "base_url" in options:
-        check_base_url(options["base_url"], f"{where}.base_url")
+        check_base_url(options["base_url"], name("base_url"))
     if "max_concurrency" in options:
-        _count(options["max_concurrency"], f"{where}.max_concurrency", 1)
+        _count(options["max_concurrency"], name("max_concurrency"), 1)
     if "max_retries" in options:
-        _count(options["max_retries"], f"{where}.max_retries", 0)
+        _count(options["max_retries"], name("max_retries"), 0)
     if "timeout" in options:
-        _positive_seconds(options["timeout"], f"{where}.timeout")
+        _positive_seconds(options["timeout"], name("timeout"))
     if options.get("structured_output", "response_format") not in STRUCTURED_MODES:
-        raise ConfigError(f"{where}.structured_output: {options['structured_output']!r}: choose one of {', '.join(STRUCTURED_MODES)}")
+        raise ConfigError(f"{name('structured_output')}: {options['structured_output']!r}: choose one of {', '.join(STRUCTURED_MODES)}")
     if "api_key" in options and not isinstance(options["api_key"], (str, type(None))):
-        raise ConfigError(f"{where}.api_key: must be text (or leave it out and set OPENAI_API_KEY)")
+        raise ConfigError(f"{name('api_key')}: must be text (or leave it out and set OPENAI_API_KEY)")
 
 
 class OpenAIBackend(CountingBackend):
@@ -138,15 +142,13 @@ class OpenAIBackend(CountingBackend):
             import openai
         except ImportError as exc:  # pragma: no cover - vllm depends on it
             raise ConfigError("the openai backend needs the openai client: pip install openai") from exc
-        if structured_output not in STRUCTURED_MODES:
-            raise ConfigError(f"structured_output {structured_output!r}: choose one of {', '.join(STRUCTURED_MODES)}")
+        check_server_options({"base_url": base_url, "api_key": api_key, "max_concurrency": max_concurrency,
+                              "max_retries": max_retries, "timeout": timeout, "structured_output": structured_output})
         self._openai = openai
-        self.base_url = check_base_url(base_url, "base_url")
+        self.base_url = base_url.rstrip("/")
         # vLLM serve accepts any key unless started with --api-key; OPENAI_API_KEY when set.
         self.api_key = api_key or os.environ.get("OPENAI_API_KEY") or "EMPTY"
-        self.max_concurrency = _count(max_concurrency, "max_concurrency", 1)
-        self.max_retries = _count(max_retries, "max_retries", 0)
-        self.timeout = _positive_seconds(timeout, "timeout (--request-timeout)")
+        self.max_concurrency, self.max_retries, self.timeout = max_concurrency, max_retries, float(timeout)
         self.structured_output = structured_output
         self._slots = threading.BoundedSemaphore(self.max_concurrency)
         self._lock = threading.Lock()

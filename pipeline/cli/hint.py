@@ -7,12 +7,12 @@ import sys
 
 import click
 
-from mentor.cli.options import FiniteFloatRange, backend_spec, executor_options, server_options
+from mentor.cli.options import FiniteFloatRange, backend_spec, config_options, executor_options, server_options
 from mentor.pipeline.errors import ConfigError
 from mentor.pipeline.executor import open_executor
 from mentor.pipeline.stage import Context, run_stage
 from mentor.stages import stage
-from mentor.stages.hint.config import load_config
+from mentor.stages.hint.config import HintConfig, JudgeCheckConfig, load_config
 from mentor.stages.hint.judge_check import check_judge_path, stats_view, summary_line
 from mentor.stages.rules import RuleLimits, check  # plain Python: the rules' defaults show in --help
 
@@ -28,9 +28,8 @@ from mentor.stages.rules import RuleLimits, check  # plain Python: the rules' de
 @server_options
 @click.option("--config", "config_path", type=click.Path(dir_okay=False), help="hint.yaml with HintConfig fields (top level or under `hint:`).")
 @click.option("--sample", type=click.IntRange(1, 2**31 - 1), help="Hint only the first N collapsed problems (problem_id order), for demos.")
-@click.option("--seed", type=click.IntRange(0, 2**63 - 1), help="Base seed of the sampling (overrides the config).")
-@click.option("--templates", "templates_dir", type=click.Path(file_okay=False), help="Directory of prompt templates overriding the bundled ones (<name>.txt).")
-@click.option("--shard-size", type=click.IntRange(1, 2**31 - 1), help="Problems per shard (overrides the config).")
+@config_options(HintConfig, ("seed", "templates_dir", "shard_size"), flags={"templates_dir": "--templates"},
+                metavars={"templates_dir": "DIR"}, overrides=True)
 @click.option("--tensor-parallel-size", type=click.IntRange(1, 1024), help="vLLM: GPUs per engine.")
 @click.option("--gpu-memory-utilization", type=FiniteFloatRange(0.0, 1.0, min_open=True), help="vLLM: share of GPU memory the engine may use.")
 @click.option("--max-model-len", type=click.IntRange(16, 1 << 24), help="vLLM: context length (default: the model's).")
@@ -85,8 +84,7 @@ def check_hint(hint_text, domain, answer, problem, entry_point, previous, max_ch
               help="vllm: the real engine; fake: the canned judge (tests).")
 @click.option("--model", help="The judge's model, as `mentor hint --model` (default: the embedded SmolLM2-135M).")
 @click.option("--config", "config_path", type=click.Path(dir_okay=False), help="hint.yaml (HintConfig: the judge's settings and judge_check).")
-@click.option("--problems", type=click.IntRange(1, 1000), help="Problems the calibration set is built from (judge_check.problems).")
-@click.option("--solutions", type=click.Path(dir_okay=False), help="Parquet/JSONL with problem_id and solution (default: the bundled GSM8K, MATH-500 and HumanEval solutions).")
+@config_options(JudgeCheckConfig, ("problems", "solutions"), metavars={"solutions": "FILE"}, overrides=True)
 @click.option("--out", "out_file", type=click.Path(dir_okay=False), help="Also write the report with every verdict and the judge's raw text (JSON).")
 @click.option("--max-model-len", type=click.IntRange(16, 1 << 24), help="vLLM: context length.")
 @click.option("--dtype", help="vLLM: weights dtype (auto is float32 on AVX2-only CPUs).")

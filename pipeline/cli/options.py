@@ -140,9 +140,12 @@ def _click_type(annotation: Any, metadata: list) -> Any:
 
 
 def config_options(model: type[BaseModel], fields: tuple[str, ...], flags: dict[str, str] | None = None,
-                   metavars: dict[str, str] | None = None):
+                   metavars: dict[str, str] | None = None, overrides: bool = False):
     """click options for `fields` of a stage's Config, declared once there: each option's flag (``k_failed`` ->
-    ``--k-failed``, or `flags`), type and range, default and help come from the field; a bool is ``--x/--no-x``."""
+    ``--k-failed``, or `flags`), type and range, default and help come from the field; a bool is ``--x/--no-x``.
+
+    `overrides`: the options override a config file (``--config``), so none has a default of its own (None:
+    not given, the file's value stands); the help names the field's default."""
     flags, metavars = flags or {}, metavars or {}
 
     def decorate(f):
@@ -151,12 +154,16 @@ def config_options(model: type[BaseModel], fields: tuple[str, ...], flags: dict[
             flag = flags.get(name, "--" + name.replace("_", "-"))
             default = None if info.default is PydanticUndefined else info.default
             kind = _click_type(info.annotation, info.metadata)
+            help_ = info.description
+            if overrides:
+                help_ = f"{help_} Overrides --config's {name} (default {default})." if default is not None else help_
+                default = None
             if kind is bool:
                 decl = [f"{flag}/--no-{flag[2:]}", name]
-                f = click.option(*decl, default=default, show_default=True, help=info.description)(f)
+                f = click.option(*decl, default=default, show_default=default is not None, help=help_)(f)
                 continue
             f = click.option(flag, name, type=kind, default=default, show_default=default is not None,
-                             required=info.is_required(), metavar=metavars.get(name), help=info.description)(f)
+                             required=info.is_required() and not overrides, metavar=metavars.get(name), help=help_)(f)
         return f
 
     return decorate

@@ -132,7 +132,7 @@ class HintConfig(BaseModel):
     temperature: float = Field(0.7, ge=0, le=2, description="Sampling temperature of generation and repair.")
     top_p: float = Field(0.95, gt=0, le=1, description="Nucleus sampling of generation and repair.")
     analysis_temperature: float = Field(0.0, ge=0, le=2, description="Temperature of attribution and judgment.")
-    seed: int = Field(0, description="Base seed; each request's seed derives from it, the problem id, the agent and the attempt.")
+    seed: int = Field(0, ge=0, le=2**63 - 1, description="Base seed; each request's seed derives from it, the problem id, the agent and the attempt.")
     max_hint_chars: int = Field(RuleLimits.max_chars, ge=40, description="Longest acceptable hint, characters (also the JSON schema's maxLength).")
     max_hint_sentences: int = Field(RuleLimits.max_sentences, ge=1, description="Most sentences in a hint.")
     chat_template_kwargs: dict[str, Any] = Field(
