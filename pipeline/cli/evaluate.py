@@ -7,7 +7,7 @@ import json
 
 import click
 
-from mentor.cli.options import backend_spec, config_from_options, config_options, server_options
+from mentor.cli.options import backend_spec, config_from_options, config_options, engine_flags, engine_options, server_options
 from mentor.pipeline.stage import Context, run_stage
 from mentor.stages import stage
 from mentor.stages.rollout import RolloutConfig
@@ -24,8 +24,7 @@ def _policy_options(f):
                      help="Policy model: a folder, an HF name, or a CPU model name from `mentor setup-cpu --model` "
                           "(qwen2.5-coder-0.5b, qwen2.5-coder-1.5b); default: the embedded demo model.")(f)
     f = config_options(RolloutConfig, SAMPLING)(f)
-    f = click.option("--max-model-len", type=click.IntRange(min=16), default=None, help="vLLM max_model_len (memory on small machines).")(f)
-    f = click.option("--tensor-parallel-size", type=click.IntRange(min=1), default=None, help="vLLM tensor parallel size (GPUs) [default: 1].")(f)
+    f = engine_options("max_model_len", "tensor_parallel_size")(f)
     f = click.option("--progress/--no-progress", default=None,
                      help="A progress bar of rollouts on stderr, moved as each rollout finishes [default: on when stderr is a terminal].")(f)
     return f
@@ -40,8 +39,8 @@ def _progress(flag: bool | None) -> bool:
 def _backend(backend, policy, max_model_len, tensor_parallel_size, base_url, max_concurrency, structured_output,
              request_timeout):
     """A BackendSpec: the engine starts only once the inputs have been read and a shard needs sampling."""
-    engine = {"--max-model-len": ("max_model_len", max_model_len),
-              "--tensor-parallel-size": ("tensor_parallel_size", tensor_parallel_size or (None if backend == "openai" else 1))}
+    engine = engine_flags({"max_model_len": max_model_len,
+                           "tensor_parallel_size": tensor_parallel_size or (None if backend == "openai" else 1)})
     return backend_spec(backend, policy, engine, base_url=base_url, max_concurrency=max_concurrency,
                         structured_output=structured_output, request_timeout=request_timeout)
 

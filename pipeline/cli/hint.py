@@ -7,7 +7,7 @@ import sys
 
 import click
 
-from mentor.cli.options import FiniteFloatRange, backend_spec, config_options, executor_options, server_options
+from mentor.cli.options import backend_spec, config_options, engine_flags, engine_options, executor_options, server_options
 from mentor.pipeline.errors import ConfigError
 from mentor.pipeline.executor import open_executor
 from mentor.pipeline.stage import Context, run_stage
@@ -30,28 +30,19 @@ from mentor.stages.rules import RuleLimits, check  # plain Python: the rules' de
 @click.option("--sample", type=click.IntRange(1, 2**31 - 1), help="Hint only the first N collapsed problems (problem_id order), for demos.")
 @config_options(HintConfig, ("seed", "templates_dir", "shard_size"), flags={"templates_dir": "--templates"},
                 metavars={"templates_dir": "DIR"}, overrides=True)
-@click.option("--tensor-parallel-size", type=click.IntRange(1, 1024), help="vLLM: GPUs per engine.")
-@click.option("--gpu-memory-utilization", type=FiniteFloatRange(0.0, 1.0, min_open=True), help="vLLM: share of GPU memory the engine may use.")
-@click.option("--max-model-len", type=click.IntRange(16, 1 << 24), help="vLLM: context length (default: the model's).")
-@click.option("--dtype", help="vLLM: weights dtype (auto, bfloat16, float16, float32; auto is float32 on AVX2-only CPUs).")
-@click.option("--enforce-eager/--no-enforce-eager", default=None, help="vLLM: skip graph capture / compile (default on CPU: on).")
+@engine_options("tensor_parallel_size", "gpu_memory_utilization", "max_model_len", "dtype", "enforce_eager")
 @click.option("--progress/--no-progress", default=True, show_default=True, help="Show a progress bar.")
 @executor_options
 def hint(collapsed, out_dir, backend, model, base_url, max_concurrency, request_timeout, structured_output, config_path, sample, seed,
-         templates_dir, shard_size, tensor_parallel_size, gpu_memory_utilization, max_model_len, dtype, enforce_eager,
-         progress, workers, scheduler, scheduler_timeout):
+         templates_dir, shard_size, progress, workers, scheduler, scheduler_timeout, **engine):
     """Hint collapsed problems with four LLM agents (attribution, generation, judgment, repair)."""
     cfg = load_config(config_path, seed=seed, templates_dir=templates_dir, shard_size=shard_size)
     if cfg.vouch is not None:  # the policy's settings, before the judge check and the first shard
         cfg.vouch.policy.check(f"{config_path}: vouch.policy")
-    engine = {"--tensor-parallel-size": ("tensor_parallel_size", tensor_parallel_size),
-              "--gpu-memory-utilization": ("gpu_memory_utilization", gpu_memory_utilization),
-              "--max-model-len": ("max_model_len", max_model_len), "--dtype": ("dtype", dtype),
-              "--enforce-eager": ("enforce_eager", enforce_eager)}
-    spec = backend_spec(backend, model, engine, base_url=base_url, max_concurrency=max_concurrency,
+    spec = backend_spec(backend, model, engine_flags(engine), base_url=base_url, max_concurrency=max_concurrency,
                         structured_output=structured_output, request_timeout=request_timeout,
                         script="mentor.stages.hint.agents:fake_script")
-    with open_executor(workers, scheduler, gpus_per_worker=tensor_parallel_size or 1, timeout=scheduler_timeout) as executor:
+    with open_executor(workers, scheduler, gpus_per_worker=engine["tensor_parallel_size"] or 1, timeout=scheduler_timeout) as executor:
         stats = run_stage(stage("hint"), {"collapsed": list(collapsed), "sample": sample}, cfg, out_dir,
                           Context(executor=executor, backend=spec, progress=progress))
     click.echo(json.dumps(stats.as_dict(), sort_keys=True))
@@ -86,17 +77,13 @@ def check_hint(hint_text, domain, answer, problem, entry_point, previous, max_ch
 @click.option("--config", "config_path", type=click.Path(dir_okay=False), help="hint.yaml (HintConfig: the judge's settings and judge_check).")
 @config_options(JudgeCheckConfig, ("problems", "solutions"), metavars={"solutions": "FILE"}, overrides=True)
 @click.option("--out", "out_file", type=click.Path(dir_okay=False), help="Also write the report with every verdict and the judge's raw text (JSON).")
-@click.option("--max-model-len", type=click.IntRange(16, 1 << 24), help="vLLM: context length.")
-@click.option("--dtype", help="vLLM: weights dtype (auto is float32 on AVX2-only CPUs).")
-@click.option("--tensor-parallel-size", type=click.IntRange(1, 1024), help="vLLM: GPUs per engine.")
-def check_judge(collapsed, backend, model, config_path, problems, solutions, out_file, max_model_len, dtype, tensor_parallel_size):
+@engine_options("max_model_len", "dtype", "tensor_parallel_size")
+def check_judge(collapsed, backend, model, config_path, problems, solutions, out_file, **engine):
     """Score the LLM judge on known-good and known-bad hints of these problems; exit 0 when it can be trusted, 1 when not."""
     cfg = load_config(config_path)
     jc = cfg.judge_check.model_copy(update={k: v for k, v in {"problems": problems, "solutions": solutions}.items() if v is not None})
     cfg = cfg.model_copy(update={"judge_check": jc})
-    engine = {"--max-model-len": ("max_model_len", max_model_len), "--dtype": ("dtype", dtype),
-              "--tensor-parallel-size": ("tensor_parallel_size", tensor_parallel_size)}
-    spec = backend_spec(backend, model, engine, script="mentor.stages.hint.agents:fake_script")
+    spec = backend_spec(backend, model, engine_flags(engine), script="mentor.stages.hint.agents:fake_script")
     report = check_judge_path(list(collapsed), cfg, spec, out=out_file)
     click.echo(summary_line(report, run=False), err=True)
     click.echo(json.dumps(stats_view(report), sort_keys=True))

@@ -66,6 +66,35 @@ def server_options(f):
     return f
 
 
+# The vLLM engine's flags, declared once for every command that starts an engine: option -> (flag, type, help).
+ENGINE_FLAGS: dict[str, tuple[str, Any, str]] = {
+    "tensor_parallel_size": ("--tensor-parallel-size", click.IntRange(1, 1024), "vLLM: GPUs per engine [default: 1]."),
+    "gpu_memory_utilization": ("--gpu-memory-utilization", FiniteFloatRange(0.0, 1.0, min_open=True),
+                               "vLLM: share of GPU memory the engine may use."),
+    "max_model_len": ("--max-model-len", click.IntRange(16, 1 << 24),
+                      "vLLM: context length (default: the model's; 4096 for the CPU models; less memory on small machines)."),
+    "dtype": ("--dtype", str, "vLLM: weights dtype (auto, bfloat16, float16, float32; auto is float32 on AVX2-only CPUs)."),
+    "enforce_eager": ("--enforce-eager/--no-enforce-eager", bool, "vLLM: skip graph capture / compile (default on CPU: on)."),
+}
+
+
+def engine_options(*names: str):
+    """click options for these vLLM engine settings (`ENGINE_FLAGS`); none has a default of its own (None: the engine's)."""
+    def decorate(f):
+        for name in reversed(names):
+            flag, kind, help_ = ENGINE_FLAGS[name]
+            extra = {} if kind is bool else {"type": kind}
+            f = click.option(flag, name, default=None, help=help_, **extra)(f)
+        return f
+
+    return decorate
+
+
+def engine_flags(values: dict[str, Any]) -> dict[str, tuple[str, Any]]:
+    """What `backend_spec` takes as `engine`: each engine option among `values` as ``flag -> (option, value)``."""
+    return {ENGINE_FLAGS[n][0].split("/")[0]: (n, values[n]) for n in ENGINE_FLAGS if n in values}
+
+
 def server_backend_options(model: str | None, base_url: str | None, max_concurrency: int, structured_output: str,
                            engine_flags: dict | None = None, request_timeout: float = DEFAULT_TIMEOUT) -> dict:
     """The `openai` backend's options from the command line; engine flags are the server's, not ours."""
