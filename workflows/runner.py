@@ -34,9 +34,9 @@ from mentor.pipeline.errors import ConfigError, MentorError
 from mentor.pipeline.executor import executor_for
 from mentor.pipeline.faults import fault_point
 from mentor.pipeline.inputs import resolve_inputs
-from mentor.pipeline.io import atomic_path, files_hash, read_json, write_json_atomic, write_parquet_atomic
+from mentor.pipeline.io import atomic_path, config_hash, files_hash, read_json, write_parquet_atomic
 from mentor.pipeline.rundir import RunDir, StageDir, inputs_key, stage_key
-from mentor.pipeline.stage import Context, counts, run_stage
+from mentor.pipeline.stage import Context, counts, read_done, run_stage, write_done
 from mentor.stages import ROUND_STAGES
 from mentor.stages import stage as stage_by_name
 from mentor.stages.build import BUILD_STATS, BuildConfig
@@ -158,15 +158,15 @@ class Runner:
     def _base_problems(self) -> str:
         """The base set as a PROBLEMS Parquet in the run dir (read once; ingest and build use it)."""
         path = self.rd.path / "base" / "problems.parquet"
-        marker = self.rd.path / "base" / "_source.json"
-        want = {"base": self.wf.base, "map": self.wf.base_map, "domain": self.wf.domain}
-        if not (path.exists() and marker.exists() and _read_or_none(marker) == want):
+        marker = self.rd.path / "base" / "_done" / "problems.done"  # a done marker, as every stage's
+        source = {"base": self.wf.base, "map": self.wf.base_map, "domain": self.wf.domain}
+        key = config_hash(source)
+        if not (path.exists() and read_done(marker, key)):
             base = load_base(self.wf.base, self.wf.base_map, self.wf.domain)
             # The checks build would make rounds later (duplicate ids, no usable rows, --strict drops).
             validate_base(base, bool(self.wf.build.get("strict", False)), BUILD_STATS())
             write_parquet_atomic(base.frame, path, dataset="problems")
-
-            write_json_atomic(want, marker)
+            write_done(marker, key, **source)
         return inputs_key([path])
 
     @property
@@ -300,14 +300,6 @@ class _Job:
     cfg: Any
     ctx: Context = field(default_factory=Context)
     upstream: list[str] = field(default_factory=list)
-
-
-def _read_or_none(path: Path) -> Any:
-    """A bookkeeping JSON file, or None when it no longer parses (it is then simply re-made)."""
-    try:
-        return read_json(path)
-    except ValueError:
-        return None
 
 
 # ---------------------------------------------------------------------- status
