@@ -1,6 +1,6 @@
 """The stage contract: one `Stage` class, one driver (`run_stage`); counters, stats.json and done markers.
 
-A stage (ingest, mine, hint, build, rollout, rescue) is a `Stage` subclass that
+A stage (ingest, mine, hint, build, rollout, rescue, train) is a `Stage` subclass that
 declares, once, its ``Inputs`` (what it reads: paths, a sample size) and
 ``Config`` (its settings: what a workflow file sets and a resume key hashes),
 what it owns on disk, whether its output is all or nothing or resumable shards,
