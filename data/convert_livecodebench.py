@@ -58,7 +58,9 @@ import pyarrow as pa
 
 from mentor.pipeline.errors import ConfigError, DataError
 from mentor.pipeline.io import write_parquet_atomic
+from mentor.pipeline.outdir import disk_error
 from mentor.pipeline.schemas import code_label
+from mentor.training.code_verify import parse_code_label
 
 DATASET = "livecodebench/code_generation_lite"
 MAX_RELEASE = 6
@@ -144,8 +146,6 @@ def functional_tests(cases: list[dict]) -> str:
 
 def functional_supported() -> bool:
     """Whether mentor's code verifier accepts a ``Solution.<method>`` entry point."""
-    from mentor.training.code_verify import parse_code_label
-
     try:
         parse_code_label(code_label(functional_tests([{"input": "1", "output": "1"}]), "Solution.f", "humaneval", setup=""))
     except ValueError:
@@ -287,7 +287,7 @@ def locate_files(version: str, folder: str | None, dataset: str = DATASET) -> li
             raise ConfigError(f"--from {folder}: no such folder; give the folder that holds LiveCodeBench's test*.jsonl files")
     else:
         try:
-            from huggingface_hub import snapshot_download
+            from huggingface_hub import snapshot_download  # optional (the datasets extra)
         except ImportError:
             raise ConfigError("reading the Hugging Face cache needs huggingface_hub; pip install 'mentor[datasets]', "
                               "or pass --from DIR") from None
@@ -360,8 +360,6 @@ def main(argv: list[str] | None = None) -> int:
         print(f"Error: {exc}", file=sys.stderr)
         return exc.exit_code
     except OSError as exc:  # a file that cannot be read, a folder that cannot be written
-        from mentor.pipeline.outdir import disk_error
-
         print(f"Error: {disk_error(exc, exc.filename or str(out))}", file=sys.stderr)
         return 1
     if lines:

@@ -20,6 +20,7 @@ or touches CUDA.
 from __future__ import annotations
 
 import logging
+import multiprocessing
 import os
 import shutil
 import subprocess
@@ -95,8 +96,6 @@ def engine_worker_env(workers: int, gpus_per_worker: int = 1, gpus: list[str] | 
 
 def worker_info() -> dict:
     """What this process offers an engine: may it start children, which devices it sees (``client.run(worker_info)``)."""
-    import multiprocessing
-
     return {"pid": os.getpid(), "daemon": bool(multiprocessing.current_process().daemon),
             "CUDA_VISIBLE_DEVICES": os.environ.get("CUDA_VISIBLE_DEVICES"),
             "VLLM_CPU_OMP_THREADS_BIND": os.environ.get("VLLM_CPU_OMP_THREADS_BIND")}

@@ -24,13 +24,17 @@ business: the scheduler runs it on another worker, up to
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from typing import Any, Protocol
 
+from mentor.pipeline.devices import engine_worker_env
 from mentor.pipeline.errors import ConfigError
+from mentor.pipeline.llm import close_backends
 
 log = logging.getLogger(__name__)
 
@@ -60,8 +64,6 @@ class LocalExecutor:
         return 1
 
     def close_engines(self) -> None:
-        from mentor.pipeline.llm import close_backends
-
         close_backends()
 
     def __repr__(self) -> str:
@@ -127,8 +129,6 @@ class DaskExecutor:
 
     def close_engines(self) -> None:
         """Stop the engines every worker keeps (`mentor.pipeline.llm.close_backends` on each)."""
-        from mentor.pipeline.llm import close_backends
-
         try:
             self.client.run(close_backends)
         except Exception as exc:  # a worker that is gone has no engine left to close
@@ -150,7 +150,7 @@ def _large(obj: Any) -> bool:
 
 def _distributed():
     try:
-        import distributed
+        import distributed  # optional: the dask extra
     except ImportError as exc:  # pragma: no cover - depends on the install
         raise ConfigError("dask.distributed is not installed; pip install 'mentor[dask]'") from exc
     return distributed
@@ -162,7 +162,7 @@ _EXAMPLE = "tcp://HOST:8786 (the scheduler's port, not the dashboard's http:// o
 
 def scheduler_address(address: str) -> str:
     """``tcp://HOST:PORT`` for a ``--scheduler`` value (``HOST:PORT`` allowed), or a `ConfigError` saying what is wrong."""
-    from distributed.comm.addressing import parse_address, parse_host_port
+    from distributed.comm.addressing import parse_address, parse_host_port  # optional: the dask extra
 
     given = f"--scheduler {address!r}"
     if not address.strip() or address != address.strip():
@@ -190,9 +190,7 @@ def _identity(address: str, timeout: float) -> dict:
     distributed's own connect waits for the peer's handshake without a deadline (a port
     that accepts and stays silent hangs it forever); here every step has one.
     """
-    import asyncio
-
-    from distributed.comm import connect
+    from distributed.comm import connect  # optional: the dask extra
 
     async def ask() -> dict:
         comm = await connect(address, timeout=timeout)
@@ -206,8 +204,6 @@ def _identity(address: str, timeout: float) -> dict:
         # dask's connect gives up after `timeout` when nothing listens; the margin lets it say so itself.
         return await asyncio.wait_for(ask(), timeout * 1.5 + 1)
 
-    from concurrent.futures import ThreadPoolExecutor
-
     with ThreadPoolExecutor(1) as pool:  # a fresh event loop, also where one is running (a notebook)
         return pool.submit(asyncio.run, bounded()).result()
 
@@ -219,8 +215,6 @@ def connect_scheduler(address: str, timeout: float = SCHEDULER_TIMEOUT) -> Any:
     listening, something that is not a dask scheduler (a dashboard, a worker, any other server),
     a scheduler without workers.
     """
-    import asyncio
-
     distributed = _distributed()
     address = scheduler_address(address)
     fix = f"raise --scheduler-timeout (now {timeout:g} s) if it is only slow"
@@ -260,7 +254,7 @@ def engine_memory_limit(workers: int) -> int:
     taking shards while its engine holds the memory, and wait forever. An engine worker runs one
     task at a time and owns its share of the node; the Nanny restarts it only past 95% of that.
     """
-    from distributed import system
+    from distributed import system  # optional: the dask extra
 
     return max(1, int(system.MEMORY_LIMIT // max(1, workers)))
 
@@ -298,9 +292,7 @@ def dask_client(workers: int | None = None, scheduler: str | None = None, gpus_p
         return
     if not workers or workers < 1:
         raise ConfigError("--workers must be >= 1 (or pass --scheduler ADDRESS)")
-    import dask
-
-    from mentor.pipeline.devices import engine_worker_env
+    import dask  # optional: the dask extra
 
     envs = engine_worker_env(workers, gpus_per_worker)
     quiet = {"host": "127.0.0.1", "dashboard": False, "silence_logs": logging.WARNING}

@@ -3,6 +3,7 @@ keep a command's own outputs out of its inputs, and check JSONL line by line."""
 
 from __future__ import annotations
 
+import fnmatch
 import glob as globlib
 import json
 import logging
@@ -144,8 +145,6 @@ def glob_files(pattern: str) -> list[Path]:
 
 def _match_parts(parts: tuple[str, ...], pats: tuple[str, ...]) -> bool:
     """Whether path components `parts` match glob components `pats` (``**``: any number of folders)."""
-    import fnmatch
-
     @lru_cache(maxsize=None)
     def match(i: int, j: int) -> bool:
         if j == len(pats):

@@ -23,10 +23,13 @@ once; `release_engines` stops them when the stage that needed them ends.
 
 from __future__ import annotations
 
+import atexit
 import importlib
 import json
 import logging
+import multiprocessing
 import queue
+import signal
 import threading
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
@@ -36,6 +39,7 @@ from typing import Any, Protocol, runtime_checkable
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from mentor.pipeline.errors import ConfigError
+from mentor.pipeline.models import MODEL_NAMES, NAMED_MAX_MODEL_LEN, resolve_model
 
 log = logging.getLogger(__name__)
 _COUNTING = threading.Lock()
@@ -257,8 +261,6 @@ def _exit_on_sigterm() -> None:
     By default SIGTERM ends Python without running atexit, and vLLM's engine
     processes outlive their parent. Only where nobody installed a handler.
     """
-    import signal
-
     if threading.current_thread() is threading.main_thread() and signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:
         def handler(signum, frame):  # noqa: ARG001
             raise SystemExit(128 + signum)
@@ -297,8 +299,6 @@ def make_backend(kind: str, model: str | None = None, **options: Any) -> Backend
         return _server_backend(model, options)
     if kind != "vllm":
         raise ConfigError(f"unknown backend {kind!r}; use 'vllm', 'openai' (a server) or 'fake' (tests)")
-    from mentor.pipeline.models import MODEL_NAMES, NAMED_MAX_MODEL_LEN
-
     if model is None or model in MODEL_NAMES:
         options.setdefault("max_model_len", NAMED_MAX_MODEL_LEN)
     key = _cache_key(kind, model, options)
@@ -312,15 +312,12 @@ def make_backend(kind: str, model: str | None = None, **options: Any) -> Backend
         engine = None
     if engine is None:
         _check_can_start_engine()
-        from mentor.pipeline.models import resolve_model
-        from mentor.pipeline.vllm_backend import VLLMBackend
+        from mentor.pipeline.vllm_backend import VLLMBackend  # circular: vllm_backend imports llm
 
         engine = VLLMBackend(resolve_model(model), **options)
         global _STARTS
         _STARTS += 1
         if not _ENGINES:
-            import atexit
-
             atexit.register(close_backends)
             _exit_on_sigterm()
         _ENGINES[key] = engine
@@ -329,8 +326,6 @@ def make_backend(kind: str, model: str | None = None, **options: Any) -> Backend
 
 def _check_can_start_engine() -> None:
     """vLLM runs its EngineCore in a child process, which a daemonic process (a default dask worker) may not start."""
-    import multiprocessing
-
     if multiprocessing.current_process().daemon:
         raise ConfigError(
             "this dask worker is a daemonic process and cannot start a vLLM engine (its EngineCore is a child process): "
@@ -343,7 +338,7 @@ SERVER_OPTIONS = ("base_url", "api_key", "max_concurrency", "max_retries", "time
 
 def _server_backend(model: str | None, options: dict[str, Any]) -> Backend:
     """An `OpenAIBackend` (nothing to start or cache: the server is someone else's)."""
-    from mentor.pipeline.openai_backend import OpenAIBackend
+    from mentor.pipeline.openai_backend import OpenAIBackend  # circular: openai_backend imports llm
 
     if not model:
         raise ConfigError("the openai backend needs the model name the server serves (--model NAME; GET BASE_URL/models lists them)")
@@ -380,7 +375,7 @@ def check_backend(kind: Any, model: Any, options: Any, where: str = "backend", b
     The server is not contacted and no engine starts.
     """
     if base_url is not None:
-        from mentor.pipeline.openai_backend import check_base_url
+        from mentor.pipeline.openai_backend import check_base_url  # circular: openai_backend imports llm
 
         check_base_url(base_url, f"{where}.base_url")
         options = {**options, "base_url": base_url} if isinstance(options, dict) else options
@@ -391,7 +386,7 @@ def check_backend(kind: Any, model: Any, options: Any, where: str = "backend", b
     if not isinstance(options, dict):
         raise ConfigError(f"{where}.options: must be a mapping, got {options!r}")
     if kind == "openai":
-        from mentor.pipeline.openai_backend import check_server_options
+        from mentor.pipeline.openai_backend import check_server_options  # circular: openai_backend imports llm
 
         if not model:
             raise ConfigError(f"{where}.model: backend openai needs the name the server serves (GET BASE_URL/models lists them)")

@@ -99,7 +99,7 @@ def ensure_embedded_model() -> Path:
         return target
     gguf = embedded_gguf()
     target.parent.mkdir(parents=True, exist_ok=True)
-    from filelock import FileLock
+    from filelock import FileLock  # not a mentor dependency (transformers and vLLM bring it)
 
     with FileLock(str(target) + ".lock", timeout=600):
         if is_converted(target):  # another process finished while we waited
@@ -120,8 +120,8 @@ def ensure_embedded_model() -> Path:
 def convert_gguf(gguf: Path, out: Path, source: str | None = None) -> None:
     """Convert a GGUF checkpoint into a safetensors folder vLLM can load."""
     try:
-        import torch
-        from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+        import torch  # optional (the cpu extra) and slow to import
+        from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer  # likewise
     except ImportError as exc:  # pragma: no cover - depends on the install
         raise ConfigError(f"converting the embedded model needs torch and transformers ({exc}); pip install 'mentor[cpu]'") from exc
     d, name = str(gguf.parent), gguf.name
@@ -252,7 +252,7 @@ def ensure_split_model(name: str) -> Path:
     if is_converted(target):
         return target
     target.parent.mkdir(parents=True, exist_ok=True)
-    from filelock import FileLock
+    from filelock import FileLock  # not a mentor dependency (transformers and vLLM bring it)
 
     with FileLock(str(target) + ".lock", timeout=3600):
         if is_converted(target):

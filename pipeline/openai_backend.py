@@ -139,7 +139,7 @@ class OpenAIBackend(CountingBackend):
     ) -> None:
         super().__init__(model)
         try:
-            import openai
+            import openai  # optional (the server extra)
         except ImportError as exc:  # pragma: no cover - vllm depends on it
             raise ConfigError("the openai backend needs the openai client: pip install openai") from exc
         check_server_options({"base_url": base_url, "api_key": api_key, "max_concurrency": max_concurrency,

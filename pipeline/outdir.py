@@ -11,6 +11,7 @@ removes what a killed run left beside the target (and puts back what it had carr
 
 from __future__ import annotations
 
+import ctypes
 import errno
 import logging
 import os
@@ -89,8 +90,6 @@ def _exchange(a: Path, b: Path) -> bool:
     """Atomically swap two folders (Linux renameat2 RENAME_EXCHANGE); False where unsupported."""
     if not sys.platform.startswith("linux"):
         return False
-    import ctypes
-
     try:
         libc = ctypes.CDLL(None, use_errno=True)
         fn = libc.renameat2

@@ -67,7 +67,7 @@ def load_tokenizer(name: str) -> Any:
     """The Hugging Face tokenizer (and chat template) of a model: a mentor CPU model name, a folder or a hub name."""
     path = resolve_model(name)
     try:
-        from transformers import AutoTokenizer
+        from transformers import AutoTokenizer  # optional and slow to import
 
         tok = AutoTokenizer.from_pretrained(path)
     except Exception as exc:  # transformers raises OSError, ValueError, ... for a missing or odd tokenizer

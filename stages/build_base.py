@@ -118,7 +118,7 @@ def _load_hf(spec: str, mapping: dict[str, str], domain: str) -> BaseSet:
     if not name or not split:
         raise ConfigError(f"--base {spec}: empty dataset name or split; write hf:NAME[:CONFIG]:SPLIT")
     try:
-        import datasets
+        import datasets  # optional (the datasets extra) and slow to import
     except ImportError as exc:
         raise ConfigError("--base hf:...: the `datasets` library is not installed; pip install 'mentor[datasets]'") from exc
     offline = os.environ.get("HF_HUB_OFFLINE", "0").lower() in ("1", "true", "yes") or os.environ.get(

@@ -18,6 +18,7 @@ Formats
 
 from __future__ import annotations
 
+import gzip
 import json
 import math
 import re
@@ -52,8 +53,6 @@ def iter_jsonl(path: Path, stats: Stats | None = None) -> Iterator[tuple[int, di
     """
     opener = open
     if path.suffix == ".gz":
-        import gzip
-
         opener = gzip.open  # type: ignore[assignment]
     first = True
     with opener(path, "rb") as fh:

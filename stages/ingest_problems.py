@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pyarrow as pa
 
-from mentor.data import bundled
+from mentor.data import BUNDLED_SETS, bundled
 from mentor.pipeline.errors import ConfigError
 from mentor.pipeline.ids import text_id
 from mentor.pipeline.io import read_dataset
@@ -27,11 +27,10 @@ log = logging.getLogger("mentor.stages.ingest")  # the stage's logger: `mentor i
 
 def problem_texts(problems: str) -> dict[str, str]:
     """problem_id -> problem of a PROBLEMS dataset or a bundled set (gsm8k, math500, humaneval)."""
-    from mentor.data import BUNDLED_SETS as BUNDLED
-    if problems in BUNDLED:
-        problems = str(bundled(BUNDLED[problems]))
+    if problems in BUNDLED_SETS:
+        problems = str(bundled(BUNDLED_SETS[problems]))
     elif not Path(problems).exists():
-        raise ConfigError(f"--problems {problems}: no such file, and not a bundled set ({', '.join(BUNDLED)})")
+        raise ConfigError(f"--problems {problems}: no such file, and not a bundled set ({', '.join(BUNDLED_SETS)})")
     df = read_dataset([problems], "problems").select("problem_id", "problem").drop_nulls()
     return dict(df.iter_rows())
 
@@ -57,10 +56,8 @@ class ProblemRecovery:
 
     def bundled(self) -> dict[str, str]:
         if self._bundled is None:
-            from mentor.data import BUNDLED_SETS as BUNDLED
-
             self._bundled = {}
-            for name in BUNDLED:
+            for name in BUNDLED_SETS:
                 self._bundled.update(problem_texts(name))
         return self._bundled
 

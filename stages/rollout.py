@@ -45,6 +45,7 @@ from typing import Any, Literal
 import polars as pl
 import pyarrow as pa
 from pydantic import BaseModel, ConfigDict, Field
+from tqdm.auto import tqdm
 
 from mentor.data import BUNDLED_SETS, bundled
 from mentor.pipeline.errors import ConfigError, DataError, EngineError
@@ -421,8 +422,6 @@ def run_shards(
     `progress`: a bar of rollouts on stderr, moved as rollouts finish (the server and vLLM
     backends tell as each request finishes), its postfix naming the shard being sampled.
     """
-    from tqdm.auto import tqdm
-
     plan = ShardPlan(parts_dir, stage, items, cfg.shard_size, dataset="rollouts", view=_items_view, by_position=True,
                      config={"stage": stage, "sampling": cfg.semantic(), "backend": describe_backend(backend), "schema": SCHEMA_VERSION})
     out = ShardRun(rows=[])

@@ -25,6 +25,8 @@ import os
 import shutil
 from dataclasses import dataclass, field
 
+from mentor.pipeline.devices import FAKE_GPUS_ENV
+from mentor.pipeline.devices import local_gpus as device_ids
 from mentor.pipeline.errors import ConfigError
 
 log = logging.getLogger(__name__)
@@ -171,8 +173,6 @@ def _num(x: float) -> str:
 def local_gpus() -> GpuSupply:
     """This machine's GPUs, as `mentor.pipeline.devices.local_gpus` finds them: ``MENTOR_FAKE_GPUS``
     (a count), else ``CUDA_VISIBLE_DEVICES``, else ``nvidia-smi`` (what a fresh local Ray cluster sees)."""
-    from mentor.pipeline.devices import FAKE_GPUS_ENV, local_gpus as device_ids
-
     n = len(device_ids())
     if os.environ.get(FAKE_GPUS_ENV) is not None:
         where = f"this machine ({FAKE_GPUS_ENV}={os.environ[FAKE_GPUS_ENV]})"

@@ -32,6 +32,7 @@ from typing import Any
 
 from mentor.pipeline.errors import ConfigError
 from mentor.training.gpus import GpuDemand, GpuGroup
+from mentor.training.openrlhf_check import check_with_openrlhf
 
 # OpenRLHF's actor classes -> the role names mentor reports.
 ROLES = {
@@ -213,8 +214,6 @@ def round_demand(cmd: list[str], args: Any = None) -> GpuDemand:
     by OpenRLHF's code; one OpenRLHF refuses (e.g. colocate_all needs actor GPUs =
     engines x TP) is not offered.
     """
-    from mentor.training.openrlhf_check import check_with_openrlhf
-
     if args is None:
         args, _ = check_with_openrlhf(cmd)
     demand = openrlhf_demand(args)

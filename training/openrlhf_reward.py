@@ -29,14 +29,14 @@ Reward = raw correctness (1 correct, 0 not); OpenRLHF's own shaping flags
 from __future__ import annotations
 
 import logging
+import sys
 
 log = logging.getLogger("mentor.training.openrlhf_reward")
 
 try:
+    # module level, in a try: where the trainer's Python lacks mentor, the load fails below naming the fix
     from mentor.training.reward_core import STATS, score_and_log, split_query, target_from_label
 except Exception as exc:  # fail at load, loudly: without mentor every reward would be 0
-    import sys
-
     raise ImportError(f"{__file__}: mentor is not importable in the trainer's Python ({sys.version.split()[0]}, "
                       f"{sys.executable}): {type(exc).__name__}: {exc}; install it there: pip install 'mentor[reward]' "
                       "(Python >= 3.10)") from exc
@@ -68,7 +68,7 @@ def reward_func(queries, prompts, labels):
         rewards.append(float(r))
         ended.append(1.0 if e else 0.0)
     try:
-        import torch
+        import torch  # the trainer's: heavy, and not a mentor dependency
 
         t = lambda xs: torch.tensor(xs, dtype=torch.float32)  # noqa: E731
         return {

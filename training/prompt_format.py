@@ -22,6 +22,9 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from mentor.pipeline.errors import ConfigError
+from mentor.pipeline.inputs import resolve_inputs
+from mentor.pipeline.io import read_parquet_schema
+from mentor.pipeline.schemas import prompts_are_text
 
 # Trainers a workflow hands text prompts to (mentor's own offline rollouts send them as they are; mentor's
 # OpenRLHF launch leaves out --data.apply_chat_template for them, `openrlhf_data_flags`).
@@ -34,10 +37,6 @@ VERL_WHY = ("verl 0.9.1 renders every prompt from chat messages with add_generat
 
 def prompt_files_are_text(sources: Sequence[str]) -> bool:
     """Whether prompt shards (files, folders, globs) hold pre-rendered text prompts."""
-    from mentor.pipeline.inputs import resolve_inputs
-    from mentor.pipeline.io import read_parquet_schema
-    from mentor.pipeline.schemas import prompts_are_text
-
     paths: list[Path] = []
     for source in sources:  # an existing path as it is (its name may hold glob characters), else a pattern
         p = Path(source)

@@ -92,7 +92,7 @@ def longest_prompt(files: list[Path] | list[str], tokenizer: str, cache: bool = 
         except (OSError, ValueError, KeyError, TypeError):
             pass
     try:
-        from transformers import AutoTokenizer
+        from transformers import AutoTokenizer  # optional and slow to import
 
         tok = AutoTokenizer.from_pretrained(tokenizer)
     except Exception as exc:  # offline and not cached, no tokenizer files, transformers missing

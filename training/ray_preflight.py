@@ -15,9 +15,11 @@ JSON line: address, GPUs (total, free, per node), and each node's probe.
 
 from __future__ import annotations
 
+import argparse
 import ast
 import json
 import os
+import socket
 import subprocess
 import sys
 import uuid
@@ -75,7 +77,7 @@ def probe_cluster(env: dict[str, str], init: str = "openrlhf", python: str | Non
 def _existing_address() -> str | None:
     """What ray.init() would join (None: it would start a local cluster), by Ray's own lookup."""
     try:
-        from ray._private.services import canonicalize_bootstrap_address
+        from ray._private.services import canonicalize_bootstrap_address  # Ray: optional and slow to import
     except ImportError:  # a Ray without it: RAY_ADDRESS is the documented switch
         return os.environ.get("RAY_ADDRESS") or None
     return canonicalize_bootstrap_address(None)
@@ -91,7 +93,7 @@ def _openrlhf_init() -> bool:
     stmt = next((s for s in (train.body if train else []) if "ray.init" in ast.unparse(s)), None)
     if stmt is None:
         return False
-    import ray
+    import ray  # optional and slow to import
 
     exec(compile(ast.Module(body=[stmt], type_ignores=[]), spec.origin, "exec"), {"ray": ray, "os": os})  # noqa: S102
     return True
@@ -99,8 +101,6 @@ def _openrlhf_init() -> bool:
 
 def _probe(token: str, node_id: str) -> dict[str, Any]:
     """Runs in a Ray worker on one node: write a probe file where MENTOR_ROLLOUT_DIR points."""
-    import socket
-
     out: dict[str, Any] = {"host": socket.gethostname()}
     try:
         import mentor.training.reward_core  # noqa: F401 - what the reward file imports
@@ -122,8 +122,8 @@ def _probe(token: str, node_id: str) -> dict[str, Any]:
 
 
 def _run(init: str, token: str, timeout_s: float, runtime_env: dict | None = None) -> dict[str, Any]:
-    import ray
-    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+    import ray  # optional and slow to import
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy  # likewise
 
     address = _existing_address()
     if address is None:
@@ -161,8 +161,6 @@ def _run(init: str, token: str, timeout_s: float, runtime_env: dict | None = Non
 
 
 def main(argv: list[str] | None = None) -> int:
-    import argparse
-
     p = argparse.ArgumentParser(prog="python -m mentor.training.ray_preflight", description=__doc__.splitlines()[0])
     p.add_argument("--init", choices=["openrlhf", "plain"], default="plain")
     p.add_argument("--token", default=uuid.uuid4().hex[:12])

@@ -51,6 +51,7 @@ import sys
 try:  # inside the sandbox this file runs after plaincodec's source, which defines these
     from_plain, to_plain, PlainError  # noqa: B018
 except NameError:  # imported as a module (tests, tools)
+    # never inside a sandbox, where nothing may import mentor
     from mentor.training.plaincodec import PlainError, from_plain, to_plain
 
 MAX_LINE = 8 << 20
@@ -146,7 +147,7 @@ def set_rlimits(cfg):
 def _libc():
     """mount, prctl and capset of the C library through `_ctypes` alone: importing `ctypes` would cost every
     sandbox 3 ms of CPU, `_ctypes` 0.6 ms."""
-    import _ctypes
+    import _ctypes  # at use: only drop_privileges needs it
 
     class Int(_ctypes._SimpleCData):
         _type_ = "i"
@@ -255,7 +256,7 @@ def role_program(cfg, layers):
 
 
 def role_worker(cfg, layers):
-    import types
+    import types  # at use: each role imports what it alone needs (every sandbox pays for its imports)
 
     chan, init = _first_message(layers)
     if init is None:
@@ -563,7 +564,7 @@ def recording_tests(src, filename="tests.py"):
     receives the same calls whether its answers were right or not. Within an expression too: ``and``,
     ``or``, ``all``, ``any``, chained comparisons and conditional expressions evaluate every operand
     (`_full`)."""
-    import _ast
+    import _ast  # at use: only the tester parses tests
 
     tree = compile(src, filename, "exec", _ast.PyCF_ONLY_AST)
     tree.body = _body(_ast, tree.body, True, False)
@@ -635,7 +636,7 @@ def role_tester(cfg, layers):
 
 
 def role_probe(cfg, layers):
-    import socket
+    import socket  # at use: only the probe needs it
 
     facts = identity()
     facts["root_listing"] = sorted(os.listdir("/"))
@@ -667,9 +668,9 @@ def _worked(f):
 
 def _probe_state(cfg):
     """What the syscall filter, the /proc masks and the /tmp mount must forbid: True where it worked."""
-    import ctypes
-    import fcntl
-    import socket
+    import ctypes  # at use: only the probe needs these
+    import fcntl  # likewise
+    import socket  # likewise
 
     libc = ctypes.CDLL(None, use_errno=True)
     nr = cfg.get("nr") or {}

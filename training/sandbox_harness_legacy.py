@@ -53,7 +53,7 @@ import signal
 
 
 def legacy_setup(cfg, layers):
-    import ctypes
+    import ctypes  # imported where it is used, as throughout the harness source
 
     libc = ctypes.CDLL(None, use_errno=True)
     libc.mount.argtypes = [ctypes.c_char_p, ctypes.c_char_p, ctypes.c_char_p, ctypes.c_ulong, ctypes.c_void_p]
@@ -129,7 +129,7 @@ def legacy_setup(cfg, layers):
     if "pidns" in ns:
         libc.prctl(1, signal.SIGKILL, 0, 0, 0)  # PR_SET_PDEATHSIG, after setuid (which clears it)
         os.close(alive_w)
-        import select
+        import select  # only this PID-namespace step needs it
 
         if select.select([alive_r], [], [], 0)[0]:
             os._exit(137)  # the launcher died before the signal was armed
@@ -216,7 +216,7 @@ def _readonly_filesystem(workdir, mount, remount_ro, bind_rec, tmp_opts, uid):
 
 def install_seccomp(hexprog):
     """Load the classic-BPF filter `hexprog` (``struct sock_filter[]``) for this process and its children."""
-    import ctypes
+    import ctypes  # only when the filter is installed (legacy backend with seccomp)
 
     prog = bytes.fromhex(hexprog)
     libc = ctypes.CDLL(None, use_errno=True)
@@ -234,7 +234,7 @@ def install_seccomp(hexprog):
 
 def install_audit_hook(workdir, cfg):
     """A tripwire (see the module docstring); every name it uses is bound here, at creation."""
-    import sys
+    import sys  # imported where it is used, as throughout the harness source
 
     blocked = frozenset({
         "socket.__new__", "socket.connect", "socket.bind", "socket.getaddrinfo", "socket.gethostbyname",

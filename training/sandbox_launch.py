@@ -14,6 +14,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import sysconfig
 import tempfile
 import time
 from dataclasses import dataclass
@@ -51,8 +52,6 @@ def interpreter() -> Interpreter:
                              capture_output=True, text=True, timeout=30, check=True).stdout.split("\n")
         prefix, site, std = out[0], (out[1],), (out[2], out[3])
     else:
-        import sysconfig
-
         exe = os.path.realpath(getattr(sys, "_base_executable", None) or sys.executable)
         prefix = sys.base_prefix
         site = tuple({sysconfig.get_path("purelib", vars={"base": prefix}), sysconfig.get_path("platlib", vars={"platbase": prefix})})

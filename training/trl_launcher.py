@@ -36,11 +36,15 @@ import contextlib
 import dataclasses
 import datetime as _dt
 import difflib
+import importlib.metadata
+import importlib.util
 import io
 import json
 import logging
 import os
 import shlex
+import signal
+import socket
 import subprocess
 import sys
 import time
@@ -114,8 +118,6 @@ def parse_config(data: dict[str, Any], where: str = "round config", require_trl:
 
 
 def trl_installed() -> bool:
-    import importlib.util
-
     try:
         return importlib.util.find_spec("trl") is not None
     except (ImportError, ValueError):  # a None entry in sys.modules, a broken install
@@ -129,7 +131,7 @@ def load_config(path: str | os.PathLike) -> TrlTrainConfig:
 
 def grpo_config_class():
     try:
-        from trl import GRPOConfig
+        from trl import GRPOConfig  # optional (the trl extra) and slow to import
     except ImportError as exc:
         raise ConfigError(f"trainer kind trl needs the trl package ({exc}); {INSTALL}") from None
     return GRPOConfig
@@ -151,9 +153,7 @@ def check_grpo_fields(fields: dict[str, Any], where: str = "round config") -> No
 
 def trl_version() -> str:
     try:
-        from importlib.metadata import version
-
-        return version("trl")
+        return importlib.metadata.version("trl")
     except Exception:
         return "(not installed)"
 
@@ -166,7 +166,7 @@ def on_gpu() -> bool:
     ``cuda.device_count()`` answers through NVML and does not.
     """
     try:
-        import torch
+        import torch  # optional and slow to import
 
         return torch.cuda.device_count() > 0
     except Exception:
@@ -269,8 +269,6 @@ def _accelerate_argv(cfg: TrlTrainConfig, cpu_threads: int | None) -> list[str]:
 
 
 def _free_port() -> int:
-    import socket
-
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return sock.getsockname()[1]
@@ -281,7 +279,7 @@ def check_with_accelerate(cmd: list[str]) -> None:
     if cmd[1:3] != ["-m", "accelerate.commands.launch"]:
         return
     try:
-        from accelerate.commands import launch as accelerate_launch
+        from accelerate.commands import launch as accelerate_launch  # optional (the trl extra)
     except ImportError as exc:
         raise ConfigError(f"num_processes > 1 needs the accelerate package ({exc}); {INSTALL}") from None
     err = io.StringIO()
@@ -313,7 +311,7 @@ def check_prompt_room(cfg: TrlTrainConfig, spec: dict[str, Any], rows: pl.DataFr
     """The longest selected prompt in the policy's tokens, and a refusal when it and a completion overflow the context."""
     model = spec["model"]
     try:
-        from transformers import AutoTokenizer
+        from transformers import AutoTokenizer  # optional and slow to import
 
         tok = AutoTokenizer.from_pretrained(model)
     except Exception as exc:  # offline and not cached, no tokenizer files
@@ -415,8 +413,7 @@ def _die_with_parent() -> None:
     """Linux: the trainer gets SIGKILL when mentor dies (kill -9 included), so no orphan keeps
     writing into the round's log while a rerun starts a new trainer."""
     try:
-        import ctypes
-        import signal
+        import ctypes  # here, inside the try: a Python without ctypes just goes without the signal
 
         ctypes.CDLL(None, use_errno=True).prctl(1, int(signal.SIGKILL))  # PR_SET_PDEATHSIG
     except Exception:  # not Linux: a kill of mentor alone leaves the trainer running (kill its group)

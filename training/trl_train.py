@@ -21,10 +21,15 @@ import shutil
 import sys
 from pathlib import Path
 
+from mentor.pipeline.io import write_json_atomic
+from mentor.training.reward_core import STATS
+from mentor.training.trl_launcher import TrlTrainConfig, _die_with_parent, select_prompts
+from mentor.training.trl_reward import make_reward
+
 
 def _threads(n: int | None) -> None:
     if n:
-        import torch
+        import torch  # slow to import (trl brings it)
 
         torch.set_num_threads(int(n))
 
@@ -37,19 +42,13 @@ def main(argv: list[str]) -> int:
     spec_path = Path(argv[0])
     spec = json.loads(spec_path.read_text())
     if os.environ.get("LOCAL_RANK") is not None:  # started by accelerate/torchrun: die with the launcher, as it dies with mentor
-        from mentor.training.trl_launcher import _die_with_parent
-
         _die_with_parent()
     _threads(spec.get("cpu_threads"))
 
+    # slow to import (the trainer's libraries): after the argument checks and the parent-death signal
     from datasets import Dataset
-    from transformers import AutoTokenizer
-    from trl import GRPOConfig, GRPOTrainer
-
-    from mentor.pipeline.io import write_json_atomic
-    from mentor.training.reward_core import STATS
-    from mentor.training.trl_launcher import TrlTrainConfig, select_prompts
-    from mentor.training.trl_reward import make_reward
+    from transformers import AutoTokenizer  # likewise
+    from trl import GRPOConfig, GRPOTrainer  # likewise
 
     cfg = TrlTrainConfig.model_validate(json.loads((spec_path.parent / "config.json").read_text()))
     rows = select_prompts(cfg).to_dicts()

@@ -174,10 +174,8 @@ def _norm(s: str) -> str:
 
 def _worker_main() -> None:  # pragma: no cover - runs in the worker process
     """Serve ``{"gold", "pred", "timeout"}`` lines with ``{"ok": bool|None, "error": str|None}``."""
-    import logging as _logging
-
-    _logging.disable(_logging.WARNING)
-    from math_verify import parse, verify
+    logging.disable(logging.WARNING)
+    from math_verify import parse, verify  # slow to import (sympy): only in the worker processes
 
     out = sys.stdout
     for line in sys.stdin:

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from mentor.pipeline.errors import ConfigError
+from mentor.training.gpus import GpuDemand, GpuGroup
 
 INSTALL = "pip install verl==0.9.1 (its GPU stack as verl's docs say); for the config check alone: pip install --no-deps verl==0.9.1 'hydra-core>=1.3,<1.4' tensordict codetiming peft ray"
 _BARE = re.compile(r"[A-Za-z0-9_/][A-Za-z0-9_.:/+\-]*")
@@ -73,9 +74,9 @@ def one_line(exc: BaseException) -> str:
 def compose(overrides: list[str]):
     """verl's ``ppo_trainer`` config composed by Hydra with `overrides`, as ``main_ppo``'s ``@hydra.main`` does."""
     try:
-        from hydra import compose as hydra_compose
-        from hydra import initialize_config_dir
-        from hydra.core.global_hydra import GlobalHydra
+        from hydra import compose as hydra_compose  # optional: verl's config library
+        from hydra import initialize_config_dir  # likewise
+        from hydra.core.global_hydra import GlobalHydra  # likewise
     except ImportError as exc:
         raise ConfigError(f"the verl config check needs hydra-core ({exc}); {INSTALL}") from None
     config_dir = verl_config_dir()
@@ -90,8 +91,6 @@ def compose(overrides: list[str]):
 
 def gpu_demand(composed) -> Any:
     """The GPUs verl's resource pools reserve for the composed config (`mentor.training.gpus.GpuDemand`)."""
-    from mentor.training.gpus import GpuDemand, GpuGroup
-
     t = composed.trainer
     per_node, nodes = int(t.n_gpus_per_node), int(t.nnodes)
     total = per_node * nodes

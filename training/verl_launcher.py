@@ -54,6 +54,7 @@ from __future__ import annotations
 
 import contextlib
 import datetime as _dt
+import importlib.metadata
 import io
 import json
 import logging
@@ -62,6 +63,7 @@ import re
 import shlex
 import subprocess
 import time
+import warnings
 from pathlib import Path
 from typing import Any, ClassVar, Literal
 
@@ -171,9 +173,7 @@ def load_config(path: str | os.PathLike) -> VerlTrainConfig:
 
 def verl_version() -> str:
     try:
-        from importlib.metadata import version
-
-        return version("verl")
+        return importlib.metadata.version("verl")
     except Exception:
         return "(not installed)"
 
@@ -302,8 +302,8 @@ def ray_init_runtime_env(composed, env: dict[str, str]) -> dict[str, Any]:
     """The runtime env verl's ``run_ppo`` hands to ``ray.init`` for `composed` in a driver whose environment is
     `env`: verl's ``get_ppo_ray_runtime_env`` (which drops the variables the driver already has), then
     ``ray_kwargs.ray_init.runtime_env`` over it, as ``run_ppo`` merges them."""
-    from omegaconf import OmegaConf
-    from verl.trainer.constants_ppo import get_ppo_ray_runtime_env
+    from omegaconf import OmegaConf  # optional: verl's config library
+    from verl.trainer.constants_ppo import get_ppo_ray_runtime_env  # verl: optional and slow to import
 
     with _environ(env):
         default = get_ppo_ray_runtime_env(composed)
@@ -319,7 +319,7 @@ def check_ray_init(composed, env: dict[str, str]) -> str | None:
     if not env.get(RAY_JOB_CONFIG_ENV):
         return None
     try:
-        from ray.runtime_env.runtime_env import _merge_runtime_env
+        from ray.runtime_env.runtime_env import _merge_runtime_env  # Ray: optional and slow to import
     except ImportError as exc:
         return f"the runtime env merge of ray.init was not checked ({exc})"
     try:
@@ -362,7 +362,7 @@ def _expected(cfg: VerlTrainConfig, cmd: list[str]) -> dict[str, Any]:
 def check_with_verl(cfg: VerlTrainConfig, cmd: list[str]) -> tuple[Any, list[str]]:
     """Compose `cmd`'s overrides with verl's packaged config, read the round's values back, run verl's
     ``validate_config``; returns (the composed config, the notes verl printed). `ConfigError` on a rejection."""
-    from omegaconf import OmegaConf
+    from omegaconf import OmegaConf  # optional: verl's config library
 
     composed = compose(cmd[3:])
     for key, want in _expected(cfg, cmd).items():
@@ -375,18 +375,16 @@ def check_with_verl(cfg: VerlTrainConfig, cmd: list[str]) -> tuple[Any, list[str
     out, err = io.StringIO(), io.StringIO()
     logging.disable(logging.WARNING)  # verl's import warns that this machine has no GPU: not the round's business
     try:
-        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-            import warnings
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err), warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            # verl: optional and slow to import; imported here so that its warnings and prints are caught
+            from verl.trainer.ppo.utils import need_critic, need_reference_policy
+            from verl.utils.config import validate_config  # likewise
+            from verl.utils.device import auto_set_device  # likewise
 
-            with warnings.catch_warnings(record=True) as caught:
-                warnings.simplefilter("always")
-                from verl.trainer.ppo.utils import need_critic, need_reference_policy
-                from verl.utils.config import validate_config
-                from verl.utils.device import auto_set_device
-
-                auto_set_device(composed)
-                validate_config(config=composed, use_reference_policy=need_reference_policy(composed),
-                                use_critic=need_critic(composed))
+            auto_set_device(composed)
+            validate_config(config=composed, use_reference_policy=need_reference_policy(composed),
+                            use_critic=need_critic(composed))
     except ImportError as exc:
         notes = [f"verl's validate_config did not run: {exc} (the Hydra compose did); {INSTALL}"]
         return composed, notes

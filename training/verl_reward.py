@@ -24,15 +24,15 @@ from __future__ import annotations
 
 import json
 import logging
+import sys
 
 log = logging.getLogger("mentor.training.verl_reward")
 
 try:
+    # module level, in a try: where the trainer's Python lacks mentor, the load fails below naming the fix
     from mentor.pipeline.ids import text_id
-    from mentor.training.reward_core import Target, score_and_log
+    from mentor.training.reward_core import Target, score_and_log  # likewise
 except Exception as exc:  # fail at load, loudly: without mentor every score would be 0
-    import sys
-
     raise ImportError(f"{__file__}: mentor is not importable in the trainer's Python ({sys.version.split()[0]}, "
                       f"{sys.executable}): {type(exc).__name__}: {exc}; install it there: pip install 'mentor[reward]' "
                       "(Python >= 3.10)") from exc

@@ -33,8 +33,8 @@ import sys
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass
-from pathlib import Path
 from importlib.metadata import PackageNotFoundError, version
+from pathlib import Path
 
 from mentor.pipeline.errors import ConfigError, MentorError
 from mentor.pipeline.llm import GenRequest, make_backend, release_engines
@@ -126,7 +126,7 @@ def _torch() -> tuple[str | None, str | None]:
     """torch's version and the CUDA version it was built for (None: a CPU build); imports torch, touches no GPU."""
     if _version("torch") is None:
         return None, None
-    import torch
+    import torch  # optional and slow to import
 
     return torch.__version__, torch.version.cuda
 
@@ -206,7 +206,7 @@ def model_bytes(model: str) -> tuple[int | None, str]:
     path = Path(model)
     if not path.is_dir():
         try:
-            from huggingface_hub import snapshot_download
+            from huggingface_hub import snapshot_download  # optional (vLLM and datasets bring it)
 
             path = Path(snapshot_download(model, local_files_only=True, allow_patterns=["*.json"]))
         except Exception:

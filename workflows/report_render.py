@@ -31,10 +31,10 @@ def plot_rows(summary: dict[str, Any]) -> list[dict[str, Any]]:
 def plot(summary: dict[str, Any], out: str | Path) -> Path:
     """PNG of collapse rate and hint status counts per round (matplotlib, Agg backend)."""
     try:
-        import matplotlib
+        import matplotlib  # optional (the plot extra) and slow to import
 
         matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
+        import matplotlib.pyplot as plt  # after use("Agg"), which must come first
     except ImportError as exc:
         raise ConfigError("--plot needs matplotlib: pip install 'mentor[plot]'") from exc
     rows = plot_rows(summary)

@@ -4,6 +4,7 @@ collapsed problems with and without hints) — thin click commands over stages.r
 from __future__ import annotations
 
 import json
+import sys
 
 import click
 
@@ -31,8 +32,6 @@ def _policy_options(f):
 
 
 def _progress(flag: bool | None) -> bool:
-    import sys
-
     return sys.stderr.isatty() if flag is None else flag
 
 

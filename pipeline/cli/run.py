@@ -10,6 +10,8 @@ from pathlib import Path
 import click
 
 from mentor.cli.options import executor_options
+from mentor.pipeline.executor import dask_client
+from mentor.pipeline.models import check_model
 from mentor.stages import ROUND_STAGES
 
 STAGE_CHOICE = click.Choice(ROUND_STAGES)
@@ -18,8 +20,8 @@ STAGE_CHOICE = click.Choice(ROUND_STAGES)
 def _run(workflow: str, run_dir: str | None, rounds: int | None, from_stage: str | None, only: str | None,
          force: bool, workers: int | None, scheduler: str | None, sample: int | None = None, model: str | None = None,
          scheduler_timeout: float = 30.0) -> Path:
-    from mentor.workflows.config import load_workflow
-    from mentor.workflows.runner import RunOptions, Runner
+    from mentor.workflows.config import load_workflow  # slow to import (the stages, polars): not for --help
+    from mentor.workflows.runner import Runner, RunOptions  # likewise
 
     wf = load_workflow(workflow)
     if sample is not None:
@@ -33,8 +35,6 @@ def _run(workflow: str, run_dir: str | None, rounds: int | None, from_stage: str
     if workers is None and scheduler is None:
         ctx = nullcontext(None)
     else:
-        from mentor.pipeline.executor import dask_client
-
         # One hint engine per worker, each on tensor_parallel_size GPUs of its own.
         tp = int(wf.hint.backend.options.get("tensor_parallel_size", 1)) if wf.hint.backend.backend == "vllm" else 1
         ctx = dask_client(workers=workers, scheduler=scheduler, gpus_per_worker=tp, timeout=scheduler_timeout)
@@ -71,16 +71,15 @@ def run(workflow, run_dir, rounds, from_stage, only, force, sample, workers, sch
                               "faster, its hints read as nonsense.")
 def demo(run_dir, sample, force, model):
     """One round on the bundled real GSM8K rollouts with a CPU model (= mentor run gsm8k-demo)."""
-    from mentor.pipeline.models import check_model
-    from mentor.workflows.config import load_workflow
+    from mentor.workflows.config import load_workflow  # slow to import (the stages, polars): not for --help
 
     logging.getLogger("mentor").setLevel(logging.INFO)
     # Before any work: a model that is not set up is a one-line error with the fix.
     check_model(model if model is not None else load_workflow("gsm8k-demo").hint.backend.model)
     out = _run("gsm8k-demo", run_dir, None, None, None, force, None, None, sample, model)
     _print_status(out, "table")
-    from mentor.workflows.report import summarize_run
-    from mentor.workflows.report_render import render_table
+    from mentor.workflows.report import summarize_run  # polars: slow to import, not for --help
+    from mentor.workflows.report_render import render_table  # likewise
 
     click.echo(render_table(summarize_run(out)))
     _show_a_hint(out)
@@ -88,7 +87,7 @@ def demo(run_dir, sample, force, model):
 
 def _show_a_hint(run_dir: Path) -> None:
     """The demo's last word: one hint the agents wrote (not the fallback), and the command that shows its trace."""
-    import polars as pl
+    import polars as pl  # slow to import: not for --help
 
     path = run_dir / "round-000" / "hints" / "hints.parquet"
     if not path.is_file():
@@ -113,7 +112,7 @@ def _show_a_hint(run_dir: Path) -> None:
 
 
 def _print_status(run_dir: Path, fmt: str) -> None:
-    from mentor.workflows.runner import run_status
+    from mentor.workflows.runner import run_status  # slow to import (the stages, polars): not for --help
 
     rows = run_status(run_dir)
     if fmt == "json":

