@@ -99,6 +99,7 @@ class Runner:
         self._base_token = self._base_problems()  # validated before any stage runs (or the run folder is made)
         self.rd.path.mkdir(parents=True, exist_ok=True)
         self._save_workflow()
+        self._next_prompts = None  # round 0 trains on the base set's prompts
         for r in range(self.opts.rounds or self.wf.rounds):
             log.info("round %d", r)
             tokens: dict[str, str] = {}  # each stage's token (key + output fingerprint), for the ones after it
