@@ -5,8 +5,7 @@ Each round is a loop over the round's stages (`mentor.stages.ROUND_STAGES`), in 
     train (OpenRLHF / TRL / verl / offline rollout / wait for an external trainer)
       -> ingest -> mine (with earlier rounds as history) -> hint -> build
 
-each a `Stage` the runner calls the same way; ``_<stage>_job`` says what it reads.
-
+each a `Stage` the runner calls the same way (``_<stage>_job`` says what it reads),
 in the run-directory layout of `mentor.pipeline.rundir`. A stage runs only if
 its done marker for the current key is missing; the key hashes the stage's
 config and the fingerprints of what it reads, so a re-run skips finished
