@@ -200,6 +200,19 @@ def test_rerun_skips_everything(setup, reference_run):
     assert _datasets(run_dir) == before
 
 
+def test_reused_runner_starts_round_zero_from_the_base_prompts(setup, tmp_path):
+    """A second run() of one Runner trains round 0 on the base set again, not on the last round's build:
+    with every stage done, it skips them all."""
+    wf = {k: v for k, v in setup["wf"].items() if k != "initial_rollouts"}  # round 0 rolls out the base prompts
+    runner = _run(wf, tmp_path / "run")
+    assert (0, "train") in runner.ran and (1, "train") in runner.ran
+    first = list(runner.ran)
+    before = _datasets(tmp_path / "run")
+    runner.run()
+    assert runner.ran == first
+    assert _datasets(tmp_path / "run") == before
+
+
 def test_config_change_reruns_that_stage_and_after(setup, tmp_path):
     run_dir = tmp_path / "run"
     _run(setup["wf"], run_dir)
