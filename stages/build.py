@@ -8,7 +8,8 @@ layout `mentor rescue` re-rolls with too). ``assistant`` needs the policy's
 tokenizer (``tokenizer``): every prompt, hinted or not, is then rendered with its
 chat template and written as text (`pipeline.prompts.render_prompt`), which
 OpenRLHF (without ``--data.apply_chat_template``) and TRL read as it is and verl
-0.9.1 cannot read. With a tokenizer, the default placement is ``assistant`` and the
+0.9.1 cannot read. With a tokenizer, the default placement is ``assistant`` (``after``
+when the base set has code tasks: `build_render.resolve_placement`) and the
 longest prompt in its tokens is recorded (``max_prompt_tokens``). The message
 shards serve OpenRLHF, verl and TRL without edits:
 
@@ -119,7 +120,7 @@ class BuildConfig(BaseModel):
         description="Where the hint goes: before the problem, after it (just before the instruction), in the system "
         "message (each read the same way by OpenRLHF, verl and TRL), or as the start of the policy's answer "
         "(assistant: needs tokenizer; text prompts for OpenRLHF and TRL, not verl). Default: assistant with a "
-        f"tokenizer, else {DEFAULT_PLACEMENT}.",
+        f"tokenizer and no code task in the base set, else {DEFAULT_PLACEMENT}.",
     )
     tokenizer: str | None = Field(
         None, description="The round's policy (a mentor CPU model name, folder or hub name): its chat template renders "
@@ -185,11 +186,12 @@ class BuildConfig(BaseModel):
             raise ValueError(f"--map {bad_map[0]}=...: not a problem column; map one of {', '.join(PROBLEM_COLUMNS)}")
         return self
 
-    def resolved_placement(self) -> str:
-        """The placement used: asked for, else assistant with a tokenizer (after with a user template), else after."""
+    def resolved_placement(self, domains=()) -> str:
+        """The placement used: asked for, else assistant with a tokenizer unless `domains` (the base set's)
+        include code (after with a user template), else after."""
         if self.template is not None:
             return DEFAULT_PLACEMENT  # unused: the template places the hint
-        return resolve_placement(self.placement, self.tokenizer)
+        return resolve_placement(self.placement, self.tokenizer, domains)
 
 
 class BuildInputs(BaseModel):
@@ -228,6 +230,11 @@ class BuildStage(Stage):
             base.frame = base.frame.with_columns(pl.col("label").str.split(cfg.answer_after).list.last().str.strip_chars())
         problems = validate_base(base, cfg.strict, stats)
         stats.base_problems = problems.height
+        if cfg.template is None and cfg.placement is None:  # the default depends on the set's domains
+            placement = cfg.resolved_placement(problems.get_column("domain").unique().to_list())
+            cfg = cfg.model_copy(update={"placement": placement})
+            text = placement in TEXT_PLACEMENTS
+            stats.placement, stats.prompt_format = placement, "text" if text else "messages"
         hints = load_hints(cfg.hints, cfg.hint_statuses, stats)  # its errors come after the base set's
         if cfg.round is not None:
             stats.round = cfg.round

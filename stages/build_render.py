@@ -31,16 +31,21 @@ if TYPE_CHECKING:
 # policy's chat template and handed over as text (`pipeline.prompts.render_prompt`).
 PLACEMENTS = ("before", "after", "system", "assistant")
 TEXT_PLACEMENTS = ("assistant",)  # rendered to text: they need the policy's tokenizer
-DEFAULT_PLACEMENT = "after"  # without a tokenizer
-DEFAULT_TOKENIZED_PLACEMENT = "assistant"  # where the policy's tokenizer is known: the measured best
+DEFAULT_PLACEMENT = "after"  # without a tokenizer, and for any set with code tasks
+DEFAULT_TOKENIZED_PLACEMENT = "assistant"  # math, where the policy's tokenizer is known: the measured best
+# Code tasks keep DEFAULT_PLACEMENT: with text opening its answer, the 0.5B coder explains that text instead of
+# writing the program (the whole working solution there: 0 of 42 collapsed HumanEval tasks right, against 38
+# in the user turn; docs/benchmarks.md#hints-that-open-the-answer).
+USER_TURN_DOMAINS = frozenset({"code"})
 
 
-def resolve_placement(placement: str | None, tokenizer: str | None) -> str:
-    """The placement a stage uses: the one asked for, else the default for whether a tokenizer is known.
+def resolve_placement(placement: str | None, tokenizer: str | None, domains=()) -> str:
+    """The placement a stage uses: the one asked for, else the default for whether a tokenizer is known and
+    which `domains` the prompts have (assistant for math with a tokenizer; after with a code task among them).
 
     A text placement without a tokenizer is a `ValueError` naming the fix."""
     if placement is None:
-        return DEFAULT_TOKENIZED_PLACEMENT if tokenizer else DEFAULT_PLACEMENT
+        return DEFAULT_TOKENIZED_PLACEMENT if tokenizer and not USER_TURN_DOMAINS & set(domains) else DEFAULT_PLACEMENT
     if placement in TEXT_PLACEMENTS and not tokenizer:
         raise ValueError(f"placement {placement} renders the prompt with the policy's chat template: give the policy's "
                          "tokenizer (--tokenizer MODEL) or another placement")
@@ -231,5 +236,5 @@ def render_exprs(rows: pl.DataFrame, cfg: BuildConfig, round_: int) -> list[pl.E
     ]
 
 
-__all__ = ["DEFAULT_PLACEMENT", "DEFAULT_TOKENIZED_PLACEMENT", "PLACEMENTS", "TEXT_PLACEMENTS", "fill_template", "hint_template", "messages_expr", "prepare_rows",
+__all__ = ["DEFAULT_PLACEMENT", "DEFAULT_TOKENIZED_PLACEMENT", "PLACEMENTS", "TEXT_PLACEMENTS", "USER_TURN_DOMAINS", "fill_template", "hint_template", "messages_expr", "prepare_rows",
            "prompt_messages", "render_exprs", "resolve_placement", "shuffle_key"]

@@ -252,7 +252,7 @@ class RescueStage(Stage):
                 answer_template(spec)
             except ConfigError as exc:
                 raise ConfigError(f"arm {a}: {exc}") from None
-        cfg = cfg.for_policy(backend, list(arm_placements.values()))
+        cfg = cfg.for_policy(backend, list(arm_placements.values()), collapsed.get_column("domain").unique().to_list())
         items, kept, missing = rescue_items(collapsed, arms, cfg, arm_placements, arm_answers)
         if not items or not kept:
             where = "; ".join(f"{name}: {', '.join(map(str, src))}" for name, src in arm_sources.items())

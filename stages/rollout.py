@@ -89,7 +89,7 @@ class RolloutConfig(BaseModel):
     verify_workers: int = Field(4, ge=1, description="Threads verifying responses (code runs in sandbox processes).")
     placement: Literal[PLACEMENTS] | None = Field(  # type: ignore[valid-type]
         None, description=f"Where the hint goes, as in `mentor build`: {', '.join(PLACEMENTS)} (default: assistant where "
-        f"the policy's tokenizer is known, i.e. a vllm policy or --tokenizer; else {DEFAULT_PLACEMENT}).")
+        f"the policy's tokenizer is known, i.e. a vllm policy or --tokenizer, for math; else {DEFAULT_PLACEMENT}).")
     tokenizer: str | None = Field(None, description="Tokenizer whose chat template renders placement assistant "
                                   "(default: the vllm policy's own).")
     answer_template: str | None = Field(None, description="How the hint opens the answer (placement assistant), as "
@@ -114,14 +114,14 @@ class RolloutConfig(BaseModel):
             out |= {"placement": placement, "tokenizer": self.tokenizer, "answer_template": answer_template(self.answer_template)}
         return out
 
-    def for_policy(self, backend: Any, placements: Sequence[str | None] = ()) -> "RolloutConfig":
+    def for_policy(self, backend: Any, placements: Sequence[str | None] = (), domains: Sequence[str] = ()) -> "RolloutConfig":
         """This config with its placement and tokenizer settled for this policy backend: the tokenizer is
         --tokenizer, else the vllm policy's model; the placement is asked for, else assistant where a tokenizer
-        is known. A text placement (here or in `placements`, e.g. a rescue arm's) without a tokenizer is a
-        `ConfigError`."""
+        is known and no prompt is a code task (`domains`). A text placement (here or in `placements`, e.g. a
+        rescue arm's) without a tokenizer is a `ConfigError`."""
         tok = self.tokenizer or policy_tokenizer(backend)
         try:
-            placement = resolve_placement(self.placement, tok)
+            placement = resolve_placement(self.placement, tok, domains)
             for p in placements:
                 resolve_placement(p, tok)
         except ValueError as exc:

@@ -144,6 +144,40 @@ def test_rescue_sends_the_prompts_build_writes(text_build, hints, gsm8k_collapse
         RolloutConfig(placement="assistant").for_policy(BackendSpec("fake"))
 
 
+def test_code_tasks_keep_the_hint_in_the_user_turn_by_default(tmp_path, tok_name):
+    """With a tokenizer the default opens the answer only for math: on code the 0.5B explained text there
+    instead of writing the program (the whole solution: 0 of 42 HumanEval tasks right), so a base set with
+    code tasks defaults to `after`; asking for `assistant` still gets it."""
+    from mentor.data import bundled
+    from mentor.pipeline.llm import BackendSpec
+    from mentor.stages.rescue import rescue_items
+    from mentor.stages.rollout import RolloutConfig
+
+    ids = pl.read_parquet(bundled("humaneval_problems.parquet")).get_column("problem_id").head(6).to_list()
+    hints = make_hints([{"problem_id": pid, "hint": "Trace the loop on the first docstring example.", "hint_id": f"c-{i}"}
+                        for i, pid in enumerate(ids)], tmp_path / "hints.parquet")
+    stats = BUILD({}, BuildConfig(base="humaneval", hints=[str(hints)], tokenizer=tok_name), tmp_path / "code")
+    assert (stats.placement, stats.prompt_format) == ("after", "messages")
+    manifest = json.loads((tmp_path / "code" / "manifest.json").read_text())
+    assert manifest["placement"] == "after" and manifest["prompt_format"] == "messages"
+    rows = pl.read_parquet(tmp_path / "code" / "part-*.parquet").filter(pl.col("hint_id").is_not_null())
+    assert rows.height == 6
+    for msgs in rows.get_column("prompt").to_list():
+        assert [m["role"] for m in msgs] == ["user"] and "\n\nHint: Trace the loop" in msgs[0]["content"]
+    asked = BUILD({}, BuildConfig(base="humaneval", hints=[str(hints)], tokenizer=tok_name, placement="assistant"),
+                  tmp_path / "asked")
+    assert (asked.placement, asked.prompt_format) == ("assistant", "text")
+
+    spec = BackendSpec("vllm", "qwen2.5-coder-0.5b")
+    assert RolloutConfig().for_policy(spec, domains=["code"]).placement == "after"
+    assert RolloutConfig().for_policy(spec, domains=["math", "code"]).placement == "after"
+    assert RolloutConfig().for_policy(spec, domains=["math"]).placement == "assistant"
+    collapsed = pl.read_parquet(bundled("humaneval_problems.parquet")).head(6).with_columns(round=pl.lit(0))
+    cfg = RolloutConfig().for_policy(spec, domains=collapsed.get_column("domain").unique().to_list())
+    items, kept, _ = rescue_items(collapsed, {"h": pl.read_parquet(hints)}, cfg)
+    assert len(kept) == 6 and all(it.prompt is None for it in items)  # chat messages: nothing rendered to text
+
+
 def test_rescue_logs_the_prompt_as_sent(hints, gsm8k_collapsed, tok_name, tmp_path):
     from mentor.pipeline.llm import BackendSpec
     from mentor.stages.rescue import RESCUE

@@ -74,7 +74,8 @@ class VouchConfig(BaseModel):
                                    "--seed) whose per-problem seeds the re-rolls must never reuse.")
     placement: Literal[PLACEMENTS] | None = Field(  # type: ignore[valid-type]
         None, description="Where the hint goes in the re-roll prompt, as `mentor build --placement` (default: assistant "
-        f"where the policy's tokenizer is known, i.e. a vllm policy or tokenizer; else {DEFAULT_PLACEMENT}).")
+        f"where the policy's tokenizer is known, i.e. a vllm policy or tokenizer, and the problems are not code tasks; "
+        f"else {DEFAULT_PLACEMENT}).")
     tokenizer: str | None = Field(None, description="Tokenizer whose chat template renders placement assistant "
                                   "(default: the vllm policy's own).")
     answer_template: str | None = Field(None, description="How the hint opens the answer (placement assistant), as build's.")

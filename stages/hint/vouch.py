@@ -74,22 +74,27 @@ def reroll_seed(cfg: VouchConfig, problem_id: str, candidate: int, j: int) -> in
 # --------------------------------------------------------------------------- one round of re-rolls
 
 
-def reroll_layout(cfg: VouchConfig) -> tuple[str, str | None]:
-    """The re-rolls' placement and the tokenizer that renders it (None: sent as chat messages)."""
+def reroll_layout(cfg: VouchConfig, domains: Sequence[str] = ()) -> tuple[str, str | None]:
+    """The re-rolls' placement (for prompts of these `domains`) and the tokenizer that renders it (None: sent
+    as chat messages)."""
 
     tok = cfg.tokenizer or policy_tokenizer(cfg.policy.spec())
     try:
-        placement = resolve_placement(cfg.placement, tok)
+        placement = resolve_placement(cfg.placement, tok, domains)
     except ValueError as exc:
 
         raise ConfigError(f"vouch: {exc} (vouch.tokenizer)") from None
     return placement, (tok if placement in TEXT_PLACEMENTS else None)
 
 
+def row_domains(rows: Sequence[dict]) -> set[str]:
+    return {r.get("domain") or "math" for r in rows}
+
+
 def reroll_messages(rows: Sequence[dict], hints: Sequence[str], cfg: VouchConfig) -> list[list[dict]]:
     """The policy's prompts: build's layout (the same function `mentor build` and `mentor rescue` use)."""
 
-    placement, tok = reroll_layout(cfg)
+    placement, tok = reroll_layout(cfg, row_domains(rows))
     return prompt_messages([{"problem": r["problem"], "hint": h, "domain": r.get("domain") or "math"} for r, h in zip(rows, hints)],
                            placement=placement, template=cfg.answer_template if tok else None,
                            system_prompt=cfg.system_prompt, instructions=cfg.instructions)
@@ -100,7 +105,7 @@ def reroll(policy: Backend, rows: Sequence[dict], hints: Sequence[str], candidat
     """`cfg.samples` re-rolls of each (row, hint) in ONE policy call; per row: correct count and tokens."""
     verifier = verifier or verify
     messages = reroll_messages(rows, hints, cfg)
-    _, tok = reroll_layout(cfg)
+    _, tok = reroll_layout(cfg, row_domains(rows))
     texts = [render_prompt(load_tokenizer(tok), m) for m in messages] if tok else [None] * len(messages)
     requests = [GenRequest(id=f"{i}:vouch:{j}", messages=msgs, max_tokens=cfg.max_tokens, temperature=cfg.temperature,
                            top_p=cfg.top_p, seed=reroll_seed(cfg, r["problem_id"], candidate, j), prompt=text)

@@ -43,7 +43,8 @@
    engine batch per shard (on CPU, batch composition changes the numerics, so
    arms are only compared within one run). The hint goes where the controls
    separated best, else ``--placement``, else ``assistant`` (the start of the
-   policy's answer, rendered with its chat template) for a vllm policy.
+   policy's answer, rendered with its chat template) for a vllm policy on math
+   and ``after`` on code (where text opening the answer is explained, not used).
 
 One JSON line per arm: rescue rate (problems with >= 1 correct re-roll) with a
 95% Wilson interval, mean correctness of the re-rolls, hint-engine tokens per
@@ -402,7 +403,7 @@ def run(args: argparse.Namespace) -> list[dict]:
     from mentor.stages.hint import HINT
     from mentor.stages.hint.config import HintConfig, load_config
     from mentor.stages.rules import check
-    from mentor.stages.build_render import DEFAULT_PLACEMENT, DEFAULT_TOKENIZED_PLACEMENT, PLACEMENTS
+    from mentor.stages.build_render import PLACEMENTS, resolve_placement
     from mentor.stages.mine import MINE, MineConfig
     from mentor.stages.rescue import RESCUE
     from mentor.stages.rollout import ROLLOUT, RolloutConfig
@@ -451,7 +452,7 @@ def run(args: argparse.Namespace) -> list[dict]:
     first = pl.read_parquet(controls["control_first_step"][0]).to_arrow()
     write_parquet_atomic(neutral_hints(first, args.domain), work / "hints" / NEUTRAL / "hints.parquet", dataset="hints")
     controls[NEUTRAL] = [str(work / "hints" / NEUTRAL / "hints.parquet")]
-    policy_placement = DEFAULT_TOKENIZED_PLACEMENT if not fake else DEFAULT_PLACEMENT  # a vllm policy's tokenizer is known
+    policy_placement = resolve_placement(None, None if fake else args.policy, [args.domain])  # a vllm policy's tokenizer is known
     # Can this setting show a hint effect at all, and under which placement?
     placement, verdicts = args.placement, []
     if args.gate != "off":
@@ -637,7 +638,7 @@ def plot(lines: list[dict], path: Path, title: str) -> None:
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     from mentor.pipeline.prompts import ANSWER_TEMPLATES
-    from mentor.stages.build_render import DEFAULT_PLACEMENT, DEFAULT_TOKENIZED_PLACEMENT, PLACEMENTS
+    from mentor.stages.build_render import DEFAULT_PLACEMENT, DEFAULT_TOKENIZED_PLACEMENT, PLACEMENTS, resolve_placement
 
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--domain", choices=("math", "code"), default="math")
@@ -661,7 +662,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="An extra arm hinted with this config (repeatable), e.g. a template variant to compare with full.")
     p.add_argument("--placement", choices=PLACEMENTS, help="Where the hint arms' hints go (as `mentor build --placement`); "
                    "default: the separating placement where --gate does best, else the default for a policy whose "
-                   f"tokenizer is known ({DEFAULT_TOKENIZED_PLACEMENT}; the fake backend: {DEFAULT_PLACEMENT}).")
+                   f"tokenizer is known ({DEFAULT_TOKENIZED_PLACEMENT}; code and the fake backend: {DEFAULT_PLACEMENT}).")
     p.add_argument("--placements", nargs="+", choices=PLACEMENTS, help="Placements the positive controls are re-rolled under, "
                    "in one run (default: --placement's default; e.g. after assistant to find where the hint is read).")
     p.add_argument("--controls", nargs="*", choices=CONTROLS, default=list(DEFAULT_CONTROLS),
@@ -701,7 +702,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args.arm_config = extra
     if args.problems is None:
         args.problems = QUICK_PROBLEMS if args.quick else (400 if args.domain == "math" else None)
-    default = DEFAULT_TOKENIZED_PLACEMENT if args.backend != "fake" else DEFAULT_PLACEMENT
+    default = resolve_placement(None, None if args.backend == "fake" else args.policy, [args.domain])
     args.placements = list(dict.fromkeys(args.placements or [args.placement or default]))
     if args.placement and args.placement not in args.placements:
         args.placements.append(args.placement)
