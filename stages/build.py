@@ -219,10 +219,7 @@ class BuildStage(Stage):
     summary = ("rows", "hinted_rows")
 
     def run(self, inputs: BuildInputs, cfg: BuildConfig, out_dir: Path, ctx: Context) -> Stats:
-        placement = cfg.resolved_placement()
-        text = cfg.template is None and placement in TEXT_PLACEMENTS
-        stats = BUILD_STATS(mode=cfg.mode, placement=placement if cfg.template is None else "template", seed=cfg.seed,
-                            prompt_format="text" if text else "messages", prompt_tokenizer=cfg.tokenizer)
+        stats = BUILD_STATS(mode=cfg.mode, seed=cfg.seed, prompt_tokenizer=cfg.tokenizer)
         stats.extra["schema_version"] = SCHEMA_VERSION
         tokenizer = load_tokenizer(cfg.tokenizer) if cfg.tokenizer else None
         base = load_base(cfg.base, cfg.mapping, cfg.domain)
@@ -230,11 +227,11 @@ class BuildStage(Stage):
             base.frame = base.frame.with_columns(pl.col("label").str.split(cfg.answer_after).list.last().str.strip_chars())
         problems = validate_base(base, cfg.strict, stats)
         stats.base_problems = problems.height
-        if cfg.template is None and cfg.placement is None:  # the default depends on the set's domains
-            placement = cfg.resolved_placement(problems.get_column("domain").unique().to_list())
-            cfg = cfg.model_copy(update={"placement": placement})
-            text = placement in TEXT_PLACEMENTS
-            stats.placement, stats.prompt_format = placement, "text" if text else "messages"
+        if cfg.template is None:  # settled here: the default depends on the base set's domains
+            cfg = cfg.model_copy(update={"placement": cfg.resolved_placement(problems.get_column("domain").unique().to_list())})
+        text = cfg.template is None and cfg.placement in TEXT_PLACEMENTS
+        stats.placement = cfg.placement if cfg.template is None else "template"
+        stats.prompt_format = "text" if text else "messages"
         hints = load_hints(cfg.hints, cfg.hint_statuses, stats)  # its errors come after the base set's
         if cfg.round is not None:
             stats.round = cfg.round
