@@ -22,7 +22,7 @@ CONFIG = """\
 hint:
   max_retry: 1
   max_refine: 1
-  max_tokens: {attribution: 120, generation: 160, judgment: 120, repair: 160}
+  max_tokens: {attribution: 120, generation: 160, judgment: 260, repair: 160}
   judge_check: {problems: 3}
 """
 

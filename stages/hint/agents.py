@@ -5,7 +5,7 @@
 
 1. attribution  problem, reference, failed responses -> {keywords, error}
 2. generation   problem, keywords, error (+ the last hint of an earlier round) -> {hint}
-3. judgment     problem, reference, hint -> {score, feedback}   (after the rules pass)
+3. judgment     problem, reference, hint -> {check, correct, score, feedback}   (after the rules pass)
 4. repair       problem, rejected hint, violations, feedback -> {hint}
 
 Where the problem has a reference solution (`stages.solutions`), every agent sees it too
@@ -48,6 +48,7 @@ if TYPE_CHECKING:  # (config.py builds its per-agent settings from `AGENTS`: the
     from mentor.stages.hint.config import HintConfig
 
 TEMPLATE_DIR = Path(__file__).parent / "templates"
+CHECK_CHARS = 400  # longest "check" of a judgment: the hint's numbers and claims, one by one
 
 # Templates no agent owns: the safe defaults a problem falls back to (`Agent.templates` holds the others).
 FALLBACK_TEMPLATES: dict[str, frozenset[str]] = {
@@ -394,11 +395,11 @@ class Generation(Agent):
 
 
 class Judgment(Agent):
-    """3. problem, reference, hint -> {correct, score, feedback} (after the rules pass)."""
+    """3. problem, reference, hint -> {check, correct, score, feedback} (after the rules pass)."""
 
     name = "judgment"
     templates = {"judgment_system": frozenset(), "judgment_user": frozenset({"problem", "answer", "solution", "hint"})}
-    max_tokens_default, max_tokens_help = 120, "max_tokens of a judgment call."
+    max_tokens_default, max_tokens_help = 260, "max_tokens of a judgment call (check + verdict + feedback)."
 
     def attempt(self, s: State) -> int:
         return s.cand_no - 1  # the candidate it judges
@@ -409,14 +410,20 @@ class Judgment(Agent):
                                       solution=solution_in_view(row, cfg), hint=s.candidate or ""))
 
     def schema(self, cfg: HintConfig, limits: RuleLimits) -> dict:
-        """``{"score", "feedback"}``; with judge_correctness a ``"correct"`` verdict comes first."""
+        """``{"check", "score", "feedback"}``; with judge_correctness a ``"correct"`` verdict after the check.
+
+        The check comes first: the judge goes through the hint's numbers and claims before its verdict. Asked
+        for the verdict first, the 1.5B judged completeness ("the hint does not provide the total") and
+        accepted 13 of 51 reference first steps on the dev problems; checking first, 47 of 51
+        (docs/hint-pipeline.md, "The judge check")."""
         correct = {"correct": {"type": "boolean"}} if cfg.judge_correctness else {}
-        return _object(correct | {"score": {"type": "integer", "minimum": 1, "maximum": 10}, "feedback": _text(cfg.feedback_chars)})
+        return _object({"check": _text(CHECK_CHARS)} | correct
+                       | {"score": {"type": "integer", "minimum": 1, "maximum": 10}, "feedback": _text(cfg.feedback_chars)})
 
     def parse(self, text: str, cfg: HintConfig) -> dict | None:
         """As `Agent.parse`; a verdict cut off inside its feedback (max_tokens reached) still gives its verdict:
-        the grammar writes ``correct`` and ``score`` first, so the string is closed and the feedback kept as far
-        as it got."""
+        the grammar writes ``check``, ``correct`` and ``score`` first, so the string is closed and the feedback
+        kept as far as it got. One cut off before its score gives none."""
         obj = json_object(text)
         if obj is None:
             cut = strip_thinking(text).rstrip()
