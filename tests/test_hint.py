@@ -19,8 +19,8 @@ from mentor.pipeline.stage import Context
 from mentor.stages.hint.machine import HintStats, hint_shard
 from mentor.stages.hint import HINT
 from mentor.stages.hint.config import HintConfig, load_config
-from mentor.stages.hint.agents import Templates
-from mentor.stages.rules import check
+from mentor.stages.hint.agents import JUDGMENT, Templates
+from mentor.stages.rules import RuleLimits, check
 
 GOOD = '{"hint": "Count how many eggs are left after breakfast and baking before you think about money."}'
 GOOD2 = '{"hint": "Separate the eggs used at home from the eggs that are sold, then price only the sold ones."}'
@@ -177,6 +177,8 @@ def test_bad_attribution_and_judgment_output():
     ('{"correct": true, "score": 8, "feedback": "Names the rate; After three more', "accepted"),
     ('{"correct": false, "score": 9, "feedback": "the 40\\', "repaired"),
     ('{"correct": true, "score": 8, "feedb', "repaired"),  # cut before the feedback key: no verdict
+    ('{"check": "20 * 3 = 60 is right", "correct": true, "score": 8, "feedback": "Names the', "accepted"),
+    ('{"check": "20 * 3 = 60 is right, and the rate', "repaired"),  # cut in its check: no verdict
 ])
 def test_a_verdict_cut_in_its_feedback_keeps_its_score(cut, verdict):
     """max_tokens reached inside the feedback string: correct and score were written first and still count."""
@@ -184,6 +186,16 @@ def test_a_verdict_cut_in_its_feedback_keeps_its_score(cut, verdict):
     (row,), st = run([ROW], fake)
     assert row["status"] == verdict, row["violations"]
     assert st.parse_failures["judgment"] == (0 if verdict == "accepted" or "feedback" in cut else 1)
+
+
+def test_the_judge_checks_the_hint_before_its_verdict():
+    """The grammar writes the check first, then the verdict: the judge reads the hint's claims before it decides."""
+    cfg = HintConfig()
+    props = list(JUDGMENT.schema(cfg, RuleLimits())["properties"])
+    assert props == ["check", "correct", "score", "feedback"]
+    unchecked = cfg.model_copy(update={"judge_correctness": False})
+    assert list(JUDGMENT.schema(unchecked, RuleLimits())["properties"]) == ["check", "score", "feedback"]
+    assert cfg.max_tokens.judgment >= 260  # room for a check of CHECK_CHARS before the verdict
 
 
 def test_low_judge_score_goes_to_repair_with_feedback():

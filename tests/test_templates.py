@@ -22,7 +22,7 @@ def test_bundled_templates_render_values_verbatim_and_keep_their_text():
     src = (TEMPLATE_DIR / "judgment_user.txt").read_text(encoding="utf-8")
     block = src[src.index("{% if solution %}"):src.index("{% endif %}") + len("{% endif %}")]
     assert out == src.replace(block, "").replace("{{problem}}", value).replace("{{answer}}", "42").replace("{{hint}}", "h")
-    assert out.endswith("\n") and '{"correct": true or false' in t.texts["judgment_system"]
+    assert out.endswith("\n") and '{"check": "...", "correct": true or false' in t.texts["judgment_system"]
     # with a reference solution, the block shows it as it is
     shown = t.render("judgment_user", problem="p", answer="42", solution=value, hint="h")
     assert f"Reference solution (check every claim and number of the hint against it):\n{value}\n" in shown
