@@ -415,7 +415,7 @@ class Judgment(Agent):
         The check comes first: the judge goes through the hint's numbers and claims before its verdict. Asked
         for the verdict first, the 1.5B judged completeness ("the hint does not provide the total") and
         accepted 13 of 51 reference first steps on the dev problems; checking first, 47 of 51
-        (docs/hint-pipeline.md, "The judge check")."""
+        (docs/hint-pipeline.md, "Models")."""
         correct = {"correct": {"type": "boolean"}} if cfg.judge_correctness else {}
         return _object({"check": _text(CHECK_CHARS)} | correct
                        | {"score": {"type": "integer", "minimum": 1, "maximum": 10}, "feedback": _text(cfg.feedback_chars)})
