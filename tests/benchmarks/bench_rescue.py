@@ -4,7 +4,7 @@
         [--problems N] [--screen-k 8] [--k 4] [--seed 0] [--split dev|report|all] [--quick]
         [--placements after assistant ...] [--placement P] [--gate control_half|control_first_step|control_answer|off]
         [--controls control_first_step control_half] [--wordings bare labelled first_person after]
-        [--collapsed FILE] [--controls-only]
+        [--collapsed FILE] [--controls-only] [--offset N --rows N] [--screen-only] [--hints-only]
 
 1. Screen: roll out the policy on the problems of the split (GSM8K test for
    math, HumanEval for code) with ``--screen-k`` samples (default 8, i.e. two
@@ -73,6 +73,7 @@ import json
 import os
 import random
 import re
+import signal
 import sys
 import time
 from math import comb, erf
@@ -104,7 +105,8 @@ def shared_data() -> Path:
 # --------------------------------------------------------------------------- problems and reference hints
 
 
-def split_problems(domain: str, split: str, n: int | None):
+def split_problems(domain: str, split: str, n: int | None, offset: int = 0):
+    """The split's problems from position `offset` (in the split's order), `n` of them (all: None)."""
     import polars as pl
 
     from mentor.data import BUNDLED_SETS, bundled
@@ -115,7 +117,9 @@ def split_problems(domain: str, split: str, n: int | None):
     elif split == "report":
         df = df.filter(pl.col("_pos") % 2 == 1)
     df = df.drop("_pos")
-    return df.head(n) if n else df
+    if offset >= df.height:
+        raise SystemExit(f"--offset {offset}: the {split} split has {df.height} problems")
+    return df.slice(offset, n)
 
 
 def reference_solutions(domain: str) -> dict[str, str]:
@@ -408,7 +412,7 @@ def run(args: argparse.Namespace) -> list[dict]:
     from mentor.stages.rescue import RESCUE
     from mentor.stages.rollout import ROLLOUT, RolloutConfig
 
-    work = Path(args.work) / f"{args.domain}-{args.split}"
+    work = Path(args.work) / (f"{args.domain}-{args.split}" + (f"-from{args.offset}" if args.offset else ""))
     work.mkdir(parents=True, exist_ok=True)
     fake = args.backend == "fake"
     policy = BackendSpec("fake", options={"script": args.fake_policy}) if fake else BackendSpec("vllm", args.policy)
@@ -421,10 +425,13 @@ def run(args: argparse.Namespace) -> list[dict]:
         collapsed = pl.read_parquet(args.collapsed)
         screened = {"problems": None, "collapsed_from": args.collapsed}
     else:
-        problems = split_problems(args.domain, args.split, args.problems)
+        problems = split_problems(args.domain, args.split, args.problems, args.offset)
         if args.screen_from:  # screen only these problems (e.g. another policy's collapsed set) with this policy
             ids = pl.read_parquet(args.screen_from, columns=["problem_id"])["problem_id"]
             problems = problems.filter(pl.col("problem_id").is_in(ids.implode()))
+            if problems.height == 0:
+                raise SystemExit(f"--screen-from {args.screen_from}: none of its problem_ids is among the split's "
+                                 f"{args.problems or 'all'} problems from position {args.offset}; widen --rows or --offset")
         write_parquet_atomic(problems, work / "problems.parquet", dataset="problems")
         screen_cfg = RolloutConfig(k=args.screen_k, seed=args.seed, shard_size=SCREEN_SHARD[args.domain], **sampling)
         screen = ROLLOUT({"prompts": [str(work / "problems.parquet")]}, screen_cfg, work / "screen",
@@ -440,6 +447,9 @@ def run(args: argparse.Namespace) -> list[dict]:
     source = work / "collapsed" / "selected.parquet"
     print(json.dumps({"bench": "rescue", "step": "screen", **screened, "screen_k": args.screen_k,
                       "collapsed": collapsed.height, "seconds": round(time.monotonic() - t0, 1)}), flush=True)
+    if args.screen_only:
+        close_backends()
+        return []
     if collapsed.height == 0:
         raise SystemExit("no problem stayed collapsed: nothing to rescue")
 
@@ -646,7 +656,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--hinter", default="qwen2.5-coder-1.5b", help="Hint model for the four agents.")
     p.add_argument("--backend", choices=("vllm", "fake"), default="vllm", help="fake: plumbing only (tests).")
     p.add_argument("--fake-policy", default="mentor.stages.hint.agents:fake_script", help=argparse.SUPPRESS)
-    p.add_argument("--problems", type=int, help=f"Problems of the split to screen (default: 400 math, 177 of them collapsed at 0/8 with the default models, all code; --quick {QUICK_PROBLEMS}).")
+    p.add_argument("--problems", "--rows", dest="problems", type=int, help=f"Problems of the split to screen, from --offset (default: 400 math, 177 of them collapsed at 0/8 with the default models, all code; --quick {QUICK_PROBLEMS}).")
+    p.add_argument("--offset", type=int, default=0, help="First problem of the split to screen, by position in the split "
+                   "(e.g. --offset 400 --rows 200: report problems 400-599, never screened by the runs in docs/benchmarks.md); "
+                   "its work folder is <domain>-<split>-from<offset>.")
+    p.add_argument("--screen-only", action="store_true", help="Stop after the screen and its collapsed set (a later run reuses both).")
     p.add_argument("--max-collapsed", type=int, help="Keep at most this many collapsed problems (problem_id order).")
     p.add_argument("--screen-k", type=int, default=8, help="Samples of the collapse screen (collapsed = none right).")
     p.add_argument("--k", type=int, default=4, help="Re-rolls per problem and arm.")
@@ -715,6 +729,21 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return args
 
 
+def _stop_on_interrupt() -> None:
+    """Ctrl-C ends the run as SIGTERM does: through SystemExit, so atexit stops the engines at once.
+
+    A rerun resumes from the last finished shard of each stage.
+    """
+    def handler(signum, frame):  # noqa: ARG001
+        print(json.dumps({"bench": "rescue", "step": "stopped", "signal": signal.Signals(signum).name,
+                          "note": "rerun the same command to resume"}), file=sys.stderr, flush=True)
+        raise SystemExit(128 + signum)
+
+    signal.signal(signal.SIGINT, handler)
+    signal.signal(signal.SIGTERM, handler)
+
+
 if __name__ == "__main__":
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    _stop_on_interrupt()
     run(parse_args(sys.argv[1:]))
