@@ -730,17 +730,46 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def _stop_on_interrupt() -> None:
-    """Ctrl-C ends the run as SIGTERM does: through SystemExit, so atexit stops the engines at once.
+    """Ctrl-C (or SIGTERM) stops the run within seconds, the engine's processes included; a rerun resumes.
 
-    A rerun resumes from the last finished shard of each stage.
+    A Python signal handler runs only when the main thread is back in the
+    interpreter, and while vLLM samples it can sit in a blocking call for tens
+    of seconds (measured: 13 s on SIGINT, then 11 s of engine shutdown). The C
+    handler still writes the signal to the wakeup fd at once, so a thread reads
+    it, asks the engine's processes to stop (SIGTERM, then SIGKILL after 3 s)
+    and ends the process. Every stage writes a shard under a temporary name and
+    renames it when whole, so nothing half-written is left and a rerun resumes
+    from the last finished shard.
     """
-    def handler(signum, frame):  # noqa: ARG001
-        print(json.dumps({"bench": "rescue", "step": "stopped", "signal": signal.Signals(signum).name,
-                          "note": "rerun the same command to resume"}), file=sys.stderr, flush=True)
-        raise SystemExit(128 + signum)
+    import threading
 
-    signal.signal(signal.SIGINT, handler)
-    signal.signal(signal.SIGTERM, handler)
+    import psutil
+
+    r, w = os.pipe()
+    os.set_blocking(w, False)
+    signal.set_wakeup_fd(w)
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda signum, frame: None)  # the thread below acts; the main thread must not unwind
+
+    def stop() -> None:
+        signum = os.read(r, 1)[0]
+        print(json.dumps({"bench": "rescue", "step": "stopped", "signal": signal.Signals(signum).name,
+                          "note": "rerun the same command to resume"}), flush=True)
+        children = psutil.Process().children(recursive=True)
+        for child in children:
+            try:
+                child.terminate()
+            except psutil.NoSuchProcess:
+                pass
+        _, alive = psutil.wait_procs(children, timeout=3)
+        for child in alive:
+            try:
+                child.kill()
+            except psutil.NoSuchProcess:
+                pass
+        os._exit(128 + signum)
+
+    threading.Thread(target=stop, name="stop-on-signal", daemon=True).start()
 
 
 if __name__ == "__main__":
