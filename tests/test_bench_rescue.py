@@ -277,3 +277,67 @@ def test_wordings_rerolls_each_hint_arm_once_per_opening(bench, shared_data, tmp
         assert f"\n\nHint: {hint}" in seen["reference_after"][pid] and "<|im_start|>" not in seen["reference_after"][pid]
         # the unhinted arm of the same run: rendered too, with the generation prompt (what a trainer renders)
         assert seen["unhinted"][pid].endswith("<|im_end|>\n<|im_start|>assistant\n")
+
+
+def test_offset_and_rows_select_problems_by_position_in_the_split(bench):
+    whole = bench.split_problems("math", "report", None)
+    part = bench.split_problems("math", "report", 200, offset=400)
+    assert part["problem_id"].to_list() == whole["problem_id"].to_list()[400:600]
+    args = bench.parse_args(["--offset", "400", "--rows", "200"])
+    assert (args.offset, args.problems) == (400, 200)
+    with pytest.raises(SystemExit, match="the report split has 659 problems"):
+        bench.split_problems("math", "report", 10, offset=659)
+
+
+def test_screen_only_stops_after_the_screen_in_its_own_folder(bench, shared_data, tmp_path, capsys):
+    args = bench.parse_args(["--backend", "fake", "--offset", "400", "--rows", "4", "--screen-k", "2", "--screen-only",
+                             "--work", str(tmp_path), "--no-progress"])
+    assert bench.run(args) == []
+    printed = [json.loads(x) for x in capsys.readouterr().out.splitlines()]
+    assert [p["step"] for p in printed] == ["screen"] and printed[0]["problems"] == 4
+    work = tmp_path / "math-report-from400"
+    assert (work / "collapsed" / "selected.parquet").exists() and not (work / "hints").exists()
+
+
+def test_screen_from_that_selects_nothing_is_refused(bench, shared_data, tmp_path):
+    first = tmp_path / "first.parquet"
+    bench.split_problems("math", "report", 2).select("problem_id").write_parquet(first)
+    args = bench.parse_args(["--backend", "fake", "--offset", "400", "--rows", "4", "--screen-from", str(first),
+                             "--work", str(tmp_path), "--no-progress"])
+    with pytest.raises(SystemExit, match="none of its problem_ids"):
+        bench.run(args)
+
+
+@pytest.mark.parametrize("sig", ["SIGINT", "SIGTERM"])
+def test_a_signal_stops_the_bench_and_its_child_processes_within_seconds(tmp_path, sig):
+    """The stop path of a real run (the engine's processes are the bench's children), with a child that ignores
+    SIGTERM standing in for a slow engine: the bench reports the stop and is gone within seconds."""
+    import signal
+    import subprocess
+    import time
+
+    import psutil
+
+    script = tmp_path / "run.py"
+    script.write_text(
+        "import importlib.util, subprocess, sys, time\n"
+        f"spec = importlib.util.spec_from_file_location('b', {str(BENCH)!r}); b = importlib.util.module_from_spec(spec)\n"
+        "spec.loader.exec_module(b); b._stop_on_interrupt()\n"
+        "child = subprocess.Popen([sys.executable, '-c', 'import signal, time; signal.signal(signal.SIGTERM, "
+        "signal.SIG_IGN); print(1, flush=True); time.sleep(600)'], stdout=subprocess.PIPE)\n"
+        "child.stdout.readline(); print('ready', child.pid, flush=True)\n"
+        "time.sleep(600)  # a blocking call, as vLLM's sampling loop can be\n")
+    proc = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True)
+    ready = proc.stdout.readline().split()
+    assert ready[0] == "ready"
+    t0 = time.monotonic()
+    proc.send_signal(getattr(signal, sig))
+    rc = proc.wait(timeout=30)
+    assert time.monotonic() - t0 < 10 and rc == 128 + getattr(signal, sig)
+    assert json.loads(proc.stdout.readline()) | {} == {"bench": "rescue", "step": "stopped", "signal": sig,
+                                                       "note": "rerun the same command to resume"}
+    time.sleep(0.5)
+    try:  # the child that ignored SIGTERM was killed (gone, or a zombie until its new parent reaps it)
+        assert psutil.Process(int(ready[1])).status() == psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        pass
