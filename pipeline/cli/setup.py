@@ -193,8 +193,8 @@ def setup_sandbox(no_install, strict):
 @click.option("--out", default=".", show_default=True, type=click.Path(file_okay=False),
               help="Where the run's shards and logs will go (free space, writable).")
 @click.option("--timeout", type=FiniteFloatRange(0, 3600, min_open=True), default=10.0, show_default=True,
-              metavar="SECONDS", help="How long each probe of the node (nvidia-smi, the trainer's Python) may take; "
-              "one that takes longer is a problem.")
+              metavar="SECONDS", help="How long each probe may wait (nvidia-smi, the trainer's Python, the --base-url server's "
+              "answer, no retry); one that takes longer is a problem.")
 @click.option("--json", "as_json", is_flag=True, help="Print the checks as one JSON list instead of lines.")
 def doctor(role, model, tensor_parallel_size, gpu_memory_utilization, base_url, engine, python, rollout_dir, out, timeout,
            as_json):
