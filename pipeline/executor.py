@@ -32,7 +32,7 @@ from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from typing import Any, Protocol
 
-from mentor.pipeline.devices import engine_worker_env
+from mentor.pipeline.devices import check_engine_devices, engine_worker_env, worker_info
 from mentor.pipeline.errors import ConfigError
 from mentor.pipeline.llm import close_backends
 
@@ -246,6 +246,55 @@ def connect_scheduler(address: str, timeout: float = SCHEDULER_TIMEOUT) -> Any:
     return client
 
 
+_WORKER_FIX = "start each engine worker as `DASK_DISTRIBUTED__WORKER__DAEMON=False dask worker ADDRESS --nthreads 1`" \
+              " with CUDA_VISIBLE_DEVICES set to GPUs of its own (docs/gpus.md)"
+
+
+def check_engine_workers(client: Any, gpus_per_worker: int = 1) -> int:
+    """Before the first shard: every worker of a cluster mentor did not start can run one engine at a time.
+
+    A worker with several threads runs several shards at once, on one cached engine (the engine takes
+    one batch at a time: the shards wait for each other) or, for two configurations, two engines on the same
+    devices; a daemonic worker cannot start vLLM's EngineCore; an engine needs `gpus_per_worker` (its
+    tensor_parallel_size) GPUs of the worker's own, and two workers on one host must not share a GPU.
+    Every problem is one `ConfigError` naming the workers. Returns the number of workers checked.
+    """
+    try:
+        info = client.scheduler_info(n_workers=-1)  # newer dask lists only 5 workers by default
+    except TypeError:  # dask before 2025: every worker, no argument
+        info = client.scheduler_info()
+    workers = info.get("workers", {})
+    seen = client.run(worker_info)
+    problems: list[str] = []
+    threads = {a: w.get("nthreads", 1) for a, w in workers.items() if w.get("nthreads", 1) > 1}
+    for address, n in sorted(threads.items()):
+        problems.append(f"worker {address} has {n} threads: it would run {n} shards at once, one engine between them")
+    by_host: dict[tuple[str, str], list[str]] = {}
+    for address, view in sorted(seen.items()):
+        if view.get("daemon"):
+            problems.append(f"worker {address} is a daemonic process and cannot start vLLM's EngineCore")
+        if view.get("gpu_error"):
+            problems.append(f"worker {address}: {view['gpu_error']}")
+            continue
+        gpus = view.get("gpus") or []
+        if gpus and len(gpus) < gpus_per_worker:
+            problems.append(f"worker {address} sees {len(gpus)} GPU(s) ({', '.join(gpus)}), an engine of tensor_parallel_size "
+                            f"{gpus_per_worker} needs {gpus_per_worker}")
+        elif not gpus and gpus_per_worker > 1:
+            problems.append(f"worker {address} sees no GPU, an engine of tensor_parallel_size {gpus_per_worker} needs "
+                            f"{gpus_per_worker} (a CPU engine runs with tensor_parallel_size 1)")
+        for gpu in gpus:
+            by_host.setdefault((view.get("host", "?"), gpu), []).append(address)
+    shared = sorted({tuple(sorted(a)) for a in by_host.values() if len(a) > 1})
+    for addresses in shared:
+        gpus = sorted(g for (h, g), a in by_host.items() if tuple(sorted(a)) == addresses)
+        problems.append(f"workers {', '.join(addresses)} on one host see the same GPU(s) {', '.join(gpus)}: two engines "
+                        "would share them")
+    if problems:
+        raise ConfigError(f"the dask cluster's workers cannot each run one hint engine: {'; '.join(problems)}; {_WORKER_FIX}")
+    return len(seen)
+
+
 def engine_memory_limit(workers: int) -> int:
     """Bytes each of `workers` local engine workers may use: an equal share of the machine's memory.
 
@@ -267,7 +316,7 @@ ENGINE_WORKER_MEMORY = {"distributed.worker.memory.pause": False, "distributed.w
 
 @contextmanager
 def dask_client(workers: int | None = None, scheduler: str | None = None, gpus_per_worker: int = 1,
-                timeout: float = SCHEDULER_TIMEOUT) -> Iterator[Any]:
+                timeout: float = SCHEDULER_TIMEOUT, engines: bool = False) -> Iterator[Any]:
     """A dask Client for `scheduler`, or for a local cluster of `workers` engine workers.
 
     Local workers can each run one vLLM engine: they are not daemonic (dask's
@@ -277,7 +326,9 @@ def dask_client(workers: int | None = None, scheduler: str | None = None, gpus_p
     `gpus_per_worker` GPUs each, or its own cores on a CPU node), and each may use an
     equal share of the machine's memory without pausing (`engine_memory_limit`).
     Workers of an existing cluster (`scheduler`) are the user's to start that way
-    (docs/gpus.md); the scheduler must answer, and have a worker, within `timeout` seconds.
+    (docs/gpus.md); the scheduler must answer, and have a worker, within `timeout` seconds, and
+    with `engines` (the stage runs vLLM engines) each worker is checked before the first shard
+    (`check_engine_workers`: one thread, not daemonic, GPUs of its own).
     """
     distributed = _distributed()
     if workers is not None and scheduler is not None:
@@ -286,6 +337,8 @@ def dask_client(workers: int | None = None, scheduler: str | None = None, gpus_p
     if scheduler is not None:
         client = connect_scheduler(scheduler, timeout)
         try:
+            if engines:
+                check_engine_workers(client, gpus_per_worker)
             yield client
         finally:
             client.close()
@@ -328,14 +381,21 @@ def executor_for(client: Any = None, resources: dict[str, float] | None = None) 
 
 @contextmanager
 def open_executor(workers: int | None = None, scheduler: str | None = None, gpus_per_worker: int = 1,
-                  timeout: float = SCHEDULER_TIMEOUT) -> Iterator[Executor]:
-    """The executor ``--workers`` / ``--scheduler`` ask for (neither: this process), open for the block."""
+                  timeout: float = SCHEDULER_TIMEOUT, engines: bool = False) -> Iterator[Executor]:
+    """The executor ``--workers`` / ``--scheduler`` ask for (neither: this process), open for the block.
+
+    `engines`: the stage runs vLLM engines of `gpus_per_worker` devices each; their layout is checked before
+    the first shard (`mentor.pipeline.devices.check_engine_devices` here, `check_engine_workers` on a cluster).
+    """
     if workers is None and scheduler is None:
+        if engines:
+            check_engine_devices(gpus_per_worker)
         yield LocalExecutor()
         return
-    with dask_client(workers=workers, scheduler=scheduler, gpus_per_worker=gpus_per_worker, timeout=timeout) as client:
+    with dask_client(workers=workers, scheduler=scheduler, gpus_per_worker=gpus_per_worker, timeout=timeout,
+                     engines=engines) as client:
         yield DaskExecutor(client)
 
 
-__all__ = ["DaskExecutor", "Executor", "LocalExecutor", "SCHEDULER_TIMEOUT", "connect_scheduler", "dask_client",
+__all__ = ["DaskExecutor", "Executor", "LocalExecutor", "SCHEDULER_TIMEOUT", "check_engine_workers", "connect_scheduler", "dask_client",
            "engine_memory_limit", "executor_for", "open_executor", "scheduler_address"]

@@ -38,6 +38,7 @@ from typing import Any, Protocol, runtime_checkable
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from mentor.pipeline.devices import check_engine_devices
 from mentor.pipeline.errors import ConfigError
 from mentor.pipeline.models import MODEL_NAMES, NAMED_MAX_MODEL_LEN, resolve_model
 
@@ -108,6 +109,8 @@ class CountingBackend:
 
     def __init__(self, model: str) -> None:
         self.model = model
+        # A non-concurrent backend (an engine) takes one batch at a time, also from two threads of one dask worker.
+        self._one_batch = threading.RLock()
         self.calls = 0
         self.requests = 0
         self.prompt_tokens = 0
@@ -119,7 +122,11 @@ class CountingBackend:
     def generate(self, requests: Sequence[GenRequest], on_done: OnDone | None = None) -> list[GenResult]:
         if not requests:
             return []
-        results = self._generate(requests, on_done)
+        if self.concurrent:
+            results = self._generate(requests, on_done)
+        else:
+            with self._one_batch:
+                results = self._generate(requests, on_done)
         if len(results) != len(requests):
             raise RuntimeError(f"{self.name} backend returned {len(results)} results for {len(requests)} requests")
         pt = ct = 0
@@ -247,6 +254,7 @@ def resolve_callable(spec: str) -> Callable:
 # --------------------------------------------------------------------------- factory
 
 _ENGINES: dict[str, Backend] = {}
+_ENGINE_LOCK = threading.RLock()  # guards _ENGINES: one engine per configuration, also with threads
 _STARTS = 0  # engines this process has started
 
 
@@ -270,11 +278,12 @@ def _exit_on_sigterm() -> None:
 
 def close_backends() -> None:
     """Stop every engine this process started (registered at exit; call it to free memory between models)."""
-    while _ENGINES:
-        _, engine = _ENGINES.popitem()
-        close = getattr(engine, "close", None)
-        if close is not None:
-            close()
+    with _ENGINE_LOCK:
+        while _ENGINES:
+            _, engine = _ENGINES.popitem()
+            close = getattr(engine, "close", None)
+            if close is not None:
+                close()
 
 
 def _cache_key(kind: str, model: str | None, options: dict[str, Any]) -> str:
@@ -301,7 +310,12 @@ def make_backend(kind: str, model: str | None = None, **options: Any) -> Backend
         raise ConfigError(f"unknown backend {kind!r}; use 'vllm', 'openai' (a server) or 'fake' (tests)")
     if model is None or model in MODEL_NAMES:
         options.setdefault("max_model_len", NAMED_MAX_MODEL_LEN)
-    key = _cache_key(kind, model, options)
+    with _ENGINE_LOCK:  # two tasks of one dask worker (two threads) find one engine, never start two
+        return _cached_engine(model, options)
+
+
+def _cached_engine(model: str | None, options: dict[str, Any]) -> Backend:
+    key = _cache_key("vllm", model, options)
     engine = _ENGINES.get(key)
     if engine is not None and getattr(engine, "dead", None):
         # A failed engine is never reused, and its processes (and GPU memory) are gone before the next one starts.
@@ -312,6 +326,7 @@ def make_backend(kind: str, model: str | None = None, **options: Any) -> Backend
         engine = None
     if engine is None:
         _check_can_start_engine()
+        check_engine_devices(options.get("tensor_parallel_size") or 1)  # this process's devices, before vLLM's own checks
         from mentor.pipeline.vllm_backend import VLLMBackend  # circular: vllm_backend imports llm
 
         engine = VLLMBackend(resolve_model(model), **options)

@@ -9,7 +9,9 @@ and (tier ``vllm``) a real engine answering one JSON-schema request.
 from __future__ import annotations
 
 import json
+import os
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -18,11 +20,35 @@ from click.testing import CliRunner
 from mentor.cli import cli
 from mentor.workflows import doctor
 
-NVIDIA_SMI = """#!/bin/sh
-case "$*" in
-  *--query-gpu*) printf '0, NVIDIA H100 80GB HBM3, 81559, 1, 570.86.15\\n1, NVIDIA H100 80GB HBM3, 81559, {used}, 570.86.15\\n' ;;
-  *) printf '| NVIDIA-SMI 570.86.15    Driver Version: 570.86.15    CUDA Version: 12.8 |\\n' ;;
-esac
+# What the driver's nvidia-smi prints for the calls doctor makes (--query-gpu=FIELDS, -L, the banner), for two
+# H100s; `mode` makes it fail as a broken driver does, hang, or print [N/A] for a field it cannot read.
+NVIDIA_SMI = """#!{python}
+import sys, time
+mode, used = {mode!r}, {used}
+gpus = [dict(index="0", uuid="GPU-5f3c1a2e-0000-1111-2222-333344445555", name="NVIDIA H100 80GB HBM3",
+             mig="MIG-aaaa1111-0000-1111-2222-333344445555"),
+        dict(index="1", uuid="GPU-9e8d7c6b-0000-1111-2222-333344445555", name="NVIDIA H100 80GB HBM3",
+             mig="MIG-bbbb2222-0000-1111-2222-333344445555")]
+if mode == "fail":
+    print("NVIDIA-SMI has failed because it couldn't communicate with the NVIDIA driver. Make sure that the latest "
+          "NVIDIA driver is installed and running.")
+    sys.exit(9)
+if mode == "hang":
+    time.sleep(60)
+args = sys.argv[1:]
+query = next((a.split("=", 1)[1] for a in args if a.startswith("--query-gpu=")), None)
+if query:
+    for i, g in enumerate(gpus):
+        g.update({{"memory.total": "81559", "memory.used": str(1 if i == 0 else used), "driver_version": "570.86.15"}})
+        if mode == "na" and i == 1:
+            g["memory.used"] = "[N/A]"
+        print(", ".join(g[f] for f in query.split(",")))
+elif args == ["-L"]:
+    for g in gpus:
+        print(f"GPU {{g['index']}}: {{g['name']}} (UUID: {{g['uuid']}})")
+        print(f"  MIG 3g.40gb     Device  0: (UUID: {{g['mig']}})")
+else:
+    print("| NVIDIA-SMI 570.86.15    Driver Version: 570.86.15    CUDA Version: 12.8 |")
 """
 
 
@@ -34,10 +60,10 @@ def _checks(args: list[str]) -> tuple[int, dict[str, dict]]:
 
 @pytest.fixture()
 def two_gpus(tmp_path, monkeypatch):
-    def install(used_mib: int = 1):
+    def install(used_mib: int = 1, mode: str = "ok"):
         bin_dir = tmp_path / "bin"
         bin_dir.mkdir(exist_ok=True)
-        (bin_dir / "nvidia-smi").write_text(NVIDIA_SMI.format(used=used_mib))
+        (bin_dir / "nvidia-smi").write_text(NVIDIA_SMI.format(python=sys.executable, used=used_mib, mode=mode))
         (bin_dir / "nvidia-smi").chmod(0o755)
         monkeypatch.setenv("PATH", f"{bin_dir}:{__import__('os').environ['PATH']}")
         monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
@@ -48,7 +74,8 @@ def two_gpus(tmp_path, monkeypatch):
 def test_a_cpu_node_runs_every_check_and_says_what_does_not_apply(tmp_path):
     code, checks = _checks(["--no-engine", "--out", str(tmp_path)])
     assert code == 0, checks
-    assert list(checks) == ["python", "torch", "driver", "GPUs", "vLLM", "hint model", "reward files", "Ray", "disk", "engine"]
+    assert list(checks) == ["python", "torch", "driver", "GPUs", "shared memory", "settings", "vLLM", "hint model",
+                            "trainer Python", "reward files", "accelerate config", "Ray", "disk", "engine"]
     assert checks["python"]["status"] == "ok" and sys.executable in checks["python"]["detail"]
     assert checks["driver"]["status"] == "skip" and "a CPU node" in checks["driver"]["detail"]
     assert checks["vLLM"]["status"] == "ok" and "engine processes start with spawn" in checks["vLLM"]["detail"]
@@ -111,3 +138,141 @@ def test_the_engine_answers_one_structured_request(tmp_path):
     code, checks = _checks(["--role", "hint", "--out", str(tmp_path)])
     assert code == 0, checks
     assert checks["engine"]["status"] == "ok" and "answered one JSON-schema request" in checks["engine"]["detail"]
+
+
+# --------------------------------------------------------------------------- what doctor could not check is a problem
+
+
+@pytest.mark.parametrize("mode, said", [
+    ("fail", "nvidia-smi failed (exit 9: NVIDIA-SMI has failed because it couldn't communicate with the NVIDIA driver"),
+    ("hang", "did not answer within 1 s"),
+    ("na", "could not read (1, GPU-9e8d7c6b-0000-1111-2222-333344445555, NVIDIA H100 80GB HBM3, 81559, [N/A]"),
+])
+def test_an_nvidia_smi_that_fails_hangs_or_prints_na_is_a_problem_not_a_cpu_node(two_gpus, tmp_path, mode, said):
+    two_gpus(mode=mode)
+    t0 = time.monotonic()
+    code, checks = _checks(["--no-engine", "--role", "hint", "--timeout", "1", "--out", str(tmp_path)])
+    assert time.monotonic() - t0 < 45  # bounded: each nvidia-smi call waits --timeout at most
+    assert code == 1
+    for name in ("driver", "GPUs"):
+        assert checks[name]["status"] == "problem", checks[name]
+        assert said in checks[name]["detail"] and "CPU node" not in checks[name]["detail"]
+
+
+@pytest.mark.parametrize("visible, count, said", [
+    ("garbage,1", 0, "CUDA stops at 'garbage' (not an index, GPU-UUID or MIG id): no GPU visible, 'garbage', '1' ignored"),
+    ("1,garbage", 1, "only GPU 1 visible, 'garbage' ignored"),
+    ("0,7", 1, "7 is not a GPU nvidia-smi lists here (indices 0, 1), and CUDA stops there: only GPU 0 visible"),
+    ("1,1", 0, "1 appears twice: CUDA then sees no GPU at all"),
+])
+def test_cuda_visible_devices_is_read_the_way_cuda_reads_it(two_gpus, tmp_path, monkeypatch, visible, count, said):
+    two_gpus()
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", visible)
+    code, checks = _checks(["--no-engine", "--role", "hint", "--out", str(tmp_path)])
+    assert code == 1
+    gpus = checks["GPUs"]
+    assert gpus["status"] == "problem" and gpus["detail"].startswith(f"{count} visible to CUDA: CUDA_VISIBLE_DEVICES={visible!r}")
+    assert said in gpus["detail"] and "GPU UUIDs or MIG ids" in gpus["fix"]
+
+
+@pytest.mark.parametrize("visible, index", [
+    ("GPU-9e8d7c6b-0000-1111-2222-333344445555", "1"),  # a UUID, as nvidia-smi -L prints it
+    ("GPU-9e8d7c6b", "1"),  # a unique prefix of one
+    ("MIG-aaaa1111-0000-1111-2222-333344445555", "0"),  # a MIG device: its GPU
+])
+def test_gpu_uuids_and_mig_ids_are_gpus(two_gpus, tmp_path, monkeypatch, visible, index):
+    two_gpus()
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", visible)
+    gpus, _, why = doctor.nvidia_smi()
+    assert [g.index for g in gpus] == [index] and why is None
+    code, checks = _checks(["--no-engine", "--role", "hint", "--out", str(tmp_path)])
+    assert checks["GPUs"]["status"] == "ok" and checks["GPUs"]["detail"].startswith(f"1 visible and free ({index}: ")
+
+
+def test_bad_options_and_an_out_under_a_file(tmp_path):
+    res = CliRunner().invoke(cli, ["doctor", "--gpu-memory-utilization", "nan", "--no-engine"])
+    assert res.exit_code == 2 and "'nan' is not a finite number" in res.output
+    (tmp_path / "a-file").write_text("x")
+    code, checks = _checks(["--no-engine", "--role", "hint", "--out", str(tmp_path / "a-file" / "run")])
+    assert code == 1
+    assert checks["disk"]["status"] == "problem" and f"{tmp_path / 'a-file'} is a file" in checks["disk"]["detail"]
+
+
+def test_a_check_that_breaks_keeps_its_name(tmp_path, monkeypatch):
+    def broken(*_a, **_k):
+        raise RuntimeError("boom")
+
+    monkeypatch.setattr(doctor, "check_vllm", broken)
+    code, checks = _checks(["--no-engine", "--role", "hint", "--out", str(tmp_path)])
+    assert code == 1 and "<lambda>" not in checks
+    assert checks["vLLM"] == {"name": "vLLM", "status": "problem", "detail": "the check failed: RuntimeError: boom", "fix": None}
+
+
+def test_a_python_too_old_is_said_plainly(tmp_path):
+    """A Python 2 as the trainer's interpreter (a stand-in answering as python2.7 does)."""
+    python2 = tmp_path / "python2"
+    python2.write_text("#!/bin/sh\nprintf '2.7.18'\n")
+    python2.chmod(0o755)
+    code, checks = _checks(["--no-engine", "--role", "trainer", "--python", str(python2), "--out", str(tmp_path)])
+    assert code == 1
+    got = checks["trainer Python"]
+    assert got["status"] == "problem" and got["detail"] == f"{python2} is Python 2.7.18, too old: mentor's reward files need Python 3.10 or newer"
+    code, checks = _checks(["--no-engine", "--role", "trainer", "--python", sys.executable, "--out", str(tmp_path)])
+    assert checks["trainer Python"]["status"] == "ok"
+
+
+def test_shm_settings_and_acceleratess_default_config(tmp_path, monkeypatch):
+    monkeypatch.setenv("NCCL_P2P_DISABLE", "1")
+    monkeypatch.setenv("VLLM_WORKER_MULTIPROC_METHOD", "spawn")
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
+    config = tmp_path / "hf" / "accelerate" / "default_config.yaml"
+    config.parent.mkdir(parents=True)
+    config.write_text("compute_environment: LOCAL_MACHINE\ndistributed_type: DEEPSPEED\nmixed_precision: fp16\n"
+                      "num_processes: 8\ngpu_ids: all\n")
+    code, checks = _checks(["--no-engine", "--role", "trainer", "--out", str(tmp_path)])
+    assert checks["shared memory"]["status"] == "ok" and checks["shared memory"]["detail"].startswith("/dev/shm is ")
+    assert "NCCL_P2P_DISABLE=1" in checks["settings"]["detail"]
+    assert "VLLM_WORKER_MULTIPROC_METHOD=spawn" in checks["settings"]["detail"]
+    acc = checks["accelerate config"]["detail"]
+    assert f"{config} is merged into every TRL round mentor launches through accelerate" in acc
+    assert "distributed_type: DEEPSPEED" in acc and "mixed_precision: fp16" in acc and "gpu_ids: all" in acc
+    assert "mentor's own flags win for num_processes" in acc and "num_processes: 8" not in acc
+    config.write_text("mixed_precision: [fp16\n")
+    code, checks = _checks(["--no-engine", "--role", "trainer", "--out", str(tmp_path)])
+    assert code == 1 and checks["accelerate config"]["status"] == "problem"
+
+
+def test_a_small_dev_shm_is_a_problem(monkeypatch):
+    """A container's default /dev/shm (64 MiB)."""
+    real = os.statvfs
+
+    def small(path):
+        st = real(path)
+        if path != "/dev/shm":
+            return st
+        return os.statvfs_result((st.f_bsize, 4096, 16384, 16000, 16000, 100, 100, 100, 0, 255))
+
+    monkeypatch.setattr(os, "statvfs", small)
+    got = doctor.check_shm()
+    assert got.status == "problem" and "/dev/shm is 0.06 GiB" in got.detail and "--shm-size" in got.fix
+
+
+def test_a_server_that_never_answers_is_a_problem_within_the_timeout(tmp_path):
+    from fake_openai_server import SilentPort
+
+    with SilentPort() as silent:
+        url = f"http://127.0.0.1:{silent.port}/v1"
+        t0 = time.monotonic()
+        code, checks = _checks(["--role", "hint", "--base-url", url, "--model", "m", "--timeout", "2", "--out", str(tmp_path)])
+        took = time.monotonic() - t0
+    assert code == 1 and took < 30, took
+    got = checks["engine"]
+    assert got["status"] == "problem" and got["detail"].startswith(f"the server at {url} did not answer (each wait bounded by --timeout 2 s)")
+
+
+def test_tensor_parallel_on_a_cpu_node_is_a_problem(tmp_path, monkeypatch):
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
+    code, checks = _checks(["--no-engine", "--role", "hint", "--tensor-parallel-size", "4", "--out", str(tmp_path)])
+    assert code == 1
+    got = checks["hint model"]
+    assert got["status"] == "problem" and "--tensor-parallel-size 4 on a node without a GPU visible" in got["detail"]

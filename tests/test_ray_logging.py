@@ -41,6 +41,7 @@ from mentor.cli import cli  # noqa: E402
 from mentor.data import bundled  # noqa: E402
 from mentor.pipeline.schemas import prompt_label  # noqa: E402
 from mentor.training.openrlhf_launcher import REWARD_FILE, TrainConfig, build_env, preflight, build_command, run_round  # noqa: E402
+from mentor.pipeline.errors import ConfigError  # noqa: E402
 from mentor.training.rollout_log import RAY_JOB_CONFIG_ENV, RolloutDirUnreachable  # noqa: E402
 
 from fake_trainers import fake_trainer  # noqa: E402
@@ -257,3 +258,61 @@ def test_node_with_its_own_disk_refuses_the_round(ray_head, tmp_path, monkeypatc
     assert "which this machine cannot see (a disk local to that node)" in msg
     assert "a filesystem every node mounts" in msg
     assert not (cfg.train_path / "model").exists()
+
+
+# A trainer environment whose Ray is another release than the cluster's (vLLM's CUDA wheels and OpenRLHF pin
+# different Rays): this interpreter, with ``ray.__version__`` read as 2.59.0, the value Ray's own version check
+# (``ray._private.utils.compute_version_info``) compares with the cluster's.
+OTHER_RAY = """#!{python}
+import runpy, sys
+import ray
+ray.__version__ = "2.59.0"
+if sys.argv[1:2] == ["-c"]:
+    code, sys.argv = sys.argv[2], ["-c", *sys.argv[3:]]
+    exec(compile(code, "<string>", "exec"), {{"__name__": "__main__"}})
+elif sys.argv[1:2] == ["-m"] and sys.argv[2].startswith("mentor."):  # mentor's checks: this interpreter
+    module, sys.argv = sys.argv[2], [sys.argv[2], *sys.argv[3:]]
+    runpy.run_module(module, run_name="__main__", alter_sys=True)
+else:  # the trainer: it must never start
+    out = sys.argv[sys.argv.index("--ckpt.output_dir") + 1]
+    __import__("os").makedirs(out, exist_ok=True)
+    open(out + "/started", "w").write("started")
+"""
+
+
+def test_a_trainer_python_with_another_ray_is_refused_naming_both_versions(ray_head, tmp_path, monkeypatch, round_inputs):
+    monkeypatch.setenv("RAY_ADDRESS", ray_head["address"])
+    python = tmp_path / "trainer-python"
+    python.write_text(OTHER_RAY.format(python=sys.executable))
+    python.chmod(0o755)
+    cfg = _cfg(tmp_path, round_inputs).model_copy(update={"python": str(python)})
+    with pytest.raises(ConfigError) as err:
+        run_round(cfg)
+    msg = str(err.value)
+    assert "Ray version mismatch" in msg and ray_head["address"] in msg
+    py = ".".join(map(str, sys.version_info[:3]))
+    assert f"runs Ray {ray.__version__} on Python {py}, the trainer's Python ({python}) has Ray 2.59.0 on Python {py}" in msg
+    assert not (cfg.train_path / "model").exists() and not (cfg.train_path / "outcome.json").exists()
+
+
+def test_the_reward_file_is_loaded_on_every_node(ray_head, tmp_path, monkeypatch):
+    """A reward file that imports a helper from the launcher's PYTHONPATH loads here (the launcher's own check)
+    but not in the Ray workers, whose environment is the one `ray start` had: refused before launch."""
+    helpers = tmp_path / "helpers"
+    helpers.mkdir()
+    (helpers / "my_reward_helpers.py").write_text("def score(*_):\n    return 1.0\n")
+    reward = tmp_path / "my_reward.py"
+    reward.write_text("import my_reward_helpers\n\ndef reward_func(queries, prompts, labels):\n"
+                      "    return {'rewards': [my_reward_helpers.score(q) for q in queries]}\n")
+    monkeypatch.setenv("RAY_ADDRESS", ray_head["address"])
+    monkeypatch.setenv("PYTHONPATH", str(helpers))
+    cfg = _cfg(tmp_path, reward_file=str(reward))
+    with pytest.raises(ConfigError) as err:
+        preflight(cfg, build_command(cfg), build_env(cfg))
+    msg = str(err.value)
+    assert f"the reward file {reward} does not load on every node of the Ray cluster at " in msg
+    assert f"{socket.gethostname()}: loading {reward} fails (ModuleNotFoundError: No module named 'my_reward_helpers')" in msg
+    assert "same PYTHONPATH" in msg
+    # mentor's own reward file loads on every node
+    cfg = _cfg(tmp_path)
+    assert preflight(cfg, build_command(cfg), build_env(cfg))["ray_cluster"]

@@ -183,3 +183,21 @@ def test_a_prompt_and_completion_over_the_models_context_is_refused(tmp_path, ro
     assert (f"the round's longest prompt is {longest} tokens" in res.output and "it needs 8193 tokens of context" in res.output
             and "max_position_embeddings=8192" in res.output)
     assert not (round_dir / "train" / "train.log").exists()
+
+
+def test_a_gpu_round_is_found_by_nvidia_smi_not_by_mentors_torch(round_dir, tmp_path, monkeypatch):
+    """mentor's interpreter here has a CPU torch (a hint node's venv); the node has two GPUs (a stand-in
+    nvidia-smi listing them, as `nvidia-smi --query-gpu=index` prints): the round trains on them."""
+    from mentor.training.trl_launcher import grpo_kwargs
+
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "nvidia-smi").write_text("#!/bin/sh\nprintf '0\\n1\\n'\n")
+    (bin_dir / "nvidia-smi").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}:{__import__('os').environ['PATH']}")
+    for var in ("MENTOR_FAKE_GPUS", "CUDA_VISIBLE_DEVICES"):
+        monkeypatch.delenv(var, raising=False)
+    cfg = parse_config({"round_dir": str(round_dir)})
+    assert "use_cpu" not in grpo_kwargs(cfg) and "bf16" not in grpo_kwargs(cfg)  # TRL's GPU defaults stand
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")  # every GPU hidden: a CPU round
+    assert grpo_kwargs(cfg)["use_cpu"] is True

@@ -45,7 +45,6 @@ import logging
 import os
 import shlex
 import subprocess
-import sys
 import time
 from pathlib import Path
 from typing import Any, ClassVar, Literal
@@ -62,7 +61,7 @@ from mentor.training.openrlhf_check import check_with_openrlhf
 from mentor.training.openrlhf_placement import round_demand
 from mentor.training.prompt_format import openrlhf_data_flags
 from mentor.training.prompt_limits import LongestPrompt, longest_prompt, require
-from mentor.training.ray_preflight import probe_cluster
+from mentor.training.ray_preflight import check_reward_reach, probe_cluster
 from mentor.training.reward_check import check_reward_loads
 from mentor.training.rollout_log import (
     ENV_DIR,
@@ -303,6 +302,8 @@ def preflight(cfg: TrainConfig, cmd: list[str], extra_env: dict[str, str]) -> di
     - Rollout log: every node of that cluster writes a probe into the rollout dir through the
       trainer's own runtime env and this machine reads it back; on a fresh local cluster the
       folder must be writable here (`RolloutDirUnreachable`).
+    - The probe runs with the round's ``python`` (a Ray or Python version the cluster refuses is
+      refused here, both versions named), and every node loads the reward file by its path.
 
     Without openrlhf in mentor's environment the GPU count is skipped (a warning).
     Returns what was checked (kept in outcome.json).
@@ -315,11 +316,14 @@ def preflight(cfg: TrainConfig, cmd: list[str], extra_env: dict[str, str]) -> di
         log.warning("%s: the round's GPUs are not checked before launch", exc)
         demand = None
     env = dict(os.environ) | extra_env
-    cluster = probe_cluster(env, init="openrlhf", python=sys.executable)
+    reward = str(Path(cfg.reward_file).resolve()) if cfg.reward_file else str(REWARD_FILE)
+    # The trainer's own Python joins (Ray refuses another Ray or Python version), and every node loads the reward file.
+    cluster = probe_cluster(env, init="openrlhf", python=cfg.python, reward=(reward, "reward_func"))
     supply = cluster_supply(cluster) if cluster else local_gpus()
     if demand is not None:
         demand.check(supply)
     hosts = check_rollout_reach(cluster, cfg.rollout_dir)
+    check_reward_reach(cluster, reward)
     return {
         "gpus_needed": demand.total if demand else None,
         "gpus_detail": demand.describe() if demand else None,

@@ -9,8 +9,15 @@ start a fresh local one (`probe_cluster` returns None). Otherwise it joins the
 cluster the way the trainer will (OpenRLHF: the ``ray.init`` statement of
 OpenRLHF's own ``train()``), reads the GPU resources, and runs one task pinned
 to each alive node that writes a probe file into the ``MENTOR_ROLLOUT_DIR`` its
-worker sees and checks that mentor's reward code imports there. It prints one
+worker sees, checks that mentor's reward code imports there and (`reward`) loads
+the reward file by its path as the trainer's actors will on that node (OpenRLHF's
+``SingleTurnAgentExecutor``, verl's ``get_custom_reward_fn``). It prints one
 JSON line: address, GPUs (total, free, per node), and each node's probe.
+
+Run it with the round's ``python`` (the trainer's interpreter): Ray refuses a driver
+whose Ray or Python version differs from the cluster's (``ray._private.utils.check_version_info``,
+down to the Python patch level unless ``RAY_DEFAULT_PYTHON_VERSION_MATCH_LEVEL=minor``),
+and the probe is refused the same way, with both versions named, before the trainer starts.
 """
 
 from __future__ import annotations
@@ -19,6 +26,8 @@ import argparse
 import ast
 import json
 import os
+import platform
+import re
 import socket
 import subprocess
 import sys
@@ -34,12 +43,16 @@ DEFAULT_TIMEOUT_S = 180.0
 
 
 def probe_cluster(env: dict[str, str], init: str = "openrlhf", python: str | None = None,
-                  timeout_s: float = DEFAULT_TIMEOUT_S, runtime_env: dict | None = None) -> dict | None:
+                  timeout_s: float = DEFAULT_TIMEOUT_S, runtime_env: dict | None = None,
+                  reward: tuple[str, str] | None = None) -> dict | None:
     """The Ray cluster the trainer launched with `env` will join, probed; None when it starts a fresh local one.
 
+    `python`: the trainer's interpreter (the round's ``python``; default: this one), which joins as the trainer
+    will: a Ray or Python version the cluster refuses is a ConfigError naming both versions.
     `init`: how to join: ``openrlhf`` (OpenRLHF's own ray.init call, when openrlhf is installed) or ``plain``
     (``ray.init(runtime_env=runtime_env)``: the runtime env the trainer's own ray.init passes, e.g. verl's).
-    A ConfigError names the address when joining or probing fails.
+    `reward`: ``(file, function)`` loaded by path on every node (each node's ``probe`` says ``reward_error``
+    when it fails; `check_reward_reach` refuses it). A ConfigError names the address when joining or probing fails.
     """
     address = env.get("RAY_ADDRESS", "")
     if address == "local":
@@ -53,22 +66,58 @@ def probe_cluster(env: dict[str, str], init: str = "openrlhf", python: str | Non
             )
         return None  # no ray here: the trainer's ray.init() can only start a local cluster from this environment
     token = uuid.uuid4().hex[:12]
-    cmd = [python, "-m", "mentor.training.ray_preflight", "--init", init, "--token", token, "--timeout", str(timeout_s / 2)]
+    cmd = [python, "-m", "mentor.training.ray_preflight", "--init", init, "--token", token, "--timeout", str(timeout_s / 2),
+           "--python", python]
     if runtime_env is not None:
         cmd += ["--runtime-env", json.dumps(runtime_env)]
+    if reward is not None:
+        cmd += ["--reward", str(reward[0]), str(reward[1])]
     try:
         proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout_s, check=False)
+    except OSError as exc:
+        raise ConfigError(f"python {python}: cannot run it to check the Ray cluster ({exc.strerror or exc}); set python "
+                          "to the interpreter of the trainer's environment") from None
     except subprocess.TimeoutExpired:
         raise ConfigError(f"the Ray cluster check did not finish in {timeout_s:.0f}s (RAY_ADDRESS={address or 'unset'}); "
                           "is the cluster up (`ray status`)?") from None
     lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("{")]
     if proc.returncode != 0 or not lines:
         tail = (proc.stderr.strip().splitlines() or ["(no output)"])[-1]
+        if "No module named 'mentor" in tail:
+            raise ConfigError(f"the trainer's Python ({python}) cannot import mentor, so it cannot check the Ray cluster "
+                              f"the trainer would join ({tail}); install it there: pip install 'mentor[reward]'")
         raise ConfigError(f"cannot join the Ray cluster the trainer would use (RAY_ADDRESS={address or 'unset'}): {tail}")
     report = json.loads(lines[-1])
     if report.get("error"):
         raise ConfigError(f"the Ray cluster check failed (RAY_ADDRESS={address or 'unset'}): {report['error']}")
     return report.get("cluster")
+
+
+def check_reward_reach(cluster: dict | None, reward: str | os.PathLike) -> list[str]:
+    """Refuse unless every node of `cluster` loaded the reward file (`probe_cluster(..., reward=...)`).
+
+    A fresh local cluster (None) has only this machine, where the launcher's reward check already ran.
+    Returns the hosts checked.
+    """
+    if not cluster:
+        return []
+    problems, hosts = [], []
+    for node in cluster.get("nodes", []):
+        where = node.get("host") or node.get("ip") or node.get("node_id", "?")[:12]
+        probe = node.get("probe") or {}
+        if probe.get("reward_error"):
+            problems.append(f"{where}: {probe['reward_error']}")
+        elif "reward_error" not in probe:
+            problems.append(f"{where}: the probe did not load it ({probe.get('error') or 'the probe task did not run'})")
+        else:
+            hosts.append(where)
+    if problems:
+        raise ConfigError(
+            f"the reward file {reward} does not load on every node of the Ray cluster at {cluster.get('address')}, where "
+            f"the trainer's actors load it by this path: {'; '.join(problems)}; put the file (and what it imports) at the "
+            "same path on every node (a shared filesystem, or the same install of mentor[reward] in each node's Python), "
+            "with the same PYTHONPATH in the environment `ray start` had there")
+    return hosts
 
 
 # --------------------------------------------------------------------------- the probe process
@@ -99,13 +148,32 @@ def _openrlhf_init() -> bool:
     return True
 
 
-def _probe(token: str, node_id: str) -> dict[str, Any]:
-    """Runs in a Ray worker on one node: write a probe file where MENTOR_ROLLOUT_DIR points."""
+def _load_reward(path: str, attribute: str) -> str | None:
+    """Load the reward file by path, as the trainers' actors do; why it failed (None: it loaded)."""
+    import importlib.util  # as OpenRLHF's SingleTurnAgentExecutor and verl's get_custom_reward_fn
+
+    if not os.path.isfile(path):
+        return f"{path} is not a file there"
+    try:
+        spec = importlib.util.spec_from_file_location("reward_func", path)
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        getattr(module, attribute)
+    except BaseException as exc:  # noqa: BLE001 - reported, not raised (SystemExit included)
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+        return f"loading {path} fails ({type(exc).__name__}: {first}) in {sys.executable} (Python {platform.python_version()})"
+    return None
+
+
+def _probe(token: str, node_id: str, reward: list[str] | None = None) -> dict[str, Any]:
+    """Runs in a Ray worker on one node: write a probe file where MENTOR_ROLLOUT_DIR points, load the reward file."""
     out: dict[str, Any] = {"host": socket.gethostname()}
     try:
         import mentor.training.reward_core  # noqa: F401 - what the reward file imports
     except Exception as exc:  # noqa: BLE001 - reported, not raised
         out["mentor_error"] = f"{type(exc).__name__}: {exc}"
+    if reward:
+        out["reward_error"] = _load_reward(reward[0], reward[1])
     directory = os.environ.get(ENV_DIR)
     if not directory:
         out.update(ok=False, error=f"{ENV_DIR} is not set in the Ray workers' environment (the job's runtime env did not carry it)")
@@ -121,20 +189,45 @@ def _probe(token: str, node_id: str) -> dict[str, Any]:
     return out
 
 
-def _run(init: str, token: str, timeout_s: float, runtime_env: dict | None = None) -> dict[str, Any]:
+_MISMATCH = re.compile(r"started with:\s*Ray: (\S+)\s*Python: (\S+)\s*This process on (.*?) was started with:\s*"
+                       r"Ray: (\S+)\s*Python: (\S+)", re.S)
+
+
+def version_mismatch(exc: BaseException, address: str, python: str | None = None) -> str | None:
+    """Ray's version refusal (``ray._private.utils.check_version_info``) as one line naming both versions
+    (`python`: the interpreter as the round config names it; default: this one)."""
+    m = _MISMATCH.search(str(exc))
+    if not m:
+        return None
+    c_ray, c_py, _, my_ray, my_py = m.groups()
+    differs = " and ".join(w for w, a, b in (("Ray", c_ray, my_ray), ("Python", c_py, my_py)) if a != b) or "versions"
+    return (f"{differs} version mismatch: the cluster at {address} runs Ray {c_ray} on Python {c_py}, the trainer's Python "
+            f"({python or sys.executable}) has Ray {my_ray} on Python {my_py}, and Ray refuses to join a cluster of another Ray or "
+            "Python version; run the round with a `python` that matches the cluster (the interpreter the cluster's "
+            "`ray start` ran), or start the cluster from the trainer's environment")
+
+
+def _run(init: str, token: str, timeout_s: float, runtime_env: dict | None = None,
+         reward: list[str] | None = None, python: str | None = None) -> dict[str, Any]:
     import ray  # optional and slow to import
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy  # likewise
 
     address = _existing_address()
     if address is None:
         return {"cluster": None}
-    if not (init == "openrlhf" and _openrlhf_init()):
-        ray.init(log_to_driver=False, runtime_env=runtime_env)
+    try:
+        if not (init == "openrlhf" and _openrlhf_init()):
+            ray.init(log_to_driver=False, runtime_env=runtime_env)
+    except Exception as exc:  # noqa: BLE001 - Ray's version check is a RuntimeError
+        why = version_mismatch(exc, address, python)
+        if why is None:
+            raise
+        return {"error": why, "versions": {"ray": ray.__version__, "python": platform.python_version()}}
     try:
         nodes = [n for n in ray.nodes() if n.get("Alive")]
         task = ray.remote(num_cpus=0)(_probe)
         refs = [
-            task.options(scheduling_strategy=NodeAffinitySchedulingStrategy(node_id=n["NodeID"], soft=False)).remote(token, n["NodeID"])
+            task.options(scheduling_strategy=NodeAffinitySchedulingStrategy(node_id=n["NodeID"], soft=False)).remote(token, n["NodeID"], reward)
             for n in nodes
         ]
         ready, _ = ray.wait(refs, num_returns=len(refs), timeout=timeout_s)
@@ -166,9 +259,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--token", default=uuid.uuid4().hex[:12])
     p.add_argument("--timeout", type=float, default=120.0)
     p.add_argument("--runtime-env", type=json.loads, default=None, help="the runtime env (JSON) of the trainer's ray.init")
+    p.add_argument("--reward", nargs=2, metavar=("FILE", "FUNCTION"), default=None,
+                   help="a reward file to load by path on every node, and the function it must define")
+    p.add_argument("--python", default=None, help="this interpreter as the round config names it (for messages)")
     a = p.parse_args(argv)
     try:
-        report = _run(a.init, a.token, a.timeout, a.runtime_env)
+        report = _run(a.init, a.token, a.timeout, a.runtime_env, a.reward, a.python)
     except Exception as exc:  # noqa: BLE001 - one line for the launcher
         report = {"error": f"{type(exc).__name__}: {str(exc).strip().splitlines()[0] if str(exc).strip() else ''}"}
     print(json.dumps(report), flush=True)

@@ -159,18 +159,14 @@ def trl_version() -> str:
 
 
 def on_gpu() -> bool:
-    """Whether this machine has a GPU, asked without initialising CUDA here.
+    """Whether the round's processes will find a GPU here, asked without torch in mentor's interpreter.
 
-    `mentor run` may start a hint engine in this process after a TRL round; torch's
-    ``cuda.is_available()`` would initialise CUDA and poison fork for it, while
-    ``cuda.device_count()`` answers through NVML and does not.
+    mentor's own environment (a hint node's venv, a CPU torch) says nothing about the trainer's, and torch's
+    ``cuda.is_available()`` would initialise CUDA and poison fork for a hint engine `mentor run` starts
+    after a TRL round. `mentor.training.gpus.local_gpus` reads ``MENTOR_FAKE_GPUS``, else
+    ``CUDA_VISIBLE_DEVICES`` (as CUDA reads it), else ``nvidia-smi``: what accelerate's processes will see.
     """
-    try:
-        import torch  # optional and slow to import
-
-        return torch.cuda.device_count() > 0
-    except Exception:
-        return False
+    return local_gpus().total > 0
 
 
 def grpo_kwargs(cfg: TrlTrainConfig) -> dict[str, Any]:

@@ -77,7 +77,7 @@ from mentor.training.gpus import cluster_supply, local_gpus
 from mentor.training.launcher import RoundConfig, finish_round, outcome_record, parse_round_config
 from mentor.training.prompt_format import check_readable
 from mentor.training.prompt_limits import LongestPrompt, longest_prompt, refuse, require
-from mentor.training.ray_preflight import probe_cluster
+from mentor.training.ray_preflight import check_reward_reach, probe_cluster
 from mentor.training.reward_check import check_reward_loads
 from mentor.training.rollout_log import ENV_DIR, RAY_JOB_CONFIG_ENV, REWARD_ENV_PREFIX, check_rollout_reach, ray_job_config_env
 from mentor.training.verl_checkpoints import LATEST, last_checkpoint, merge_backend, merge_checkpoint, merge_command, prepare_logs
@@ -405,11 +405,14 @@ def preflight(cfg: VerlTrainConfig, composed, extra_env: dict[str, str]) -> dict
         runtime_env = ray_init_runtime_env(composed, env) if composed is not None else None
     except ImportError:
         runtime_env = None
-    cluster = probe_cluster(env, init="plain", python=cfg.python, runtime_env=runtime_env)
+    reward = str(Path(cfg.reward_file).resolve()) if cfg.reward_file else str(REWARD_FILE)
+    cluster = probe_cluster(env, init="plain", python=cfg.python, runtime_env=runtime_env,
+                            reward=(reward, cfg.reward_function))
     supply = cluster_supply(cluster) if cluster else local_gpus()
     if demand is not None:
         demand.check(supply)
     hosts = check_rollout_reach(cluster, cfg.rollout_dir)
+    check_reward_reach(cluster, reward)  # verl's reward-loop workers load it by path on any node
     return {"gpus_needed": demand.total if demand else None, "gpus_detail": demand.describe() if demand else None,
             "gpus_there": supply.total, "gpus_where": supply.where, "ray_cluster": cluster.get("address") if cluster else None,
             "rollout_dir_checked_on": hosts}

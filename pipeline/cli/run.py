@@ -37,7 +37,8 @@ def _run(workflow: str, run_dir: str | None, rounds: int | None, from_stage: str
     else:
         # One hint engine per worker, each on tensor_parallel_size GPUs of its own.
         tp = int(wf.hint.backend.options.get("tensor_parallel_size", 1)) if wf.hint.backend.backend == "vllm" else 1
-        ctx = dask_client(workers=workers, scheduler=scheduler, gpus_per_worker=tp, timeout=scheduler_timeout)
+        ctx = dask_client(workers=workers, scheduler=scheduler, gpus_per_worker=tp, timeout=scheduler_timeout,
+                          engines=wf.hint.backend.backend == "vllm")
     with ctx as client:
         opts = RunOptions(rounds=rounds, from_stage=from_stage, only=only, force=force, client=client)
         runner = Runner(wf, out, opts)

@@ -10,6 +10,7 @@ import sys
 
 import click
 
+from mentor.cli.options import FiniteFloatRange
 from mentor.pipeline.errors import ConfigError, MentorError
 from mentor.pipeline.models import (
     EMBEDDED_DIST,
@@ -179,7 +180,7 @@ def setup_sandbox(no_install, strict):
 @click.option("--model", default=None, help="The hint model (a folder, an HF name in the local cache, or a CPU model name); "
               "default: the embedded SmolLM2-135M.")
 @click.option("--tensor-parallel-size", type=click.IntRange(1, 64), default=1, show_default=True, help="GPUs per engine.")
-@click.option("--gpu-memory-utilization", type=click.FloatRange(0.05, 1.0), default=0.9, show_default=True,
+@click.option("--gpu-memory-utilization", type=FiniteFloatRange(0.05, 1.0), default=0.9, show_default=True,
               help="The share of each GPU the engine may take (vLLM's default).")
 @click.option("--base-url", default=None, help="Check the OpenAI-compatible server at this URL instead of starting an engine "
               "(--model is then the served name).")
@@ -191,16 +192,22 @@ def setup_sandbox(no_install, strict):
               "default: <out>/rollout-log-probe.")
 @click.option("--out", default=".", show_default=True, type=click.Path(file_okay=False),
               help="Where the run's shards and logs will go (free space, writable).")
+@click.option("--timeout", type=FiniteFloatRange(0, 3600, min_open=True), default=10.0, show_default=True,
+              metavar="SECONDS", help="How long each probe may wait (nvidia-smi, the trainer's Python, the --base-url server's "
+              "answer, no retry); one that takes longer is a problem.")
 @click.option("--json", "as_json", is_flag=True, help="Print the checks as one JSON list instead of lines.")
-def doctor(role, model, tensor_parallel_size, gpu_memory_utilization, base_url, engine, python, rollout_dir, out, as_json):
-    """Check this node before the first round: driver/CUDA/torch, GPUs, vLLM, the hint model's fit, one engine
-    request, the trainer's reward files, Ray and the rollout log, the disk. Exit 1 when a check finds a problem."""
+def doctor(role, model, tensor_parallel_size, gpu_memory_utilization, base_url, engine, python, rollout_dir, out, timeout,
+           as_json):
+    """Check this node before the first round: driver/CUDA/torch, GPUs (CUDA_VISIBLE_DEVICES as CUDA reads it),
+    /dev/shm, NCCL_*/VLLM_* settings, vLLM, the hint model's fit, the trainer's Python and reward files, accelerate's
+    default config, Ray (joined with the trainer's Python) and the rollout log, the disk, one engine request.
+    Exit 1 when a check finds a problem or could not be checked."""
     from mentor.workflows.doctor import DoctorOptions, run_checks  # slow to import (the launchers, polars)
     from mentor.workflows.doctor import as_json as to_json  # likewise
 
     opts = DoctorOptions(role=role, model=model, tensor_parallel_size=tensor_parallel_size,
                          gpu_memory_utilization=gpu_memory_utilization, base_url=base_url, engine=engine, python=python,
-                         rollout_dir=rollout_dir, out=out)
+                         rollout_dir=rollout_dir, out=out, timeout=timeout)
     checks = []
     for check in run_checks(opts):
         checks.append(check)
