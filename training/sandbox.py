@@ -88,6 +88,7 @@ from mentor.training.sandbox_layers import (
     SandboxUnavailable,
     identity_ok,
 )
+from mentor.training.sandbox_pipes import run_program
 from mentor.training.sandbox_seccomp import seccomp_filter
 
 log = logging.getLogger(__name__)
@@ -162,7 +163,8 @@ def _verified(layers: list[str], facts: dict) -> list[str]:
     if len(facts.get("proc_pids", [])) > 3 or facts.get("key_users") or facts.get("proc_stat", True):
         ok -= {"procns"}
     # Each of these must have failed inside: they are what the filter is for.
-    if any(facts.get(k, True) for k in ("keyring", "flock", "memfd", "shm", "userns", "fadvise", "nowait", "sockbuf", "pidfd")):
+    if any(facts.get(k, True) for k in ("keyring", "flock", "memfd", "shm", "userns", "fadvise", "nowait", "sockbuf", "pidfd",
+                                              "netlink", "inet", "eventfd", "statx")):
         ok -= {"seccomp"}
     if facts.get("disk_mounts", True):
         ok -= {"ramview"}
@@ -274,18 +276,13 @@ def check_layers(layers: list[str], where: str = "") -> None:
 # --------------------------------------------------------------------------- one program
 
 
-def _read_capped(path: Path, cap: int) -> tuple[str, bool]:
-    with open(path, "rb") as fh:
-        data = fh.read(cap + 1)
-    return data[:cap].decode("utf-8", "replace"), len(data) > cap
-
-
 def run_python(code: str, stdin: str = "", limits: SandboxLimits | None = None) -> SandboxResult:
     """Run `code` as ``main.py`` (``__name__ == "__main__"``) in a fresh sandbox; never raises for anything the code does.
 
     Raises `SandboxUnavailable` only before running anything (strict mode, no free slot).
-    Its stdout and stderr go to files (at most `SandboxLimits.file_bytes` each, by RLIMIT_FSIZE),
-    of which only the first `max_output` bytes are read.
+    Its stdin, stdout and stderr are pipes to this process (`sandbox_pipes.run_program`: nothing of
+    the host's disk is handed to the program); of its output the first `max_output` bytes are kept,
+    and a stream that passes `SandboxLimits.file_bytes` is closed on it.
     """
     limits = limits or SandboxLimits()
     be = backend()
@@ -297,22 +294,30 @@ def run_python(code: str, stdin: str = "", limits: SandboxLimits | None = None) 
         main = Path(iodir) / "main.py"
         main.write_text(code, encoding="utf-8")
         os.chmod(main, 0o644)
-        in_path, out_path, err_path = (Path(iodir) / n for n in ("stdin", "stdout", "stderr"))
-        in_path.write_text(stdin, encoding="utf-8")
-        with open(in_path, "rb") as fin, open(out_path, "wb") as fout, open(err_path, "wb") as ferr:
-            lease, launch, running = start_sandbox(be.impl, be.memcg, "program", limits, start + 60, str(main),
-                                                   stdin=fin, stdout=fout, stderr=ferr)
-            proc = running.proc
-            timed_out = False
-            try:
-                proc.wait(timeout=limits.wall_seconds)
-            except subprocess.TimeoutExpired:
-                timed_out = True
-            finally:
-                running.end()  # always: kills leftovers even after a clean exit
+        lease, launch, running = start_sandbox(be.impl, be.memcg, "program", limits, start + 60, str(main),
+                                               stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        proc = running.proc
+        try:
+            deadline = time.monotonic() + limits.wall_seconds
+            got = run_program(proc, stdin.encode("utf-8"), deadline, limits.max_output, limits.max_output + 4096,
+                              limits.file_bytes)
+            timed_out = got.timed_out
+            if not timed_out:
+                try:
+                    proc.wait(timeout=max(0.0, deadline - time.monotonic()))
+                except subprocess.TimeoutExpired:
+                    timed_out = True
+        finally:
+            running.end()  # always: kills leftovers even after a clean exit
+            for f in (proc.stdin, proc.stdout, proc.stderr):
+                try:
+                    f.close()  # type: ignore[union-attr]
+                except OSError:
+                    pass
         duration = time.monotonic() - start
-        stdout, out_cut = _read_capped(out_path, limits.max_output)
-        stderr, err_cut = _read_capped(err_path, limits.max_output + 4096)
+        stdout, out_cut = got.stdout[:limits.max_output].decode("utf-8", "replace"), len(got.stdout) > limits.max_output
+        stderr = got.stderr[:limits.max_output + 4096].decode("utf-8", "replace")
+        err_cut = len(got.stderr) > limits.max_output + 4096
         layers: list[str] = []
         ident: dict = {}
         if stderr.startswith(_MARK):

@@ -646,14 +646,18 @@ def role_probe(cfg, layers):
             facts["shadow_readable"] = True
     except OSError:
         facts["shadow_readable"] = False
-    s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
     try:
-        s.connect(("192.0.2.1", 9))  # TEST-NET-1: no packet is sent for a UDP connect
-        facts["route"] = True
-    except OSError:
+        s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    except OSError:  # the filter allows AF_UNIX sockets only
         facts["route"] = False
-    finally:
-        s.close()
+    else:
+        try:
+            s.connect(("192.0.2.1", 9))  # TEST-NET-1: no packet is sent for a UDP connect
+            facts["route"] = True
+        except OSError:
+            facts["route"] = False
+        finally:
+            s.close()
     facts.update(_probe_state(cfg))
     sys.stdout.write(json.dumps({"layers": layers, "facts": facts}) + "\n")
 
@@ -703,6 +707,12 @@ def _probe_state(cfg):
         out["nowait"] = _worked(lambda: os.preadv(fh.fileno(), [bytearray(16)], 0, os.RWF_NOWAIT))
     out["sockbuf"] = _worked(lambda: socket.socket(socket.AF_UNIX).setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 1 << 20))
     out["pidfd"] = _worked(lambda: os.close(os.pidfd_open(os.getpid())))
+    # Host-wide ids (issue 58): sockets of other families (netlink's sock_diag and its port ids, TCP's
+    # count), eventfd ids, the unique mount id of statx.
+    out["netlink"] = _worked(lambda: socket.socket(socket.AF_NETLINK, socket.SOCK_RAW, 4).close())
+    out["inet"] = _worked(lambda: socket.socket(socket.AF_INET, socket.SOCK_STREAM).close())
+    out["eventfd"] = _worked(lambda: os.close(os.eventfd(0)))
+    out["statx"] = "statx" not in nr or libc.syscall(nr["statx"], -100, b"/", 0, 0x4000, ctypes.create_string_buffer(256)) == 0
     try:
         with open("/proc/stat") as fh:
             out["proc_stat"] = bool(fh.read().strip())
