@@ -221,7 +221,7 @@ def backend_for(impl) -> Backend | None:
         missing["seccomp"] = (f"no syscall filter for this CPU ({platform.machine()})" if seccomp_filter() is None
                               else "the syscall filter did not hold in the probe")
     if "tmpcap" not in layers:
-        missing["tmpcap"] = ("not root: /tmp is bwrap's tmpfs, limited in size only"
+        missing["tmpcap"] = ("the harness could not mount /tmp with an inode limit"
                              if getattr(impl, "name", "") == "bwrap" else "the legacy backend's work dir could not be a tmpfs of its own")
     if "ramview" not in layers:
         if getattr(impl, "name", "") != "bwrap":
