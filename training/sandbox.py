@@ -38,9 +38,10 @@ enters the sandbox's memory cgroup (`MemCgroups`) before exec'ing bwrap. The
 copy keeps every file at its own path, in directories (``/root`` included)
 that are 0755, so a pyenv Python under /root (0700 on the host) runs as the
 slot uid while nothing else of /root exists inside. Started as a normal user,
-bwrap uses a user namespace and the code keeps the user's own (unprivileged)
-uid (then /tmp has no inode limit, and /proc's global files are covered by an
-empty file each).
+bwrap uses a user namespace in which the harness starts as uid 0 (``--uid 0``,
+owning the sandbox's mounts): it mounts /tmp and remounts /proc the same way,
+then takes the user's own (unprivileged) uid in a user namespace of its own,
+drops every capability and loads the filter itself.
 
 ``legacy`` (no bubblewrap, or it cannot create namespaces here): the previous
 hand-written layers, see `sandbox_harness_legacy`: unshare(2) namespaces, the whole
@@ -54,10 +55,11 @@ Guarantees (bwrap, defaults): the code cannot outlive the wall-clock limit or
 its CPU limit, allocate more than the address-space limit per process or the
 memory cgroup's limit in all, start more processes than
 `SandboxLimits.processes` (1 for worker and tester: no fork, no threads),
-reach any network, see other processes, read the caller's environment or any
+reach any network (or open any socket but a unix one), see other processes, read the caller's environment or any
 file but the interpreter, its standard library and their libraries, write
 anything but its tmpfs, keep processes or any other state (keys, files, locks,
-pages of a disk's cache, the host's fork count) after the run, or signal
+pages of a disk's cache, the host's fork count, socket cookies, unique mount ids, eventfd ids)
+after the run, take the host's disk through its stdin/stdout/stderr (pipes), or signal
 another sandbox through a lock or a watch on a shared file. Not
 guaranteed: protection from kernel exploits (it shares the host kernel) and
 from CPU/memory-bandwidth contention and timing side channels. For hostile

@@ -40,6 +40,9 @@ In the legacy backend (no bubblewrap) `legacy_setup` (`sandbox_harness_legacy`'s
 source, pasted before this file) first builds what layers the kernel allows
 here: namespaces via unshare(2), a read-only filesystem, the uid drop, and an
 audit hook that is a tripwire only (see the sandbox module).
+
+Over 500 lines: this is the one program every sandbox runs, pasted as source
+after plaincodec's (nothing in it can be imported from a module of its own).
 """
 
 import builtins

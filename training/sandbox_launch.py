@@ -131,7 +131,7 @@ class Launch:
 # /proc/stat's fork count rose by exactly 3 between two sandbox runs here, plus whatever the first
 # forked; /proc/vmstat counts OOM kills; CPU, interrupt, disk and pressure totals are the same kind,
 # only noisier. Hidden with the rest of /proc's global files where /proc can be mounted
-# ``subset=pid``; these are the masks where it cannot (a normal user's bwrap, kernels before 5.8).
+# ``subset=pid``; these are the masks where it cannot (kernels before 5.8).
 _PROC_MASKS = ("/proc/key-users", "/proc/keys", "/proc/locks", "/proc/stat", "/proc/vmstat", "/proc/zoneinfo",
                "/proc/interrupts", "/proc/softirqs", "/proc/diskstats", "/proc/schedstat", "/proc/uptime")
 _PROC_DIR_MASKS = ("/proc/pressure",)
