@@ -281,6 +281,8 @@ def test_non_root_mode_caps_inodes_and_kernel_memory():
     if os.geteuid() != 0 or not shutil.which("setpriv") or not os.access(py, os.X_OK) or not shutil.which("bwrap"):
         pytest.skip("needs root (to start a process as uid 65534), setpriv, bubblewrap and /usr/bin/python3")
     pkg = tempfile.mkdtemp(prefix="mentor-nonroot-")
+    view = Path("/dev/shm/mentor-sandbox-view-65534")  # the RAM copy that user's verifier makes (`sandbox_view`)
+    had_view = view.exists()
     try:
         os.chmod(pkg, 0o755)
         os.symlink(REPO, os.path.join(pkg, "mentor"))
@@ -309,6 +311,8 @@ def test_non_root_mode_caps_inodes_and_kernel_memory():
         assert peak[0] - before < 64, f"host slab grew by {peak[0] - before} MiB"
     finally:
         shutil.rmtree(pkg, ignore_errors=True)
+        if not had_view:
+            shutil.rmtree(view, ignore_errors=True)
 
 
 # --------------------------------------------------------------------------- trusted-side time
