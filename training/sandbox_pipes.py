@@ -54,8 +54,8 @@ class ProgramOutput:
 
 
 def run_program(proc, stdin: bytes, deadline: float, keep_out: int, keep_err: int, most: int) -> ProgramOutput:
-    """Feed `stdin` to `proc` (a Popen with three pipes) and collect its stdout and stderr until both end or
-    the deadline passes. Of each stream the first `keep_*` + 1 bytes are kept and the rest read and dropped;
+    """Feed `stdin` to `proc` (a Popen with three pipes) and collect its stdout and stderr until both end (or
+    `proc` has ended and they stay quiet for a quarter of a second) or the deadline passes. Of each stream the first `keep_*` + 1 bytes are kept and the rest read and dropped;
     past `most` bytes (the file-size limit its output files had) a stream's read end is closed, and the
     program's next write there fails (SIGPIPE), as a write past the file-size limit did."""
     fin, fout, ferr = proc.stdin.fileno(), proc.stdout.fileno(), proc.stderr.fileno()
@@ -76,7 +76,9 @@ def run_program(proc, stdin: bytes, deadline: float, keep_out: int, keep_err: in
             if left <= 0:
                 timed_out = True
                 break
-            r, w = poll_ready(readers, [writer] if writer is not None else [], left)
+            r, w = poll_ready(readers, [writer] if writer is not None else [], min(left, 0.25))
+            if not r and not w and proc.poll() is not None:
+                break  # it ended, and what still holds its output open is a leftover (the caller kills it)
             moved = 0
             if writer is not None and writer in w:
                 try:
