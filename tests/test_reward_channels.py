@@ -267,7 +267,10 @@ NON_ROOT = r"""
 import json, sys
 from mentor.training import code_verify, sandbox
 label = json.dumps({"tests": json.dumps([{"input": "", "output": "held"}]), "entry_point": None, "kind": "stdio"})
-flood = "n = 0\ntry:\n    while n < 200000:\n        open(f'/tmp/f{n}', 'w').close()\n        n += 1\nexcept OSError:\n    pass\nif n == 200000:\n    print('held')\n"
+# /tmp first, then the writable directories a normal user's sandbox had beside it (bwrap's /dev).
+flood = ("n = 0\nfor d in ('/tmp', '/dev/shm', '/dev'):\n    try:\n        while n < 200000:\n"
+         "            open(f'{d}/f{n}', 'w').close()\n            n += 1\n    except OSError:\n        pass\n"
+         "if n == 200000:\n    print('held')\n")
 out = code_verify.run_code_tests("```python\n" + flood + "\n```", label)
 print(json.dumps({"score": out.score, "detail": out.detail, "layers": out.layers, "backend": sandbox.backend().name}))
 """
@@ -275,8 +278,9 @@ print(json.dumps({"score": out.score, "detail": out.detail, "layers": out.layers
 
 def test_non_root_mode_caps_inodes_and_kernel_memory():
     """The verifier run by a normal user (uid 65534, the system's python3, no memory cgroup to be had):
-    200,000 empty files in /tmp fail at the inode cap and the host's slab does not grow by 64 MiB.
-    Before issue 58 the flood succeeded (score 1.0) and grew the slab by about 200 MiB."""
+    200,000 empty files in /tmp (then /dev/shm, /dev) fail at the inode cap and the host's slab does not
+    grow by 64 MiB. Before issue 58 the flood succeeded (score 1.0) and grew the slab by about 200 MiB
+    (in /tmp, and in bwrap's /dev, which that user owned and nothing capped)."""
     py = "/usr/bin/python3"
     if os.geteuid() != 0 or not shutil.which("setpriv") or not os.access(py, os.X_OK) or not shutil.which("bwrap"):
         pytest.skip("needs root (to start a process as uid 65534), setpriv, bubblewrap and /usr/bin/python3")

@@ -189,7 +189,9 @@ class Bwrap:
             layers.append("ramview")
         else:
             argv += self._disk_view()
-        argv += ["--proc", "/proc", "--dev", "/dev"]
+        # /dev is bwrap's own tmpfs, with no size or inode limit, and as a normal user the code's uid owns it:
+        # read-only (its device nodes, /dev/pts and /dev/shm's absence of writers are unchanged).
+        argv += ["--proc", "/proc", "--dev", "/dev", "--remount-ro", "/dev"]
         # /tmp gets an inode limit as well as a size, whether or not a memory cgroup charges its inodes
         # (400,000 empty files pinned 366 MiB of unreclaimable kernel memory in one sample, well inside
         # the cgroup's 1.08 GiB), and /proc loses what is not the sandbox's own processes: the harness
