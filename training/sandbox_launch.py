@@ -190,7 +190,7 @@ class Bwrap:
         else:
             argv += self._disk_view()
         # /dev is bwrap's own tmpfs, with no size or inode limit, and as a normal user the code's uid owns it:
-        # read-only (its device nodes, /dev/pts and /dev/shm's absence of writers are unchanged).
+        # read-only (its device nodes and /dev/pts are mounts of their own and keep working).
         argv += ["--proc", "/proc", "--dev", "/dev", "--remount-ro", "/dev"]
         # /tmp gets an inode limit as well as a size, whether or not a memory cgroup charges its inodes
         # (400,000 empty files pinned 366 MiB of unreclaimable kernel memory in one sample, well inside
