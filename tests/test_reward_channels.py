@@ -267,8 +267,9 @@ NON_ROOT = r"""
 import json, sys
 from mentor.training import code_verify, sandbox
 label = json.dumps({"tests": json.dumps([{"input": "", "output": "held"}]), "entry_point": None, "kind": "stdio"})
-# /tmp first, then the writable directories a normal user's sandbox had beside it (bwrap's /dev).
-flood = ("n = 0\nfor d in ('/tmp', '/dev/shm', '/dev'):\n    try:\n        while n < 200000:\n"
+# Its work dir first (/tmp with bwrap), then the writable directories a normal user's sandbox had beside it
+# (bwrap's /dev).
+flood = ("n = 0\nfor d in ('.', '/tmp', '/dev/shm', '/dev'):\n    try:\n        while n < 200000:\n"
          "            open(f'{d}/f{n}', 'w').close()\n            n += 1\n    except OSError:\n        pass\n"
          "if n == 200000:\n    print('held')\n")
 out = code_verify.run_code_tests("```python\n" + flood + "\n```", label)
@@ -276,11 +277,14 @@ print(json.dumps({"score": out.score, "detail": out.detail, "layers": out.layers
 """
 
 
-def test_non_root_mode_caps_inodes_and_kernel_memory():
-    """The verifier run by a normal user (uid 65534, the system's python3, no memory cgroup to be had):
-    200,000 empty files in /tmp (then /dev/shm, /dev) fail at the inode cap and the host's slab does not
-    grow by 64 MiB. Before issue 58 the flood succeeded (score 1.0) and grew the slab by about 200 MiB
-    (in /tmp, and in bwrap's /dev, which that user owned and nothing capped)."""
+@pytest.mark.parametrize("kind", ["bwrap", "legacy"])
+def test_non_root_mode_caps_inodes_and_kernel_memory(kind):
+    """The verifier run by a normal user (uid 65534, the system's python3, no memory cgroup to be had), on
+    each backend: 200,000 empty files in the work dir (then /tmp, /dev/shm, /dev) fail at the inode cap and
+    the host's slab does not grow by 64 MiB. Before issue 58 the flood succeeded with bwrap (score 1.0,
+    about 200 MiB of slab: in /tmp, and in bwrap's /dev, which that user owned and nothing capped), and
+    the legacy backend ran nothing at all as a normal user (its files unreadable in an unmapped user
+    namespace: every check scored 0)."""
     py = "/usr/bin/python3"
     if os.geteuid() != 0 or not shutil.which("setpriv") or not os.access(py, os.X_OK) or not shutil.which("bwrap"):
         pytest.skip("needs root (to start a process as uid 65534), setpriv, bubblewrap and /usr/bin/python3")
@@ -291,7 +295,7 @@ def test_non_root_mode_caps_inodes_and_kernel_memory():
         os.chmod(pkg, 0o755)
         os.symlink(REPO, os.path.join(pkg, "mentor"))
         env = {"PATH": "/usr/bin:/bin", "HOME": pkg, "PYTHONPATH": pkg, "MENTOR_SANDBOX_PYTHON": py,
-               "MENTOR_CODE_TIMEOUT": "20"}
+               "MENTOR_CODE_TIMEOUT": "20", "MENTOR_SANDBOX": kind}
         before, peak, done = _slab_mib(), [0], threading.Event()
 
         def watch() -> None:
@@ -310,7 +314,7 @@ def test_non_root_mode_caps_inodes_and_kernel_memory():
             watcher.join()
         assert proc.returncode == 0, proc.stderr[-1500:]
         got = json.loads(proc.stdout.strip().splitlines()[-1])
-        assert got["backend"] == "bwrap" and "tmpcap" in got["layers"], got
+        assert got["backend"] == kind and "tmpcap" in got["layers"], got
         assert got["score"] == 0.0, got
         assert peak[0] - before < 64, f"host slab grew by {peak[0] - before} MiB"
     finally:

@@ -71,11 +71,19 @@ def legacy_setup(cfg, layers):
     ns = []
     if cfg.get("namespaces", True):
         base = 0 if root else CLONE_NEWUSER
+        ids = os.getuid(), os.getgid()
         names = {CLONE_NEWNET: "netns", CLONE_NEWPID: "pidns", CLONE_NEWNS: "mountns"}
         for extra in (CLONE_NEWNET | CLONE_NEWPID | CLONE_NEWNS, CLONE_NEWNET | CLONE_NEWPID, CLONE_NEWNET):
             if libc.unshare(base | extra) == 0:
                 ns = [n for flag, n in names.items() if extra & flag]
                 break
+        if ns and not root:
+            # Its own uid and gid mapped onto themselves: unmapped, every file it owns reads as another
+            # uid's (65534) and opening one failed with EOVERFLOW, so no run started here.
+            for name, text in (("setgroups", "deny"), ("uid_map", "%d %d 1" % (ids[0], ids[0])),
+                               ("gid_map", "%d %d 1" % (ids[1], ids[1]))):
+                with open("/proc/self/" + name, "w") as fh:
+                    fh.write(text)
     exposed = False
     if "mountns" in ns:
         ns.remove("mountns")
