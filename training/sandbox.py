@@ -38,9 +38,10 @@ enters the sandbox's memory cgroup (`MemCgroups`) before exec'ing bwrap. The
 copy keeps every file at its own path, in directories (``/root`` included)
 that are 0755, so a pyenv Python under /root (0700 on the host) runs as the
 slot uid while nothing else of /root exists inside. Started as a normal user,
-bwrap uses a user namespace and the code keeps the user's own (unprivileged)
-uid (then /tmp has no inode limit, and /proc's global files are covered by an
-empty file each).
+bwrap uses a user namespace in which the harness starts as uid 0 (``--uid 0``,
+owning the sandbox's mounts): it mounts /tmp and remounts /proc the same way,
+then takes the user's own (unprivileged) uid in a user namespace of its own,
+drops every capability and loads the filter itself.
 
 ``legacy`` (no bubblewrap, or it cannot create namespaces here): the previous
 hand-written layers, see `sandbox_harness_legacy`: unshare(2) namespaces, the whole
@@ -54,10 +55,11 @@ Guarantees (bwrap, defaults): the code cannot outlive the wall-clock limit or
 its CPU limit, allocate more than the address-space limit per process or the
 memory cgroup's limit in all, start more processes than
 `SandboxLimits.processes` (1 for worker and tester: no fork, no threads),
-reach any network, see other processes, read the caller's environment or any
+reach any network (or open any socket but a unix one), see other processes, read the caller's environment or any
 file but the interpreter, its standard library and their libraries, write
 anything but its tmpfs, keep processes or any other state (keys, files, locks,
-pages of a disk's cache, the host's fork count) after the run, or signal
+pages of a disk's cache, the host's fork count, socket cookies, unique mount ids, eventfd ids)
+after the run, take the host's disk through its stdin/stdout/stderr (pipes), or signal
 another sandbox through a lock or a watch on a shared file. Not
 guaranteed: protection from kernel exploits (it shares the host kernel) and
 from CPU/memory-bandwidth contention and timing side channels. For hostile
@@ -88,6 +90,7 @@ from mentor.training.sandbox_layers import (
     SandboxUnavailable,
     identity_ok,
 )
+from mentor.training.sandbox_pipes import run_program
 from mentor.training.sandbox_seccomp import seccomp_filter
 
 log = logging.getLogger(__name__)
@@ -162,7 +165,8 @@ def _verified(layers: list[str], facts: dict) -> list[str]:
     if len(facts.get("proc_pids", [])) > 3 or facts.get("key_users") or facts.get("proc_stat", True):
         ok -= {"procns"}
     # Each of these must have failed inside: they are what the filter is for.
-    if any(facts.get(k, True) for k in ("keyring", "flock", "memfd", "shm", "userns", "fadvise", "nowait", "sockbuf", "pidfd")):
+    if any(facts.get(k, True) for k in ("keyring", "flock", "memfd", "shm", "userns", "fadvise", "nowait", "sockbuf", "pidfd",
+                                              "netlink", "inet", "eventfd", "statx")):
         ok -= {"seccomp"}
     if facts.get("disk_mounts", True):
         ok -= {"ramview"}
@@ -219,7 +223,7 @@ def backend_for(impl) -> Backend | None:
         missing["seccomp"] = (f"no syscall filter for this CPU ({platform.machine()})" if seccomp_filter() is None
                               else "the syscall filter did not hold in the probe")
     if "tmpcap" not in layers:
-        missing["tmpcap"] = ("not root: /tmp is bwrap's tmpfs, limited in size only"
+        missing["tmpcap"] = ("the harness could not mount /tmp with an inode limit"
                              if getattr(impl, "name", "") == "bwrap" else "the legacy backend's work dir could not be a tmpfs of its own")
     if "ramview" not in layers:
         if getattr(impl, "name", "") != "bwrap":
@@ -274,18 +278,13 @@ def check_layers(layers: list[str], where: str = "") -> None:
 # --------------------------------------------------------------------------- one program
 
 
-def _read_capped(path: Path, cap: int) -> tuple[str, bool]:
-    with open(path, "rb") as fh:
-        data = fh.read(cap + 1)
-    return data[:cap].decode("utf-8", "replace"), len(data) > cap
-
-
 def run_python(code: str, stdin: str = "", limits: SandboxLimits | None = None) -> SandboxResult:
     """Run `code` as ``main.py`` (``__name__ == "__main__"``) in a fresh sandbox; never raises for anything the code does.
 
     Raises `SandboxUnavailable` only before running anything (strict mode, no free slot).
-    Its stdout and stderr go to files (at most `SandboxLimits.file_bytes` each, by RLIMIT_FSIZE),
-    of which only the first `max_output` bytes are read.
+    Its stdin, stdout and stderr are pipes to this process (`sandbox_pipes.run_program`: nothing of
+    the host's disk is handed to the program); of its output the first `max_output` bytes are kept,
+    and a stream that passes `SandboxLimits.file_bytes` is closed on it.
     """
     limits = limits or SandboxLimits()
     be = backend()
@@ -297,22 +296,30 @@ def run_python(code: str, stdin: str = "", limits: SandboxLimits | None = None) 
         main = Path(iodir) / "main.py"
         main.write_text(code, encoding="utf-8")
         os.chmod(main, 0o644)
-        in_path, out_path, err_path = (Path(iodir) / n for n in ("stdin", "stdout", "stderr"))
-        in_path.write_text(stdin, encoding="utf-8")
-        with open(in_path, "rb") as fin, open(out_path, "wb") as fout, open(err_path, "wb") as ferr:
-            lease, launch, running = start_sandbox(be.impl, be.memcg, "program", limits, start + 60, str(main),
-                                                   stdin=fin, stdout=fout, stderr=ferr)
-            proc = running.proc
-            timed_out = False
-            try:
-                proc.wait(timeout=limits.wall_seconds)
-            except subprocess.TimeoutExpired:
-                timed_out = True
-            finally:
-                running.end()  # always: kills leftovers even after a clean exit
+        lease, launch, running = start_sandbox(be.impl, be.memcg, "program", limits, start + 60, str(main),
+                                               stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        proc = running.proc
+        try:
+            deadline = time.monotonic() + limits.wall_seconds
+            got = run_program(proc, stdin.encode("utf-8"), deadline, limits.max_output, limits.max_output + 4096,
+                              limits.file_bytes)
+            timed_out = got.timed_out
+            if not timed_out:
+                try:
+                    proc.wait(timeout=max(0.0, deadline - time.monotonic()))
+                except subprocess.TimeoutExpired:
+                    timed_out = True
+        finally:
+            running.end()  # always: kills leftovers even after a clean exit
+            for f in (proc.stdin, proc.stdout, proc.stderr):
+                try:
+                    f.close()  # type: ignore[union-attr]
+                except OSError:
+                    pass
         duration = time.monotonic() - start
-        stdout, out_cut = _read_capped(out_path, limits.max_output)
-        stderr, err_cut = _read_capped(err_path, limits.max_output + 4096)
+        stdout, out_cut = got.stdout[:limits.max_output].decode("utf-8", "replace"), len(got.stdout) > limits.max_output
+        stderr = got.stderr[:limits.max_output + 4096].decode("utf-8", "replace")
+        err_cut = len(got.stderr) > limits.max_output + 4096
         layers: list[str] = []
         ident: dict = {}
         if stderr.startswith(_MARK):

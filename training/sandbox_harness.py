@@ -40,6 +40,9 @@ In the legacy backend (no bubblewrap) `legacy_setup` (`sandbox_harness_legacy`'s
 source, pasted before this file) first builds what layers the kernel allows
 here: namespaces via unshare(2), a read-only filesystem, the uid drop, and an
 audit hook that is a tripwire only (see the sandbox module).
+
+Over 500 lines: this is the one program every sandbox runs, pasted as source
+after plaincodec's (nothing in it can be imported from a module of its own).
 """
 
 import builtins
@@ -178,7 +181,7 @@ def _libc():
         return f
 
     return (fn("mount", CharP, CharP, CharP, ULong, CharP), fn("prctl", Int, ULong, ULong, ULong, ULong),
-            fn("capset", Caps, Caps), Caps)
+            fn("capset", Caps, Caps), Caps, fn("unshare", Int))
 
 
 def hide_proc(mount, cfg):
@@ -197,19 +200,27 @@ def drop_privileges(drop, layers):
     be), hide /proc's global files (`hide_proc`), then become the run's slot uid with no capability left in
     any set and no_new_privs, and check it (``mount(8)`` and ``setpriv`` did this in three more execs per
     sandbox). Only trusted code has run until here; the run stops if any step fails (code never runs as
-    root)."""
-    mount, prctl, capset, caps = _libc()
-    uid = int(drop["uid"])
+    root).
+
+    bwrap as a normal user (``drop["ids"]``: the caller's uid and gid): the same mounts, made as root of
+    bwrap's user namespace (``--uid 0``, which owns the sandbox's mounts), then `_own_userns` leaves that
+    uid 0 for the caller's own uid in a user namespace of its own (what bwrap itself does, there without
+    the mounts), with every capability dropped the same way."""
+    mount, prctl, capset, caps, unshare = _libc()
+    uid = gid = drop.get("uid")
     if mount(b"tmpfs", b"/tmp", b"tmpfs", 2 | 4, drop["tmp"].encode()) != 0:  # MS_NOSUID | MS_NODEV
         os.write(2, b"mentor sandbox: cannot mount /tmp\n")
         os._exit(125)
     os.chdir("/tmp")
     hide_proc(mount, drop)
+    if uid is None:
+        uid, gid = _own_userns(unshare, drop["ids"])
     for cap in range(64):
         prctl(24, cap, 0, 0, 0)  # PR_CAPBSET_DROP (EINVAL past the last capability)
-    os.setgroups([])
-    os.setresgid(uid, uid, uid)
-    os.setresuid(uid, uid, uid)  # from uid 0 to another: the kernel clears the permitted and effective sets
+    if drop.get("uid") is not None:
+        os.setgroups([])
+        os.setresgid(uid, uid, uid)
+        os.setresuid(uid, uid, uid)  # from uid 0 to another: the kernel clears the permitted and effective sets
     capset(caps(0x20080522, 0), caps())  # _LINUX_CAPABILITY_VERSION_3, this process: the inheritable set too
     prctl(47, 4, 0, 0, 0)  # PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL
     prctl(38, 1, 0, 0, 0)  # PR_SET_NO_NEW_PRIVS
@@ -219,10 +230,41 @@ def drop_privileges(drop, layers):
     with open("/proc/self/status") as fh:
         status = dict(line.split(":", 1) for line in fh if ":" in line)
     if (any(int(status[k], 16) for k in ("CapInh", "CapPrm", "CapEff", "CapBnd", "CapAmb"))
-            or int(status["NoNewPrivs"]) != 1 or os.getresuid() != (uid,) * 3 or os.getresgid() != (uid,) * 3):
+            or int(status["NoNewPrivs"]) != 1 or os.getresuid() != (uid,) * 3 or os.getresgid() != (gid,) * 3):
         os.write(2, b"mentor sandbox: the privileges did not drop\n")
         os._exit(125)
     return layers + ["tmpcap"]
+
+
+def _own_userns(unshare, ids):
+    """From uid 0 of bwrap's user namespace (the caller's uid outside) to the caller's own uid and gid in a
+    new user namespace, mapped to that uid 0 and nothing else; the (uid, gid) it now has."""
+    uid, gid = int(ids[0]), int(ids[1])
+    if unshare(0x10000000) != 0:  # CLONE_NEWUSER
+        os.write(2, b"mentor sandbox: cannot leave the setup's user namespace\n")
+        os._exit(125)
+    for name, text in (("setgroups", "deny"), ("uid_map", "%d 0 1" % uid), ("gid_map", "%d 0 1" % gid)):
+        with open("/proc/self/" + name, "w") as fh:
+            fh.write(text)
+    return uid, gid
+
+
+def install_seccomp(hexprog):
+    """Load the classic-BPF filter `hexprog` (``struct sock_filter[]``) for this process and its children."""
+    import ctypes  # only when the filter is installed here (legacy backend; bwrap as a normal user)
+
+    prog = bytes.fromhex(hexprog)
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.prctl.argtypes = [ctypes.c_int, ctypes.c_ulong, ctypes.c_void_p, ctypes.c_ulong, ctypes.c_ulong]
+
+    class SockFprog(ctypes.Structure):
+        _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.c_void_p)]
+
+    buf = ctypes.create_string_buffer(prog, len(prog))
+    fprog = SockFprog(len(prog) // 8, ctypes.cast(buf, ctypes.c_void_p))
+    if libc.prctl(38, 1, None, 0, 0) != 0:  # PR_SET_NO_NEW_PRIVS: required to load a filter without CAP_SYS_ADMIN
+        return False
+    return libc.prctl(22, 2, ctypes.cast(ctypes.pointer(fprog), ctypes.c_void_p), 0, 0) == 0  # PR_SET_SECCOMP, FILTER
 
 
 def identity():
@@ -646,14 +688,18 @@ def role_probe(cfg, layers):
             facts["shadow_readable"] = True
     except OSError:
         facts["shadow_readable"] = False
-    s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
     try:
-        s.connect(("192.0.2.1", 9))  # TEST-NET-1: no packet is sent for a UDP connect
-        facts["route"] = True
-    except OSError:
+        s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    except OSError:  # the filter allows AF_UNIX sockets only
         facts["route"] = False
-    finally:
-        s.close()
+    else:
+        try:
+            s.connect(("192.0.2.1", 9))  # TEST-NET-1: no packet is sent for a UDP connect
+            facts["route"] = True
+        except OSError:
+            facts["route"] = False
+        finally:
+            s.close()
     facts.update(_probe_state(cfg))
     sys.stdout.write(json.dumps({"layers": layers, "facts": facts}) + "\n")
 
@@ -703,6 +749,12 @@ def _probe_state(cfg):
         out["nowait"] = _worked(lambda: os.preadv(fh.fileno(), [bytearray(16)], 0, os.RWF_NOWAIT))
     out["sockbuf"] = _worked(lambda: socket.socket(socket.AF_UNIX).setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 1 << 20))
     out["pidfd"] = _worked(lambda: os.close(os.pidfd_open(os.getpid())))
+    # Host-wide ids (issue 58): sockets of other families (netlink's sock_diag and its port ids, TCP's
+    # count), eventfd ids, the unique mount id of statx.
+    out["netlink"] = _worked(lambda: socket.socket(socket.AF_NETLINK, socket.SOCK_RAW, 4).close())
+    out["inet"] = _worked(lambda: socket.socket(socket.AF_INET, socket.SOCK_STREAM).close())
+    out["eventfd"] = _worked(lambda: os.close(os.eventfd(0)))
+    out["statx"] = "statx" not in nr or libc.syscall(nr["statx"], -100, b"/", 0, 0x4000, ctypes.create_string_buffer(256)) == 0
     try:
         with open("/proc/stat") as fh:
             out["proc_stat"] = bool(fh.read().strip())
@@ -753,7 +805,9 @@ def main():
     if os.getuid() == 0 or os.geteuid() == 0:
         sys.stderr.write("mentor sandbox: refusing to run code as uid 0\n")
         os._exit(125)
-    if cfg.get("legacy") and cfg.get("seccomp") and install_seccomp(cfg["seccomp"]):  # noqa: F821
+    # bwrap as root hands the filter over itself (--seccomp); the legacy backend and bwrap as a normal user
+    # (whose harness needs a user namespace of its own first) load it here, before any untrusted code.
+    if cfg.get("seccomp") and install_seccomp(cfg["seccomp"]):
         layers.append("seccomp")
     if cfg.get("legacy") and cfg.get("audit") and cfg["role"] != "probe":  # the probe observes the kernel's layers
         install_audit_hook(os.path.realpath(os.getcwd()), cfg)  # noqa: F821

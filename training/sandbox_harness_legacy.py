@@ -30,7 +30,7 @@ interpreter and system libraries, copied in RAM. Here the code sees the whole
 tests included, and time whether their pages are cached. `sandbox` warns
 about that (layers ``fsview`` and ``ramview`` missing) and refuses in strict mode.
 
-`install_seccomp` loads the same syscall filter the bwrap backend hands to
+`install_seccomp` (in `sandbox_harness`) loads the same syscall filter the bwrap backend hands to
 ``bwrap --seccomp`` (built by the caller, passed as hex in the config): no
 keyrings, file locks, inotify/fanotify, memfd/SysV IPC, io_uring, bpf, perf
 events, userfaultfd, new user namespaces, page-cache calls, large socket or
@@ -71,11 +71,19 @@ def legacy_setup(cfg, layers):
     ns = []
     if cfg.get("namespaces", True):
         base = 0 if root else CLONE_NEWUSER
+        ids = os.getuid(), os.getgid()
         names = {CLONE_NEWNET: "netns", CLONE_NEWPID: "pidns", CLONE_NEWNS: "mountns"}
         for extra in (CLONE_NEWNET | CLONE_NEWPID | CLONE_NEWNS, CLONE_NEWNET | CLONE_NEWPID, CLONE_NEWNET):
             if libc.unshare(base | extra) == 0:
                 ns = [n for flag, n in names.items() if extra & flag]
                 break
+        if ns and not root:
+            # Its own uid and gid mapped onto themselves: unmapped, every file it owns reads as another
+            # uid's (65534) and opening one failed with EOVERFLOW, so no run started here.
+            for name, text in (("setgroups", "deny"), ("uid_map", "%d %d 1" % (ids[0], ids[0])),
+                               ("gid_map", "%d %d 1" % (ids[1], ids[1]))):
+                with open("/proc/self/" + name, "w") as fh:
+                    fh.write(text)
     exposed = False
     if "mountns" in ns:
         ns.remove("mountns")
@@ -212,24 +220,6 @@ def _readonly_filesystem(workdir, mount, remount_ro, bind_rec, tmp_opts, uid):
             ok = False
     os.chdir(workdir)  # the old cwd is the directory under the mount (now read-only)
     return ok, capped
-
-
-def install_seccomp(hexprog):
-    """Load the classic-BPF filter `hexprog` (``struct sock_filter[]``) for this process and its children."""
-    import ctypes  # only when the filter is installed (legacy backend with seccomp)
-
-    prog = bytes.fromhex(hexprog)
-    libc = ctypes.CDLL(None, use_errno=True)
-    libc.prctl.argtypes = [ctypes.c_int, ctypes.c_ulong, ctypes.c_void_p, ctypes.c_ulong, ctypes.c_ulong]
-
-    class SockFprog(ctypes.Structure):
-        _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.c_void_p)]
-
-    buf = ctypes.create_string_buffer(prog, len(prog))
-    fprog = SockFprog(len(prog) // 8, ctypes.cast(buf, ctypes.c_void_p))
-    if libc.prctl(38, 1, None, 0, 0) != 0:  # PR_SET_NO_NEW_PRIVS: required to load a filter without CAP_SYS_ADMIN
-        return False
-    return libc.prctl(22, 2, ctypes.cast(ctypes.pointer(fprog), ctypes.c_void_p), 0, 0) == 0  # PR_SET_SECCOMP, FILTER
 
 
 def install_audit_hook(workdir, cfg):

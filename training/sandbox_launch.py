@@ -25,7 +25,7 @@ from mentor.training import sandbox_view
 from mentor.training.sandbox_cgroups import MemCgroups
 from mentor.training.sandbox_layers import SandboxLimits
 from mentor.training.sandbox_seccomp import seccomp_filter, syscall_numbers
-from mentor.training.sandbox_slots import SLOT_LOCKS, Lease
+from mentor.training.sandbox_slots import Lease
 
 HERE = Path(__file__).resolve().parent
 
@@ -131,7 +131,7 @@ class Launch:
 # /proc/stat's fork count rose by exactly 3 between two sandbox runs here, plus whatever the first
 # forked; /proc/vmstat counts OOM kills; CPU, interrupt, disk and pressure totals are the same kind,
 # only noisier. Hidden with the rest of /proc's global files where /proc can be mounted
-# ``subset=pid``; these are the masks where it cannot (a normal user's bwrap, kernels before 5.8).
+# ``subset=pid``; these are the masks where it cannot (kernels before 5.8).
 _PROC_MASKS = ("/proc/key-users", "/proc/keys", "/proc/locks", "/proc/stat", "/proc/vmstat", "/proc/zoneinfo",
                "/proc/interrupts", "/proc/softirqs", "/proc/diskstats", "/proc/schedstat", "/proc/uptime")
 _PROC_DIR_MASKS = ("/proc/pressure",)
@@ -178,48 +178,49 @@ class Bwrap:
         argv = [self.path, "--unshare-pid", "--unshare-net", "--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try",
                 "--die-with-parent", "--new-session"]
         if not self.root:
-            argv += ["--unshare-user", "--disable-userns"]
+            # As root of its user namespace (--uid 0, which owns the sandbox's mounts) the harness mounts /tmp
+            # with an inode limit and remounts /proc, then takes the caller's uid in a user namespace of its
+            # own and loads the filter itself (`sandbox_harness.drop_privileges`); bwrap's --disable-userns
+            # would forbid that namespace: the filter's CLONE_NEWUSER rule forbids any after it.
+            argv += ["--unshare-user", "--uid", "0", "--gid", "0"]
         layers = list(self.layers) + list(extra)
         if self._view_args is not None:
             argv += self._view_args
             layers.append("ramview")
         else:
             argv += self._disk_view()
-        argv += ["--proc", "/proc", "--dev", "/dev"]
-        if self.root:
-            # /tmp gets an inode limit as well as a size, whether or not a memory cgroup charges its inodes
-            # (400,000 empty files pinned 366 MiB of unreclaimable kernel memory in one sample, well inside
-            # the cgroup's 1.08 GiB), and /proc loses what is not the sandbox's own processes: the harness
-            # does both, as root, before it becomes the slot uid (`sandbox_harness.drop_privileges`;
-            # bwrap's --tmpfs takes a size only, and one remount of /proc costs less than 12 bind mounts).
-            argv += ["--perms", "1777", "--dir", "/tmp"]
-            cfg["drop"] = {"uid": uid, "tmp": f"size={int(limits.tmp_bytes)},nr_inodes={int(limits.tmp_inodes)},mode=1777",
-                           "proc_masks": _PROC_MASKS, "proc_dir_masks": _PROC_DIR_MASKS}
-        else:
-            empty = SLOT_LOCKS.empty_file()
-            for p in _PROC_MASKS:
-                if os.path.exists(p):
-                    argv += ["--ro-bind", empty, p]
-            for p in _PROC_DIR_MASKS:
-                if os.path.isdir(p):
-                    argv += ["--perms", "0555", "--tmpfs", p]
-            argv += ["--perms", "1777", "--size", str(int(limits.tmp_bytes)), "--tmpfs", "/tmp"]
+        # /dev is bwrap's own tmpfs, with no size or inode limit, and as a normal user the code's uid owns it:
+        # read-only (its device nodes and /dev/pts are mounts of their own and keep working).
+        argv += ["--proc", "/proc", "--dev", "/dev", "--remount-ro", "/dev"]
+        # /tmp gets an inode limit as well as a size, whether or not a memory cgroup charges its inodes
+        # (400,000 empty files pinned 366 MiB of unreclaimable kernel memory in one sample, well inside
+        # the cgroup's 1.08 GiB), and /proc loses what is not the sandbox's own processes: the harness
+        # does both before it drops its privileges (`sandbox_harness.drop_privileges`; bwrap's --tmpfs
+        # takes a size only, and one remount of /proc costs less than 12 bind mounts), as root or as root
+        # of bwrap's user namespace.
+        argv += ["--perms", "1777", "--dir", "/tmp"]
+        cfg["drop"] = {"uid": uid, "tmp": f"size={int(limits.tmp_bytes)},nr_inodes={int(limits.tmp_inodes)},mode=1777",
+                       "proc_masks": _PROC_MASKS, "proc_dir_masks": _PROC_DIR_MASKS}
+        if not self.root:
+            cfg["drop"].update(uid=None, ids=[os.getuid(), os.getgid()])
         if program is not None:
             argv += ["--perms", "0755", "--dir", "/sandbox", "--ro-bind", program, "/sandbox/main.py"]
             cfg["main"] = "/sandbox/main.py"
         argv += ["--remount-ro", "/", "--chdir", "/tmp", "--clearenv"]
         for k, v in _clean_env("/tmp").items():
             argv += ["--setenv", k, v]
-        if self.root:
-            for cap in ("CAP_SETUID", "CAP_SETGID", "CAP_SETPCAP", "CAP_SYS_ADMIN"):
-                argv += ["--cap-add", cap]
+        # As a normal user, CAP_SETFCAP is what lets the harness map its new namespace's uid onto uid 0 here.
+        for cap in ("CAP_SETUID", "CAP_SETGID", "CAP_SETPCAP", "CAP_SYS_ADMIN") if self.root else ("CAP_SYS_ADMIN", "CAP_SETFCAP"):
+            argv += ["--cap-add", cap]
         argv += ["--"]
         prog = seccomp_filter()
-        if prog is not None:
+        if prog is not None and self.root:
             layers.append("seccomp")
+        elif prog is not None:
+            cfg["seccomp"] = prog.hex()  # loaded by the harness, after its own user namespace
         cfg["layers"] = layers
         argv += [interp.exe, "-I", "-S", "-B", *harness_args(False), json.dumps(cfg)]
-        return Launch(argv, {"PATH": "/usr/bin:/bin"}, None, [], info_fd=True, seccomp=prog)
+        return Launch(argv, {"PATH": "/usr/bin:/bin"}, None, [], info_fd=True, seccomp=prog if self.root else None)
 
 
 class Legacy:

@@ -15,7 +15,8 @@ the uid), ``timeout`` (wall clock kill), ``seccomp`` (a syscall filter: no
 kernel keyrings, file locks, inotify/fanotify, memfd or SysV IPC, io_uring,
 bpf, perf events, userfaultfd, no new user namespace, nothing that reads or
 steers the page cache, no socket or pipe buffers past the default, no pidfds
-or socket cookies), ``memcg`` (a memory cgroup of its own: ``memory.max`` with
+or socket cookies, no socket but a unix one, no eventfds, no unique mount ids or
+namespace ids), ``memcg`` (a memory cgroup of its own: ``memory.max`` with
 swap off on cgroup v2, ``memory.limit_in_bytes`` + ``memsw`` on v1; kernel
 memory such as tmpfs inodes is charged to it), ``tmpcap`` (its writable /tmp
 limited in inodes as well as bytes, with or without a memory cgroup),
@@ -50,8 +51,9 @@ LAYER_MEANING = {
     "nproc": "it has no process limit of its own: a fork bomb is bounded only by the wall-clock kill",
     "timeout": "it has no wall-clock limit",
     "seccomp": "the code can use kernel keyrings, file locks, inotify, memfd/SysV shared memory, new user namespaces, "
-               "fadvise/mincore/RWF_NOWAIT, large socket buffers and pidfds: state that outlives the run, signals "
-               "between concurrent sandboxes, memory outside its limits",
+               "fadvise/mincore/RWF_NOWAIT, large socket buffers, pidfds, netlink and TCP sockets, eventfds and "
+               "unique mount ids: state that outlives the run, signals between concurrent sandboxes, memory outside "
+               "its limits",
     "memcg": "no memory cgroup bounds the sandbox as a whole: memory outside the address-space limit (page cache, pipes, "
              "kernel objects) is bounded only by the per-process limits, the syscall filter and the /tmp caps",
     "tmpcap": "its writable /tmp has no inode limit: empty files pin kernel memory (400,000 of them 366 MiB here), "

@@ -13,6 +13,7 @@ import time
 from mentor.training.sandbox import backend, check_layers
 from mentor.training.sandbox_launch import Launch, Running, poll_ready, start_sandbox
 from mentor.training.sandbox_layers import SandboxLimits, identity_ok
+from mentor.training.sandbox_pipes import Pacer
 from mentor.training.sandbox_slots import Lease
 
 log = logging.getLogger(__name__)
@@ -92,6 +93,7 @@ class SandboxProcess:
             os.set_blocking(f, False)
         self._buf = bytearray()
         self._scanned = 0  # bytes of _buf known to hold no newline
+        self._pace_in, self._pace_out = Pacer(), Pacer()
         self.stderr = bytearray()
         self._err_open = True
 
@@ -146,17 +148,21 @@ class SandboxProcess:
                 self._drain_err()
             if w:
                 try:
-                    sent += os.write(self._in, view[sent:])
+                    n = os.write(self._in, view[sent:])
                 except BlockingIOError:
                     continue
                 except OSError:  # it exited (EPIPE)
                     self.failure = "exited"
                     return False
+                sent += n
+                if sent < len(data):
+                    self._pace_out.after(n, deadline)  # a sandbox that reads a byte at a time is written to in large chunks
         return True
 
     def recv_line(self, deadline: float) -> bytes | None:
         """The next line as bytes, without its newline (at most `SandboxLimits.max_message`); None with
-        `failure` on a timeout, an exit or an oversized line. Linear: each byte is scanned once."""
+        `failure` on a timeout, an exit or an oversized line. Linear: each byte is scanned once; a line that
+        trickles in is read in large chunks (`sandbox_pipes.Pacer`), never a wake per byte."""
         while True:
             nl = self._buf.find(b"\n", self._scanned)
             if nl >= 0:
@@ -182,6 +188,8 @@ class SandboxProcess:
                     self.failure = "exited"
                     return None
                 self._buf += chunk
+                if b"\n" not in chunk:
+                    self._pace_in.after(len(chunk), deadline)  # a line that trickles in is read in large chunks
         line = bytes(self._buf[:nl])
         del self._buf[: nl + 1]
         self._scanned = 0

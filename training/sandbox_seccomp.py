@@ -23,6 +23,15 @@ from functools import lru_cache
 # grown with F_SETPIPE_SZ; and host-wide counters a run can both advance and read, so that a later
 # run reads what it left: pidfd_open and clone(CLONE_PIDFD) (a pidfd's inode number counts every
 # process the host ever started) and the socket cookies of getsockopt(SO_COOKIE, SO_NETNS_COOKIE).
+# Issue 58: the other ways to the host's ids and counters. Sockets of any family but AF_UNIX
+# (EAFNOSUPPORT: the sandbox has no network, so they serve nothing): netlink's sock_diag hands out
+# socket cookies (a host-wide counter that moves only when someone asks for a cookie: 1, 2, 3... here),
+# netlink's port ids fall back to a host-wide rover on a collision, and every TCP socket moves the
+# host-wide count in /proc/self/net/sockstat; eventfds (their "eventfd-id" in /proc/self/fdinfo is the
+# lowest id free on the whole host, so it counts the eventfds a concurrent sandbox holds); statx,
+# statmount, listmount and name_to_handle_at (ENOSYS / EPERM: the 64-bit unique mount id is a host-wide
+# count of every mount ever made, about 80 more per sandbox started); and the namespace ioctls of
+# nsfs (type 0xb7: NS_GET_MNTNS_ID and the other namespace ids, host-wide counters too).
 _SYSCALLS = {
     "x86_64": (0xC000003E, {
         "add_key": 248, "request_key": 249, "keyctl": 250, "flock": 73, "inotify_init": 253, "inotify_add_watch": 254,
@@ -33,7 +42,9 @@ _SYSCALLS = {
         "fadvise64": 221, "readahead": 187, "mincore": 27, "cachestat": 451, "process_madvise": 440,
         "io_setup": 206, "io_destroy": 207, "io_getevents": 208, "io_submit": 209, "io_cancel": 210, "io_pgetevents": 333,
         "fcntl": 72, "unshare": 272, "clone": 56, "clone3": 435, "preadv2": 327, "pwritev2": 328, "madvise": 28,
-        "setsockopt": 54, "getsockopt": 55, "pidfd_open": 434}),
+        "setsockopt": 54, "getsockopt": 55, "pidfd_open": 434,
+        "socket": 41, "socketpair": 53, "eventfd": 284, "eventfd2": 290, "statx": 332, "statmount": 457, "listmount": 458,
+        "name_to_handle_at": 303, "ioctl": 16}),
     "aarch64": (0xC00000B7, {
         "add_key": 217, "request_key": 218, "keyctl": 219, "flock": 32, "inotify_init1": 26, "inotify_add_watch": 27,
         "fanotify_init": 262, "fanotify_mark": 263, "memfd_create": 279, "memfd_secret": 447,
@@ -43,9 +54,14 @@ _SYSCALLS = {
         "fadvise64": 223, "readahead": 213, "mincore": 232, "cachestat": 451, "process_madvise": 440,
         "io_setup": 0, "io_destroy": 1, "io_submit": 2, "io_cancel": 3, "io_getevents": 4, "io_pgetevents": 292,
         "fcntl": 25, "unshare": 97, "clone": 220, "clone3": 435, "preadv2": 286, "pwritev2": 287, "madvise": 233,
-        "setsockopt": 208, "getsockopt": 209, "pidfd_open": 434}),
+        "setsockopt": 208, "getsockopt": 209, "pidfd_open": 434,
+        "socket": 198, "socketpair": 199, "eventfd2": 19, "statx": 291, "statmount": 457, "listmount": 458,
+        "name_to_handle_at": 264, "ioctl": 29}),
 }
-_SPECIAL = ("fcntl", "unshare", "clone", "clone3", "preadv2", "pwritev2", "madvise", "setsockopt", "getsockopt")
+_SPECIAL = ("fcntl", "unshare", "clone", "clone3", "preadv2", "pwritev2", "madvise", "setsockopt", "getsockopt",
+            "socket", "socketpair", "statx", "statmount", "listmount", "ioctl")
+# Answered ENOSYS, as by a kernel without them: what calls them falls back (glibc, coreutils: fstatat).
+_ENOSYS = ("clone3", "statx", "statmount", "listmount")
 # fcntl commands that take, test or watch a lock or lease: F_GETLK, F_SETLK, F_SETLKW, F_OFD_GETLK,
 # F_OFD_SETLK, F_OFD_SETLKW, F_SETLEASE, F_GETLEASE, F_NOTIFY; and F_SETPIPE_SZ.
 _LOCK_CMDS = (5, 6, 7, 36, 37, 38, 1024, 1025, 1026, 1031)
@@ -56,6 +72,8 @@ _MADV = (3, 20, 21, 25)
 # setsockopt(SOL_SOCKET, ...): SO_SNDBUF, SO_RCVBUF, SO_SNDBUFFORCE, SO_RCVBUFFORCE; getsockopt(SOL_SOCKET,
 # ...): SO_COOKIE, SO_NETNS_COOKIE (the same numbers on both CPUs).
 _SOL_SOCKET, _SOCKBUF, _COOKIES = 1, (7, 8, 32, 33), (57, 71)
+_AF_UNIX, _EAFNOSUPPORT = 1, 97
+_NSIO = 0xB700  # the nsfs ioctls: _IO(0xb7, n)
 
 
 def syscall_numbers() -> dict[str, int]:
@@ -84,7 +102,11 @@ def seccomp_filter() -> bytes | None:
     for name, n in nr.items():
         if name not in _SPECIAL:
             op(jeq, n, "eperm")
-    op(jeq, nr["clone3"], "enosys")
+    for name in _ENOSYS:
+        op(jeq, nr[name], "enosys")
+    op(jeq, nr["socket"], "socket")
+    op(jeq, nr["socketpair"], "socket")
+    op(jeq, nr["ioctl"], "ioctl")
     op(jeq, nr["fcntl"], "fcntl")
     op(jeq, nr["unshare"], "userns")
     op(jeq, nr["clone"], "userns")
@@ -117,6 +139,17 @@ def seccomp_filter() -> bytes | None:
             op(jeq, name, "eperm")
         op(ret, allow)
     labels["allow"] = len(prog) - 1
+    labels["socket"] = len(prog)
+    op(ld, 16)  # low word of args[0]: the address family
+    prog.append([jeq, None, "eafnosupport", _AF_UNIX])
+    op(ret, allow)
+    labels["eafnosupport"] = len(prog)
+    op(ret, errno | _EAFNOSUPPORT)
+    labels["ioctl"] = len(prog)
+    op(ld, 24)  # low word of args[1]: the request
+    op(0x54, 0xFF00)  # BPF_ALU|BPF_AND|BPF_K: its type byte
+    op(jeq, _NSIO, "eperm")
+    op(ret, allow)
     labels["userns"] = len(prog)
     op(ld, 16)  # low word of args[0]: the flags of unshare and clone
     op(jset, _CLONE_NEWUSER | _CLONE_PIDFD, "eperm")

@@ -57,21 +57,6 @@ class Slots:
                     raise SandboxUnavailable("no private directory for sandbox slot locks (/run/mentor-sandbox)")
             return self._dir
 
-    def empty_file(self) -> str:
-        """An empty read-only file of ours, bind-mounted over /proc files a sandbox must not read."""
-        path = os.path.join(self._lockdir(), "empty")
-        try:
-            st = os.lstat(path)
-            if st.st_size == 0 and not os.path.islink(path) and st.st_uid == os.geteuid():
-                return path
-            os.unlink(path)
-        except FileNotFoundError:
-            pass
-        fd = os.open(path + f".{os.getpid()}", os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o444)
-        os.close(fd)
-        os.replace(path + f".{os.getpid()}", path)
-        return path
-
     def acquire(self, deadline: float) -> tuple[int, int]:
         """(uid, lock fd); waits for a free slot until `deadline`."""
         d = self._lockdir()
