@@ -399,3 +399,52 @@ def test_policy_mode_is_read_from_the_template_not_the_name(tokenizers, r1_token
     assert policy_mode(load(r1_tokenizer)) == "thinking"
     assert policy_mode(load(tokenizers["llama3_1"])) == "no thinking block"
     assert policy_mode(load(tokenizers["deepseek_v3"])) == "no thinking block"
+
+
+# --------------------------------------------------------------------------- the trainers get the same variables
+
+
+def test_trainers_are_refused_prompts_built_with_other_template_variables(tokenizers, hints, tmp_path):
+    """Prompts built for Qwen3's non-thinking mode: TRL must pass the same ``chat_template_kwargs``, verl the same
+    ``data.apply_chat_template_kwargs``; OpenRLHF (no such setting) is refused chat prompts built with them."""
+    from mentor.training.openrlhf_launcher import TrainConfig, prompt_data_flags
+    from mentor.training.trl_launcher import parse_config as parse_trl
+    from mentor.training.trl_launcher import round_spec
+    from mentor.training.verl_launcher import parse_config as parse_verl
+    from mentor.training.verl_launcher import train_files
+
+    off = {"enable_thinking": False}
+    msgs = tmp_path / "messages"
+    BUILD({}, BuildConfig(base=BASE[0], hints=[str(hints)], placement="after", tokenizer=str(tokenizers["qwen3"]),
+                          chat_template_kwargs=off), msgs)
+    rd = str(tmp_path / "round-001")
+    with pytest.raises(ConfigError, match=r"built with chat_template_kwargs \{'enable_thinking': False\}.*trainer passes \{\}"):
+        round_spec(parse_trl({"round_dir": rd, "prompts": str(msgs), "actor_model": str(tokenizers["qwen3"])}, require_trl=False))
+    spec = round_spec(parse_trl({"round_dir": rd, "prompts": str(msgs), "actor_model": str(tokenizers["qwen3"]),
+                                 "chat_template_kwargs": off}, require_trl=False))
+    assert spec["grpo"]["chat_template_kwargs"] == off
+    with pytest.raises(ConfigError, match="data.apply_chat_template_kwargs"):
+        train_files(parse_verl({"kind": "verl", "round_dir": rd, "prompts": str(msgs)}))
+    assert train_files(parse_verl({"kind": "verl", "round_dir": rd, "prompts": str(msgs),
+                                   "overrides": {"data.apply_chat_template_kwargs": off}}))
+    with pytest.raises(ConfigError, match="OpenRLHF 0.11.2 renders chat prompts with its template's defaults"):
+        prompt_data_flags(TrainConfig(round_dir=rd, base_model=str(tokenizers["qwen3"]), prompts=str(msgs)))
+    text = tmp_path / "text"
+    BUILD({}, BuildConfig(base=BASE[0], hints=[str(hints)], placement="assistant", tokenizer=str(tokenizers["qwen3"]),
+                          chat_template_kwargs=off), text)
+    assert "--data.apply_chat_template" not in prompt_data_flags(TrainConfig(round_dir=rd, base_model=str(tokenizers["qwen3"]), prompts=str(text)))
+
+
+def test_a_workflow_build_takes_the_trainers_template_variables(tokenizers):
+    from mentor.workflows.config import validate_workflow
+    from mentor.workflows.runner import Runner
+
+    tok = str(tokenizers["qwen3"])
+    trl = {"kind": "trl", "config": {"base_model": tok, "chat_template_kwargs": {"enable_thinking": False}}}
+    wf = validate_workflow({"name": "w", "base": "gsm8k", "build": {"placement": "assistant", "tokenizer": tok}, "trainer": trl})
+    assert Runner.build_settings(SimpleNamespace(wf=wf))["chat_template_kwargs"] == {"enable_thinking": False}
+    with pytest.raises(ConfigError, match=r"build.chat_template_kwargs \{\} and trainer chat_template_kwargs"):
+        validate_workflow({"name": "w", "base": "gsm8k", "build": {"chat_template_kwargs": {}}, "trainer": trl})
+    with pytest.raises(ConfigError, match="OpenRLHF 0.11.2"):
+        validate_workflow({"name": "w", "base": "gsm8k", "trainer": {"kind": "openrlhf", "config": {"base_model": tok}},
+                           "build": {"placement": "after", "chat_template_kwargs": {"enable_thinking": False}}})
