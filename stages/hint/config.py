@@ -79,6 +79,8 @@ class VouchConfig(BaseModel):
     tokenizer: str | None = Field(None, description="Tokenizer whose chat template renders placement assistant "
                                   "(default: the vllm policy's own).")
     answer_template: str | None = Field(None, description="How the hint opens the answer (placement assistant), as build's.")
+    chat_template_kwargs: dict[str, Any] = Field(default_factory=dict, description="Variables for the policy's chat "
+                                                 "template, as build's (e.g. {enable_thinking: false}); {}: its defaults.")
     system_prompt: str | None = Field(None, description="The system message build adds (build's system_prompt).")
     instructions: dict[str, str] = Field(default_factory=lambda: dict(INSTRUCTIONS), description="Per-domain instruction, as build's.")
 
@@ -183,6 +185,8 @@ class HintConfig(BaseModel):
             del out["agent_chat_template_kwargs"]
         if out["vouch"] is None:
             del out["vouch"]
+        elif not out["vouch"]["chat_template_kwargs"]:  # runs from before the setting keep their keys
+            del out["vouch"]["chat_template_kwargs"]
         return out
 
 
