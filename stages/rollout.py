@@ -66,6 +66,7 @@ from mentor.stages.build_render import (
     prompt_messages,
     resolve_placement,
 )
+from mentor.training.prompt_format import sampling_template_kwargs
 from mentor.training.verify import reference_of
 
 log = logging.getLogger(__name__)
@@ -480,6 +481,7 @@ class RolloutStage(Stage):
 
     def run(self, inputs: RolloutInputs, cfg: RolloutConfig, out_dir: Path, ctx: Context) -> Stats:
         sources, backend = inputs.prompts, ctx.engine("rollout")
+        cfg = cfg.model_copy(update={"chat_template_kwargs": sampling_template_kwargs(cfg.chat_template_kwargs, sources)})
         items = load_prompt_items(sources, cfg)
         if not items:
             raise DataError(f"no prompts in {', '.join(map(str, sources))}")

@@ -448,3 +448,22 @@ def test_a_workflow_build_takes_the_trainers_template_variables(tokenizers):
     with pytest.raises(ConfigError, match="OpenRLHF 0.11.2"):
         validate_workflow({"name": "w", "base": "gsm8k", "trainer": {"kind": "openrlhf", "config": {"base_model": tok}},
                            "build": {"placement": "after", "chat_template_kwargs": {"enable_thinking": False}}})
+
+
+def test_rollout_samples_chat_prompts_with_the_variables_they_were_built_with(tokenizers, hints, tmp_path):
+    """`mentor rollout` of chat prompts built for Qwen3's non-thinking mode sends their variables to the server's
+    chat API (``chat_template_kwargs``); other variables on the command line are refused."""
+    from fake_openai_server import FakeServer
+
+    out = tmp_path / "prompts"
+    BUILD({}, BuildConfig(base=BASE[0], hints=[str(hints)], placement="after", tokenizer=str(tokenizers["qwen3"]),
+                          chat_template_kwargs={"enable_thinking": False}), out)
+    args = ["rollout", str(out), "--k", "1", "--limit", "2", "--backend", "openai", "--policy", "m", "--no-progress"]
+    with FakeServer() as server:
+        res = CliRunner().invoke(cli, [*args, "--base-url", server.url, "--out", str(tmp_path / "r1")], catch_exceptions=False)
+        assert res.exit_code == 0, res.output
+        assert len(server.seen) == 2 and all(b["chat_template_kwargs"] == {"enable_thinking": False} for b in server.seen)
+        res = CliRunner().invoke(cli, [*args, "--base-url", server.url, "--out", str(tmp_path / "r2"),
+                                       "--chat-template-kwarg", "enable_thinking=true"])
+        assert res.exit_code == 2 and "built with chat_template_kwargs {'enable_thinking': False}" in res.output, res.output
+        assert len(server.seen) == 2

@@ -133,10 +133,23 @@ def check_template_kwargs(kind: str, sources: Sequence[str], trainer_kwargs: Map
                           "--chat-template-kwarg / build.chat_template_kwargs, and the trainer's)")
 
 
+def sampling_template_kwargs(given: Mapping[str, Any], sources: Sequence[Any]) -> dict[str, Any]:
+    """The template variables `mentor rollout` samples chat prompts with: `given` (``--chat-template-kwarg``), else
+    those the prompts were built with (their manifest); two that differ are a `ConfigError`."""
+    built = built_template_kwargs([str(s) for s in sources])
+    if not built or dict(given) == built:
+        return dict(given or built or {})
+    if not given:
+        return dict(built)
+    raise ConfigError(f"prompts {', '.join(map(str, sources))}: built with chat_template_kwargs {built}, sampled with "
+                      f"{dict(given)} (--chat-template-kwarg); give the same variables, or none to use the build's")
+
+
 def text_prompts_refused(kind: str) -> str | None:
     """Why a workflow's trainer `kind` cannot be given text prompts (None: it can, or it is not mentor's to say)."""
     return {"verl": VERL_WHY}.get(kind)
 
 
 __all__ = ["MESSAGE_ONLY", "TEMPLATE_KWARGS_KEY", "TEXT_READERS", "built_template_kwargs", "check_template_kwargs",
+           "sampling_template_kwargs",
            "trainer_template_kwargs", "text_prompts_refused", "check_readable", "openrlhf_data_flags", "prompt_files_are_text"]
