@@ -89,9 +89,8 @@ def answer_opener(tokenizer: Any, generation: str, before: str) -> str:
 def policy_mode(tokenizer: Any, kwargs: Mapping[str, Any] | None = None) -> str:
     """How the policy answers under these template variables, for manifests and dry runs: ``thinking`` (the
     template opens the block, or the policy does), ``non-thinking`` (the template closes an empty one), or
-    ``no thinking block``."""
-    chat = [{"role": "user", "content": "1+1?"}]
-    gen, bare = apply_template(tokenizer, chat, kwargs), apply_template(tokenizer, chat, kwargs, False)
+    ``no thinking block``. A template that writes no assistant turn is a `ConfigError` (`generation_prompt`)."""
+    gen, bare = generation_prompt(tokenizer, None, kwargs)
     if THINK_OPEN not in template_source(tokenizer):
         return "no thinking block"
     prompt = gen[len(bare):] if gen.startswith(bare) else gen
@@ -108,14 +107,24 @@ def render_prompt(tokenizer: Any, messages: list[dict[str, str]], chat_template_
     if not msgs or msgs[-1]["role"] != "assistant":
         return apply_template(tokenizer, msgs, chat_template_kwargs)
     head, opening = msgs[:-1], msgs[-1]["content"]
-    generation = apply_template(tokenizer, head, chat_template_kwargs)
-    before = apply_template(tokenizer, head, chat_template_kwargs, add_generation_prompt=False)
+    generation, before = generation_prompt(tokenizer, head, chat_template_kwargs)
+    return generation + answer_opener(tokenizer, generation, before) + opening
+
+
+def generation_prompt(tokenizer: Any, messages: list[dict] | None = None,
+                      chat_template_kwargs: Mapping[str, Any] | None = None) -> tuple[str, str]:
+    """`messages` (default: a one-question chat) rendered with and without the generation prompt; a template that
+    writes no assistant turn is a `ConfigError` naming the tokenizer and the fix. Stages that render text prompts
+    call it once before rendering (an unhinted text prompt would silently end at the user's turn)."""
+    messages = messages if messages is not None else [{"role": "user", "content": "1+1?"}]
+    generation = apply_template(tokenizer, messages, chat_template_kwargs)
+    before = apply_template(tokenizer, messages, chat_template_kwargs, add_generation_prompt=False)
     if generation == before:
         raise ConfigError(f"the chat template of tokenizer {tokenizer_name(tokenizer)} writes no assistant turn for "
-                          "add_generation_prompt=True, so a hint cannot open the policy's answer (placement assistant); "
-                          "give a chat model's tokenizer whose template starts the assistant's turn (--tokenizer), or use "
-                          "another placement (--placement after)")
-    return generation + answer_opener(tokenizer, generation, before) + opening
+                          "add_generation_prompt=True, so the policy's answer cannot start in the prompt (placement "
+                          "assistant); give a chat model's tokenizer whose template starts the assistant's turn "
+                          "(--tokenizer), or use another placement (--placement after)")
+    return generation, before
 
 
 def adds_bos(tokenizer: Any) -> bool:
@@ -136,5 +145,5 @@ def text_for_tokenizer(text: str, tokenizer: Any) -> str:
     return text
 
 
-__all__ = ["THINK_CLOSE", "THINK_OPEN", "THINKING_SWITCH", "adds_bos", "answer_opener", "apply_template",
+__all__ = ["THINK_CLOSE", "THINK_OPEN", "THINKING_SWITCH", "adds_bos", "answer_opener", "apply_template", "generation_prompt",
            "policy_mode", "render_prompt", "template_source", "text_for_tokenizer", "tokenizer_name"]

@@ -254,8 +254,13 @@ class BuildStage(Stage):
         text = cfg.template is None and cfg.placement in TEXT_PLACEMENTS
         stats.placement = cfg.placement if cfg.template is None else "template"
         stats.prompt_format = "text" if text else "messages"
-        if tokenizer is not None:
+        if tokenizer is not None and text:  # the template must start the answer (checked once, before any row)
             stats.policy_mode = policy_mode(tokenizer, cfg.chat_template_kwargs)
+        elif tokenizer is not None:  # chat prompts: the trainer renders them; the mode is recorded where it can be read
+            try:
+                stats.policy_mode = policy_mode(tokenizer, cfg.chat_template_kwargs)
+            except ConfigError:
+                stats.policy_mode = None
         hints = load_hints(cfg.hints, cfg.hint_statuses, stats)  # its errors come after the base set's
         if cfg.round is not None:
             stats.round = cfg.round

@@ -40,6 +40,7 @@ from mentor.pipeline.io import read_dataset, read_parquet_schema, write_parquet_
 from mentor.pipeline.schemas import SCHEMA_VERSION
 from mentor.pipeline.outdir import Owns
 from mentor.pipeline.stage import Context, Source, Stage, Stats, StatsLayout
+from mentor.pipeline.policy_template import generation_prompt
 from mentor.pipeline.prompts import answer_template, load_tokenizer, render_prompt
 from mentor.stages.build_render import DEFAULT_PLACEMENT, PLACEMENTS, TEXT_PLACEMENTS, prompt_messages
 from mentor.stages.rollout import (
@@ -115,6 +116,7 @@ def rescue_items(collapsed: pl.DataFrame, arms: dict[str, pl.DataFrame], cfg: Ro
         )
         if text:
             tok = load_tokenizer(cfg.tokenizer)
+            generation_prompt(tok, None, cfg.chat_template_kwargs)  # a template that starts no answer: refused at once
             texts[name] = [render_prompt(tok, m, cfg.chat_template_kwargs) for m in layouts[name]]
     for n, r in enumerate(rows):
         kept.append(r["problem_id"])

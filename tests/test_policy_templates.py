@@ -467,3 +467,13 @@ def test_rollout_samples_chat_prompts_with_the_variables_they_were_built_with(to
                                        "--chat-template-kwarg", "enable_thinking=true"])
         assert res.exit_code == 2 and "built with chat_template_kwargs {'enable_thinking': False}" in res.output, res.output
         assert len(server.seen) == 2
+
+
+def test_a_template_without_an_assistant_turn_is_refused_before_any_unhinted_text_prompt(tokenizers, tmp_path):
+    """Without hints every row is unhinted: with placement assistant each would be text ending at the user's turn
+    (no assistant turn for the policy to answer in); refused before any shard is written."""
+    folder = _tokenizer_with("{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}",
+                             tmp_path, tokenizers)
+    res = CliRunner().invoke(cli, ["build", "--base", BASE[0], "--out", str(tmp_path / "p"), "--placement", "assistant",
+                                   "--tokenizer", str(folder)])
+    assert res.exit_code == 2 and "writes no assistant turn" in res.output and not (tmp_path / "p").exists(), res.output
