@@ -166,8 +166,7 @@ class BuildConfig(BaseModel):
         if self.template is not None and self.placement is not None:
             raise ValueError("give a template or a placement, not both (a template places the hint itself)")
         self.resolved_placement()  # a text placement without a tokenizer
-        if self.answer_template is not None:
-            self.check_answer_template()
+        if self.answer_template is not None:  # (whether a placement uses it: `check_answer_template`, when it is settled)
             try:
                 answer_template(self.answer_template)
             except ConfigError as exc:

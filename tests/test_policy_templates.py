@@ -443,6 +443,8 @@ def test_a_workflow_build_takes_the_trainers_template_variables(tokenizers):
     trl = {"kind": "trl", "config": {"base_model": tok, "chat_template_kwargs": {"enable_thinking": False}}}
     wf = validate_workflow({"name": "w", "base": "gsm8k", "build": {"placement": "assistant", "tokenizer": tok}, "trainer": trl})
     assert Runner.build_settings(SimpleNamespace(wf=wf))["chat_template_kwargs"] == {"enable_thinking": False}
+    # an answer template is checked against the placement the round settles (the trainer's policy as tokenizer)
+    validate_workflow({"name": "w", "base": "gsm8k", "build": {"answer_template": "labelled"}, "trainer": trl})
     with pytest.raises(ConfigError, match=r"build.chat_template_kwargs \{\} and trainer chat_template_kwargs"):
         validate_workflow({"name": "w", "base": "gsm8k", "build": {"chat_template_kwargs": {}}, "trainer": trl})
     with pytest.raises(ConfigError, match="OpenRLHF 0.11.2"):
