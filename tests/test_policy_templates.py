@@ -479,3 +479,10 @@ def test_a_template_without_an_assistant_turn_is_refused_before_any_unhinted_tex
     res = CliRunner().invoke(cli, ["build", "--base", BASE[0], "--out", str(tmp_path / "p"), "--placement", "assistant",
                                    "--tokenizer", str(folder)])
     assert res.exit_code == 2 and "writes no assistant turn" in res.output and not (tmp_path / "p").exists(), res.output
+
+
+def test_vouching_answer_template_with_a_message_placement_is_refused():
+    from mentor.stages.hint.config import load_config
+
+    with pytest.raises(ConfigError, match="answer_template applies to placement assistant"):
+        load_config(None, vouch={"placement": "after", "answer_template": "labelled"})
