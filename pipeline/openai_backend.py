@@ -5,7 +5,14 @@ however many callers: the server batches them as vLLM's offline engine batches
 a wave), through the official ``openai`` client. Each request keeps what the
 in-process engine gives it: its own ``seed``, ``temperature``/``top_p``/``max_tokens``,
 its JSON schema, and its chat-template variables (``extra_body.chat_template_kwargs``,
-how vLLM and SGLang take e.g. ``enable_thinking``). Results come back in request
+how vLLM and SGLang take e.g. ``enable_thinking``). A prompt already rendered with the
+policy's chat template (placement ``assistant``: `pipeline.policy_template`) goes to the
+completions API (``POST /completions``) as that text, with ``add_special_tokens: false``
+(the text holds the template's BOS), so the server conditions on the very text the
+trainers get; the chat API's ``continue_final_message`` would render the hint as a
+finished past turn (Qwen3's template then closes an empty think block). ``max_tokens``
+never exceeds the ``max_model_len`` the server reports for the model in ``GET /models``
+(vLLM refuses more with a 400 on every request): it is capped there, with a warning. Results come back in request
 order, paired by position, never by text. The backend is ``concurrent``: many
 `generate` calls may run at once from threads (the hint stage runs each problem's
 chain of requests on its own, so no wave waits for its slowest request).
@@ -156,6 +163,9 @@ class OpenAIBackend(CountingBackend):
         self.answered = 0
         self.failed = 0
         self._streak = 0
+        # The context the server reports for the model (vLLM's GET /models: max_model_len); None: not reported.
+        self.max_model_len: int | None = None
+        self._capped = False
         if check:
             self._check_model()
 
@@ -193,6 +203,8 @@ class OpenAIBackend(CountingBackend):
             raise EngineError(f"{where} did not answer GET /models ({_one_line(exc)}): is it running, and is the URL right "
                               "(it ends in /v1)?") from exc
         served = _model_ids(resp)
+        if served is not None:
+            self.max_model_len = _max_model_len(resp, self.model)
         if served is None:
             raise EngineError(f"{where} answered GET /models with {_body_view(resp)}, not an OpenAI model list: is the URL "
                               "an OpenAI-compatible server's API root (e.g. http://HOST:8000/v1)?")
@@ -200,18 +212,34 @@ class OpenAIBackend(CountingBackend):
             raise EngineError(f"{where} does not serve model {self.model!r} (it serves: "
                               f"{', '.join(served) or 'nothing'}); pass one of those as --model")
 
+    def _max_tokens(self, asked: int) -> int:
+        """`asked`, at most the server's ``max_model_len`` (vLLM answers a request for more with a 400); said once."""
+        limit = self.max_model_len
+        if limit is None or asked <= limit:
+            return asked
+        with self._lock:
+            first, self._capped = not self._capped, True
+        if first:
+            log.warning("the server at %s serves %s with max_model_len %d: requests for up to %d new tokens ask for %d "
+                        "(prompt and answer share that context; serve the model with a larger --max-model-len, or lower "
+                        "max_tokens, to make the limit yours)", self.base_url, self.model, limit, asked, limit)
+        return limit
+
     def _body(self, req: GenRequest) -> dict[str, Any]:
-        body: dict[str, Any] = {
-            "model": self.model,
-            "messages": req.messages,
-            "max_tokens": req.max_tokens,
-            "temperature": req.temperature,
-            "top_p": req.top_p,
-        }
+        body: dict[str, Any] = {"model": self.model}
+        if req.prompt is not None:  # rendered with the policy's template (placement assistant): the completions API
+            body["prompt"] = req.prompt
+        else:
+            body["messages"] = req.messages
+        body |= {"max_tokens": self._max_tokens(req.max_tokens), "temperature": req.temperature, "top_p": req.top_p}
         if req.seed is not None:
             body["seed"] = req.seed
         extra: dict[str, Any] = {}
-        if req.chat_template_kwargs:
+        if req.prompt is not None:
+            # The text already holds the template's BOS; vLLM would add another (its completions API adds special
+            # tokens by default), as mentor's vLLM backend never does.
+            extra["add_special_tokens"] = False
+        elif req.chat_template_kwargs:
             extra["chat_template_kwargs"] = req.chat_template_kwargs
         if req.json_schema is not None:
             if self.structured_output == "response_format":
@@ -230,7 +258,8 @@ class OpenAIBackend(CountingBackend):
         where = f"the server at {self.base_url}"
         with self._slots:
             try:
-                resp = self._client().chat.completions.with_raw_response.create(**self._body(req)).http_response
+                api = self._client().completions if req.prompt is not None else self._client().chat.completions
+                resp = api.with_raw_response.create(**self._body(req)).http_response
             except openai.AuthenticationError as exc:
                 raise EngineError(f"{where} refused the API key: {_one_line(exc)}") from exc
             except openai.PermissionDeniedError as exc:
@@ -271,9 +300,6 @@ class OpenAIBackend(CountingBackend):
     # ------------------------------------------------------------------ generation
 
     def _generate(self, requests: Sequence[GenRequest], on_done: OnDone | None) -> list[GenResult]:
-        if any(r.prompt is not None for r in requests):
-            raise ConfigError("prompts rendered to text (placement assistant) go to the vllm backend; through a server "
-                              "use another placement (--placement after)")
         if len(requests) == 1:
             out = [self._ask(requests[0])]
             if on_done is not None:
@@ -308,8 +334,17 @@ def _model_ids(resp: Any) -> list[str] | None:
     return [m["id"] for m in items]
 
 
+def _max_model_len(resp: Any, model: str) -> int | None:
+    """The ``max_model_len`` a model list reports for `model` (vLLM does; other servers may not): None if absent."""
+    for m in resp.json()["data"]:
+        n = m.get("max_model_len")
+        if m["id"] == model and isinstance(n, int) and not isinstance(n, bool) and n > 0:
+            return n
+    return None
+
+
 def _completion_result(req: GenRequest, resp: Any) -> GenResult:
-    """A chat completion's first choice as a `GenResult`; an answer that is not one is an error result saying why."""
+    """A chat completion's (a text completion's, for a rendered prompt) first choice as a `GenResult`; an answer that is not one is an error result saying why."""
     try:
         data = resp.json()
     except ValueError:
@@ -320,10 +355,15 @@ def _completion_result(req: GenRequest, resp: Any) -> GenResult:
     if not choices:
         return GenResult(req.id, "", "error", error="the answer has no choices ('choices': [])")
     choice = choices[0]
-    message = choice.get("message") if isinstance(choice, dict) else None
-    if not isinstance(message, dict):
-        return GenResult(req.id, "", "error", error="the answer's choice has no 'message'")
-    content = message.get("content")
+    if req.prompt is not None:  # a text completion: the choice's text
+        content = choice.get("text") if isinstance(choice, dict) else None
+        if not isinstance(content, str):
+            return GenResult(req.id, "", "error", error="the answer's choice has no 'text' (not a text completion)")
+    else:
+        message = choice.get("message") if isinstance(choice, dict) else None
+        if not isinstance(message, dict):
+            return GenResult(req.id, "", "error", error="the answer's choice has no 'message'")
+        content = message.get("content")
     if content is not None and not isinstance(content, str):
         return GenResult(req.id, "", "error", error=f"the answer's message content is not text ({type(content).__name__})")
     finish = choice.get("finish_reason")

@@ -11,8 +11,10 @@ after INSTRUCTION_SEPARATOR.
 A hint can also open the policy's answer (placement ``assistant``, as QuestA puts a
 solution prefix): the chat is then an unfinished assistant turn that the policy
 continues, which no trainer renders from messages (they all close the last turn and
-open a new one). `render_prompt` renders it once with the policy's own chat template
-(`load_tokenizer`), and the text is what build hands the trainers and what rescue sends.
+open a new one). `render_prompt` (`pipeline.policy_template`) renders it once with the
+policy's own chat template (`load_tokenizer`) and the round's template variables: the
+unhinted prompt with the generation prompt, then the hint, in the same (thinking or not)
+mode; the text is what build hands the trainers and what rollout / rescue send.
 `prompt_token_lengths` counts a prompt's tokens as the trainers will tokenize it: what build
 records as ``max_prompt_tokens`` and what the launchers size the trainers' prompt limits by.
 """
@@ -20,12 +22,13 @@ records as ``max_prompt_tokens`` and what the launchers size the trainers' promp
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from functools import lru_cache
 from typing import Any
 
 from mentor.pipeline.errors import ConfigError
 from mentor.pipeline.models import resolve_model
+from mentor.pipeline.policy_template import apply_template, render_prompt
 
 # User message of a hinted problem: placeholders {hint}, {problem}, optional {instruction}.
 HINT_TEMPLATE = "Hint: {hint}\n\n{problem}"
@@ -79,25 +82,17 @@ def load_tokenizer(name: str) -> Any:
     return tok
 
 
-def prompt_token_lengths(prompts: Sequence[str | Sequence[dict]], tokenizer: Any) -> list[int]:
-    """Tokens of each prompt (a list of chat messages, or a rendered string); `tokenizer` an HF tokenizer or a model name."""
+def prompt_token_lengths(prompts: Sequence[str | Sequence[dict]], tokenizer: Any,
+                         chat_template_kwargs: Mapping[str, Any] | None = None) -> list[int]:
+    """Tokens of each prompt (a list of chat messages, rendered with the generation prompt and
+    `chat_template_kwargs`, or a rendered string); `tokenizer` an HF tokenizer or a model name."""
     tok = load_tokenizer(tokenizer) if isinstance(tokenizer, str) else tokenizer
     texts = [p if isinstance(p, str) else
-             tok.apply_chat_template([{"role": m["role"], "content": m["content"]} for m in p], tokenize=False,
-                                     add_generation_prompt=True)
+             apply_template(tok, [{"role": m["role"], "content": m["content"]} for m in p], chat_template_kwargs)
              for p in prompts]
     if not texts:
         return []
     return [len(ids) for ids in tok(texts, add_special_tokens=False)["input_ids"]]
-
-
-def render_prompt(tokenizer: Any, messages: list[dict[str, str]]) -> str:
-    """The text the policy conditions on: its chat template over `messages`, with the generation prompt after a
-    user turn (what every trainer renders itself), or the final assistant turn left open to continue."""
-    msgs = [{"role": m["role"], "content": m["content"]} for m in messages]
-    if msgs and msgs[-1]["role"] == "assistant":
-        return tokenizer.apply_chat_template(msgs, tokenize=False, add_generation_prompt=False, continue_final_message=True)
-    return tokenizer.apply_chat_template(msgs, tokenize=False, add_generation_prompt=True)
 
 
 __all__ = ["prompt_token_lengths", "ANSWER_TEMPLATES", "DEFAULT_ANSWER", "HINT_PREFIX", "HINT_TEMPLATE", "INSTRUCTIONS", "INSTRUCTION_SEPARATOR", "PLACEHOLDER_RE", "PLAIN_TEMPLATE",

@@ -52,7 +52,7 @@ from __future__ import annotations
 
 import logging
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 import polars as pl
 from pydantic import BaseModel, ConfigDict, Field, model_validator
@@ -62,6 +62,7 @@ from mentor.pipeline.inputs import resolve_inputs
 from mentor.pipeline.io import atomic_path, sha256_file, write_manifest
 from mentor.pipeline.faults import fault_point
 from mentor.pipeline.outdir import Owns
+from mentor.pipeline.policy_template import policy_mode
 from mentor.pipeline.prompts import HINT_TEMPLATE, INSTRUCTIONS, PLACEHOLDER_RE, PLAIN_TEMPLATE, answer_template, load_tokenizer
 from mentor.pipeline.schemas import DOMAINS, HINT_STATUSES, SCHEMA_VERSION
 from mentor.pipeline.stage import Context, Stage, Stats, StatsLayout
@@ -83,7 +84,7 @@ BUILD_STATS = StatsLayout(
     ),
     groups={"base_dropped": ()},
     values={"round": 0, "mode": "prefix", "placement": DEFAULT_PLACEMENT, "prompt_format": "messages", "seed": None,
-            "max_prompt_tokens": None, "prompt_tokenizer": None},
+            "max_prompt_tokens": None, "prompt_tokenizer": None, "chat_template_kwargs": {}, "policy_mode": None},
     ratios={"hinted_share": ("hinted_rows", "rows")},
     warnings=True,
     logger=__name__,
@@ -130,6 +131,11 @@ class BuildConfig(BaseModel):
         None, description="How the hint opens the answer (placement assistant): bare, labelled, first_person, or a text "
         "with {hint} (default: the measured best, pipeline/prompts.py DEFAULT_ANSWER).",
     )
+    chat_template_kwargs: dict[str, Any] = Field(
+        default_factory=dict, description="Variables for the policy's chat template, the same the trainer passes (e.g. "
+        "{enable_thinking: false} for Qwen3's non-thinking mode): placement assistant renders every prompt with them, "
+        "max_prompt_tokens counts with them, and the manifest records them for the launchers. {}: the template's defaults.",
+    )
     template: str | None = Field(
         None, description="User message of a hinted problem; placeholders {hint}, {problem}, optional {instruction} "
         "(default: the placement's; a template places the hint itself, so it goes without --placement).",
@@ -160,7 +166,7 @@ class BuildConfig(BaseModel):
         if self.template is not None and self.placement is not None:
             raise ValueError("give a template or a placement, not both (a template places the hint itself)")
         self.resolved_placement()  # a text placement without a tokenizer
-        if self.answer_template is not None:
+        if self.answer_template is not None:  # (whether a placement uses it: `check_answer_template`, when it is settled)
             try:
                 answer_template(self.answer_template)
             except ConfigError as exc:
@@ -185,6 +191,16 @@ class BuildConfig(BaseModel):
         if bad_map:
             raise ValueError(f"--map {bad_map[0]}=...: not a problem column; map one of {', '.join(PROBLEM_COLUMNS)}")
         return self
+
+    def check_answer_template(self, domains=()) -> None:
+        """An answer template applies to placement assistant only: with another one it would be silently unused."""
+        placement = "template" if self.template is not None else self.resolved_placement(domains)
+        if self.answer_template is not None and placement not in TEXT_PLACEMENTS:
+            why = ("the base set has code tasks, which keep the hint in the user turn" if domains and self.placement is None
+                   and self.tokenizer else "")
+            raise ValueError(f"--answer-template {self.answer_template!r} applies to placement assistant (the hint opens "
+                             f"the answer), but the placement is {placement}{f' ({why})' if why else ''}; give --placement "
+                             "assistant (with --tokenizer), or leave --answer-template out")
 
     def resolved_placement(self, domains=()) -> str:
         """The placement used: asked for, else assistant with a tokenizer unless `domains` (the base set's)
@@ -220,6 +236,7 @@ class BuildStage(Stage):
 
     def run(self, inputs: BuildInputs, cfg: BuildConfig, out_dir: Path, ctx: Context) -> Stats:
         stats = BUILD_STATS(mode=cfg.mode, seed=cfg.seed, prompt_tokenizer=cfg.tokenizer)
+        stats.chat_template_kwargs = dict(cfg.chat_template_kwargs)
         stats.extra["schema_version"] = SCHEMA_VERSION
         tokenizer = load_tokenizer(cfg.tokenizer) if cfg.tokenizer else None
         base = load_base(cfg.base, cfg.mapping, cfg.domain)
@@ -228,10 +245,21 @@ class BuildStage(Stage):
         problems = validate_base(base, cfg.strict, stats)
         stats.base_problems = problems.height
         if cfg.template is None:  # settled here: the default depends on the base set's domains
+            try:
+                cfg.check_answer_template(problems.get_column("domain").unique().to_list())
+            except ValueError as exc:
+                raise ConfigError(str(exc)) from None
             cfg = cfg.model_copy(update={"placement": cfg.resolved_placement(problems.get_column("domain").unique().to_list())})
         text = cfg.template is None and cfg.placement in TEXT_PLACEMENTS
         stats.placement = cfg.placement if cfg.template is None else "template"
         stats.prompt_format = "text" if text else "messages"
+        if tokenizer is not None and text:  # the template must start the answer (checked once, before any row)
+            stats.policy_mode = policy_mode(tokenizer, cfg.chat_template_kwargs)
+        elif tokenizer is not None:  # chat prompts: the trainer renders them; the mode is recorded where it can be read
+            try:
+                stats.policy_mode = policy_mode(tokenizer, cfg.chat_template_kwargs)
+            except ConfigError:
+                stats.policy_mode = None
         hints = load_hints(cfg.hints, cfg.hint_statuses, stats)  # its errors come after the base set's
         if cfg.round is not None:
             stats.round = cfg.round
@@ -249,7 +277,8 @@ class BuildStage(Stage):
             out_dir, shards, "prompts", inputs=sources, config=cfg,
             extra={"base": base.info, "round": stats.round, "stats": "stats.json", "placement": stats.placement,
                    "prompt_format": stats.prompt_format, "max_prompt_tokens": stats.max_prompt_tokens,
-                   "prompt_tokenizer": stats.prompt_tokenizer}, hashes=hashes,
+                   "prompt_tokenizer": stats.prompt_tokenizer, "chat_template_kwargs": dict(cfg.chat_template_kwargs),
+                   "policy_mode": stats.policy_mode}, hashes=hashes,
         )
         log.info("built %d prompts (%d hinted) in %d shard(s)", stats.rows, stats.hinted_rows, stats.shards)
         return stats

@@ -42,8 +42,8 @@ def rows_per_shard(rows: pl.DataFrame, exprs: list[pl.Expr], cfg: BuildConfig) -
 def write_shards(rows: pl.DataFrame, out_dir: Path, cfg: BuildConfig, round_: int, tokenizer: Any = None,
                  as_text: bool = False) -> tuple[list[Path], int | None]:
     """Render and write ``out_dir/part-NNNNN.parquet``; their paths in order, and the longest prompt in
-    `tokenizer`'s tokens (None without one). `as_text`: each prompt is rendered with the tokenizer's chat
-    template (`prompts.render_prompt`) and written as text."""
+    `tokenizer`'s tokens (None without one), both with ``cfg.chat_template_kwargs``. `as_text`: each prompt is
+    rendered with the tokenizer's chat template (`prompts.render_prompt`) and written as text."""
     exprs = render_exprs(rows, cfg, round_)
     per = rows_per_shard(rows, exprs, cfg)
     starts = list(range(0, rows.height, per))
@@ -56,8 +56,8 @@ def write_shards(rows: pl.DataFrame, out_dir: Path, cfg: BuildConfig, round_: in
             prompts = df.get_column("prompt").to_list()
             with lock:
                 if as_text:
-                    prompts = [render_prompt(tokenizer, m) for m in prompts]
-                longest = max(prompt_token_lengths(prompts, tokenizer), default=0)
+                    prompts = [render_prompt(tokenizer, m, cfg.chat_template_kwargs) for m in prompts]
+                longest = max(prompt_token_lengths(prompts, tokenizer, cfg.chat_template_kwargs), default=0)
             if as_text:
                 df = df.with_columns(pl.Series("prompt", prompts, dtype=pl.String))
         return write_parquet_atomic(df, out_dir / f"part-{i:05d}.parquet", dataset="prompts"), longest

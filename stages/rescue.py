@@ -40,6 +40,7 @@ from mentor.pipeline.io import read_dataset, read_parquet_schema, write_parquet_
 from mentor.pipeline.schemas import SCHEMA_VERSION
 from mentor.pipeline.outdir import Owns
 from mentor.pipeline.stage import Context, Source, Stage, Stats, StatsLayout
+from mentor.pipeline.policy_template import generation_prompt
 from mentor.pipeline.prompts import answer_template, load_tokenizer, render_prompt
 from mentor.stages.build_render import DEFAULT_PLACEMENT, PLACEMENTS, TEXT_PLACEMENTS, prompt_messages
 from mentor.stages.rollout import (
@@ -115,7 +116,8 @@ def rescue_items(collapsed: pl.DataFrame, arms: dict[str, pl.DataFrame], cfg: Ro
         )
         if text:
             tok = load_tokenizer(cfg.tokenizer)
-            texts[name] = [render_prompt(tok, m) for m in layouts[name]]
+            generation_prompt(tok, None, cfg.chat_template_kwargs)  # a template that starts no answer: refused at once
+            texts[name] = [render_prompt(tok, m, cfg.chat_template_kwargs) for m in layouts[name]]
     for n, r in enumerate(rows):
         kept.append(r["problem_id"])
         rnd = cfg.round if cfg.round is not None else int(max([r[f"_round{a}"] for a in range(len(latest))], default=r.get("round") or 0))
@@ -136,6 +138,25 @@ def rescue_items(collapsed: pl.DataFrame, arms: dict[str, pl.DataFrame], cfg: Ro
                 )
             )
     return items, kept, missing
+
+
+def check_answer_templates(cfg: RolloutConfig, arms: Sequence[str], arm_placements: dict[str, str],
+                           arm_answers: dict[str, str]) -> None:
+    """An answer template (the config's, or an arm's own) that no arm with placement assistant uses would be silently
+    ignored: a `ConfigError` naming it and the placement in force."""
+    def placement(arm: str) -> str:
+        return "template" if cfg.hint_template is not None else arm_placements.get(arm, cfg.placement) or DEFAULT_PLACEMENT
+
+    for arm in arm_answers:
+        if placement(arm) not in TEXT_PLACEMENTS:
+            raise ConfigError(f"arm {arm}: its answer template applies to placement assistant (the hint opens the answer), "
+                              f"but the arm's placement is {placement(arm)}; give the arm placement assistant or drop its "
+                              "answer template")
+    if cfg.answer_template is not None and not any(placement(a) in TEXT_PLACEMENTS and a not in arm_answers for a in arms):
+        used = sorted({placement(a) for a in arms}) or [placement("")]
+        raise ConfigError(f"--answer-template {cfg.answer_template!r} applies to placement assistant (the hint opens the "
+                          f"answer), but the placement is {', '.join(used)}; give --placement assistant (with --tokenizer) "
+                          "or leave --answer-template out")
 
 
 def rescue_report(rows: list[dict[str, Any]], k: int, arms: Sequence[str]) -> pl.DataFrame:
@@ -253,6 +274,7 @@ class RescueStage(Stage):
             except ConfigError as exc:
                 raise ConfigError(f"arm {a}: {exc}") from None
         cfg = cfg.for_policy(backend, list(arm_placements.values()), collapsed.get_column("domain").unique().to_list())
+        check_answer_templates(cfg, list(arms), arm_placements, arm_answers)
         items, kept, missing = rescue_items(collapsed, arms, cfg, arm_placements, arm_answers)
         if not items or not kept:
             where = "; ".join(f"{name}: {', '.join(map(str, src))}" for name, src in arm_sources.items())

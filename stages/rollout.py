@@ -66,6 +66,7 @@ from mentor.stages.build_render import (
     prompt_messages,
     resolve_placement,
 )
+from mentor.training.prompt_format import sampling_template_kwargs
 from mentor.training.verify import reference_of
 
 log = logging.getLogger(__name__)
@@ -94,6 +95,10 @@ class RolloutConfig(BaseModel):
                                   "(default: the vllm policy's own).")
     answer_template: str | None = Field(None, description="How the hint opens the answer (placement assistant), as "
                                         "`mentor build --answer-template`.")
+    chat_template_kwargs: dict[str, Any] = Field(
+        default_factory=dict, description="Variables for the policy's chat template, the same the trainer passes (e.g. "
+        "{enable_thinking: false} for Qwen3's non-thinking mode): sent with every chat prompt and used to render "
+        "placement assistant. {}: the template's defaults.")
     hint_template: str | None = Field(None, description="User message of a hinted prompt ({hint}, {problem}); default: the placement's.")
     instructions: dict[str, str] = Field(default_factory=lambda: dict(INSTRUCTIONS), description="Instruction appended per domain.")
     shard_size: int = Field(256, ge=1, description="Prompts per shard (one engine call, one file, one done marker).")
@@ -106,7 +111,10 @@ class RolloutConfig(BaseModel):
         of runs made before placements existed keep their keys.
         """
         placement = self.placement or DEFAULT_PLACEMENT
-        out = self.model_dump(mode="json", exclude={"shard_size", "verify_workers", "placement", "tokenizer", "answer_template"})
+        out = self.model_dump(mode="json", exclude={"shard_size", "verify_workers", "placement", "tokenizer", "answer_template",
+                                                    "chat_template_kwargs"})
+        if self.chat_template_kwargs:
+            out["chat_template_kwargs"] = self.chat_template_kwargs
         out["hint_template"] = hint_template(placement, self.hint_template)
         if placement == "system":
             out["placement"] = placement
@@ -271,6 +279,7 @@ def sample_and_verify(
             temperature=cfg.temperature,
             top_p=cfg.top_p,
             seed=seed_of(first_index + i, item, j),
+            chat_template_kwargs=dict(cfg.chat_template_kwargs) or None,
             prompt=item.prompt,
         )
         for i, item in enumerate(items)
@@ -472,6 +481,7 @@ class RolloutStage(Stage):
 
     def run(self, inputs: RolloutInputs, cfg: RolloutConfig, out_dir: Path, ctx: Context) -> Stats:
         sources, backend = inputs.prompts, ctx.engine("rollout")
+        cfg = cfg.model_copy(update={"chat_template_kwargs": sampling_template_kwargs(cfg.chat_template_kwargs, sources)})
         items = load_prompt_items(sources, cfg)
         if not items:
             raise DataError(f"no prompts in {', '.join(map(str, sources))}")

@@ -1,7 +1,7 @@
 """A fake OpenAI-compatible server on 127.0.0.1 that misbehaves on demand (tests of the `openai` backend).
 
-``FakeServer(chat=..., models=...)`` answers ``GET /v1/models`` and ``POST /v1/chat/completions``
-from two functions; each returns a `Reply` (status, content type, body bytes), or `HANG`
+``FakeServer(chat=..., models=..., text=...)`` answers ``GET /v1/models``, ``POST /v1/chat/completions``
+and ``POST /v1/completions`` (text prompts) from three functions; each returns a `Reply` (status, content type, body bytes), or `HANG`
 (accept the request and never answer) or `CLOSE` (drop the connection without a word).
 The helpers build the usual answers: `completion` (a well-formed chat completion),
 `hint_agent_answer` (what mentor's fake hint model writes, so the hint stage can run end
@@ -42,8 +42,19 @@ def completion(text: str | None, finish: str = "stop", usage: Any = None) -> dic
             "usage": usage if usage is not None else {"prompt_tokens": 7, "completion_tokens": 3, "total_tokens": 10}}
 
 
-def model_list(*names: str) -> dict:
-    return {"object": "list", "data": [{"id": n, "object": "model", "created": 0, "owned_by": "t"} for n in names]}
+def model_list(*names: str, max_model_len: int | None = None) -> dict:
+    extra = {} if max_model_len is None else {"max_model_len": max_model_len}  # what vLLM reports
+    return {"object": "list", "data": [{"id": n, "object": "model", "created": 0, "owned_by": "t", **extra} for n in names]}
+
+
+def text_completion(text: str, finish: str = "stop") -> dict:
+    return {"id": "x", "object": "text_completion", "created": 0, "model": "m",
+            "choices": [{"index": 0, "text": text, "finish_reason": finish}],
+            "usage": {"prompt_tokens": 7, "completion_tokens": 3, "total_tokens": 10}}
+
+
+def ok_text(body: dict) -> Reply:
+    return json_reply(text_completion("The answer is \\boxed{1}."))
 
 
 def hint_agent_answer(body: dict) -> str:
@@ -73,8 +84,9 @@ class FakeServer:
     """The fake server; `url` is its ``http://127.0.0.1:PORT/v1``; `seen` the chat bodies it received."""
 
     def __init__(self, chat: Answer = ok_chat, models: Callable[[], "Reply | str"] | None = None,
-                 names: tuple[str, ...] = ("m",)) -> None:
-        self.chat, self.names = chat, names
+                 names: tuple[str, ...] = ("m",), text: Answer = ok_text) -> None:
+        self.chat, self.names, self.text = chat, names, text
+        self.paths: list[str] = []  # the path of each POST, in order (beside `seen`)
         self.models = models or (lambda: json_reply(model_list(*self.names)))
         self.seen: list[dict] = []
         self.gets = 0
@@ -111,7 +123,9 @@ class FakeServer:
             def do_POST(self):
                 body = json.loads(self.rfile.read(int(self.headers.get("Content-Length") or 0)) or b"{}")
                 owner.seen.append(body)
-                self._answer(owner.chat(body))
+                owner.paths.append(self.path)
+                chat = self.path.rstrip("/").endswith("/chat/completions")
+                self._answer(owner.chat(body) if chat else owner.text(body))
 
         self.server = _Server(("127.0.0.1", 0), Handler)
         self.port = self.server.server_port

@@ -59,7 +59,7 @@ from mentor.training.gpus import cluster_supply, local_gpus
 from mentor.training.launcher import ModelRef, RoundConfig, finish_round, outcome_record, parse_round_config
 from mentor.training.openrlhf_check import check_with_openrlhf
 from mentor.training.openrlhf_placement import round_demand
-from mentor.training.prompt_format import openrlhf_data_flags
+from mentor.training.prompt_format import check_template_kwargs, openrlhf_data_flags
 from mentor.training.prompt_limits import LongestPrompt, longest_prompt, require
 from mentor.training.ray_preflight import check_reward_reach, probe_cluster
 from mentor.training.reward_check import check_reward_loads
@@ -224,10 +224,13 @@ def round_command(cfg: TrainConfig, dry_run: bool = False) -> tuple[list[str], L
 def prompt_data_flags(cfg: TrainConfig) -> list[str]:
     """``--data.*`` flags for the round's shards: OpenRLHF's chat template for message prompts only; text prompts
     (placement assistant, rendered by `mentor build` with the policy's template) are read as they are."""
+    sources = cfg.prompt_dataset.split(",")
     try:
-        return openrlhf_data_flags(cfg.prompt_dataset.split(","))
+        flags = openrlhf_data_flags(sources)
     except ConfigError:  # no shards yet (a dry run before `mentor build`): the layout of message prompts
         return ["--data.input_key", "prompt", "--data.label_key", "label", "--data.apply_chat_template"]
+    check_template_kwargs("openrlhf", sources, None)  # chat prompts built with variables OpenRLHF cannot pass
+    return flags
 
 
 def check_reward(cfg: TrainConfig, env: dict[str, str]) -> str:

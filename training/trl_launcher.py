@@ -61,6 +61,7 @@ from mentor.pipeline.prompts import prompt_token_lengths
 from mentor.pipeline.yaml_io import read_yaml_mapping
 from mentor.training.gpus import GpuDemand, GpuShortage, local_gpus
 from mentor.training.launcher import RoundConfig, finish_round, outcome_record, parse_round_config
+from mentor.training.prompt_format import check_template_kwargs, trainer_template_kwargs
 from mentor.training.prompt_limits import LongestPrompt, model_context, require
 from mentor.training.reward_check import check_reward_loads
 from mentor.training.rollout_log import ENV_DIR
@@ -215,7 +216,9 @@ def select_prompts(cfg: TrlTrainConfig) -> pl.DataFrame:
 
 
 def round_spec(cfg: TrlTrainConfig) -> dict[str, Any]:
-    """What the trainer process needs (written to <train>/trl_round.json)."""
+    """What the trainer process needs (written to <train>/trl_round.json). Prompts built with other template
+    variables than ``chat_template_kwargs`` are refused (`prompt_format.check_template_kwargs`)."""
+    check_template_kwargs("trl", cfg.prompt_sources, trainer_template_kwargs("trl", cfg.grpo_fields))
     grpo = grpo_kwargs(cfg)
     return {
         "round": cfg.round,

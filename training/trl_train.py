@@ -5,7 +5,8 @@ module with ``MENTOR_ROLLOUT_DIR`` (and, on CPU, ``OMP_NUM_THREADS``) set: as
 one process, or as each of the ``num_processes`` processes ``accelerate launch``
 starts (torchrun; TRL's trainer then runs data parallel over them, each process
 scoring and logging its own share of the completions into its own shard). It
-loads the selected prompt rows, builds TRL's ``GRPOConfig`` and ``GRPOTrainer``
+loads the selected prompt rows (`prompt_rows`: a text prompt without the leading BOS its
+tokenizer adds itself), builds TRL's ``GRPOConfig`` and ``GRPOTrainer``
 with mentor's reward function, trains, saves the final model (every process
 takes part, for DeepSpeed/FSDP; the main process writes) into a temporary folder
 renamed to ``<train>/model`` once complete, and writes ``<train>/metrics.json``
@@ -20,8 +21,10 @@ import os
 import shutil
 import sys
 from pathlib import Path
+from typing import Any
 
 from mentor.pipeline.io import write_json_atomic
+from mentor.pipeline.policy_template import text_for_tokenizer
 from mentor.training.reward_core import STATS
 from mentor.training.trl_launcher import TrlTrainConfig, _die_with_parent, select_prompts
 from mentor.training.trl_reward import make_reward
@@ -32,6 +35,14 @@ def _threads(n: int | None) -> None:
         import torch  # slow to import (trl brings it)
 
         torch.set_num_threads(int(n))
+
+
+def prompt_rows(cfg: TrlTrainConfig, tokenizer: Any) -> list[dict[str, Any]]:
+    """The round's rows as TRL's GRPOTrainer gets them. A text prompt (placement assistant) is tokenized by TRL with
+    special tokens (``processing_class(text=prompts)``): it goes without the template's leading BOS where the
+    tokenizer adds one itself (Llama-3.x, R1-Distill-Llama), so every row starts with one BOS, as a chat prompt does."""
+    rows = select_prompts(cfg).to_dicts()
+    return [{**r, "prompt": text_for_tokenizer(r["prompt"], tokenizer)} if isinstance(r["prompt"], str) else r for r in rows]
 
 
 def main(argv: list[str]) -> int:
@@ -51,10 +62,10 @@ def main(argv: list[str]) -> int:
     from trl import GRPOConfig, GRPOTrainer  # likewise
 
     cfg = TrlTrainConfig.model_validate(json.loads((spec_path.parent / "config.json").read_text()))
-    rows = select_prompts(cfg).to_dicts()
-    dataset = Dataset.from_list(rows)  # columns prompt (chat messages) and label (mentor's JSON label)
-    args = GRPOConfig(**spec["grpo"])
     tokenizer = AutoTokenizer.from_pretrained(spec["model"])
+    rows = prompt_rows(cfg, tokenizer)
+    dataset = Dataset.from_list(rows)  # columns prompt (chat messages, or text) and label (mentor's JSON label)
+    args = GRPOConfig(**spec["grpo"])
     reward = make_reward(tokenizer, args.max_completion_length)
     trainer = GRPOTrainer(model=spec["model"], reward_funcs=[reward], args=args, train_dataset=dataset, processing_class=tokenizer)
     logging.getLogger(__name__).info("training on %d prompt row(s) from %s", len(rows), spec["model"])

@@ -75,7 +75,7 @@ from mentor.pipeline.io import write_json_atomic
 from mentor.pipeline.yaml_io import read_yaml_mapping
 from mentor.training.gpus import cluster_supply, local_gpus
 from mentor.training.launcher import RoundConfig, finish_round, outcome_record, parse_round_config
-from mentor.training.prompt_format import check_readable
+from mentor.training.prompt_format import check_readable, check_template_kwargs, trainer_template_kwargs
 from mentor.training.prompt_limits import LongestPrompt, longest_prompt, refuse, require
 from mentor.training.ray_preflight import check_reward_reach, probe_cluster
 from mentor.training.reward_check import check_reward_loads
@@ -197,6 +197,7 @@ def train_files(cfg: VerlTrainConfig) -> list[str]:
             out += [str(f.resolve()) for f in resolve_inputs([src])]
     files = list(dict.fromkeys(out))
     check_readable("verl", files)  # text prompts (placement assistant): verl renders every prompt from messages
+    check_template_kwargs("verl", files, trainer_template_kwargs("verl", {"overrides": cfg.overrides}))
     return files
 
 

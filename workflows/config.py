@@ -22,7 +22,7 @@ from mentor.stages.hint.config import HintConfig
 from mentor.stages.mine import MineConfig
 from mentor.stages.train import Trainer, launched
 from mentor.training.launcher import get_launcher
-from mentor.training.prompt_format import text_prompts_refused
+from mentor.training.prompt_format import TEMPLATE_KWARGS_KEY, text_prompts_refused, trainer_template_kwargs
 
 PACKAGED = Path(__file__).resolve().parent
 # One folder name: no path separator, no "..", no leading dot, dash or space, none of the
@@ -105,6 +105,31 @@ def validate_workflow(data: dict[str, Any], where: str = "workflow") -> Workflow
     return wf
 
 
+def workflow_template_kwargs(trainer: Any) -> dict[str, Any] | None:
+    """The chat-template variables the workflow's trainer passes (None: it sets none, or has no such setting)."""
+    if trainer.kind == "offline":
+        return trainer_template_kwargs("offline", {"rollout": trainer.rollout.model_dump()})
+    config = getattr(trainer, "config", None)
+    return trainer_template_kwargs(trainer.kind, config) if isinstance(config, dict) else None
+
+
+def check_template_kwargs_match(wf: Workflow, build: BuildConfig) -> None:
+    """build.chat_template_kwargs and the trainer's must agree (the build takes the trainer's when it sets none);
+    OpenRLHF cannot pass any to chat prompts."""
+    if "chat_template_kwargs" not in wf.build:
+        return
+    theirs = workflow_template_kwargs(wf.trainer)
+    mine = build.chat_template_kwargs
+    if wf.trainer.kind == "openrlhf" and mine and (build.placement not in (None, *TEXT_PLACEMENTS) or build.template):
+        raise ConfigError(f"build.chat_template_kwargs {mine}: OpenRLHF 0.11.2 renders chat prompts with its template's "
+                          "defaults (it has no setting for template variables); use build.placement assistant (mentor "
+                          "renders every prompt with the variables) or drop build.chat_template_kwargs")
+    if theirs is not None and theirs != mine:
+        raise ConfigError(f"build.chat_template_kwargs {mine} and trainer {TEMPLATE_KWARGS_KEY[wf.trainer.kind]} {theirs} "
+                          "differ: the prompts and the trainer must render the template the same way; set one of them "
+                          "(the build takes the trainer's when it sets none)")
+
+
 def check_sections(wf: Workflow) -> None:
     """Validate the sections owned by other stages with their own models."""
     try:
@@ -115,6 +140,7 @@ def check_sections(wf: Workflow) -> None:
     if why and build.placement in TEXT_PLACEMENTS:
         raise ConfigError(f"build.placement {build.placement}: the prompts would be text rendered with the policy's chat "
                           f"template, and {why}; use placement after (or before/system) with trainer {wf.trainer.kind}")
+    check_template_kwargs_match(wf, build)
 
     try:
         hint = HintConfig.model_validate(wf.hint.config)

@@ -44,7 +44,7 @@ from mentor.stages.build_render import DEFAULT_PLACEMENT
 from mentor.stages.train import launched
 from mentor.training.launcher import get_launcher
 from mentor.training.prompt_format import TEXT_READERS
-from mentor.workflows.config import Workflow, check_sections
+from mentor.workflows.config import Workflow, check_sections, workflow_template_kwargs
 
 log = logging.getLogger(__name__)
 
@@ -265,13 +265,18 @@ class Runner:
     def build_settings(self) -> dict:
         """The build section, with the round's policy as tokenizer unless it names one (so build counts
         max_prompt_tokens and, for a trainer that takes text prompts, opens the answer with the hint by
-        default); a trainer that reads only chat messages keeps a message placement by default."""
+        default), and the trainer's chat-template variables unless it sets its own; a trainer that reads
+        only chat messages keeps a message placement by default."""
         b = dict(self.wf.build)
         tok = b.get("tokenizer") or trainer_policy(self.wf.trainer)
         if tok:
             b["tokenizer"] = tok
         if self.wf.trainer.kind not in TEXT_READERS and b.get("placement") is None and b.get("template") is None:
             b["placement"] = DEFAULT_PLACEMENT
+        if "chat_template_kwargs" not in b:  # the trainer's template variables render (and count) the prompts too
+            theirs = workflow_template_kwargs(self.wf.trainer)
+            if theirs:
+                b["chat_template_kwargs"] = theirs
         return b
 
     def _build_job(self, r: int, tokens: dict[str, str]) -> "_Job":

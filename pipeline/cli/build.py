@@ -8,7 +8,7 @@ from pathlib import Path
 
 import click
 
-from mentor.cli.options import config_from_options, config_options, parse_map
+from mentor.cli.options import config_from_options, config_options, parse_map, parse_template_kwargs, template_kwargs_option
 from mentor.pipeline.errors import ConfigError
 from mentor.pipeline.prompts import INSTRUCTIONS
 from mentor.pipeline.stage import run_stage
@@ -38,7 +38,8 @@ def _instructions(pairs: tuple[str, ...]) -> dict[str, str] | None:
     return out
 
 
-BUILD_FLAGS = {"mapping": "--map", "hint_statuses": "--status", "instructions": "--instruction", "system_prompt": "--system"}
+BUILD_FLAGS = {"mapping": "--map", "hint_statuses": "--status", "instructions": "--instruction", "system_prompt": "--system",
+               "chat_template_kwargs": "--chat-template-kwarg"}
 
 
 @click.command()
@@ -47,6 +48,7 @@ BUILD_FLAGS = {"mapping": "--map", "hint_statuses": "--status", "instructions": 
 @click.option("--out", "out_dir", required=True, type=click.Path(file_okay=False), help="Shard folder: part-NNNNN.parquet, manifest.json, stats.json, README.md.")
 @config_options(BuildConfig, ("mode", "round", "shard_rows", "shard_bytes", "placement", "tokenizer", "answer_template"),
                 metavars={"tokenizer": "MODEL", "answer_template": "NAME|TEXT"})
+@template_kwargs_option
 @click.option("--template", "template_file", type=click.Path(exists=True, dir_okay=False),
               help="File with the hinted user message; placeholders {hint}, {problem}, optional {instruction} (instead of --placement).")
 @click.option("--plain-template", "plain_template_file", type=click.Path(exists=True, dir_okay=False),
@@ -60,13 +62,16 @@ BUILD_FLAGS = {"mapping": "--map", "hint_statuses": "--status", "instructions": 
 @click.option("--map", "maps", multiple=True, metavar="CANONICAL=COLUMN",
               help="Base-set column mapping, e.g. --map problem=question --map label=answer (repeatable).")
 @config_options(BuildConfig, ("seed", "answer_after", "domain", "strict"), metavars={"answer_after": "MARKER"})
-def build(hints, out_dir, template_file, plain_template_file, system_prompt, system_file, instructions, statuses, maps,
-          **settings):
+def build(hints, out_dir, template_kwargs, template_file, plain_template_file, system_prompt, system_file, instructions,
+          statuses, maps, **settings):
     """Build the next round's prompt shards (base problems + hints) for OpenRLHF, verl and TRL."""
     if system_prompt and system_file:
         raise ConfigError("give --system or --system-file, not both")
     if settings["placement"] and template_file:
         raise ConfigError("give --placement or --template, not both (a template places the hint itself)")
+    if settings["answer_template"] is not None and template_file:
+        raise click.UsageError("--answer-template applies to placement assistant (the hint opens the answer); --template "
+                               "puts the hint in the user message: give one of them")
     kwargs: dict = settings | {"hints": list(hints), "mapping": parse_map(maps),
                                "system_prompt": system_prompt or _read_text(system_file, "--system-file")}
     if template_file:
@@ -75,6 +80,9 @@ def build(hints, out_dir, template_file, plain_template_file, system_prompt, sys
         kwargs["plain_template"] = _read_text(plain_template_file, "--plain-template")
     if statuses:
         kwargs["hint_statuses"] = list(statuses)
+    template_kw = parse_template_kwargs(template_kwargs)
+    if template_kw is not None:
+        kwargs["chat_template_kwargs"] = template_kw
     inst = _instructions(instructions)
     if inst is not None:
         kwargs["instructions"] = inst

@@ -8,7 +8,8 @@ import sys
 
 import click
 
-from mentor.cli.options import backend_spec, config_from_options, config_options, engine_flags, engine_options, server_options
+from mentor.cli.options import (backend_spec, config_from_options, config_options, engine_flags, engine_options,
+                                parse_template_kwargs, server_options, template_kwargs_option)
 from mentor.pipeline.stage import Context, run_stage
 from mentor.stages import stage
 from mentor.stages.rollout import RolloutConfig
@@ -25,10 +26,17 @@ def _policy_options(f):
                      help="Policy model: a folder, an HF name, or a CPU model name from `mentor setup-cpu --model` "
                           "(qwen2.5-coder-0.5b, qwen2.5-coder-1.5b); default: the embedded demo model.")(f)
     f = config_options(RolloutConfig, SAMPLING)(f)
+    f = template_kwargs_option(f)
     f = engine_options("max_model_len", "tensor_parallel_size")(f)
     f = click.option("--progress/--no-progress", default=None,
                      help="A progress bar of rollouts on stderr, moved as each rollout finishes [default: on when stderr is a terminal].")(f)
     return f
+
+
+def _sampling(settings: dict, template_kwargs: tuple[str, ...]) -> RolloutConfig:
+    kw = parse_template_kwargs(template_kwargs)
+    return config_from_options(RolloutConfig, settings | ({"chat_template_kwargs": kw} if kw is not None else {}),
+                               {"chat_template_kwargs": "--chat-template-kwarg"})
 
 
 def _progress(flag: bool | None) -> bool:
@@ -50,12 +58,12 @@ def _backend(backend, policy, max_model_len, tensor_parallel_size, base_url, max
               help="Writes DIR/part-NNNNN.parquet (rollouts, one per shard) and DIR/stats.json.")
 @_policy_options
 def rollout(prompts, out_dir, backend, base_url, max_concurrency, request_timeout, structured_output, policy, max_model_len,
-            tensor_parallel_size, progress, **settings):
+            tensor_parallel_size, progress, template_kwargs, **settings):
     """Sample k responses per prompt (vLLM offline), verify them, write canonical rollouts.
 
     PROMPTS: prompt shards from `mentor build`, a problems dataset, or a bundled set (gsm8k, math500, humaneval).
     """
-    cfg = config_from_options(RolloutConfig, settings)
+    cfg = _sampling(settings, template_kwargs)
     spec = _backend(backend, policy, max_model_len, tensor_parallel_size, base_url, max_concurrency, structured_output,
                     request_timeout)
     _print(run_stage(stage("rollout"), {"prompts": list(prompts)}, cfg, out_dir, Context(backend=spec, progress=_progress(progress))))
@@ -91,12 +99,12 @@ def _arms(hints: tuple[str, ...], arms: tuple[str, ...]) -> dict[str, list[str]]
                 metavars={"tokenizer": "MODEL", "answer_template": "NAME|TEXT"})
 @_policy_options
 def rescue(collapsed, hints, arms, out_dir, backend, base_url, max_concurrency, request_timeout, structured_output, policy,
-           max_model_len, tensor_parallel_size, progress, **settings):
+           max_model_len, tensor_parallel_size, progress, template_kwargs, **settings):
     """Re-roll collapsed problems without a hint and under each arm of hints; report each arm's rescue rate.
 
     Every arm re-rolls the same problems (those with a hint in every arm) with the same seeds.
     """
-    cfg = config_from_options(RolloutConfig, settings)
+    cfg = _sampling(settings, template_kwargs)
     inputs = {"collapsed": list(collapsed), "arms": _arms(hints, arms)}
     spec = _backend(backend, policy, max_model_len, tensor_parallel_size, base_url, max_concurrency, structured_output,
                     request_timeout)

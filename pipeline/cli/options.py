@@ -39,6 +39,36 @@ def parse_map(pairs: tuple[str, ...]) -> dict[str, str]:
     return out
 
 
+TEMPLATE_KWARG = "--chat-template-kwarg"
+
+
+def template_kwargs_option(f):
+    """--chat-template-kwarg KEY=VALUE (repeatable): a variable for the policy's chat template, as the trainer passes it."""
+    return click.option(TEMPLATE_KWARG, "template_kwargs", multiple=True, metavar="KEY=VALUE",
+                        help="A variable for the policy's chat template, the same the trainer passes (repeatable; the value "
+                             "is read as YAML: enable_thinking=false for Qwen3's non-thinking mode). Default: the template's "
+                             "own defaults.")(f)
+
+
+def parse_template_kwargs(pairs: tuple[str, ...]) -> dict[str, Any] | None:
+    """`--chat-template-kwarg KEY=VALUE` pairs -> dict (values read as YAML scalars); None when none is given."""
+    if not pairs:
+        return None
+    import yaml  # a dependency of mentor (configs); imported on use
+
+    out: dict[str, Any] = {}
+    for pair in pairs:
+        key, sep, raw = pair.partition("=")
+        if not sep or not key.strip().isidentifier():
+            raise click.BadParameter(f"{pair!r} is not KEY=VALUE with a template variable name (e.g. enable_thinking=false)",
+                                     param_hint=TEMPLATE_KWARG)
+        try:
+            out[key.strip()] = yaml.safe_load(raw) if raw.strip() else ""
+        except yaml.YAMLError as exc:
+            raise click.BadParameter(f"{pair!r}: the value is not YAML ({str(exc).splitlines()[0]})", param_hint=TEMPLATE_KWARG) from None
+    return out
+
+
 def executor_options(f):
     """--workers / --scheduler / --scheduler-timeout: where the stage's shard tasks run (`mentor.pipeline.executor.open_executor`)."""
     f = click.option("--scheduler-timeout", type=FiniteFloatRange(0, 86400, min_open=True), default=30.0, show_default=True,

@@ -9,13 +9,13 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model, model_validator
 
 from mentor.pipeline.errors import config_error
 from mentor.pipeline.llm import BackendSettings
 from mentor.pipeline.prompts import INSTRUCTIONS
 from mentor.pipeline.yaml_io import read_yaml_mapping
-from mentor.stages.build_render import DEFAULT_PLACEMENT, PLACEMENTS
+from mentor.stages.build_render import DEFAULT_PLACEMENT, PLACEMENTS, TEXT_PLACEMENTS
 from mentor.stages.hint.agents import AGENTS
 from mentor.stages.rules import RuleLimits
 
@@ -79,8 +79,17 @@ class VouchConfig(BaseModel):
     tokenizer: str | None = Field(None, description="Tokenizer whose chat template renders placement assistant "
                                   "(default: the vllm policy's own).")
     answer_template: str | None = Field(None, description="How the hint opens the answer (placement assistant), as build's.")
+    chat_template_kwargs: dict[str, Any] = Field(default_factory=dict, description="Variables for the policy's chat "
+                                                 "template, as build's (e.g. {enable_thinking: false}); {}: its defaults.")
     system_prompt: str | None = Field(None, description="The system message build adds (build's system_prompt).")
     instructions: dict[str, str] = Field(default_factory=lambda: dict(INSTRUCTIONS), description="Per-domain instruction, as build's.")
+
+    @model_validator(mode="after")
+    def _answer_template_applies(self) -> "VouchConfig":
+        if self.answer_template is not None and self.placement is not None and self.placement not in TEXT_PLACEMENTS:
+            raise ValueError(f"answer_template applies to placement assistant (the hint opens the answer), but placement "
+                             f"is {self.placement}; set placement: assistant or drop answer_template")
+        return self
 
 
 # max_tokens per agent call (JSON output is also bounded by its schema): one field per agent, from its record.
@@ -183,6 +192,8 @@ class HintConfig(BaseModel):
             del out["agent_chat_template_kwargs"]
         if out["vouch"] is None:
             del out["vouch"]
+        elif not out["vouch"]["chat_template_kwargs"]:  # runs from before the setting keep their keys
+            del out["vouch"]["chat_template_kwargs"]
         return out
 
 

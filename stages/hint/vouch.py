@@ -106,9 +106,11 @@ def reroll(policy: Backend, rows: Sequence[dict], hints: Sequence[str], candidat
     verifier = verifier or verify
     messages = reroll_messages(rows, hints, cfg)
     _, tok = reroll_layout(cfg, row_domains(rows))
-    texts = [render_prompt(load_tokenizer(tok), m) for m in messages] if tok else [None] * len(messages)
+    kwargs = cfg.chat_template_kwargs
+    texts = [render_prompt(load_tokenizer(tok), m, kwargs) for m in messages] if tok else [None] * len(messages)
     requests = [GenRequest(id=f"{i}:vouch:{j}", messages=msgs, max_tokens=cfg.max_tokens, temperature=cfg.temperature,
-                           top_p=cfg.top_p, seed=reroll_seed(cfg, r["problem_id"], candidate, j), prompt=text)
+                           top_p=cfg.top_p, seed=reroll_seed(cfg, r["problem_id"], candidate, j), prompt=text,
+                           chat_template_kwargs=dict(kwargs) or None)
                 for i, (r, msgs, text) in enumerate(zip(rows, messages, texts)) for j in range(cfg.samples)]
     results = policy.generate(requests)
 
