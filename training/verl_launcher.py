@@ -74,7 +74,7 @@ from mentor.pipeline.inputs import resolve_inputs
 from mentor.pipeline.io import write_json_atomic
 from mentor.pipeline.yaml_io import read_yaml_mapping
 from mentor.training.gpus import cluster_supply, local_gpus
-from mentor.training.launcher import RoundConfig, finish_round, outcome_record, parse_round_config
+from mentor.training.launcher import RewardFile, RoundConfig, finish_round, outcome_record, parse_round_config
 from mentor.training.prompt_format import check_readable
 from mentor.training.prompt_limits import LongestPrompt, longest_prompt, refuse, require
 from mentor.training.ray_preflight import probe_cluster
@@ -128,7 +128,7 @@ class VerlTrainConfig(RoundConfig):
     adv_estimator: str = Field("grpo", description="algorithm.adv_estimator (grpo; verl also has rloo, reinforce_plus_plus, ...).")
     n_gpus_per_node: int = Field(1, ge=1, description="trainer.n_gpus_per_node (verl's default is 8).")
     nnodes: int = Field(1, ge=1, description="trainer.nnodes.")
-    reward_file: str | None = Field(None, description="reward.custom_reward_function.path (default: mentor's verl_reward.py).")
+    reward_file: RewardFile | None = Field(None, description="reward.custom_reward_function.path (default: mentor's verl_reward.py).")
     reward_function: str = Field("compute_score", description="reward.custom_reward_function.name.")
     overrides: dict[str, Any] = Field(
         default_factory=dict,
