@@ -37,7 +37,7 @@ from mentor.pipeline.io import write_json_atomic
 from mentor.pipeline.llm import BackendSettings, release_engines
 from mentor.pipeline.outdir import Owns
 from mentor.pipeline.stage import Context, Source, Stage, Stats, StatsLayout
-from mentor.stages.rollout import ROLLOUT, RolloutConfig
+from mentor.stages.rollout import ROLLOUT, SEED_MAX, RolloutConfig
 from mentor.training.launcher import LAUNCHERS, OUTCOME, get_launcher
 from mentor.training.rollout_log import RAY_JOB_CONFIG_ENV, ray_job_config_env, reward_env_vars
 
@@ -165,6 +165,16 @@ class ExternalTrainer(_Strict):
 Trainer = Annotated[OfflineTrainer | OpenRLHFTrainer | TrlTrainer | VerlTrainer | ExternalTrainer, Field(discriminator="kind")]
 
 
+def offline_seed(t: OfflineTrainer, r: int) -> int:
+    """The rollout seed of round `r` of an offline trainer: its base seed + 1000 per round, within the seeds' range."""
+    seed = t.rollout.seed + 1000 * r
+    if seed > SEED_MAX:
+        raise ConfigError(f"trainer.rollout.seed {t.rollout.seed}: round {r} would sample with seed {seed} (the seed + 1000 "
+                          f"per round), past the largest, {SEED_MAX}, where the seeds would repeat another's; pick a seed of at "
+                          f"most {SEED_MAX - 1000 * r}")
+    return seed
+
+
 def launched(trainer: Any) -> bool:
     """Whether mentor launches this trainer as a `Launcher` round (OpenRLHF, TRL, verl with ``config``)."""
     return trainer.kind in LAUNCHERS and getattr(trainer, "config", None) is not None
@@ -233,7 +243,7 @@ class TrainStage(Stage):
         run_dir = Path(inputs.run_dir) if inputs.run_dir else out_dir.parent.parent
         stats.kind = t.kind
         if t.kind == "offline":
-            rollout = t.rollout.model_copy(update={"seed": t.rollout.seed + 1000 * cfg.round, "round": cfg.round})
+            rollout = t.rollout.model_copy(update={"seed": offline_seed(t, cfg.round), "round": cfg.round})
             stats.rollouts = ROLLOUT({"prompts": [inputs.prompts]}, rollout, logs, Context(backend=t.policy.spec())).rollouts
         elif launched(t):
             launcher = get_launcher(t.kind)
@@ -322,4 +332,4 @@ STAGE = TRAIN = TrainStage()
 
 
 __all__ = ["STAGE", "TRAIN", "TRAIN_STATS", "ExternalTrainer", "OfflineTrainer", "OpenRLHFTrainer", "TrainConfig",
-           "TrainInputs", "TrainStage", "Trainer", "TrlTrainer", "VerlTrainer", "launched"]
+           "TrainInputs", "TrainStage", "Trainer", "TrlTrainer", "VerlTrainer", "launched", "offline_seed"]
