@@ -270,9 +270,10 @@ def manifest_check(folder: Path, found: list[Path]) -> dict[str, Any]:
         listed.append(f)
         if not f.is_file() or sha256_file(f) != s.get("sha256"):
             out["mismatched"].append(name)
-    names = {f.name for f in listed}
-    out["unlisted"] = sorted(f.name for f in found if f.parent.resolve() == folder.resolve() and f.name not in names)
-    out["listed_files"] = [f for f in listed if f.is_file()]
+    if not malformed:  # a damaged manifest cannot say which shards are the build's: every one is counted then
+        names = {f.name for f in listed}
+        out["unlisted"] = sorted(f.name for f in found if f.parent.resolve() == folder.resolve() and f.name not in names)
+        out["listed_files"] = [f for f in listed if f.is_file()]
     out |= {"rows": m.get("rows") if isinstance(m.get("rows"), int) else None, "shards": len(shards),
             "verified": not (out["mismatched"] or out["unlisted"] or malformed)}
     if malformed:
