@@ -75,7 +75,7 @@ _SCALARS: dict[type, tuple[tuple[type, ...], str]] = {
 def check_override_types(overrides: dict[str, Any], base: Any, typed: dict[str, Any], where: str) -> None:
     """verl overrides against verl's packaged config `base` (composed with no overrides): where a key's default is
     true/false, a whole number or a number, the value (as Hydra types it: `typed`, key -> value) must be one too.
-    Keys verl's config does not have, ``~`` deletions, defaults of null and interpolations are left to verl."""
+    Keys verl's config does not have, ``~`` deletions, nulls (given or default) and interpolations are left to verl."""
     from omegaconf import OmegaConf  # verl's config library (present wherever `base` could be composed)
 
     for key, value in typed.items():
@@ -83,7 +83,7 @@ def check_override_types(overrides: dict[str, Any], base: Any, typed: dict[str, 
         if OmegaConf.is_config(default) or default is None:
             continue
         want = next((spec for t, spec in _SCALARS.items() if type(default) is t), None)
-        if want is None or (isinstance(value, str) and "${" in value):
+        if want is None or value is None or (isinstance(value, str) and "${" in value):  # null: verl's to judge
             continue
         kinds, text = want
         if isinstance(value, bool) and bool not in kinds or not isinstance(value, kinds):
