@@ -142,6 +142,21 @@ def check_output_dir(out_dir: Path, option: str = "--out") -> Path:
     return real
 
 
+def check_output_file(path: str | os.PathLike, option: str = "--out") -> Path:
+    """A file a command will write (its folders made as needed): refused before any work when it is a folder or when
+    a path above it is a file (the write would fail at the end with "File exists" or "Not a directory")."""
+    path = Path(os.path.abspath(path))
+    if path.is_dir():
+        raise ConfigError(f"{option} {path}: is a folder; pass a file path, e.g. {option} {path / 'report.json'}")
+    for parent in path.parents:
+        if parent.exists():
+            if not parent.is_dir():
+                raise ConfigError(f"{option} {path}: {parent} is a file, not a folder; pass a path in a folder "
+                                  f"(e.g. {option} {parent.parent / path.name})")
+            break
+    return path
+
+
 @dataclass(frozen=True)
 class Owns:
     """What a stage (re)writes in its output folder, as `staged_output_dir` asks: these `files`,

@@ -152,7 +152,8 @@ class BuildConfig(BaseModel):
     hint_statuses: list[Literal["accepted", "repaired", "fallback"]] = Field(
         default_factory=lambda: list(HINT_STATUSES), description="Hint statuses to use; others are counted and skipped."
     )
-    seed: int | None = Field(None, description="Shuffle the rows with this seed (default: keep the base set's order).")
+    seed: int | None = Field(None, ge=0, le=2**64 - 1, description="Shuffle the rows with this seed, 0 to 2**64 - 1 "
+                             "(default: keep the base set's order).")
     shard_rows: int | None = Field(None, ge=1, le=2**31 - 1, description=f"Rows per shard (default {DEFAULT_SHARD_ROWS} when --shard-bytes is not set).")
     shard_bytes: int | None = Field(
         None, ge=1024, le=1 << 50, description="Target uncompressed Arrow bytes per shard (files on disk are smaller: zstd)."

@@ -73,6 +73,8 @@ log = logging.getLogger(__name__)
 
 SOURCE = "mentor-rollout"
 UNHINTED = "unhinted"
+# The largest base seed: rollout seeds are taken modulo 2**31 - 1 (what every engine takes), so base seeds stay below it.
+SEED_MAX = 2**31 - 2
 
 
 class RolloutConfig(BaseModel):
@@ -84,7 +86,8 @@ class RolloutConfig(BaseModel):
     max_tokens: int = Field(1024, ge=1, description="Max new tokens per rollout.")
     temperature: float = Field(1.0, ge=0.0, description="Sampling temperature (GRPO trains at 1.0).")
     top_p: float = Field(1.0, gt=0.0, le=1.0, description="Nucleus sampling.")
-    seed: int = Field(0, description="Base seed; rollout j of prompt i gets its own derived seed.")
+    seed: int = Field(0, ge=0, le=SEED_MAX, description="Base seed, 0 to 2**31 - 2; rollout j of prompt i gets its own "
+                      "derived seed (modulo 2**31 - 1: a larger base would repeat a smaller one's seeds).")
     limit: int | None = Field(None, ge=1, description="Only the first N prompts / problems (demos, tests).")
     round: int | None = Field(None, ge=0, description="Round stamped on the rollouts (default: from the prompt label, else 0).")
     verify_workers: int = Field(4, ge=1, description="Threads verifying responses (code runs in sandbox processes).")
@@ -242,7 +245,7 @@ def load_prompt_items(sources: Sequence[str], cfg: RolloutConfig) -> list[Prompt
 
 
 def _seed(base: int, i: int, j: int, k: int) -> int:
-    return (base * 1_000_003 + i * k + j) % (2**31 - 1)
+    return (base * 1_000_003 + i * k + j) % (SEED_MAX + 1)
 
 
 def problem_seed(base: int, problem_id: str, j: int) -> int:
@@ -517,6 +520,7 @@ STAGE = ROLLOUT = RolloutStage()
 
 
 __all__ = [
+    "SEED_MAX",
     "ROLLOUT",
     "ROLLOUT_STATS",
     "STAGE",

@@ -20,14 +20,16 @@ launchers') what ran.
 
 from __future__ import annotations
 
+import logging
 import os
 import shlex
+import string
 import subprocess
 import time
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from mentor.pipeline.errors import ConfigError, DataError
 from mentor.pipeline.inputs import glob_files
@@ -35,13 +37,35 @@ from mentor.pipeline.io import write_json_atomic
 from mentor.pipeline.llm import BackendSettings, release_engines
 from mentor.pipeline.outdir import Owns
 from mentor.pipeline.stage import Context, Source, Stage, Stats, StatsLayout
-from mentor.stages.rollout import ROLLOUT, RolloutConfig
+from mentor.stages.rollout import ROLLOUT, SEED_MAX, RolloutConfig
 from mentor.training.launcher import LAUNCHERS, OUTCOME, get_launcher
 from mentor.training.rollout_log import RAY_JOB_CONFIG_ENV, ray_job_config_env, reward_env_vars
 
 
+log = logging.getLogger(__name__)
+
+# The placeholders each setting may hold (filled per round).
+COMMAND_PLACEHOLDERS = ("prompts", "rollout_dir", "round", "run_dir", "model", "prev_model")
+EXTERNAL_PLACEHOLDERS = ("round", "run_dir")
+
+
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid")
+
+
+def check_placeholders(text: str, allowed: tuple[str, ...]) -> str:
+    """`text` if every ``{name}`` in it is one of `allowed` (``{{``/``}}`` for literal braces); else a ValueError
+    that names the bad placeholder and the fix (checked when the workflow is loaded, not when the round runs)."""
+    fix = f"use {', '.join('{' + a + '}' for a in allowed)}, or write {{{{ and }}}} for a literal brace"
+    try:
+        fields = [(name, spec, conv) for _, name, spec, conv in string.Formatter().parse(text) if name is not None]
+    except ValueError as exc:
+        raise ValueError(f"{text!r}: malformed placeholder ({exc}); {fix}") from None
+    for name, spec, conv in fields:
+        if name not in allowed or spec or conv:
+            shown = "{" + name + (f"!{conv}" if conv else "") + (f":{spec}" if spec else "") + "}"
+            raise ValueError(f"{text!r}: unknown placeholder {shown}; {fix}")
+    return text
 
 
 class OfflineTrainer(_Strict):
@@ -89,6 +113,26 @@ class VerlTrainer(_Strict):
     )
     model_out: str | None = Field(None, description="With command: where it leaves the round's final model (placeholders allowed).")
 
+    @field_validator("command")
+    @classmethod
+    def _command(cls, v: list[str] | str | None) -> list[str] | str | None:
+        if v is None:
+            return v
+        try:
+            words = v if isinstance(v, list) else shlex.split(v)
+        except ValueError as exc:  # an unclosed quote
+            raise ValueError(f"{v!r}: not a command line ({exc}); close the quote, or give the command as a list") from None
+        if not words or not words[0].strip():
+            raise ValueError("empty: give the launch, e.g. python3 -m verl.trainer.main_ppo data.train_files={prompts} ...")
+        for word in words:
+            check_placeholders(word, COMMAND_PLACEHOLDERS)
+        return v
+
+    @field_validator("model_out")
+    @classmethod
+    def _model_out(cls, v: str | None) -> str | None:
+        return v if v is None else check_placeholders(v, COMMAND_PLACEHOLDERS)
+
     @model_validator(mode="after")
     def _one_form(self) -> "VerlTrainer":
         if (self.config is None) == (self.command is None):
@@ -109,9 +153,26 @@ class ExternalTrainer(_Strict):
     timeout_s: float = Field(86400.0, gt=0, description="Give up waiting after this long.")
     poll_s: float = Field(5.0, gt=0, description="Polling interval.")
 
+    @field_validator("rollouts", "sentinel")
+    @classmethod
+    def _placeholders(cls, v: str | None) -> str | None:
+        if v is not None and not v.strip():
+            raise ValueError("empty: give a glob (rollouts) or a file (sentinel); placeholders {round} {run_dir}")
+        return v if v is None else check_placeholders(v, EXTERNAL_PLACEHOLDERS)
+
 
 # The workflow's `trainer` section: one model per kind.
 Trainer = Annotated[OfflineTrainer | OpenRLHFTrainer | TrlTrainer | VerlTrainer | ExternalTrainer, Field(discriminator="kind")]
+
+
+def offline_seed(t: OfflineTrainer, r: int) -> int:
+    """The rollout seed of round `r` of an offline trainer: its base seed + 1000 per round, within the seeds' range."""
+    seed = t.rollout.seed + 1000 * r
+    if seed > SEED_MAX:
+        raise ConfigError(f"trainer.rollout.seed {t.rollout.seed}: round {r} would sample with seed {seed} (the seed + 1000 "
+                          f"per round), past the largest, {SEED_MAX}, where the seeds would repeat another's; pick a seed of at "
+                          f"most {SEED_MAX - 1000 * r}")
+    return seed
 
 
 def launched(trainer: Any) -> bool:
@@ -182,7 +243,7 @@ class TrainStage(Stage):
         run_dir = Path(inputs.run_dir) if inputs.run_dir else out_dir.parent.parent
         stats.kind = t.kind
         if t.kind == "offline":
-            rollout = t.rollout.model_copy(update={"seed": t.rollout.seed + 1000 * cfg.round, "round": cfg.round})
+            rollout = t.rollout.model_copy(update={"seed": offline_seed(t, cfg.round), "round": cfg.round})
             stats.rollouts = ROLLOUT({"prompts": [inputs.prompts]}, rollout, logs, Context(backend=t.policy.spec())).rollouts
         elif launched(t):
             launcher = get_launcher(t.kind)
@@ -220,12 +281,23 @@ def _verl_command(t: VerlTrainer, r: int, inputs: TrainInputs, run_dir: Path, ou
     return rc, final
 
 
+# How often a long wait for an external trainer says that it is still waiting, and for what.
+WAIT_REPORT_S = 300.0
+
+
 def _wait_for_logs(t: ExternalTrainer, r: int, run_dir: Path) -> list[str]:
-    """An external trainer's round: its logs, once the sentinel appears or (without one) they stop changing."""
+    """An external trainer's round: its logs, once the sentinel appears or (without one) they stop changing.
+
+    The wait can be long (a day by default): it says what it waits for when it starts and every
+    `WAIT_REPORT_S` seconds after, with what it has found so far."""
     ph = {"round": str(r), "run_dir": str(run_dir)}
     pattern = t.rollouts.format(**ph)
     sentinel = Path(t.sentinel.format(**ph)) if t.sentinel else None
-    deadline = time.monotonic() + t.timeout_s
+    until = f"{sentinel} appears" if sentinel else f"they stay unchanged for {t.settle_s:g}s"
+    log.info("round %d: waiting up to %s for the external trainer's rollout logs %s, complete once %s",
+             r, _duration(t.timeout_s), pattern, until)
+    started = time.monotonic()
+    deadline, report_at = started + t.timeout_s, started + WAIT_REPORT_S
     last, stable_since = None, None
     while True:
         files = sorted(map(str, glob_files(pattern)))  # bounded, and ends on symlink loops
@@ -242,12 +314,22 @@ def _wait_for_logs(t: ExternalTrainer, r: int, run_dir: Path) -> list[str]:
         if now > deadline:
             raise DataError(f"round {r}: no complete rollout logs matched {pattern} within {t.timeout_s:.0f}s"
                             + (f" (waiting for {sentinel})" if sentinel else ""))
+        if now >= report_at:
+            report_at = now + WAIT_REPORT_S
+            log.info("round %d: still waiting (%s of %s) for the external trainer: %d file(s) match %s; %s",
+                     r, _duration(now - started), _duration(t.timeout_s), len(state), pattern,
+                     f"{sentinel} is not there yet" if sentinel else f"complete once unchanged for {t.settle_s:g}s")
         time.sleep(t.poll_s)
     return [f for f, _, _ in state]
+
+
+def _duration(seconds: float) -> str:
+    s = int(round(seconds))
+    return f"{s // 3600}h{s % 3600 // 60:02d}m" if s >= 3600 else f"{s // 60}m{s % 60:02d}s" if s >= 60 else f"{seconds:g}s"
 
 
 STAGE = TRAIN = TrainStage()
 
 
 __all__ = ["STAGE", "TRAIN", "TRAIN_STATS", "ExternalTrainer", "OfflineTrainer", "OpenRLHFTrainer", "TrainConfig",
-           "TrainInputs", "TrainStage", "Trainer", "TrlTrainer", "VerlTrainer", "launched"]
+           "TrainInputs", "TrainStage", "Trainer", "TrlTrainer", "VerlTrainer", "launched", "offline_seed"]

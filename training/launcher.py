@@ -42,23 +42,71 @@ class TrainError(MentorError):
     """The trainer exited with an error (exit 1); the message carries the log's tail."""
 
 
+# What a weights file is called: a model setting names the folder that holds one, never the file.
+WEIGHTS_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".ckpt", ".gguf", ".h5", ".msgpack", ".onnx", ".pkl")
+
+
 def local_model_or_name(value: str | None) -> str | None:
     """A model setting: a Hugging Face name (``ORG/NAME``, a CPU model name) as given; a path must be a folder.
 
     What looks like a path (absolute, ``./``, ``../``, ``~``, or more than one ``/``) cannot be a hub
-    name, so a folder that is not there is refused now, not when the trainer starts.
+    name, so a folder that is not there is refused now, not when the trainer starts. An empty text, a file
+    that is there, or a name ending like a weights file (``model.safetensors``) is refused too: the trainers
+    would read it as a hub name and fail far later (or, empty, mentor would train its embedded model).
     """
-    if not value:
+    if value is None:
         return value
+    if not value.strip():
+        raise ValueError("empty: give a model folder (with config.json) or a Hugging Face name ORG/NAME "
+                         "(leave the key out for the embedded SmolLM2-135M-Instruct, where the trainer allows it)")
+    path = Path(value).expanduser()
     looks_local = os.path.isabs(value) or value.startswith((".", "~")) or value.count("/") >= 2 or "\\" in value
-    if looks_local and not Path(value).expanduser().is_dir():
-        what = "is a file, not a model folder" if Path(value).expanduser().exists() else "no such folder"
-        raise ValueError(f"{what} (a local model is a folder with config.json; a Hugging Face model is named ORG/NAME)")
+    if path.exists() and not path.is_dir():
+        raise ValueError("is a file, not a model folder (a local model is the folder with config.json and the weights; "
+                         "a Hugging Face model is named ORG/NAME)")
+    if value.lower().endswith(WEIGHTS_SUFFIXES):
+        raise ValueError("names a weights file: give the folder that holds it (with config.json) or a Hugging Face "
+                         "name ORG/NAME")
+    if looks_local and not path.is_dir():
+        raise ValueError("no such folder (a local model is a folder with config.json; a Hugging Face model is named ORG/NAME)")
+    return value
+
+
+def reward_file_path(value: str | None) -> str | None:
+    """A reward file setting: an existing Python file (the trainer imports it), checked when the config is read."""
+    if value is None:
+        return value
+    path = Path(value).expanduser()
+    if not value.strip():
+        raise ValueError("empty: give a .py file, or leave the key out for mentor's own reward")
+    if path.is_dir():
+        raise ValueError("is a folder, not a Python file: give the .py file that defines the reward function")
+    if not path.is_file():
+        raise ValueError("no such file: give the .py file that defines the reward function (or leave the key out for mentor's own)")
+    if path.suffix != ".py":
+        raise ValueError("not a .py file: the trainer imports the reward function from a Python file")
+    return value
+
+
+def prompt_sources_ok(value: str | None) -> str | None:
+    """``prompts``: `mentor build` folders, Parquet shards or globs, comma-separated; a file that is there must be Parquet."""
+    if value is None:
+        return value
+    parts = value.split(",")
+    if not value.strip() or any(not p.strip() for p in parts):
+        raise ValueError("empty: give `mentor build`'s output folder (or Parquet shards, comma-separated)")
+    for part in parts:
+        path = Path(part).expanduser()
+        if path.is_file() and path.suffix != ".parquet":
+            raise ValueError(f"{part} is not a Parquet shard: give `mentor build`'s output folder (part-*.parquet) "
+                             "or its .parquet files")
     return value
 
 
 # base_model / actor_model of every launcher's round config.
 ModelRef = Annotated[str, AfterValidator(local_model_or_name)]
+# reward_file of the OpenRLHF and verl round configs.
+RewardFile = Annotated[str, AfterValidator(reward_file_path)]
 
 
 class RoundConfig(BaseModel):
@@ -79,7 +127,9 @@ class RoundConfig(BaseModel):
         None, description="Start from this model instead of the previous round's final model (normally left unset).")
     previous_round_dir: str | None = Field(
         None, description="Previous round's directory (default: sibling round-<round-1:03d> of round_dir).")
-    prompts: str | None = Field(None, description="Prompt shards from `mentor build` (default: <round_dir>/prompts).")
+    prompts: Annotated[str, AfterValidator(prompt_sources_ok)] | None = Field(
+        None, description="Prompt shards from `mentor build`: folders, .parquet files or globs, comma-separated "
+        "(default: <round_dir>/prompts).")
     rollout_log_dir: str | None = Field(
         None, description="Where the reward logs rollouts (MENTOR_ROLLOUT_DIR; default: <round_dir>/rollouts/log).")
     python: str = Field(default_factory=lambda: sys.executable, description="Python of the trainer's environment.")
@@ -116,8 +166,8 @@ class RoundConfig(BaseModel):
     def start_model(self, start_from_base: bool = False) -> str:
         """The model this round starts from: explicit, the base model (round 0, or no earlier round trained one),
         or the previous round's final model."""
-        if self.actor_model:
-            return self.actor_model
+        if self.actor_model:  # a CPU model name, as base_model: the folder setup-cpu converted it into
+            return resolve_model(self.actor_model)
         if self.round == 0 or start_from_base:
             return resolve_model(self.base_model)
         return previous_final_model(self.round, self.round_path, self.previous_round_dir)
@@ -229,8 +279,8 @@ LAUNCHERS = {"openrlhf": "mentor.training.openrlhf_launcher", "verl": "mentor.tr
              "trl": "mentor.training.trl_launcher"}
 
 
-def get_launcher(kind: str) -> Launcher:
-    if kind not in LAUNCHERS:
+def get_launcher(kind: Any) -> Launcher:
+    if not isinstance(kind, str) or kind not in LAUNCHERS:
         raise ConfigError(f"trainer kind {kind!r}: mentor launches {', '.join(LAUNCHERS)}")
     return importlib.import_module(LAUNCHERS[kind]).LAUNCHER
 
@@ -238,9 +288,13 @@ def get_launcher(kind: str) -> Launcher:
 def load_round(path: str | os.PathLike) -> tuple[Launcher, RoundConfig]:
     """A `round.yaml`: its launcher (``kind``, default openrlhf) and its config; errors name the file."""
     data = read_yaml_mapping(Path(path), "round settings")
-    launcher = get_launcher(data.get("kind") or "openrlhf")
+    kind = "openrlhf" if data.get("kind") is None else data["kind"]
+    if not isinstance(kind, str) or kind not in LAUNCHERS:
+        raise ConfigError(f"{path}: kind {kind!r}: give one of {', '.join(LAUNCHERS)} (a single name; "
+                          "leave it out for openrlhf)")
+    launcher = get_launcher(kind)
     return launcher, launcher.parse(data, str(path))
 
 
-__all__ = ["LAUNCHERS", "Launcher", "ModelRef", "OUTCOME", "RoundConfig", "TrainError", "get_launcher", "load_round",
-           "local_model_or_name", "log_tail", "outcome_record", "parse_round_config", "previous_final_model"]
+__all__ = ["LAUNCHERS", "Launcher", "ModelRef", "OUTCOME", "RewardFile", "RoundConfig", "TrainError", "get_launcher", "load_round",
+           "local_model_or_name", "log_tail", "prompt_sources_ok", "reward_file_path", "outcome_record", "parse_round_config", "previous_final_model"]

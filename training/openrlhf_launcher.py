@@ -56,7 +56,7 @@ from mentor.pipeline.inputs import resolve_inputs
 from mentor.pipeline.io import write_json_atomic
 from mentor.pipeline.yaml_io import read_yaml_mapping
 from mentor.training.gpus import cluster_supply, local_gpus
-from mentor.training.launcher import ModelRef, RoundConfig, finish_round, outcome_record, parse_round_config
+from mentor.training.launcher import ModelRef, RewardFile, RoundConfig, finish_round, outcome_record, parse_round_config
 from mentor.training.openrlhf_check import check_with_openrlhf
 from mentor.training.openrlhf_placement import round_demand
 from mentor.training.prompt_format import check_template_kwargs, openrlhf_data_flags
@@ -84,7 +84,7 @@ class TrainConfig(RoundConfig):
 
     kind: Literal["openrlhf"] = Field("openrlhf", description="Selects the OpenRLHF trainer (the default kind of a round.yaml).")
     base_model: ModelRef = Field(description="HF name or path of the base policy (round 0's actor).")
-    reward_file: str | None = Field(None, description="Reward file for --reward.remote_url (default: mentor's openrlhf_reward.py).")
+    reward_file: RewardFile | None = Field(None, description="Reward file for --reward.remote_url (default: mentor's openrlhf_reward.py).")
     n_samples_per_prompt: int = Field(4, ge=2, description="GRPO group size (--rollout.n_samples_per_prompt).")
     advantage_estimator: str = Field("group_norm", description="--algo.advantage.estimator (group_norm = GRPO).")
     num_nodes: int = Field(1, ge=1, description="Nodes for the actor and reference models.")

@@ -59,6 +59,7 @@ from mentor.pipeline.inputs import resolve_inputs
 from mentor.pipeline.io import read_json, scan_dataset, write_json_atomic
 from mentor.pipeline.prompts import prompt_token_lengths
 from mentor.pipeline.yaml_io import read_yaml_mapping
+from mentor.training.field_types import check_dataclass_values
 from mentor.training.gpus import GpuDemand, GpuShortage, local_gpus
 from mentor.training.launcher import RoundConfig, finish_round, outcome_record, parse_round_config
 from mentor.training.prompt_format import check_template_kwargs, trainer_template_kwargs
@@ -150,6 +151,7 @@ def check_grpo_fields(fields: dict[str, Any], where: str = "round config") -> No
             close = difflib.get_close_matches(key, sorted(known | set(TrlTrainConfig.model_fields)), n=1)
             hint = f" (did you mean {close[0]}?)" if close else ""
             raise ConfigError(f"{where}: {key}: not a mentor trl setting nor a field of TRL {trl_version()}'s GRPOConfig{hint}")
+    check_dataclass_values(grpo_config_class(), fields, where, f"TRL {trl_version()}'s GRPOConfig")
 
 
 def trl_version() -> str:

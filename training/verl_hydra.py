@@ -4,6 +4,7 @@ Nothing here needs verl imported (only its config folder) or a GPU."""
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 import re
 from pathlib import Path
@@ -87,6 +88,27 @@ def compose(overrides: list[str]):
             return hydra_compose(config_name="ppo_trainer", overrides=overrides)
     except Exception as exc:  # Hydra's override parser and OmegaConf's struct checks raise many kinds
         raise ConfigError(f"verl's config rejects the round's overrides: {one_line(exc)}") from None
+
+
+@functools.lru_cache(maxsize=2)
+def _packaged(config_dir: str):
+    return compose([])
+
+
+def packaged_config():
+    """verl's packaged ``ppo_trainer`` config with no overrides (composed once): the schema of the overrides."""
+    return _packaged(str(verl_config_dir()))
+
+
+def typed_overrides(overrides: list[str]) -> dict[str, Any]:
+    """Each override (``key=value``, ``+key=``, ``++key=``) as Hydra types its value: key -> value (deletions left out)."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser  # optional: verl's config library
+
+    try:
+        parsed = OverridesParser.create().parse_overrides(overrides)
+    except Exception as exc:  # Hydra's grammar errors
+        raise ConfigError(f"verl's config rejects the round's overrides: {one_line(exc)}") from None
+    return {o.key_or_group: o.value() for o in parsed if not o.is_delete()}
 
 
 def gpu_demand(composed) -> Any:

@@ -55,6 +55,7 @@ from __future__ import annotations
 import contextlib
 import datetime as _dt
 import importlib.metadata
+import importlib.util
 import io
 import json
 import logging
@@ -74,14 +75,25 @@ from mentor.pipeline.inputs import resolve_inputs
 from mentor.pipeline.io import write_json_atomic
 from mentor.pipeline.yaml_io import read_yaml_mapping
 from mentor.training.gpus import cluster_supply, local_gpus
-from mentor.training.launcher import RoundConfig, finish_round, outcome_record, parse_round_config
+from mentor.training.launcher import RewardFile, RoundConfig, finish_round, outcome_record, parse_round_config
 from mentor.training.prompt_format import check_readable, check_template_kwargs, trainer_template_kwargs
 from mentor.training.prompt_limits import LongestPrompt, longest_prompt, refuse, require
 from mentor.training.ray_preflight import check_reward_reach, probe_cluster
 from mentor.training.reward_check import check_reward_loads
 from mentor.training.rollout_log import ENV_DIR, RAY_JOB_CONFIG_ENV, REWARD_ENV_PREFIX, check_rollout_reach, ray_job_config_env
 from mentor.training.verl_checkpoints import LATEST, last_checkpoint, merge_backend, merge_checkpoint, merge_command, prepare_logs
-from mentor.training.verl_hydra import INSTALL, compose, gpu_demand, hydra_unquote, hydra_value, one_line, verl_config_dir
+from mentor.training.field_types import check_override_types
+from mentor.training.verl_hydra import (
+    INSTALL,
+    compose,
+    gpu_demand,
+    hydra_unquote,
+    hydra_value,
+    one_line,
+    packaged_config,
+    typed_overrides,
+    verl_config_dir,
+)
 
 log = logging.getLogger(__name__)
 
@@ -128,7 +140,7 @@ class VerlTrainConfig(RoundConfig):
     adv_estimator: str = Field("grpo", description="algorithm.adv_estimator (grpo; verl also has rloo, reinforce_plus_plus, ...).")
     n_gpus_per_node: int = Field(1, ge=1, description="trainer.n_gpus_per_node (verl's default is 8).")
     nnodes: int = Field(1, ge=1, description="trainer.nnodes.")
-    reward_file: str | None = Field(None, description="reward.custom_reward_function.path (default: mentor's verl_reward.py).")
+    reward_file: RewardFile | None = Field(None, description="reward.custom_reward_function.path (default: mentor's verl_reward.py).")
     reward_function: str = Field("compute_score", description="reward.custom_reward_function.name.")
     overrides: dict[str, Any] = Field(
         default_factory=dict,
@@ -149,14 +161,25 @@ def parse_config(data: dict[str, Any], where: str = "round config") -> VerlTrain
     """Validate mentor's fields and the override keys; `ConfigError` names the field."""
     cfg = parse_round_config(VerlTrainConfig, data, where)
     try:
-        _user_overrides(cfg.overrides)
+        given = _user_overrides(cfg.overrides)
     except ConfigError as exc:
         raise ConfigError(f"{where}: {exc}") from None
+    check_override_values(cfg.overrides, given, where)
     save_freq = next((v for k, v in cfg.overrides.items() if k.lstrip("+~") == "trainer.save_freq"), None)
     if cfg.merge_model and save_freq is not None and not _positive(save_freq):
         raise ConfigError(f"{where}: overrides.trainer.save_freq {save_freq!r}: must be > 0: verl saves the last step only "
                           "then, and the round's model is merged from it (or set merge_model: false)")
     return cfg
+
+
+def check_override_values(overrides: dict[str, Any], given: list[str], where: str) -> None:
+    """The overrides' values against the types of verl's own config (its packaged defaults), where verl and
+    Hydra are installed here; without them the dry run says the config check did not run."""
+    if not given or importlib.util.find_spec("verl") is None or importlib.util.find_spec("hydra") is None:
+        return
+    typed = typed_overrides(given)
+    plain = {str(k).lstrip("+~"): v for k, v in overrides.items()}
+    check_override_types(plain, packaged_config(), typed, where)
 
 
 def _positive(value: Any) -> bool:

@@ -20,7 +20,7 @@ from mentor.stages.build import BuildConfig
 from mentor.stages.build_render import TEXT_PLACEMENTS
 from mentor.stages.hint.config import HintConfig
 from mentor.stages.mine import MineConfig
-from mentor.stages.train import Trainer, launched
+from mentor.stages.train import Trainer, launched, offline_seed
 from mentor.training.launcher import get_launcher
 from mentor.training.prompt_format import TEMPLATE_KWARGS_KEY, text_prompts_refused, trainer_template_kwargs
 
@@ -152,6 +152,8 @@ def check_sections(wf: Workflow) -> None:
         b.check(where)
     if hint.vouch is not None:
         hint.vouch.policy.check("hint.config.vouch.policy")
+    if wf.trainer.kind == "offline":
+        offline_seed(wf.trainer, wf.rounds - 1)  # the last round's seed stays in range
     if launched(wf.trainer):
         if "kind" in wf.trainer.config:
             raise ConfigError("trainer.config.kind: set by trainer.kind; remove it")

@@ -217,7 +217,13 @@ def judge_cell(extras: dict[str, Any]) -> str | None:
 
 
 def summarize_prompts(path: Path) -> dict[str, Any]:
+    """Rows, hinted share and shards of a prompts folder; with its manifest.json, the shards it lists (each checked
+    against its sha256) and only those: a Parquet file there that the manifest does not list is named, not counted."""
     files = parquet_files(path)
+    folder = path if path.is_dir() else path.parent
+    check = manifest_check(folder, files) if (folder / "manifest.json").exists() else None
+    if check is not None and check["listed_files"] and path.is_dir():
+        files = check["listed_files"]  # what `mentor build` wrote: an unlisted file's rows are not the build's
     lf = scan_dataset([str(f) for f in files], "prompts")
     agg = lf.select(
         pl.len().alias("rows"),
@@ -235,18 +241,46 @@ def summarize_prompts(path: Path) -> dict[str, Any]:
         "abilities": dict(sorted(lf.group_by("ability").len().collect().iter_rows())),
         "shards": [{"file": f.name, "rows": pq.ParquetFile(f).metadata.num_rows, "bytes": f.stat().st_size} for f in files],
     }
-    folder = path if path.is_dir() else path.parent
+    if check is not None:
+        check.pop("listed_files")
+    out["manifest"] = check
+    return out
+
+
+def manifest_check(folder: Path, found: list[Path]) -> dict[str, Any]:
+    """A prompts folder's manifest.json against its files: verified only when every listed shard is there with its
+    sha256 and no other Parquet file is (`found`: the folder's Parquet files). A damaged manifest is reported, not raised."""
     manifest = folder / "manifest.json"
-    if manifest.exists():
+    out: dict[str, Any] = {"rows": None, "shards": 0, "verified": False, "mismatched": [], "unlisted": [], "listed_files": []}
+    try:
         m = read_json(manifest)
-        bad = []
-        for s in m.get("shards", []):
-            f = folder / s["path"]
-            if not f.exists() or sha256_file(f) != s.get("sha256"):
-                bad.append(s["path"])
-        out["manifest"] = {"rows": m.get("rows"), "shards": len(m.get("shards", [])), "verified": not bad, "mismatched": bad}
-    else:
-        out["manifest"] = None
+    except (ValueError, OSError) as exc:
+        return out | {"problem": f"{manifest}: not readable JSON ({exc}); rebuild with `mentor build`"}
+    if not isinstance(m, dict) or not isinstance(m.get("shards", []), list):
+        what = type(m).__name__ if not isinstance(m, dict) else f"shards is a {type(m.get('shards')).__name__}"
+        return out | {"problem": f"{manifest}: not a mentor manifest (a JSON object with a shards list; found: {what}); "
+                                 "rebuild with `mentor build`"}
+    shards, malformed, listed = m.get("shards", []), [], []
+    for i, s in enumerate(shards):
+        name = s.get("path") if isinstance(s, dict) else None
+        if not isinstance(name, str) or not name or Path(name).name != name:
+            malformed.append(f"shards[{i}]: no shard file name (path)")
+            continue
+        f = folder / name
+        listed.append(f)
+        if not f.is_file() or sha256_file(f) != s.get("sha256"):
+            out["mismatched"].append(name)
+    if not malformed:  # a damaged manifest cannot say which shards are the build's: every one is counted then
+        names = {f.name for f in listed}
+        out["unlisted"] = sorted(f.name for f in found if f.parent.resolve() == folder.resolve() and f.name not in names)
+        out["listed_files"] = [f for f in listed if f.is_file()]
+    out |= {"rows": m.get("rows") if isinstance(m.get("rows"), int) else None, "shards": len(shards),
+            "verified": not (out["mismatched"] or out["unlisted"] or malformed)}
+    if malformed:
+        out["problem"] = f"{manifest}: " + "; ".join(malformed) + "; rebuild with `mentor build`"
+    elif out["unlisted"]:
+        out["problem"] = (f"{', '.join(out['unlisted'])}: in the folder but not in its manifest (not `mentor build`'s "
+                          "output, or left by another build): not counted; move it out, or rebuild")
     return out
 
 
@@ -335,6 +369,8 @@ def summarize_rescue(path: Path) -> dict[str, Any]:
     """The rescue's stats.json totals (as `mentor rescue` writes them) and rates recomputed from rescue.parquet."""
     files = rescue_files(path)
     out: dict[str, Any] = {"files": sorted(p.name for p in files.values())}
+    obj: Any = None
+    df: pl.DataFrame | None = None
     if "json" in files:
         try:
             obj = read_json(files["json"])
@@ -360,13 +396,39 @@ def summarize_rescue(path: Path) -> dict[str, Any]:
                 out.get(k) is None or from_rows.get(k) is None or abs(out[k] - from_rows[k]) < 1e-6
                 for k in ("rescue_rate_hinted", "rescue_rate_unhinted")
             )
-    if "rescue_rate_hinted" not in out:
+    arms = rescue_arms(obj if "json" in files else None, df if "parquet" in files else None)
+    if arms:
+        out["arms"] = arms
+    if "rescue_rate_hinted" not in out and not arms:
         out["note"] = "no hinted/unhinted rescue rate recognised in these files"
     return out
 
 
+ARM_KEYS = ("rescued", "rescue_rate", "rescue_rate_ci95", "mean_correct", "placement", "answer_template", "skipped_no_hint")
+
+
+def rescue_arms(stats: Any, df: pl.DataFrame | None) -> list[dict[str, Any]]:
+    """Every arm of a rescue (``unhinted`` and each ``--hints`` / ``--arm``), one row each: its counts from stats.json's
+    ``arms``, else from rescue.parquet's ``rescued_<arm>`` columns (and, with both, whether they agree)."""
+    arms: dict[str, dict[str, Any]] = {}
+    if isinstance(stats, dict) and isinstance(stats.get("arms"), dict):
+        for name, a in stats["arms"].items():
+            if isinstance(a, dict):
+                arms[str(name)] = {k: rounded(a[k], 6) if not isinstance(a[k], list) else [rounded(x, 6) for x in a[k]]
+                                   for k in ARM_KEYS if k in a}
+    if df is not None and df.height:
+        for col in df.columns:
+            if not col.startswith("rescued_") or df.schema[col] != pl.Boolean:
+                continue
+            name, rescued = col[len("rescued_"):], int(df[col].sum())
+            row = arms.setdefault(name, {"rescued": rescued, "rescue_rate": rounded(rescued / df.height, 6)})
+            if "rescued" in row and row["rescued"] != rescued:
+                row["consistent"] = False
+    return [{"arm": name} | row for name, row in arms.items()]
+
+
 __all__ = [
-    "STATUS_ORDER", "distribution", "hint_run_extras", "judge_cell", "parquet_files", "per_problem_round", "rescue_files",
+    "STATUS_ORDER", "distribution", "hint_run_extras", "judge_cell", "manifest_check", "parquet_files", "rescue_arms", "per_problem_round", "rescue_files",
     "rounded", "summarize_collapsed", "summarize_hints", "summarize_problems", "summarize_prompts", "summarize_rescue",
     "summarize_rollouts",
 ]

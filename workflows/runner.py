@@ -41,7 +41,7 @@ from mentor.stages import stage as stage_by_name
 from mentor.stages.build import BUILD_STATS, BuildConfig
 from mentor.stages.build_base import load_base, validate_base
 from mentor.stages.build_render import DEFAULT_PLACEMENT
-from mentor.stages.train import launched
+from mentor.stages.train import launched, offline_seed
 from mentor.training.launcher import get_launcher
 from mentor.training.prompt_format import TEXT_READERS
 from mentor.workflows.config import Workflow, check_sections, workflow_template_kwargs
@@ -95,6 +95,8 @@ class Runner:
         if launched(t):
             # Strictly, as the round will: a trainer package missing here must not surface only after round 0's hints.
             get_launcher(t.kind).parse(t.config, "trainer.config")
+        if t.kind == "offline":  # --rounds may run more rounds than the workflow says: the last one's seed in range
+            offline_seed(t, (self.opts.rounds or self.wf.rounds) - 1)
         self._base_token = self._base_problems()  # validated before any stage runs (or the run folder is made)
         self.rd.path.mkdir(parents=True, exist_ok=True)
         self._save_workflow()

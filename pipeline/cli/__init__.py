@@ -10,6 +10,7 @@ never imports an inference engine.
 
 from __future__ import annotations
 
+import errno
 import importlib
 import logging
 import sys
@@ -58,6 +59,9 @@ class LazyGroup(click.Group):
         except MentorError as exc:
             raise _one_line(ctx, exc, str(exc), exc.exit_code) from exc
         except OSError as exc:
+            if isinstance(exc, BrokenPipeError) or exc.errno == errno.EPIPE:
+                # The reader went away (`mentor status RUN | head`): not a disk problem. click's main() ends quietly.
+                raise
             # A disk or permission problem (out of space, read-only folder, ...): the user's to fix.
             from mentor.pipeline.outdir import disk_error
 

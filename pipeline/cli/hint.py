@@ -10,6 +10,7 @@ import click
 from mentor.cli.options import backend_spec, config_options, engine_flags, engine_options, executor_options, server_options
 from mentor.pipeline.errors import ConfigError
 from mentor.pipeline.executor import open_executor
+from mentor.pipeline.outdir import check_output_file
 from mentor.pipeline.stage import Context, run_stage
 from mentor.stages import stage
 from mentor.stages.hint.config import HintConfig, JudgeCheckConfig, load_config
@@ -81,6 +82,8 @@ def check_hint(hint_text, domain, answer, problem, entry_point, previous, max_ch
 @engine_options("max_model_len", "dtype", "tensor_parallel_size")
 def check_judge(collapsed, backend, model, config_path, problems, solutions, out_file, **engine):
     """Score the LLM judge on known-good and known-bad hints of these problems; exit 0 when it can be trusted, 1 when not."""
+    if out_file is not None:
+        check_output_file(out_file)  # before the judge's engine starts, not when the report is written
     cfg = load_config(config_path)
     jc = cfg.judge_check.model_copy(update={k: v for k, v in {"problems": problems, "solutions": solutions}.items() if v is not None})
     cfg = cfg.model_copy(update={"judge_check": jc})
