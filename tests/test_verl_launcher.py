@@ -233,15 +233,15 @@ def test_rerun_drops_the_rollouts_after_the_last_checkpoint(tmp_path):
     (ckpt / "latest_checkpointed_iteration.txt").write_text("20")
     cut = (ckpt / "latest_checkpointed_iteration.txt").stat().st_mtime
     recs = [{"problem_id": f"p{i}", "ts": cut + (i - 2)} for i in range(5)]  # 3 before or at the save, 2 after
-    (logs / "verl-host-1-aa.jsonl").write_text("".join(json.dumps(r) + "\n" for r in recs))
+    (logs / "verl-0123456789ab-host-1-aa.jsonl").write_text("".join(json.dumps(r) + "\n" for r in recs))
     (logs / "other.jsonl").write_text("{}\n")
     from mentor.training.verl_checkpoints import last_checkpoint
 
-    note = prepare_logs(logs, last_checkpoint(ckpt))
+    note = prepare_logs(logs, last_checkpoint(ckpt), "0123456789ab")
     assert note == "resuming from checkpoint step 20: dropped 2 rollout record(s) logged after it"
-    kept = [json.loads(ln)["problem_id"] for ln in (logs / "verl-host-1-aa.jsonl").read_text().splitlines()]
+    kept = [json.loads(ln)["problem_id"] for ln in (logs / "verl-0123456789ab-host-1-aa.jsonl").read_text().splitlines()]
     assert kept == ["p0", "p1", "p2"]
-    assert prepare_logs(logs, None) == "removed 1 rollout shard(s) of an earlier, unfinished attempt"
+    assert prepare_logs(logs, None, "0123456789ab") == "removed 1 rollout shard(s) of an earlier, unfinished attempt"
     assert sorted(p.name for p in logs.iterdir()) == ["other.jsonl"]
 
 

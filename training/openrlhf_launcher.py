@@ -67,10 +67,13 @@ from mentor.training.reward_check import check_reward_loads
 from mentor.training.rollout_log import (
     ENV_DIR,
     ENV_ROUND,
+    ENV_RUN,
     RAY_JOB_CONFIG_ENV,
     check_rollout_reach,
     ray_job_config_env,
     reward_env_vars,
+    run_glob,
+    run_identity,
 )
 
 log = logging.getLogger(__name__)
@@ -270,7 +273,7 @@ def build_env(cfg: TrainConfig) -> dict[str, str]:
     engines' actors, which run the reward function, get them on every node, on a fresh
     local cluster and on one started by ``ray start`` alike.
     """
-    env = {ENV_DIR: str(cfg.rollout_dir.resolve()), ENV_ROUND: str(cfg.round)}
+    env = {ENV_DIR: str(cfg.rollout_dir.resolve()), ENV_ROUND: str(cfg.round), ENV_RUN: run_identity(cfg.train_path)}
     env.update(cfg.env)
     current = env.get(RAY_JOB_CONFIG_ENV, os.environ.get(RAY_JOB_CONFIG_ENV))
     env.update(ray_job_config_env(reward_env_vars(os.environ, env), current))
@@ -354,7 +357,8 @@ def run_round(cfg: TrainConfig) -> dict[str, Any]:
             fh.write(f"cannot start {cmd[0]}: {exc}\n")
     final = cfg.output_dir if code == 0 and cfg.output_dir.exists() else None
     outcome = outcome_record(cfg, code, final, cmd[cmd.index("--actor.model_name_or_path") + 1], cmd, extra_env, started,
-                             preflight=checked, longest_prompt=found.tokens)
+                             preflight=checked, longest_prompt=found.tokens, rollout_run=run_identity(cfg.train_path),
+                             rollout_glob=run_glob(cfg.rollout_dir, run_identity(cfg.train_path)))
     if code == 0 and final is None:
         outcome["warning"] = f"the trainer exited 0 but {cfg.output_dir} does not exist"
     return finish_round(cfg, outcome, f"the trainer exited with code {code}" if code != 0 else None)

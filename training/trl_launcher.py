@@ -63,7 +63,7 @@ from mentor.training.gpus import GpuDemand, GpuShortage, local_gpus
 from mentor.training.launcher import RoundConfig, finish_round, outcome_record, parse_round_config
 from mentor.training.prompt_limits import LongestPrompt, model_context, require
 from mentor.training.reward_check import check_reward_loads
-from mentor.training.rollout_log import ENV_DIR
+from mentor.training.rollout_log import ENV_DIR, ENV_RUN, run_glob, run_identity, run_shards
 
 log = logging.getLogger(__name__)
 
@@ -342,7 +342,7 @@ def build_command(cfg: TrlTrainConfig, cpu_threads: int | None = None) -> list[s
 
 
 def build_env(cfg: TrlTrainConfig, spec: dict[str, Any]) -> dict[str, str]:
-    env = {ENV_DIR: str(cfg.rollout_dir)}
+    env = {ENV_DIR: str(cfg.rollout_dir), ENV_RUN: run_identity(cfg.train_path)}
     if spec.get("cpu_threads"):
         n = str(spec["cpu_threads"])
         env |= {"OMP_NUM_THREADS": n, "MKL_NUM_THREADS": n}
@@ -420,9 +420,10 @@ def _die_with_parent() -> None:
         pass
 
 
-def _clear_stale_logs(directory: Path) -> int:
-    """Shards a killed attempt of this round left: the rerun logs its rollouts afresh."""
-    stale = sorted(directory.glob("trl-*.jsonl")) if directory.is_dir() else []
+def _clear_stale_logs(directory: Path, run: str) -> int:
+    """Shards a killed attempt of this round left (this run's identity only: another run sharing the folder
+    keeps its log): the rerun logs its rollouts afresh."""
+    stale = run_shards(directory, "trl", run)
     for f in stale:
         f.unlink()
     return len(stale)
@@ -443,7 +444,7 @@ def run_round(cfg: TrlTrainConfig) -> dict[str, Any]:
         check_gpus(demand)
     cfg.train_path.mkdir(parents=True, exist_ok=True)
     cfg.rollout_dir.mkdir(parents=True, exist_ok=True)
-    stale = _clear_stale_logs(cfg.rollout_dir)
+    stale = _clear_stale_logs(cfg.rollout_dir, run_identity(cfg.train_path))
     write_json_atomic(cfg.model_dump(mode="json"), cfg.train_path / "config.json")
     write_json_atomic(spec, cfg.train_path / ROUND_FILE)
     extra_env = build_env(cfg, spec)
@@ -452,7 +453,8 @@ def run_round(cfg: TrlTrainConfig) -> dict[str, Any]:
     with open(cfg.log_file, "ab") as fh:
         fh.write(f"\n# mentor train (trl) round {cfg.round} at {_dt.datetime.now().isoformat()}\n# {shlex.join(cmd)}\n".encode())
         if stale:
-            fh.write(f"# removed {stale} rollout shard(s) of an earlier, unfinished attempt\n".encode())
+            fh.write(f"# removed {stale} rollout shard(s) of an earlier, unfinished attempt of this run "
+                     f"({run_identity(cfg.train_path)})\n".encode())
         fh.flush()
         try:
             code = subprocess.run(cmd, stdout=fh, stderr=subprocess.STDOUT, env=dict(os.environ) | extra_env, check=False,
@@ -467,6 +469,7 @@ def run_round(cfg: TrlTrainConfig) -> dict[str, Any]:
         cfg, code, final, spec["model"], cmd, extra_env, started,
         prompts_used=rows, steps=metrics.get("global_step"), metrics=metrics.get("last_log"),
         processes=metrics.get("processes", cfg.num_processes), longest_prompt=found.tokens,
+        rollout_run=run_identity(cfg.train_path), rollout_glob=run_glob(cfg.rollout_dir, run_identity(cfg.train_path)),
     )
     if code == 0 and final is None:
         outcome["warning"] = f"the trainer exited 0 but {cfg.output_dir} holds no model"

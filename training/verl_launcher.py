@@ -46,7 +46,9 @@ folder the next round (``actor_rollout_ref.model.path``), `mentor rollout` and
 vLLM load. A killed round resumes: verl's ``trainer.resume_mode=auto`` restarts
 from the last checkpoint, and the rollouts the killed attempt logged after that
 checkpoint are dropped from the log (they are scored again); with no checkpoint
-yet, the attempt's log shards are removed. Checkpoints, the merge and the log
+yet, the attempt's log shards are removed. Only this run's shards: they carry its
+identity (``MENTOR_RUN_ID``, `mentor.training.rollout_log.run_identity` of the round's
+train folder), so another run sharing ``rollout_log_dir`` keeps its log. Checkpoints, the merge and the log
 on resume are in `verl_checkpoints`.
 """
 
@@ -79,7 +81,16 @@ from mentor.training.prompt_format import check_readable
 from mentor.training.prompt_limits import LongestPrompt, longest_prompt, refuse, require
 from mentor.training.ray_preflight import probe_cluster
 from mentor.training.reward_check import check_reward_loads
-from mentor.training.rollout_log import ENV_DIR, RAY_JOB_CONFIG_ENV, REWARD_ENV_PREFIX, check_rollout_reach, ray_job_config_env
+from mentor.training.rollout_log import (
+    ENV_DIR,
+    ENV_RUN,
+    RAY_JOB_CONFIG_ENV,
+    REWARD_ENV_PREFIX,
+    check_rollout_reach,
+    ray_job_config_env,
+    run_glob,
+    run_identity,
+)
 from mentor.training.verl_checkpoints import LATEST, last_checkpoint, merge_backend, merge_checkpoint, merge_command, prepare_logs
 from mentor.training.verl_hydra import INSTALL, compose, gpu_demand, hydra_unquote, hydra_value, one_line, verl_config_dir
 
@@ -223,7 +234,7 @@ def reward_env(cfg: VerlTrainConfig) -> dict[str, str]:
     """What the reward function reads: the round's log dir and number, and every MENTOR_* setting."""
     env = {k: str(v) for k, v in os.environ.items() if k.startswith("MENTOR_")}
     env |= {k: str(v) for k, v in cfg.env.items() if k.startswith("MENTOR_")}
-    return env | {ENV_DIR: str(cfg.rollout_dir), ENV_ROUND: str(cfg.round)}
+    return env | {ENV_DIR: str(cfg.rollout_dir), ENV_ROUND: str(cfg.round), ENV_RUN: run_identity(cfg.train_path)}
 
 
 PROMPT_LIMIT = "data.max_prompt_length"
@@ -468,7 +479,7 @@ def run_round(cfg: VerlTrainConfig) -> dict[str, Any]:
     cfg.train_path.mkdir(parents=True, exist_ok=True)
     cfg.rollout_dir.mkdir(parents=True, exist_ok=True)
     resume = last_checkpoint(cfg.ckpt_path)
-    cleaned = prepare_logs(cfg.rollout_dir, resume)
+    cleaned = prepare_logs(cfg.rollout_dir, resume, run_identity(cfg.train_path))
     write_json_atomic(cfg.model_dump(mode="json"), cfg.train_path / "config.json")
     started = time.time()
     log.info("verl round %d: %s", cfg.round, shlex.join(cmd))
@@ -495,7 +506,8 @@ def run_round(cfg: VerlTrainConfig) -> dict[str, Any]:
     outcome = {"kind": "verl", "verl_version": verl_version()} | outcome_record(
         cfg, code, final, model_path, cmd, extra_env, started, checkpoint=str(last[1]) if last else None,
         steps=last[0] if last else None, merge_command=merge_cmd, merge_exit_code=merge_code, preflight=checked,
-        longest_prompt=found.tokens,
+        longest_prompt=found.tokens, rollout_run=run_identity(cfg.train_path),
+        rollout_glob=run_glob(cfg.rollout_dir, run_identity(cfg.train_path)),
     )
     if code == 0 and cfg.merge_model and final is None:
         outcome["warning"] = "verl finished but the round's model was not merged: see the log"
