@@ -88,7 +88,9 @@ def test_dry_run_checked_by_verls_own_config(tmp_path, round_dir):
     # the GPUs, the checkpoint folder and the rollout dir for the Ray workers.
     c = compose(cmd[3:])
     shards = sorted(str(p.resolve()) for p in (round_dir / "prompts").glob("part-*.parquet"))
-    assert len(shards) == 2 and list(c.data.train_files) == shards
+    pad = str(round_dir.resolve() / "train" / "verl-pad.parquet")  # 1,319 prompts in batches of 64: 25 rows repeated
+    assert len(shards) == 2 and list(c.data.train_files) == [*shards, pad]
+    assert "# batches: 1319 prompts, data.train_batch_size=64 (from the overrides), 21 step(s) per epoch" in out
     assert c.algorithm.adv_estimator == "grpo" and c.actor_rollout_ref.rollout.n == 4
     assert c.actor_rollout_ref.model.path == "Qwen/Qwen2.5-1.5B-Instruct"
     assert c.reward.custom_reward_function.path.endswith("training/verl_reward.py")
@@ -300,7 +302,10 @@ def test_workflow_round_trains_with_verl_and_merges_the_model(tmp_path, tiny_mod
     assert outcome["checkpoint"] == str(train / "ckpt" / "global_step_1" / "actor")
     assert outcome["merge_command"][1:5] == ["-m", "verl.model_merger", "merge", "--backend"]
     seen = json.loads((train / "ckpt" / "standin.json").read_text())
-    assert seen["train_files"] == [str(p) for p in sorted((run_dir / "round-000" / "prompts").glob("part-*.parquet"))]
+    shards = sorted((run_dir / "round-000" / "prompts").glob("part-*.parquet"))
+    rows = pl.read_parquet(shards).height  # in batches of 4: the first rows repeated to a whole batch
+    assert seen["train_files"] == [str(p) for p in shards] + ([str(train / "verl-pad.parquet")] if rows % 4 else [])
+    assert outcome["repeated_rows"] == -rows % 4 and outcome["prompts_used"] == rows
     assert (seen["n"], seen["adv_estimator"], seen["env_vars"]["MENTOR_ROUND"]) == (4, "grpo", "1")
     # verl's own run_ppo started Ray (ray.init with verl's runtime env merged with the job's); the TaskRunner
     # actor got the rollout dir from that runtime env, as a worker on another node would.
