@@ -18,13 +18,16 @@ own fields is a `trl.GRPOConfig` field, checked against the installed TRL's
 dataclass (an unknown name is an error naming it) and then built by
 ``GRPOConfig(**fields)`` itself, so TRL's own checks run before anything starts.
 mentor's defaults on top of TRL's: ``num_generations`` = the group size (4),
-``num_train_epochs`` 1 (one pass over the round's prompts), ``report_to`` none,
+``num_train_epochs`` 1 (one pass over the round's prompts: TRL's sampler repeats and
+shuffles them and drops none), ``max_completion_length`` 4096 (not TRL's 512: see
+`mentor.training.prompt_limits`), ``report_to`` none,
 ``output_dir`` the round's ckpt folder; without a GPU also ``use_cpu``, and
 ``bf16`` and ``gradient_checkpointing`` off (TRL leaves bf16 on with use_cpu).
 
 Before launch (and in ``--dry-run``): the trainer's Python imports mentor's TRL
 reward module (`mentor.training.reward_check`), and the round's longest prompt is
-measured with the policy's tokenizer (`mentor.training.prompt_limits`). TRL 1.16
+measured with the policy's tokenizer and the round's ``chat_template_kwargs``
+(`mentor.training.prompt_limits`). TRL 1.16
 cuts no prompt, so there is no prompt limit to set; a round whose longest prompt
 plus ``max_completion_length`` does not fit the context (``vllm_max_model_length``
 when set, else the model's ``max_position_embeddings``) is refused with the numbers.
@@ -57,11 +60,10 @@ from pydantic import ConfigDict, Field
 from mentor.pipeline.errors import ConfigError, DataError
 from mentor.pipeline.inputs import resolve_inputs
 from mentor.pipeline.io import read_json, scan_dataset, write_json_atomic
-from mentor.pipeline.prompts import prompt_token_lengths
 from mentor.pipeline.yaml_io import read_yaml_mapping
 from mentor.training.gpus import GpuDemand, GpuShortage, local_gpus
 from mentor.training.launcher import RoundConfig, finish_round, outcome_record, parse_round_config
-from mentor.training.prompt_limits import LongestPrompt, model_context, require
+from mentor.training.prompt_limits import RESPONSE_DEFAULT, LongestPrompt, model_context, rendered_lengths, require, response_limit
 from mentor.training.reward_check import check_reward_loads
 from mentor.training.rollout_log import ENV_DIR, ENV_RUN, run_glob, run_identity, run_shards
 
@@ -181,6 +183,7 @@ def grpo_kwargs(cfg: TrlTrainConfig) -> dict[str, Any]:
         "num_generations": cfg.num_generations,
         "num_train_epochs": 1,
         "report_to": "none",
+        "max_completion_length": RESPONSE_DEFAULT,  # never TRL's 512 (prompt_limits: the response limit)
     }
     cpu = bool(user.get("use_cpu", not on_gpu()))
     if cpu:
@@ -310,18 +313,23 @@ def check_reward(cfg: TrlTrainConfig, env: dict[str, str]) -> str:
 def check_prompt_room(cfg: TrlTrainConfig, spec: dict[str, Any], rows: pl.DataFrame, dry_run: bool = False) -> LongestPrompt:
     """The longest selected prompt in the policy's tokens, and a refusal when it and a completion overflow the context."""
     model = spec["model"]
+    grpo = spec["grpo"]
+    kwargs = grpo.get("chat_template_kwargs") or None  # TRL renders conversational prompts with them
+    if isinstance(kwargs, str):  # GRPOConfig also takes them as a JSON string
+        kwargs = json.loads(kwargs)
     try:
         from transformers import AutoTokenizer  # optional and slow to import
 
         tok = AutoTokenizer.from_pretrained(model)
     except Exception as exc:  # offline and not cached, no tokenizer files
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        found = LongestPrompt(None, rows.height, model, "measured", f"cannot load the tokenizer of {model}: {first[:200]}")
+        found = LongestPrompt(None, rows.height, model, "measured", f"cannot load the tokenizer of {model}: {first[:200]}",
+                              kwargs)
     else:
-        found = LongestPrompt(max(prompt_token_lengths(rows["prompt"].to_list(), tok)), rows.height, model, "measured")
+        found = LongestPrompt(max(rendered_lengths(rows["prompt"].to_list(), tok, kwargs)), rows.height, model, "measured",
+                              template_kwargs=kwargs)
     tokens = require(found, dry_run)
-    grpo = spec["grpo"]
-    completion = int(grpo.get("max_completion_length") or getattr(grpo_config_class(), "max_completion_length", 512) or 512)
+    completion = response_limit(grpo.get("max_completion_length"), "max_completion_length")[0]
     key, context = ("vllm_max_model_length", grpo.get("vllm_max_model_length")) if grpo.get("use_vllm") else (None, None)
     if context is None:
         key, context = "the model's max_position_embeddings", model_context(model)
@@ -331,6 +339,11 @@ def check_prompt_room(cfg: TrlTrainConfig, spec: dict[str, Any], rows: pl.DataFr
                           "max_completion_length" + (", raise vllm_max_model_length" if grpo.get("use_vllm") else "")
                           + ", or make the hints shorter")
     return found
+
+
+def response_text(cfg: TrlTrainConfig) -> str:
+    """The round's max_completion_length and where it came from (the config, or mentor's default)."""
+    return response_limit(cfg.grpo_fields.get("max_completion_length"), "max_completion_length")[1]
 
 
 def build_command(cfg: TrlTrainConfig, cpu_threads: int | None = None) -> list[str]:
@@ -372,6 +385,7 @@ def dry_run_text(cfg: TrlTrainConfig) -> str:
         f"# model: {spec['model']}",
         f"# prompts: {prompts}",
         f"# longest prompt: {longest}",
+        f"# response limit: {response_text(cfg)}",
         f"# checked: {check_reward(cfg, dict(os.environ) | build_env(cfg, spec))}",
         f"# final model: {spec['final_model']}",
         "# environment",

@@ -8,7 +8,8 @@ The command is verl's own entry point with Hydra overrides built from the round:
       actor_rollout_ref.model.path=<previous round's final model | base model in round 0>
       reward.custom_reward_function.path=<mentor's verl_reward.py> reward.custom_reward_function.name=compute_score
       trainer.n_gpus_per_node=N trainer.nnodes=M trainer.default_local_dir=<train>/ckpt
-      data.max_prompt_length=<the round's longest prompt, in the policy's tokens>
+      data.max_prompt_length=<the round's longest prompt, in the policy's tokens, plus a margin>
+      data.max_response_length=<the round's own, else 4096> data.train_batch_size=<every prompt trains>
       <mentor's defaults, then the config's `overrides` (any verl key, dotted)>
 
 The reward workers' variables (``MENTOR_ROLLOUT_DIR``, ``MENTOR_ROUND``, every
@@ -25,8 +26,11 @@ also go under ``ray_kwargs``; before launch `check_ray_init` runs verl's
 
 Prompts are never cut: verl drops or left-truncates prompts longer than
 ``data.max_prompt_length`` (512 by default). The launcher measures the round's
-longest prompt with the policy's tokenizer (`mentor.training.prompt_limits`) and
-sets the limit to it, or refuses a round whose own limit is smaller.
+longest prompt with the policy's tokenizer, rendered with the round's
+``data.apply_chat_template_kwargs`` as verl renders it (`mentor.training.prompt_limits`),
+and sets the limit to it plus a margin, or refuses a round whose own limit is smaller.
+Responses: ``data.max_response_length`` is the overrides' value or mentor's 4096, never
+verl's 512; the reward file counts a response against it (``truncated`` in the log).
 
 Every prompt trains: verl's dataloader drops the last incomplete batch (``drop_last=True``),
 so mentor sizes ``data.train_batch_size`` (when the overrides leave it unset) and repeats a
@@ -83,7 +87,7 @@ from mentor.pipeline.yaml_io import read_yaml_mapping
 from mentor.training.gpus import cluster_supply, local_gpus
 from mentor.training.launcher import RoundConfig, finish_round, outcome_record, parse_round_config
 from mentor.training.prompt_format import check_readable
-from mentor.training.prompt_limits import LongestPrompt, longest_prompt, refuse, require
+from mentor.training.prompt_limits import LongestPrompt, longest_prompt, refuse, require, response_limit
 from mentor.training.ray_preflight import probe_cluster
 from mentor.training.reward_check import check_reward_loads
 from mentor.training.rollout_log import (
@@ -245,18 +249,38 @@ def reward_env(cfg: VerlTrainConfig) -> dict[str, str]:
 
 
 PROMPT_LIMIT = "data.max_prompt_length"
+RESPONSE_LIMIT = "data.max_response_length"
+TEMPLATE_KWARGS = "data.apply_chat_template_kwargs"
+
+
+def _override(cfg: VerlTrainConfig, key: str) -> Any:
+    return next((v for k, v in cfg.overrides.items() if k.lstrip("+~") == key), None)
+
+
+def template_kwargs(cfg: VerlTrainConfig) -> dict[str, Any]:
+    """``data.apply_chat_template_kwargs`` as the overrides set it (whole, or key by key), what verl renders with."""
+    out = dict(_override(cfg, TEMPLATE_KWARGS) or {})
+    for key, value in cfg.overrides.items():
+        if key.lstrip("+~").startswith(TEMPLATE_KWARGS + "."):
+            out[key.lstrip("+~")[len(TEMPLATE_KWARGS) + 1:]] = value
+    return out
+
+
+def response_length(cfg: VerlTrainConfig) -> tuple[int, str]:
+    """``data.max_response_length`` (verl's rollout.response_length follows it): the overrides', else mentor's default."""
+    return response_limit(_override(cfg, RESPONSE_LIMIT), RESPONSE_LIMIT)
 
 
 def prompt_limit(cfg: VerlTrainConfig, dry_run: bool = False) -> tuple[int | None, LongestPrompt]:
-    """``data.max_prompt_length`` for the round: the longest prompt in the policy's tokens, unless `overrides` set
-    it (then it must hold that prompt). (None, ...) when the overrides set it or, in a dry run, it was not measured."""
-    found = longest_prompt(train_files(cfg), cfg.start_model(),
-                           cache=True)
-    tokens = require(found, dry_run)
-    given = next((v for k, v in cfg.overrides.items() if k.lstrip("+~") == PROMPT_LIMIT), None)
+    """``data.max_prompt_length`` for the round: the longest prompt in the policy's tokens, rendered with the round's
+    ``data.apply_chat_template_kwargs``, plus the margin (`prompt_room`), unless `overrides` set it (then it must hold
+    that prompt). (None, ...) when the overrides set it or, in a dry run, it was not measured."""
+    found = longest_prompt(train_files(cfg), cfg.start_model(), cache=True, template_kwargs=template_kwargs(cfg))
+    require(found, dry_run)
+    given = _override(cfg, PROMPT_LIMIT)
     if given is None:
-        return tokens, found
-    if tokens is not None and int(given) < tokens:
+        return found.limit, found
+    if found.tokens is not None and int(given) < found.tokens:
         refuse(PROMPT_LIMIT, int(given), found, "verl's dataset drops or its agent loop left-truncates longer prompts")
     return None, found
 
@@ -293,6 +317,7 @@ def build_overrides(cfg: VerlTrainConfig, max_prompt_length: int | None = None, 
                  "hydra.run.dir": str(cfg.train_path / "hydra")}  # Hydra's outputs/ (and verl's cwd) in the round's folder
     defaults = [f"{k}={hydra_value(v, quote=k == 'hydra.run.dir')}" for k, v in (DEFAULTS | per_round).items() if k not in user]
     limit = [f"{PROMPT_LIMIT}={max_prompt_length}"] if max_prompt_length is not None and PROMPT_LIMIT not in user else []
+    limit += [f"{RESPONSE_LIMIT}={response_length(cfg)[0]}"] if RESPONSE_LIMIT not in user else []
     batches = plan.overrides() if plan is not None else []
     return owned + limit + batches + defaults + _user_overrides(cfg.overrides)
 
@@ -470,7 +495,8 @@ def dry_run_text(cfg: VerlTrainConfig) -> str:
         lines += [f"# GPUs: {demand.describe()}",
                   f"# checked: Hydra compose of {verl_config_dir() / 'ppo_trainer.yaml'} with these overrides, then verl's validate_config"]
     lines += [f"# verl: {n}" for n in notes]
-    lines += [f"# longest prompt: {found.describe()}" + (f"; {PROMPT_LIMIT}={limit}" if limit is not None else ""),
+    lines += [f"# longest prompt: {found.describe()}" + (f"; {PROMPT_LIMIT}={limit} (with the margin)" if limit is not None else ""),
+              f"# response limit: {response_length(cfg)[1]}",
               f"# batches: {plan.describe()}",
               f"# checked: {check_reward(cfg, env)}", "# " + (ray_note or "checked: Ray merges the job's runtime env with verl's ray.init runtime env")]
     lines += ["# environment", *(f"export {k}={shlex.quote(v)}" for k, v in build_env(cfg).items()),
@@ -490,7 +516,7 @@ def run_round(cfg: VerlTrainConfig) -> dict[str, Any]:
     plan = batch_plan(cfg)
     cmd = build_command(cfg, limit, plan)
     composed, notes = _checked(cfg, cmd, plan)
-    notes += [f"longest prompt: {found.describe()}", f"batches: {plan.describe()}"]
+    notes += [f"longest prompt: {found.describe()}", f"response limit: {response_length(cfg)[1]}", f"batches: {plan.describe()}"]
     if cfg.merge_model and composed is not None and int(composed.trainer.save_freq) <= 0:
         raise ConfigError("trainer.save_freq must be > 0: verl saves the last step only then, and the round's model is "
                           "merged from it (or set merge_model: false)")
@@ -530,7 +556,7 @@ def run_round(cfg: VerlTrainConfig) -> dict[str, Any]:
     outcome = {"kind": "verl", "verl_version": verl_version()} | outcome_record(
         cfg, code, final, model_path, cmd, extra_env, started, checkpoint=str(last[1]) if last else None,
         steps=last[0] if last else None, merge_command=merge_cmd, merge_exit_code=merge_code, preflight=checked,
-        longest_prompt=found.tokens, prompts_used=plan.prompts, batch_size=plan.batch, repeated_rows=plan.pad,
+        longest_prompt=found.tokens, max_response_length=response_length(cfg)[0], prompts_used=plan.prompts, batch_size=plan.batch, repeated_rows=plan.pad,
         rollout_run=run_identity(cfg.train_path),
         rollout_glob=run_glob(cfg.rollout_dir, run_identity(cfg.train_path)),
     )
