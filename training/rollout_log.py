@@ -71,6 +71,8 @@ ENV_DIR = "MENTOR_ROLLOUT_DIR"
 ENV_FSYNC = "MENTOR_ROLLOUT_FSYNC"
 ENV_ROUND = "MENTOR_ROUND"
 ENV_RUN = "MENTOR_RUN_ID"
+ENV_RESPONSE_LIMIT = "MENTOR_RESPONSE_LIMIT"  # the response limit the launcher set, in tokens (verl's reward counts to it)
+ENV_POLICY_TOKENIZER = "MENTOR_POLICY_TOKENIZER"  # the policy's tokenizer: its model folder or name
 CONFIG_NAME = "mentor_reward.json"
 # The reward path's settings (rollout dir, fsync, verifier and sandbox limits) all start so.
 REWARD_ENV_PREFIX = "MENTOR_"
@@ -318,6 +320,8 @@ __all__ = [
     "CONFIG_NAME",
     "ENV_DIR",
     "ENV_ROUND",
+    "ENV_POLICY_TOKENIZER",
+    "ENV_RESPONSE_LIMIT",
     "ENV_RUN",
     "RAY_JOB_CONFIG_ENV",
     "RolloutDirUnreachable",

@@ -92,6 +92,8 @@ from mentor.training.ray_preflight import probe_cluster
 from mentor.training.reward_check import check_reward_loads
 from mentor.training.rollout_log import (
     ENV_DIR,
+    ENV_POLICY_TOKENIZER,
+    ENV_RESPONSE_LIMIT,
     ENV_RUN,
     RAY_JOB_CONFIG_ENV,
     REWARD_ENV_PREFIX,
@@ -245,7 +247,8 @@ def reward_env(cfg: VerlTrainConfig) -> dict[str, str]:
     """What the reward function reads: the round's log dir and number, and every MENTOR_* setting."""
     env = {k: str(v) for k, v in os.environ.items() if k.startswith("MENTOR_")}
     env |= {k: str(v) for k, v in cfg.env.items() if k.startswith("MENTOR_")}
-    return env | {ENV_DIR: str(cfg.rollout_dir), ENV_ROUND: str(cfg.round), ENV_RUN: run_identity(cfg.train_path)}
+    return env | {ENV_DIR: str(cfg.rollout_dir), ENV_ROUND: str(cfg.round), ENV_RUN: run_identity(cfg.train_path),
+                  ENV_RESPONSE_LIMIT: str(response_length(cfg)[0]), ENV_POLICY_TOKENIZER: cfg.start_model()}
 
 
 PROMPT_LIMIT = "data.max_prompt_length"
