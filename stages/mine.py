@@ -74,8 +74,9 @@ class MineConfig(BaseModel):
         2000, ge=64, le=2**31 - 1, description="Each kept failed response is cut to this many characters, keeping mostly its end."
     )
     cut_share: float = Field(
-        0.5, ge=0.0, lt=1.0, description="A collapsed problem is set apart as cut at the response limit (not hinted, counted "
-        "in `cut`) when more than this share of its valid rollouts were cut (truncated); the fix is a longer response limit."
+        0.5, ge=0.0, le=1.0, description="A collapsed problem is set apart as cut at the response limit (not hinted, counted "
+        "in `cut`) when more than this share of its valid rollouts were cut (truncated); the fix is a longer response limit. "
+        "1.0: never set apart (hint every collapsed problem)."
     )
     solutions: str | None = Field(
         None, description="Reference solutions carried into the collapsed set (its solution column, which the hint agents "

@@ -117,3 +117,31 @@ def test_openrlhfs_response_limit_is_explicit(tmp_path, round_dir, shared_data):
     args = check_with_openrlhf(cmd)[0]
     assert args.rollout.max_new_tokens == RESPONSE_DEFAULT
     assert args.data.max_len == prompt_room(found.tokens) + RESPONSE_DEFAULT
+
+
+def test_every_prompt_of_a_trl_round_is_in_a_generation_batch(tmp_path, round_dir, shared_data):
+    """TRL 1.16's RepeatSampler drops an incomplete chunk of generation_batch_size // num_generations prompts."""
+    pytest.importorskip("trl")
+    from trl.trainer.utils import RepeatSampler
+
+    from mentor.pipeline.errors import ConfigError
+    from mentor.training.trl_launcher import parse_config, prompt_batches, resolve_grpo, training_rows
+
+    base = {"kind": "trl", "round_dir": str(round_dir), "base_model": str(shared_data / "tokenizers" / "qwen3"),
+            "use_cpu": True, "per_device_train_batch_size": 8, "num_generations": 4}
+    cfg = parse_config(base | {"limit": 7})
+    args = resolve_grpo(cfg)
+    per, pad, note = prompt_batches(cfg, args, 7)
+    assert (per, pad) == (2, 1) and "the round's first 1 row(s) are repeated" in note
+    rows = training_rows(cfg, pad)
+    sampler = RepeatSampler(data_source=rows, mini_repeat_count=args.num_generations,
+                            batch_size=args.generation_batch_size // args.num_generations,
+                            repeat_count=args.num_iterations * args.steps_per_generation, shuffle=True, seed=args.seed)
+    seen = {rows[i]["label"] for i in sampler}
+    assert seen == {r["label"] for r in training_rows(cfg)} and len(seen) == 7
+    with pytest.raises(ConfigError, match=r"the round has 1 prompt row\(s\), fewer than one generation batch of 2 prompts"):
+        prompt_batches(parse_config(base | {"limit": 1}), args, 1)
+    path = tmp_path / "round.yaml"
+    path.write_text(yaml.safe_dump(base | {"limit": 7}))
+    res = CliRunner().invoke(cli, ["train", "--config", str(path), "--dry-run"])
+    assert res.exit_code == 0 and "# batches: 7 prompts in generation batches of 2" in res.output, res.output

@@ -221,6 +221,12 @@ def select_prompts(cfg: TrlTrainConfig) -> pl.DataFrame:
     return df
 
 
+def training_rows(cfg: TrlTrainConfig, pad_rows: int = 0) -> list[dict[str, Any]]:
+    """The rows the trainer trains on: the selected prompt rows, then the first `pad_rows` again (`prompt_batches`)."""
+    rows = select_prompts(cfg).to_dicts()
+    return rows + rows[:pad_rows]
+
+
 def round_spec(cfg: TrlTrainConfig) -> dict[str, Any]:
     """What the trainer process needs (written to <train>/trl_round.json)."""
     grpo = grpo_kwargs(cfg)
@@ -341,6 +347,29 @@ def check_prompt_room(cfg: TrlTrainConfig, spec: dict[str, Any], rows: pl.DataFr
     return found
 
 
+def prompt_batches(cfg: TrlTrainConfig, args: Any, prompts: int) -> tuple[int, int, str]:
+    """(prompts per generation batch, rows to repeat, a line for the dry run). TRL 1.16's ``RepeatSampler`` takes the
+    shuffled prompts in chunks of ``generation_batch_size // num_generations`` and drops an incomplete last chunk, so
+    the round's first rows are repeated to whole chunks (`trl_train` adds them); fewer prompts than a chunk is refused."""
+    if cfg.grpo_fields.get("generation_batch_size") is not None:
+        per = int(args.generation_batch_size) // int(args.num_generations)
+        how = f"generation_batch_size {args.generation_batch_size} / num_generations {args.num_generations}"
+    else:  # TRL sizes it in the trainer's processes: per_device_train_batch_size x processes x steps_per_generation
+        per = int(args.per_device_train_batch_size) * cfg.num_processes * int(args.steps_per_generation) // int(args.num_generations)
+        how = (f"per_device_train_batch_size {args.per_device_train_batch_size} x {cfg.num_processes} process(es) x "
+               f"steps_per_generation {args.steps_per_generation} / num_generations {args.num_generations}")
+    per = max(1, per)
+    if prompts < per:
+        raise ConfigError(f"the round has {prompts} prompt row(s), fewer than one generation batch of {per} prompts ({how}): "
+                          "TRL's sampler drops an incomplete batch, so it would train on none; lower "
+                          "per_device_train_batch_size (or generation_batch_size), or give the round more prompts")
+    pad = -prompts % per
+    note = f"{prompts} prompts in generation batches of {per} ({how})"
+    note += (f"; TRL's sampler drops an incomplete batch, so the round's first {pad} row(s) are repeated and every prompt "
+             "trains" if pad else "; every prompt trains (whole batches)")
+    return per, pad, note
+
+
 def response_text(cfg: TrlTrainConfig) -> str:
     """The round's max_completion_length and where it came from (the config, or mentor's default)."""
     return response_limit(cfg.grpo_fields.get("max_completion_length"), "max_completion_length")[1]
@@ -374,6 +403,8 @@ def dry_run_text(cfg: TrlTrainConfig) -> str:
         if "longest prompt" in str(exc):
             raise
         prompts = longest = f"not readable yet: {exc}"
+        selected = None
+    batches = prompt_batches(cfg, args, selected.height)[2] if selected is not None else "(the prompts are not readable yet)"
     resolved = args.to_dict()
     cmd = build_command(cfg, spec["cpu_threads"])
     check_with_accelerate(cmd)
@@ -386,6 +417,7 @@ def dry_run_text(cfg: TrlTrainConfig) -> str:
         f"# prompts: {prompts}",
         f"# longest prompt: {longest}",
         f"# response limit: {response_text(cfg)}",
+        f"# batches: {batches}",
         f"# checked: {check_reward(cfg, dict(os.environ) | build_env(cfg, spec))}",
         f"# final model: {spec['final_model']}",
         "# environment",
@@ -445,10 +477,11 @@ def _clear_stale_logs(directory: Path, run: str) -> int:
 
 def run_round(cfg: TrlTrainConfig) -> dict[str, Any]:
     """Run one TRL round; record the outcome; raise TrainError on failure."""
-    resolve_grpo(cfg)  # TRL's own checks before anything starts
+    args = resolve_grpo(cfg)  # TRL's own checks before anything starts
     spec = round_spec(cfg)
     selected = select_prompts(cfg)
     rows = selected.height
+    spec["pad_rows"] = prompt_batches(cfg, args, rows)[1]
     found = check_prompt_room(cfg, spec, selected)
     check_reward(cfg, dict(os.environ) | build_env(cfg, spec))
     cmd = build_command(cfg, spec["cpu_threads"])
@@ -481,7 +514,7 @@ def run_round(cfg: TrlTrainConfig) -> dict[str, Any]:
     metrics = read_json(metrics_file) if code == 0 and metrics_file.is_file() else {}
     outcome = {"kind": "trl", "trl_version": trl_version()} | outcome_record(
         cfg, code, final, spec["model"], cmd, extra_env, started,
-        prompts_used=rows, steps=metrics.get("global_step"), metrics=metrics.get("last_log"),
+        prompts_used=rows, repeated_rows=spec["pad_rows"], steps=metrics.get("global_step"), metrics=metrics.get("last_log"),
         processes=metrics.get("processes", cfg.num_processes), longest_prompt=found.tokens,
         rollout_run=run_identity(cfg.train_path), rollout_glob=run_glob(cfg.rollout_dir, run_identity(cfg.train_path)),
     )
@@ -530,6 +563,8 @@ __all__ = [
     "resolve_grpo",
     "round_spec",
     "run_round",
+    "prompt_batches",
     "select_prompts",
+    "training_rows",
     "uses_accelerate",
 ]

@@ -23,7 +23,7 @@ from pathlib import Path
 
 from mentor.pipeline.io import write_json_atomic
 from mentor.training.reward_core import STATS
-from mentor.training.trl_launcher import TrlTrainConfig, _die_with_parent, select_prompts
+from mentor.training.trl_launcher import TrlTrainConfig, _die_with_parent, training_rows
 from mentor.training.trl_reward import make_reward
 
 
@@ -51,7 +51,7 @@ def main(argv: list[str]) -> int:
     from trl import GRPOConfig, GRPOTrainer  # likewise
 
     cfg = TrlTrainConfig.model_validate(json.loads((spec_path.parent / "config.json").read_text()))
-    rows = select_prompts(cfg).to_dicts()
+    rows = training_rows(cfg, int(spec.get("pad_rows") or 0))  # whole generation batches: TRL's sampler drops an incomplete one
     dataset = Dataset.from_list(rows)  # columns prompt (chat messages) and label (mentor's JSON label)
     args = GRPOConfig(**spec["grpo"])
     tokenizer = AutoTokenizer.from_pretrained(spec["model"])
