@@ -120,10 +120,12 @@ def write_pad(files: list[str], plan: BatchPlan, out: Path) -> Path | None:
     tables, need = [], plan.pad
     while need:
         for f in files:
-            table = pq.read_table(f)
-            take = table.slice(0, min(need, table.num_rows))
-            tables.append(take)
-            need -= take.num_rows
+            reader = pq.ParquetFile(f)
+            if not reader.metadata.num_rows:
+                continue
+            first = next(reader.iter_batches(batch_size=min(need, reader.metadata.num_rows)))  # only the rows needed
+            tables.append(pa.Table.from_batches([first]).replace_schema_metadata(reader.schema_arrow.metadata))
+            need -= first.num_rows
             if not need:
                 break
     joined = pa.concat_tables(tables, promote_options="default")
