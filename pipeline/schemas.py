@@ -195,7 +195,8 @@ OPENRLHF_RECORD_OPTIONAL: dict[str, type | tuple[type, ...]] = {
     "ts": float,  # wall-clock time of the record
     "pid": int,  # writer process
     "seq": int,  # per-process sequence number (orders records within a shard)
-    "trainer": str,  # "openrlhf" | "verl"
+    "trainer": str,  # "openrlhf" | "verl" | "trl"
+    "run": str,  # the run's identity (MENTOR_RUN_ID; rollout_log.run_identity)
 }
 
 

@@ -22,11 +22,23 @@ stage's executor (in this process or on dask, the same functions):
    problem_id.
 
 The collapse test uses raw correctness (``correct``), never a shaped reward.
+
+The cut is not a collapse. A rollout the trainer cut at its response limit (``truncated``,
+which mentor's reward files log: TRL's completion ids, OpenRLHF's missing end-of-turn
+token, verl's response counted against ``data.max_response_length``) scores 0 whatever
+the policy knew. A collapsed problem where more than ``cut_share`` (default: half) of the
+valid rollouts were cut failed mostly at the limit: pass 1 sets it apart (counted
+``cut``, listed in ``cut.jsonl`` with its counts), it is not written to
+``collapsed.parquet`` and so never hinted; the fix is a longer response limit, which
+``mentor status`` and ``mentor inspect`` say. ``collapsed`` still counts every problem
+whose rollouts all failed (the collapse rate); ``collapsed - cut`` go on to be hinted.
+Rollouts without a ``truncated`` value count as not cut.
 """
 
 from __future__ import annotations
 
 import logging
+import os
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -61,6 +73,11 @@ class MineConfig(BaseModel):
     failed_budget_chars: int = Field(
         2000, ge=64, le=2**31 - 1, description="Each kept failed response is cut to this many characters, keeping mostly its end."
     )
+    cut_share: float = Field(
+        0.5, ge=0.0, le=1.0, description="A collapsed problem is set apart as cut at the response limit (not hinted, counted "
+        "in `cut`) when more than this share of its valid rollouts were cut (truncated); the fix is a longer response limit. "
+        "1.0: never set apart (hint every collapsed problem)."
+    )
     solutions: str | None = Field(
         None, description="Reference solutions carried into the collapsed set (its solution column, which the hint agents "
         "read): a Parquet or JSONL file with problem_id and solution, e.g. a base set with a solution column; default: the "
@@ -79,11 +96,15 @@ QUARANTINE_REASONS = (
     "problem_id_missing", "round_invalid", "sample_idx_invalid", "correct_missing", "correct_out_of_range", "duplicate_key",
 )
 MINE_STATS = StatsLayout(
-    counters=("rollouts", "problems", "collapsed", "all_correct", "mixed", "too_few_rollouts", "shards"),
+    counters=("rollouts", "problems", "collapsed", "cut", "all_correct", "mixed", "too_few_rollouts", "shards"),
     groups={"quarantined": QUARANTINE_REASONS},
-    ratios={"collapse_rate": ("collapsed", "problems")},
+    ratios={"collapse_rate": ("collapsed", "problems"), "cut_share": ("cut", "collapsed")},
     totals={"quarantined_total": "quarantined"},
 )
+CUT_FILE = "cut.jsonl"
+CUT_SCHEMA = {"problem_id": pl.String, "round": pl.Int32, "n_rollouts": pl.Int32, "n_valid": pl.Int32, "n_cut": pl.Int32}
+CUT_FIX = ("these problems failed mostly at the response limit, not for want of a hint: raise the round's response limit "
+           "(verl data.max_response_length, TRL max_completion_length, OpenRLHF rollout.max_new_tokens) and train them again")
 ROWS_PER_PART = 4_000_000  # rollouts counted per part: the group-by state of ~1M problems
 
 # --------------------------------------------------------------------------- row checks
@@ -108,6 +129,13 @@ def _scan(path: str | list[str], correct_col: str) -> pl.LazyFrame:
     return lf
 
 
+def _truncated(lf: pl.LazyFrame) -> pl.Expr:
+    """Whether a rollout was cut at the response limit (False where the log does not say)."""
+    if "truncated" in lf.collect_schema().names():
+        return pl.col("truncated").cast(pl.Boolean).fill_null(False)
+    return pl.lit(False)
+
+
 # --------------------------------------------------------------------------- pass 1: counts
 
 
@@ -118,9 +146,10 @@ def count_part(part: int, files: list[str], cfg: MineConfig, parts: int = 1) -> 
     the first and last file holding its rollouts), ``kinds`` (problems per kind,
     distinct and duplicate rollouts) and ``rows`` (the row-level quarantine counters).
     """
+    scans = [_scan(f, cfg.correct_col) for f in files]
     rows = pl.concat(
-        [_scan(f, cfg.correct_col).select("problem_id", "round", "sample_idx", "correct", _file=pl.lit(i, pl.Int32))
-         for i, f in enumerate(files)]
+        [lf.select("problem_id", "round", "sample_idx", "correct", _cut=_truncated(lf), _file=pl.lit(i, pl.Int32))
+         for i, lf in enumerate(scans)]
     )
     if parts > 1:  # every row, a null or empty id too, hashes to exactly one part
         rows = rows.filter(pl.col("problem_id").hash() % parts == part)
@@ -133,12 +162,15 @@ def count_part(part: int, files: list[str], cfg: MineConfig, parts: int = 1) -> 
             max_c=pl.when(_VALID).then(_C).max(),
             min_c=pl.when(_VALID).then(_C).min(),
             round=pl.when(_VALID).then(pl.col("round")).max(),
+            n_cut=(_VALID & pl.col("_cut")).sum(),
             first_file=pl.col("_file").min(),
             last_file=pl.col("_file").max(),
         )
         .with_columns(
             kind=pl.when(pl.col("n_rollouts") < cfg.min_rollouts)
             .then(pl.lit("too_few_rollouts"))
+            .when((pl.col("max_c") <= cfg.threshold) & (pl.col("n_cut") > cfg.cut_share * pl.col("n_valid")))
+            .then(pl.lit("cut"))
             .when(pl.col("max_c") <= cfg.threshold)
             .then(pl.lit("collapsed"))
             .when(pl.col("min_c") >= 1.0)
@@ -149,11 +181,16 @@ def count_part(part: int, files: list[str], cfg: MineConfig, parts: int = 1) -> 
     collapsed = per.filter(pl.col("kind") == "collapsed").select(
         "problem_id", pl.col("round").cast(pl.Int32).alias("latest_round"), "n_valid", "n_rollouts", "first_file", "last_file"
     )
+    cut = per.filter(pl.col("kind") == "cut").select(
+        "problem_id", pl.col("round").cast(pl.Int32), pl.col("n_rollouts").cast(pl.Int32), pl.col("n_valid").cast(pl.Int32),
+        pl.col("n_cut").cast(pl.Int32))
     kinds = per.select(
         problems=pl.len(),
         rollouts=pl.col("n_rollouts").sum(),
         duplicate_key=(pl.col("n_valid") - pl.col("n_rollouts")).sum(),
-        **{k: (pl.col("kind") == k).sum() for k in ("collapsed", "all_correct", "mixed", "too_few_rollouts")},
+        cut=(pl.col("kind") == "cut").sum(),
+        collapsed=pl.col("kind").is_in(["collapsed", "cut"]).sum(),
+        **{k: (pl.col("kind") == k).sum() for k in ("all_correct", "mixed", "too_few_rollouts")},
     )
     quarantine = rows.select(
         problem_id_missing=(~_PID_OK).sum(),
@@ -162,14 +199,14 @@ def count_part(part: int, files: list[str], cfg: MineConfig, parts: int = 1) -> 
         correct_missing=(_KEY_OK & _NO_VALUE).sum(),
         correct_out_of_range=(_KEY_OK & ~_NO_VALUE & ~_C.is_between(0, 1)).sum(),
     )
-    # One scan of the part feeds all three (polars shares the common subplan).
-    collapsed, kinds, quarantine = pl.collect_all([collapsed, kinds, quarantine], engine="streaming")
-    return {"collapsed": collapsed, "kinds": kinds.row(0, named=True), "rows": quarantine.row(0, named=True)}
+    # One scan of the part feeds all four (polars shares the common subplan).
+    collapsed, cut, kinds, quarantine = pl.collect_all([collapsed, cut, kinds, quarantine], engine="streaming")
+    return {"collapsed": collapsed, "cut": cut, "kinds": kinds.row(0, named=True), "rows": quarantine.row(0, named=True)}
 
 
 def _add_counts(stats: Stats, part: dict) -> None:
     kinds = part["kinds"]
-    for name in ("problems", "rollouts", "collapsed", "all_correct", "mixed", "too_few_rollouts"):
+    for name in ("problems", "rollouts", "collapsed", "cut", "all_correct", "mixed", "too_few_rollouts"):
         stats.add(name, kinds[name] or 0)
     stats.add("quarantined", kinds["duplicate_key"] or 0, reason="duplicate_key")
     for reason, n in part["rows"].items():
@@ -395,6 +432,7 @@ class Mined:
 
     stats: Stats
     chunks: Iterator[pl.DataFrame]
+    cut: pl.DataFrame | None = None  # the collapsed problems set apart as cut at the response limit (CUT_SCHEMA)
 
 
 def _check_correct_col(paths: list[Path], cfg: MineConfig) -> None:
@@ -424,16 +462,26 @@ def mine_iter(sources: Sequence[str], cfg: MineConfig, history: Sequence[str] = 
     stats.shards = len(files)
     rows = sum(pq.ParquetFile(f).metadata.num_rows for f in files)
     parts = max(1, -(-rows // ROWS_PER_PART))
-    collapsed = []
+    collapsed, cut = [], []
     for part in executor.imap(count_part, range(parts), files, cfg, parts):
         _add_counts(stats, part)
         collapsed.append(part["collapsed"])
-    log.info("counted %d problems, %d collapsed", stats.problems, stats.collapsed)
+        cut.append(part["cut"])
+    log.info("counted %d problems, %d collapsed (%d of them cut at the response limit: not hinted)",
+             stats.problems, stats.collapsed, stats.cut)
     past = history_frames(history) if history else (None, None)
     sols = load_solutions(cfg.solutions, "--solutions")
     solutions = pl.DataFrame({"problem_id": list(sols), "solution": list(sols.values())},
                              schema={"problem_id": pl.String, "solution": pl.String})
-    return Mined(stats, _chunks(files, pl.concat(collapsed), cfg, past, executor, solutions))
+    cut_rows = pl.concat(cut).sort("problem_id")
+    return Mined(stats, _chunks(files, pl.concat(collapsed), cfg, past, executor, solutions), cut_rows)
+
+
+def _write_cut(cut: pl.DataFrame, path: Path) -> None:
+    """One JSON line per problem set apart as cut (a temporary name, then renamed)."""
+    tmp = path.with_name(f".{path.name}.tmp")
+    cut.write_ndjson(tmp)
+    os.replace(tmp, path)
 
 
 def _chunks(files: list[str], collapsed: pl.DataFrame, cfg: MineConfig, history, executor: Executor,
@@ -476,7 +524,8 @@ class MineInputs(BaseModel):
 
 
 class MineStage(Stage):
-    """The stage: mine rollout shards into ``collapsed.parquet`` (streamed) and ``stats.json``.
+    """The stage: mine rollout shards into ``collapsed.parquet`` (streamed), ``cut.jsonl`` (the collapsed problems
+    set apart as cut at the response limit; not Parquet, so a reader of the folder's Parquet sees only collapsed rows) and ``stats.json``.
 
     Both are written into a fresh folder swapped in at the end: a kill or an error
     leaves the old pair or the new one.
@@ -485,7 +534,7 @@ class MineStage(Stage):
     name = "mine"
     Inputs = MineInputs
     Config = MineConfig
-    owns = Owns(("collapsed.parquet", "stats.json"))
+    owns = Owns(("collapsed.parquet", CUT_FILE, "stats.json"))
     summary = ("collapsed", "problems")
 
     def plan(self, inputs: MineInputs, cfg: MineConfig, out_dir: Path) -> MineInputs:
@@ -499,6 +548,9 @@ class MineStage(Stage):
                 write(chunk)
                 del chunk  # (before the next shard is read)
         fault_point("mine.after_collapsed")
+        _write_cut(mined.cut if mined.cut is not None else pl.DataFrame(schema=CUT_SCHEMA), out_dir / CUT_FILE)
+        if mined.stats.cut:
+            mined.stats.extra["cut_fix"] = CUT_FIX
         mined.stats.extra["config"] = cfg.model_dump()
         return mined.stats
 

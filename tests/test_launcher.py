@@ -136,7 +136,12 @@ def test_prompts_over_openrlhfs_limit_raise_it_or_are_refused(tmp_path, fake_pyt
                       python=fake_python)
     cmd, found = round_command(cfg, dry_run=True)
     assert found.tokens > 1100 and found.rows == 164
-    assert cmd[cmd.index("--data.max_len") + 1] == str(found.tokens + 1024)  # room for a 1024-token response
+    from mentor.training.prompt_limits import prompt_room
+
+    # The response limit is explicit (mentor's 4096, not OpenRLHF's max_len - prompt); max_len holds the longest prompt,
+    # its margin and a whole response.
+    assert cmd[cmd.index("--rollout.max_new_tokens") + 1] == "4096"
+    assert cmd[cmd.index("--data.max_len") + 1] == str(prompt_room(found.tokens) + 4096) and prompt_room(found.tokens) > found.tokens
     small = cfg.model_copy(update={"extra_args": {"data.max_len": 2048, "rollout.max_new_tokens": 1024}})
     with pytest.raises(ConfigError, match=rf"longest prompt is {found.tokens} tokens .*data.max_len=2048 and "
                                           rf"rollout.max_new_tokens=1024 OpenRLHF keeps only the last 1024 tokens"):

@@ -150,7 +150,7 @@ def test_settings_travel_in_the_ray_job_config(tmp_path, monkeypatch):
 
     from mentor.pipeline.errors import ConfigError
     from mentor.training.openrlhf_launcher import TrainConfig, build_env
-    from mentor.training.rollout_log import RAY_JOB_CONFIG_ENV, ray_job_config_env, reward_env_vars
+    from mentor.training.rollout_log import RAY_JOB_CONFIG_ENV, ray_job_config_env, reward_env_vars, run_identity
 
     monkeypatch.setenv("MENTOR_CODE_TIMEOUT", "7")
     monkeypatch.setenv("UNRELATED", "x")
@@ -161,6 +161,7 @@ def test_settings_travel_in_the_ray_job_config(tmp_path, monkeypatch):
     assert job == {"runtime_env": {"env_vars": {
         "MENTOR_CODE_TIMEOUT": "7", "MENTOR_ROLLOUT_FSYNC": "1", "MENTOR_ROUND": "2",
         ENV_DIR: str(tmp_path / "round-002" / "rollouts" / "log"),
+        "MENTOR_RUN_ID": run_identity(tmp_path / "round-002" / "train"),
     }}}
     # Inside `ray job submit`: its runtime env (working_dir, its own variables) is kept, mentor's dir wins.
     outer = json.dumps({"runtime_env": {"working_dir": "/code", "env_vars": {"NCCL_DEBUG": "INFO", ENV_DIR: "/elsewhere"}},

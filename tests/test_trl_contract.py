@@ -123,7 +123,12 @@ def test_grpo_trainer_calls_mentor_reward(tiny_model, rows, tmp_path, monkeypatc
     assert df.filter(pl.col("domain") == "math")["hint_id"].to_list() == [HINT] * 4
     assert df["truncated"].null_count() == 0  # known for every rollout, from TRL's completion ids
     assert df["prompt"].str.contains("<|im_start|>assistant", literal=True).all()  # as the model saw it (chat template)
-    assert df["correct"].sum() == 0 and collapsed.height == 2  # a random model solves nothing: both collapse
+    # A random model solves nothing: both collapse. Those whose rollouts were mostly cut at max_completion_length (16
+    # tokens, from TRL's completion ids) are set apart by mine, not hinted; the rest are hinted.
+    stats = json.loads((tmp_path / "train-mined" / "stats.json").read_text())
+    cut = df.group_by("problem_id").agg(pl.col("truncated").sum() > pl.len() / 2).get_column("truncated").sum()
+    assert df["correct"].sum() == 0 and stats["collapsed"] == 2
+    assert stats["cut"] == cut and collapsed.height == 2 - cut
 
     # The same call with known completions: the right reward for each.
     monkeypatch.setenv("MENTOR_ROLLOUT_DIR", str(tmp_path / "log2"))
@@ -146,7 +151,11 @@ def test_mentor_train_kind_trl_one_step(tiny_model, rows, tmp_path):
     write_parquet_atomic(pl.DataFrame(rows), prompts / "part-00000.parquet", dataset="prompts")
     logs = round_dir / "train" / "logs"
     logs.mkdir(parents=True)
-    (logs / "trl-stale-1-abc.jsonl").write_text('{"left": "by a killed attempt"}\n')
+    from mentor.training.rollout_log import run_identity
+
+    run = run_identity(round_dir / "train")
+    (logs / f"trl-{run}-stale-1-abc.jsonl").write_text('{"left": "by a killed attempt of this round"}\n')
+    (logs / "trl-0123456789ab-other-2-abc.jsonl").write_text('{"left": "by another run sharing the folder"}\n')
     cfg = {"kind": "trl", "round": 1, "round_dir": str(round_dir), "actor_model": tiny_model, "rollout_log_dir": str(logs),
            "select": "hinted", "max_steps": 1, "per_device_train_batch_size": 4, "max_completion_length": 16,
            "save_strategy": "no", "logging_steps": 1}
@@ -159,7 +168,8 @@ def test_mentor_train_kind_trl_one_step(tiny_model, rows, tmp_path):
     assert os.path.isfile(os.path.join(outcome["final_model"], "model.safetensors"))
     assert outcome["env"]["OMP_NUM_THREADS"] == "1"
     assert "rewards/mentor_correct/mean" in outcome["metrics"]
-    shards = sorted(logs.glob("*.jsonl"))
+    assert (logs / "trl-0123456789ab-other-2-abc.jsonl").is_file()  # another run's shard is never touched
+    shards = sorted(logs.glob(f"trl-{run}-*.jsonl"))
     assert len(shards) == 1 and "stale" not in shards[0].name  # the killed attempt's shard is gone
     recs = [json.loads(line) for line in shards[0].read_text().splitlines()]
     assert len(recs) == 4 and {r["hint_id"] for r in recs} == {HINT} and {r["trainer"] for r in recs} == {"trl"}

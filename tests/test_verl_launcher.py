@@ -88,7 +88,9 @@ def test_dry_run_checked_by_verls_own_config(tmp_path, round_dir):
     # the GPUs, the checkpoint folder and the rollout dir for the Ray workers.
     c = compose(cmd[3:])
     shards = sorted(str(p.resolve()) for p in (round_dir / "prompts").glob("part-*.parquet"))
-    assert len(shards) == 2 and list(c.data.train_files) == shards
+    pad = str(round_dir.resolve() / "train" / "verl-pad.parquet")  # 1,319 prompts in batches of 64: 25 rows repeated
+    assert len(shards) == 2 and list(c.data.train_files) == [*shards, pad]
+    assert "# batches: 1319 prompts, data.train_batch_size=64 (from the overrides), 21 step(s) per epoch" in out
     assert c.algorithm.adv_estimator == "grpo" and c.actor_rollout_ref.rollout.n == 4
     assert c.actor_rollout_ref.model.path == "Qwen/Qwen2.5-1.5B-Instruct"
     assert c.reward.custom_reward_function.path.endswith("training/verl_reward.py")
@@ -127,7 +129,9 @@ def test_the_prompt_limit_holds_the_longest_hinted_prompt(tmp_path, tiny_model):
     cfg = parse_config(_base(d, base_model=str(tiny_model), round=0))
     out = dry_run_text(cfg)
     cmd = shlex.split(next(ln for ln in out.splitlines() if "verl.trainer.main_ppo" in ln))
-    assert compose(cmd[3:]).data.max_prompt_length == want  # what main_ppo's own Hydra reads
+    from mentor.training.prompt_limits import prompt_room
+
+    assert compose(cmd[3:]).data.max_prompt_length == prompt_room(want) > want  # what main_ppo's own Hydra reads, with the margin
     assert f"# longest prompt: {want} tokens ({tiny_model}, {len(prompts)} prompts, measured)" in out
     # A limit the user set below it: refused with both numbers, before anything starts.
     low = parse_config(_base(d, base_model=str(tiny_model), overrides={"data.max_prompt_length": 512, "data.train_batch_size": 64,
@@ -233,15 +237,15 @@ def test_rerun_drops_the_rollouts_after_the_last_checkpoint(tmp_path):
     (ckpt / "latest_checkpointed_iteration.txt").write_text("20")
     cut = (ckpt / "latest_checkpointed_iteration.txt").stat().st_mtime
     recs = [{"problem_id": f"p{i}", "ts": cut + (i - 2)} for i in range(5)]  # 3 before or at the save, 2 after
-    (logs / "verl-host-1-aa.jsonl").write_text("".join(json.dumps(r) + "\n" for r in recs))
+    (logs / "verl-0123456789ab-host-1-aa.jsonl").write_text("".join(json.dumps(r) + "\n" for r in recs))
     (logs / "other.jsonl").write_text("{}\n")
     from mentor.training.verl_checkpoints import last_checkpoint
 
-    note = prepare_logs(logs, last_checkpoint(ckpt))
+    note = prepare_logs(logs, last_checkpoint(ckpt), "0123456789ab")
     assert note == "resuming from checkpoint step 20: dropped 2 rollout record(s) logged after it"
-    kept = [json.loads(ln)["problem_id"] for ln in (logs / "verl-host-1-aa.jsonl").read_text().splitlines()]
+    kept = [json.loads(ln)["problem_id"] for ln in (logs / "verl-0123456789ab-host-1-aa.jsonl").read_text().splitlines()]
     assert kept == ["p0", "p1", "p2"]
-    assert prepare_logs(logs, None) == "removed 1 rollout shard(s) of an earlier, unfinished attempt"
+    assert prepare_logs(logs, None, "0123456789ab") == "removed 1 rollout shard(s) of an earlier, unfinished attempt"
     assert sorted(p.name for p in logs.iterdir()) == ["other.jsonl"]
 
 
@@ -300,7 +304,10 @@ def test_workflow_round_trains_with_verl_and_merges_the_model(tmp_path, tiny_mod
     assert outcome["checkpoint"] == str(train / "ckpt" / "global_step_1" / "actor")
     assert outcome["merge_command"][1:5] == ["-m", "verl.model_merger", "merge", "--backend"]
     seen = json.loads((train / "ckpt" / "standin.json").read_text())
-    assert seen["train_files"] == [str(p) for p in sorted((run_dir / "round-000" / "prompts").glob("part-*.parquet"))]
+    shards = sorted((run_dir / "round-000" / "prompts").glob("part-*.parquet"))
+    rows = pl.read_parquet(shards).height  # in batches of 4: the first rows repeated to a whole batch
+    assert seen["train_files"] == [str(p) for p in shards] + ([str(train / "verl-pad.parquet")] if rows % 4 else [])
+    assert outcome["repeated_rows"] == -rows % 4 and outcome["prompts_used"] == rows
     assert (seen["n"], seen["adv_estimator"], seen["env_vars"]["MENTOR_ROUND"]) == (4, "grpo", "1")
     # verl's own run_ppo started Ray (ray.init with verl's runtime env merged with the job's); the TaskRunner
     # actor got the rollout dir from that runtime env, as a worker on another node would.
@@ -311,9 +318,11 @@ def test_workflow_round_trains_with_verl_and_merges_the_model(tmp_path, tiny_mod
 
     tok = AutoTokenizer.from_pretrained(tiny_model)
     prompts = pl.read_parquet(run_dir / "round-000" / "prompts" / "*.parquet")["prompt"].to_list()
-    assert seen["max_prompt_length"] == max(
+    from mentor.training.prompt_limits import prompt_room
+
+    assert seen["max_prompt_length"] == prompt_room(max(
         len(tok(tok.apply_chat_template(p, tokenize=False, add_generation_prompt=True), add_special_tokens=False)["input_ids"])
-        for p in prompts)
+        for p in prompts))
     assert seen["scores"] == [1.0, 0.0, 1.0, 0.0] * 2
 
     # The merged model is a Hugging Face folder: the original weights (in bfloat16, as the merger saves them)

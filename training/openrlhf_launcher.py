@@ -13,12 +13,13 @@ The command (flags as OpenRLHF 0.11.2's ``train_ppo_ray`` parser spells them)::
       --actor.num_nodes/--actor.num_gpus_per_node/--ref.*/--vllm.num_engines/... from the config
       <extra_args from the config>
 
-Prompts are never cut (`mentor.training.prompt_limits`): OpenRLHF keeps only the
-last ``data.max_len - rollout.max_new_tokens`` tokens of a prompt, so the launcher
-measures the round's longest prompt in the policy's tokens and, where
-``data.max_len`` is not set, raises it above OpenRLHF's 2048 when that prompt and
-its response (``rollout.max_new_tokens``, else 1024) need more; a ``data.max_len``
-set in ``extra_args`` that cannot hold it is refused. The trainer's own Python
+Prompts are never cut and responses have an explicit limit (`mentor.training.prompt_limits`):
+``rollout.max_new_tokens`` is extra_args' value or mentor's 4096 (OpenRLHF's own default
+is none: ``data.max_len`` 2048 minus the prompt); OpenRLHF keeps only the last
+``data.max_len - rollout.max_new_tokens`` tokens of a prompt, so the launcher measures
+the round's longest prompt in the policy's tokens and, where ``data.max_len`` is not set,
+sets it to that prompt plus its margin plus the response limit (at least OpenRLHF's
+2048); a ``data.max_len`` set in ``extra_args`` that cannot hold them is refused. The trainer's own Python
 (``python``) loads the reward file first, as OpenRLHF will.
 
 It runs with ``MENTOR_ROLLOUT_DIR`` pointing at the round's rollout log dir,
@@ -60,16 +61,19 @@ from mentor.training.launcher import ModelRef, RewardFile, RoundConfig, finish_r
 from mentor.training.openrlhf_check import check_with_openrlhf
 from mentor.training.openrlhf_placement import round_demand
 from mentor.training.prompt_format import check_template_kwargs, openrlhf_data_flags
-from mentor.training.prompt_limits import LongestPrompt, longest_prompt, require
+from mentor.training.prompt_limits import LongestPrompt, longest_prompt, require, response_limit
 from mentor.training.ray_preflight import check_reward_reach, probe_cluster
 from mentor.training.reward_check import check_reward_loads
 from mentor.training.rollout_log import (
     ENV_DIR,
     ENV_ROUND,
+    ENV_RUN,
     RAY_JOB_CONFIG_ENV,
     check_rollout_reach,
     ray_job_config_env,
     reward_env_vars,
+    run_glob,
+    run_identity,
 )
 
 log = logging.getLogger(__name__)
@@ -183,36 +187,42 @@ def _extra_argv(extra: dict[str, Any]) -> list[str]:
 
 MAX_LEN, MAX_NEW = "data.max_len", "rollout.max_new_tokens"
 OPENRLHF_MAX_LEN = 2048  # --data.max_len's default in OpenRLHF 0.11.2 (prompt + response)
-RESPONSE_ROOM = 1024  # room kept for a response when rollout.max_new_tokens is unset (OpenRLHF's budget is then dynamic)
+
+
+def response_tokens(cfg: TrainConfig) -> tuple[int, str]:
+    """``rollout.max_new_tokens``: extra_args' value, else mentor's default (OpenRLHF's own: max_len - prompt)."""
+    extra = {k.removeprefix("--"): v for k, v in cfg.extra_args.items()}
+    return response_limit(extra.get(MAX_NEW), MAX_NEW)
 
 
 def prompt_limit(cfg: TrainConfig, dry_run: bool = False) -> tuple[list[str], LongestPrompt]:
-    """The ``--data.max_len`` flags the round needs so that OpenRLHF cuts no prompt (none when the default holds
-    them or the config sets it), and the measured longest prompt. A ``data.max_len`` set too small is refused."""
+    """The ``--rollout.max_new_tokens`` and ``--data.max_len`` flags the round needs (the response limit; room for the
+    longest prompt plus its margin and a whole response), and the measured longest prompt. A ``data.max_len`` set
+    too small for the longest prompt and the response limit is refused."""
     model = actor_model(cfg)
+    extra = {k.removeprefix("--"): v for k, v in cfg.extra_args.items()}
+    new, _ = response_tokens(cfg)
+    flags = [f"--{MAX_NEW}", str(new)] if extra.get(MAX_NEW) is None else []
     try:
         files = resolve_inputs(cfg.prompt_dataset.split(","), suffixes=(".parquet",))
     except ConfigError as exc:
         if not dry_run:
             raise ConfigError(f"prompts {cfg.prompt_dataset}: {exc}; run `mentor build` first (or set prompts)") from None
-        return [], LongestPrompt(None, 0, model, "measured", f"the prompts are not there yet ({exc})")
+        return flags, LongestPrompt(None, 0, model, "measured", f"the prompts are not there yet ({exc})")
     found = longest_prompt(files, model, cache=True)
     tokens = require(found, dry_run)
-    extra = {k.removeprefix("--"): v for k, v in cfg.extra_args.items()}
-    new = int(extra[MAX_NEW]) if extra.get(MAX_NEW) else None
     if tokens is None:
-        return [], found
+        return flags, found
     if extra.get(MAX_LEN) is not None:
         given = int(extra[MAX_LEN])
-        if tokens + (new or 1) > given:
+        if tokens + new > given:
             raise ConfigError(
                 f"the round's longest prompt is {tokens} tokens ({found.tokenizer}); with data.max_len={given}"
-                + (f" and rollout.max_new_tokens={new}" if new else "") + f" OpenRLHF keeps only the last "
-                f"{given - (new or 1)} tokens of a prompt: raise data.max_len to at least {tokens + (new or 1)} (or leave "
-                "it unset and mentor sets it), or make the hints shorter")
-        return [], found
-    need = tokens + (new or RESPONSE_ROOM)
-    return ([f"--{MAX_LEN}", str(need)] if need > OPENRLHF_MAX_LEN else []), found
+                f" and rollout.max_new_tokens={new} OpenRLHF keeps only the last "
+                f"{given - new} tokens of a prompt: raise data.max_len to at least {tokens + new} (or leave "
+                "it unset and mentor sets it), lower rollout.max_new_tokens, or make the hints shorter")
+        return flags, found
+    return flags + [f"--{MAX_LEN}", str(max(OPENRLHF_MAX_LEN, found.limit + new))], found
 
 
 def round_command(cfg: TrainConfig, dry_run: bool = False) -> tuple[list[str], LongestPrompt]:
@@ -272,7 +282,7 @@ def build_env(cfg: TrainConfig) -> dict[str, str]:
     engines' actors, which run the reward function, get them on every node, on a fresh
     local cluster and on one started by ``ray start`` alike.
     """
-    env = {ENV_DIR: str(cfg.rollout_dir.resolve()), ENV_ROUND: str(cfg.round)}
+    env = {ENV_DIR: str(cfg.rollout_dir.resolve()), ENV_ROUND: str(cfg.round), ENV_RUN: run_identity(cfg.train_path)}
     env.update(cfg.env)
     current = env.get(RAY_JOB_CONFIG_ENV, os.environ.get(RAY_JOB_CONFIG_ENV))
     env.update(ray_job_config_env(reward_env_vars(os.environ, env), current))
@@ -288,7 +298,8 @@ def dry_run_text(cfg: TrainConfig, args: Any = None, planned: tuple[list[str], L
     cmd, found = planned or round_command(cfg, dry_run=True)
     env = build_env(cfg)
     lines = ["# environment"] + [f"export {k}={shlex.quote(v)}" for k, v in env.items()] + ["# command", shlex.join(cmd)]
-    lines += [f"# longest prompt: {found.describe()}", f"# checked: {check_reward(cfg, dict(os.environ) | env)}"]
+    lines += [f"# longest prompt: {found.describe()}", f"# response limit: {response_tokens(cfg)[1]}",
+              f"# checked: {check_reward(cfg, dict(os.environ) | env)}"]
     if args is not None:
         demand = round_demand(cmd, args)
         lines.append(f"# GPUs: this round needs {demand.describe()} (not checked against a cluster in a dry run)")
@@ -361,7 +372,8 @@ def run_round(cfg: TrainConfig) -> dict[str, Any]:
             fh.write(f"cannot start {cmd[0]}: {exc}\n")
     final = cfg.output_dir if code == 0 and cfg.output_dir.exists() else None
     outcome = outcome_record(cfg, code, final, cmd[cmd.index("--actor.model_name_or_path") + 1], cmd, extra_env, started,
-                             preflight=checked, longest_prompt=found.tokens)
+                             preflight=checked, longest_prompt=found.tokens, rollout_run=run_identity(cfg.train_path),
+                             rollout_glob=run_glob(cfg.rollout_dir, run_identity(cfg.train_path)))
     if code == 0 and final is None:
         outcome["warning"] = f"the trainer exited 0 but {cfg.output_dir} does not exist"
     return finish_round(cfg, outcome, f"the trainer exited with code {code}" if code != 0 else None)

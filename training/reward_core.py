@@ -15,11 +15,12 @@ import threading
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from mentor.pipeline.ids import text_id
 from mentor.pipeline.schemas import parse_prompt_label
 from mentor.training.code_verify import strip_trailing_tokens
-from mentor.training.rollout_log import make_record, resolve_rollout_dir, rollout_log
+from mentor.training.rollout_log import ENV_POLICY_TOKENIZER, ENV_RESPONSE_LIMIT, make_record, resolve_rollout_dir, rollout_log
 from mentor.training.verify import reference_of, verify
 
 log = logging.getLogger(__name__)
@@ -101,6 +102,40 @@ def split_query(query: str, prompt: str) -> tuple[str, bool]:
             response = query[cut:] if cut >= 0 else query
             count("query_prompt_mismatch")
     return strip_trailing_tokens(response, END_TOKEN, starts="<")
+
+
+_TOKENIZERS: dict[str, Any] = {}
+_TOK_LOCK = threading.Lock()
+
+
+def counted_truncation(response: str) -> bool | None:
+    """Whether `response` hit the response limit, by counting its tokens against ``MENTOR_RESPONSE_LIMIT`` with the
+    tokenizer in ``MENTOR_POLICY_TOKENIZER`` (for trainers that pass only the decoded text: verl). A response the
+    trainer cut has exactly the limit's tokens; decoded and tokenized again it can come out a few shorter, so it
+    counts as cut from the limit less 1% (at least 4 tokens). None when either variable is unset or the tokenizer
+    cannot be loaded."""
+    limit, name = os.environ.get(ENV_RESPONSE_LIMIT), os.environ.get(ENV_POLICY_TOKENIZER)
+    if not limit or not name:
+        return None
+    try:
+        limit_n = int(limit)
+        with _TOK_LOCK:
+            if name not in _TOKENIZERS:
+                try:
+                    from transformers import AutoTokenizer  # the trainer's: heavy
+
+                    _TOKENIZERS[name] = AutoTokenizer.from_pretrained(name)
+                except Exception:
+                    log.exception("mentor reward: cannot load the tokenizer %s; truncation is not recorded", name)
+                    _TOKENIZERS[name] = None
+            tok = _TOKENIZERS[name]
+        if tok is None:
+            return None
+        n = len(tok(response or "", add_special_tokens=False)["input_ids"])
+    except Exception:
+        count("truncation_count_error")
+        return None
+    return n >= limit_n - max(4, limit_n // 100)
 
 
 _DIRS: dict[str, Path | None] = {}

@@ -1,9 +1,19 @@
 """Per-process JSONL shards of rollout records, written by the reward functions.
 
 Every rollout the trainer scores becomes one line, a `schemas.OPENRLHF_RECORD_FIELDS`
-record (plus the optional fields), in ``<rollout dir>/<trainer>-<host>-<pid>-<rand>.jsonl``.
+record (plus the optional fields), in ``<rollout dir>/<trainer>-<run>-<host>-<pid>-<rand>.jsonl``.
 `mentor ingest --format openrlhf <rollout dir>` turns the shards into canonical
 rollouts.
+
+The run's identity. ``<run>`` (and each record's ``run`` field) is ``MENTOR_RUN_ID``,
+which every launcher sets to `run_identity` of the round's train folder: a rerun of
+the same round has the same identity, another run (another round folder) has another,
+even where several runs share one ``rollout_log_dir``. A launcher cleans a killed
+attempt's shards with `run_shards` (its own identity only) and never touches the
+shards of another run or of a writer without an identity (``<trainer>-<host>-...``,
+written outside `mentor train`). To read one run of a shared folder:
+``mentor ingest --format openrlhf '<dir>/*-<run>-*.jsonl'`` (outcome.json gives the
+run's ``rollout_glob``).
 
 Durability. Each record is encoded to one ``bytes`` line and handed to the
 kernel with a single ``os.write`` on an ``O_APPEND`` descriptor, under a lock
@@ -40,6 +50,7 @@ cannot read (a local path on a multi-node cluster).
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import itertools
 import json
 import logging
@@ -59,6 +70,9 @@ log = logging.getLogger(__name__)
 ENV_DIR = "MENTOR_ROLLOUT_DIR"
 ENV_FSYNC = "MENTOR_ROLLOUT_FSYNC"
 ENV_ROUND = "MENTOR_ROUND"
+ENV_RUN = "MENTOR_RUN_ID"
+ENV_RESPONSE_LIMIT = "MENTOR_RESPONSE_LIMIT"  # the response limit the launcher set, in tokens (verl's reward counts to it)
+ENV_POLICY_TOKENIZER = "MENTOR_POLICY_TOKENIZER"  # the policy's tokenizer: its model folder or name
 CONFIG_NAME = "mentor_reward.json"
 # The reward path's settings (rollout dir, fsync, verifier and sandbox limits) all start so.
 REWARD_ENV_PREFIX = "MENTOR_"
@@ -175,6 +189,23 @@ def check_rollout_reach(cluster: dict | None, directory: str | os.PathLike) -> l
     return [str(n.get("host")) for n in cluster.get("nodes", [])]
 
 
+def run_identity(train_path: str | os.PathLike) -> str:
+    """The identity of the run that trains in `train_path`: the same for every attempt of that round, another
+    for every other round folder (12 hex digits of the folder's absolute path)."""
+    return hashlib.sha256(str(Path(train_path).resolve()).encode()).hexdigest()[:12]
+
+
+def run_shards(directory: str | os.PathLike, trainer: str, run: str) -> list[Path]:
+    """The shards of `directory` that run `run` of `trainer` wrote (none of another run's, none without an identity)."""
+    d = Path(directory)
+    return sorted(d.glob(f"{trainer}-{run}-*.jsonl")) if d.is_dir() else []
+
+
+def run_glob(directory: str | os.PathLike, run: str) -> str:
+    """A glob of every shard of run `run` in `directory`, whatever trainer wrote it (for `mentor ingest`)."""
+    return str(Path(directory) / f"*-{run}-*.jsonl")
+
+
 def write_reward_config(reward_file_dir: str | os.PathLike, rollout_dir: str | os.PathLike) -> Path:
     """Write ``mentor_reward.json`` (the file-based alternative to MENTOR_ROLLOUT_DIR)."""
     path = Path(reward_file_dir) / CONFIG_NAME
@@ -196,6 +227,7 @@ def make_record(
     truncated: bool | None = None,
     step: int | None = None,
     trainer: str = "openrlhf",
+    run: str | None = None,
 ) -> dict[str, Any]:
     """A record with the required fields and every optional field that is known."""
     rec: dict[str, Any] = {
@@ -209,7 +241,7 @@ def make_record(
         "reward": float(reward),
         "trainer": trainer,
     }
-    for key, value in (("hint_id", hint_id), ("label", label), ("truncated", truncated), ("step", step)):
+    for key, value in (("hint_id", hint_id), ("label", label), ("truncated", truncated), ("step", step), ("run", run)):
         if value is not None:
             rec[key] = value
     return rec
@@ -230,12 +262,14 @@ def check_record(rec: dict[str, Any]) -> None:
 class RolloutLog:
     """A thread-safe append-only JSONL shard owned by this process."""
 
-    def __init__(self, directory: str | os.PathLike, trainer: str = "openrlhf") -> None:
+    def __init__(self, directory: str | os.PathLike, trainer: str = "openrlhf", run: str | None = None) -> None:
         self.directory = Path(directory)
         self.directory.mkdir(parents=True, exist_ok=True)
         self.pid = os.getpid()
+        self.run = run if run is not None else (os.environ.get(ENV_RUN) or None)
         host = socket.gethostname().split(".")[0] or "host"
-        self.path = self.directory / f"{trainer}-{host}-{self.pid}-{uuid.uuid4().hex[:8]}.jsonl"
+        who = f"{trainer}-{self.run}" if self.run else trainer
+        self.path = self.directory / f"{who}-{host}-{self.pid}-{uuid.uuid4().hex[:8]}.jsonl"
         self._fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o644)
         self._lock = threading.Lock()
         self._seq = itertools.count()
@@ -243,9 +277,11 @@ class RolloutLog:
         self.written = 0
 
     def write(self, record: dict[str, Any]) -> None:
-        """Append one record (``ts``, ``pid`` and ``seq`` are added here)."""
+        """Append one record (``ts``, ``pid``, ``seq`` and the run's identity are added here)."""
         with self._lock:
             rec = dict(record)
+            if self.run:
+                rec.setdefault("run", self.run)
             rec["ts"] = time.time()
             rec["pid"] = self.pid
             rec["seq"] = next(self._seq)
@@ -265,13 +301,13 @@ class RolloutLog:
                 self._fd = -1
 
 
-_LOGS: dict[tuple[str, str, int], RolloutLog] = {}
+_LOGS: dict[tuple[str, str, int, str], RolloutLog] = {}
 _LOGS_LOCK = threading.Lock()
 
 
 def rollout_log(directory: str | os.PathLike, trainer: str = "openrlhf") -> RolloutLog:
-    """The shard of this process for `directory` (a new shard after fork)."""
-    key = (str(Path(directory).resolve()), trainer, os.getpid())
+    """The shard of this process for `directory` and the run in ``MENTOR_RUN_ID`` (a new shard after fork)."""
+    key = (str(Path(directory).resolve()), trainer, os.getpid(), os.environ.get(ENV_RUN) or "")
     with _LOGS_LOCK:
         writer = _LOGS.get(key)
         if writer is None:
@@ -284,6 +320,9 @@ __all__ = [
     "CONFIG_NAME",
     "ENV_DIR",
     "ENV_ROUND",
+    "ENV_POLICY_TOKENIZER",
+    "ENV_RESPONSE_LIMIT",
+    "ENV_RUN",
     "RAY_JOB_CONFIG_ENV",
     "RolloutDirUnreachable",
     "RolloutLog",
@@ -295,5 +334,8 @@ __all__ = [
     "resolve_rollout_dir",
     "reward_env_vars",
     "rollout_log",
+    "run_glob",
+    "run_identity",
+    "run_shards",
     "write_reward_config",
 ]

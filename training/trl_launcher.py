@@ -18,13 +18,16 @@ own fields is a `trl.GRPOConfig` field, checked against the installed TRL's
 dataclass (an unknown name is an error naming it) and then built by
 ``GRPOConfig(**fields)`` itself, so TRL's own checks run before anything starts.
 mentor's defaults on top of TRL's: ``num_generations`` = the group size (4),
-``num_train_epochs`` 1 (one pass over the round's prompts), ``report_to`` none,
+``num_train_epochs`` 1 (one pass over the round's prompts: TRL's sampler repeats and
+shuffles them and drops none), ``max_completion_length`` 4096 (not TRL's 512: see
+`mentor.training.prompt_limits`), ``report_to`` none,
 ``output_dir`` the round's ckpt folder; without a GPU also ``use_cpu``, and
 ``bf16`` and ``gradient_checkpointing`` off (TRL leaves bf16 on with use_cpu).
 
 Before launch (and in ``--dry-run``): the trainer's Python imports mentor's TRL
 reward module (`mentor.training.reward_check`), and the round's longest prompt is
-measured with the policy's tokenizer (`mentor.training.prompt_limits`). TRL 1.16
+measured with the policy's tokenizer and the round's ``chat_template_kwargs``
+(`mentor.training.prompt_limits`). TRL 1.16
 cuts no prompt, so there is no prompt limit to set; a round whose longest prompt
 plus ``max_completion_length`` does not fit the context (``vllm_max_model_length``
 when set, else the model's ``max_position_embeddings``) is refused with the numbers.
@@ -57,15 +60,14 @@ from pydantic import ConfigDict, Field
 from mentor.pipeline.errors import ConfigError, DataError
 from mentor.pipeline.inputs import resolve_inputs
 from mentor.pipeline.io import read_json, scan_dataset, write_json_atomic
-from mentor.pipeline.prompts import prompt_token_lengths
 from mentor.pipeline.yaml_io import read_yaml_mapping
 from mentor.training.field_types import check_dataclass_values
 from mentor.training.gpus import GpuDemand, GpuShortage, local_gpus
 from mentor.training.launcher import RoundConfig, finish_round, outcome_record, parse_round_config
 from mentor.training.prompt_format import check_template_kwargs, trainer_template_kwargs
-from mentor.training.prompt_limits import LongestPrompt, model_context, require
+from mentor.training.prompt_limits import RESPONSE_DEFAULT, LongestPrompt, model_context, rendered_lengths, require, response_limit
 from mentor.training.reward_check import check_reward_loads
-from mentor.training.rollout_log import ENV_DIR
+from mentor.training.rollout_log import ENV_DIR, ENV_RUN, run_glob, run_identity, run_shards
 
 log = logging.getLogger(__name__)
 
@@ -180,6 +182,7 @@ def grpo_kwargs(cfg: TrlTrainConfig) -> dict[str, Any]:
         "num_generations": cfg.num_generations,
         "num_train_epochs": 1,
         "report_to": "none",
+        "max_completion_length": RESPONSE_DEFAULT,  # never TRL's 512 (prompt_limits: the response limit)
     }
     cpu = bool(user.get("use_cpu", not on_gpu()))
     if cpu:
@@ -215,6 +218,12 @@ def select_prompts(cfg: TrlTrainConfig) -> pl.DataFrame:
         raise DataError(f"prompts {', '.join(map(str, files))}: no rows left with select={cfg.select}; "
                         "choose select: all, or build with hints")
     return df
+
+
+def training_rows(cfg: TrlTrainConfig, pad_rows: int = 0) -> list[dict[str, Any]]:
+    """The rows the trainer trains on: the selected prompt rows, then the first `pad_rows` again (`prompt_batches`)."""
+    rows = select_prompts(cfg).to_dicts()
+    return rows + rows[:pad_rows]
 
 
 def round_spec(cfg: TrlTrainConfig) -> dict[str, Any]:
@@ -311,18 +320,23 @@ def check_reward(cfg: TrlTrainConfig, env: dict[str, str]) -> str:
 def check_prompt_room(cfg: TrlTrainConfig, spec: dict[str, Any], rows: pl.DataFrame, dry_run: bool = False) -> LongestPrompt:
     """The longest selected prompt in the policy's tokens, and a refusal when it and a completion overflow the context."""
     model = spec["model"]
+    grpo = spec["grpo"]
+    kwargs = grpo.get("chat_template_kwargs") or None  # TRL renders conversational prompts with them
+    if isinstance(kwargs, str):  # GRPOConfig also takes them as a JSON string
+        kwargs = json.loads(kwargs)
     try:
         from transformers import AutoTokenizer  # optional and slow to import
 
         tok = AutoTokenizer.from_pretrained(model)
     except Exception as exc:  # offline and not cached, no tokenizer files
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        found = LongestPrompt(None, rows.height, model, "measured", f"cannot load the tokenizer of {model}: {first[:200]}")
+        found = LongestPrompt(None, rows.height, model, "measured", f"cannot load the tokenizer of {model}: {first[:200]}",
+                              kwargs)
     else:
-        found = LongestPrompt(max(prompt_token_lengths(rows["prompt"].to_list(), tok)), rows.height, model, "measured")
+        found = LongestPrompt(max(rendered_lengths(rows["prompt"].to_list(), tok, kwargs)), rows.height, model, "measured",
+                              template_kwargs=kwargs)
     tokens = require(found, dry_run)
-    grpo = spec["grpo"]
-    completion = int(grpo.get("max_completion_length") or getattr(grpo_config_class(), "max_completion_length", 512) or 512)
+    completion = response_limit(grpo.get("max_completion_length"), "max_completion_length")[0]
     key, context = ("vllm_max_model_length", grpo.get("vllm_max_model_length")) if grpo.get("use_vllm") else (None, None)
     if context is None:
         key, context = "the model's max_position_embeddings", model_context(model)
@@ -334,6 +348,34 @@ def check_prompt_room(cfg: TrlTrainConfig, spec: dict[str, Any], rows: pl.DataFr
     return found
 
 
+def prompt_batches(cfg: TrlTrainConfig, args: Any, prompts: int) -> tuple[int, int, str]:
+    """(prompts per generation batch, rows to repeat, a line for the dry run). TRL 1.16's ``RepeatSampler`` takes the
+    shuffled prompts in chunks of ``generation_batch_size // num_generations`` and drops an incomplete last chunk, so
+    the round's first rows are repeated to whole chunks (`trl_train` adds them); fewer prompts than a chunk is refused."""
+    if cfg.grpo_fields.get("generation_batch_size") is not None:
+        per = int(args.generation_batch_size) // int(args.num_generations)
+        how = f"generation_batch_size {args.generation_batch_size} / num_generations {args.num_generations}"
+    else:  # TRL sizes it in the trainer's processes: per_device_train_batch_size x processes x steps_per_generation
+        per = int(args.per_device_train_batch_size) * cfg.num_processes * int(args.steps_per_generation) // int(args.num_generations)
+        how = (f"per_device_train_batch_size {args.per_device_train_batch_size} x {cfg.num_processes} process(es) x "
+               f"steps_per_generation {args.steps_per_generation} / num_generations {args.num_generations}")
+    per = max(1, per)
+    if prompts < per:
+        raise ConfigError(f"the round has {prompts} prompt row(s), fewer than one generation batch of {per} prompts ({how}): "
+                          "TRL's sampler drops an incomplete batch, so it would train on none; lower "
+                          "per_device_train_batch_size (or generation_batch_size), or give the round more prompts")
+    pad = -prompts % per
+    note = f"{prompts} prompts in generation batches of {per} ({how})"
+    note += (f"; TRL's sampler drops an incomplete batch, so the round's first {pad} row(s) are repeated and every prompt "
+             "trains" if pad else "; every prompt trains (whole batches)")
+    return per, pad, note
+
+
+def response_text(cfg: TrlTrainConfig) -> str:
+    """The round's max_completion_length and where it came from (the config, or mentor's default)."""
+    return response_limit(cfg.grpo_fields.get("max_completion_length"), "max_completion_length")[1]
+
+
 def build_command(cfg: TrlTrainConfig, cpu_threads: int | None = None) -> list[str]:
     """The trainer command: one process, or `accelerate launch` starting `num_processes` of them."""
     trainer = ["-m", "mentor.training.trl_train", str(cfg.train_path / ROUND_FILE)]
@@ -343,7 +385,7 @@ def build_command(cfg: TrlTrainConfig, cpu_threads: int | None = None) -> list[s
 
 
 def build_env(cfg: TrlTrainConfig, spec: dict[str, Any]) -> dict[str, str]:
-    env = {ENV_DIR: str(cfg.rollout_dir)}
+    env = {ENV_DIR: str(cfg.rollout_dir), ENV_RUN: run_identity(cfg.train_path)}
     if spec.get("cpu_threads"):
         n = str(spec["cpu_threads"])
         env |= {"OMP_NUM_THREADS": n, "MKL_NUM_THREADS": n}
@@ -362,6 +404,8 @@ def dry_run_text(cfg: TrlTrainConfig) -> str:
         if "longest prompt" in str(exc):
             raise
         prompts = longest = f"not readable yet: {exc}"
+        selected = None
+    batches = prompt_batches(cfg, args, selected.height)[2] if selected is not None else "(the prompts are not readable yet)"
     resolved = args.to_dict()
     cmd = build_command(cfg, spec["cpu_threads"])
     check_with_accelerate(cmd)
@@ -373,6 +417,8 @@ def dry_run_text(cfg: TrlTrainConfig) -> str:
         f"# model: {spec['model']}",
         f"# prompts: {prompts}",
         f"# longest prompt: {longest}",
+        f"# response limit: {response_text(cfg)}",
+        f"# batches: {batches}",
         f"# checked: {check_reward(cfg, dict(os.environ) | build_env(cfg, spec))}",
         f"# final model: {spec['final_model']}",
         "# environment",
@@ -421,9 +467,10 @@ def _die_with_parent() -> None:
         pass
 
 
-def _clear_stale_logs(directory: Path) -> int:
-    """Shards a killed attempt of this round left: the rerun logs its rollouts afresh."""
-    stale = sorted(directory.glob("trl-*.jsonl")) if directory.is_dir() else []
+def _clear_stale_logs(directory: Path, run: str) -> int:
+    """Shards a killed attempt of this round left (this run's identity only: another run sharing the folder
+    keeps its log): the rerun logs its rollouts afresh."""
+    stale = run_shards(directory, "trl", run)
     for f in stale:
         f.unlink()
     return len(stale)
@@ -431,10 +478,11 @@ def _clear_stale_logs(directory: Path) -> int:
 
 def run_round(cfg: TrlTrainConfig) -> dict[str, Any]:
     """Run one TRL round; record the outcome; raise TrainError on failure."""
-    resolve_grpo(cfg)  # TRL's own checks before anything starts
+    args = resolve_grpo(cfg)  # TRL's own checks before anything starts
     spec = round_spec(cfg)
     selected = select_prompts(cfg)
     rows = selected.height
+    spec["pad_rows"] = prompt_batches(cfg, args, rows)[1]
     found = check_prompt_room(cfg, spec, selected)
     check_reward(cfg, dict(os.environ) | build_env(cfg, spec))
     cmd = build_command(cfg, spec["cpu_threads"])
@@ -444,7 +492,7 @@ def run_round(cfg: TrlTrainConfig) -> dict[str, Any]:
         check_gpus(demand)
     cfg.train_path.mkdir(parents=True, exist_ok=True)
     cfg.rollout_dir.mkdir(parents=True, exist_ok=True)
-    stale = _clear_stale_logs(cfg.rollout_dir)
+    stale = _clear_stale_logs(cfg.rollout_dir, run_identity(cfg.train_path))
     write_json_atomic(cfg.model_dump(mode="json"), cfg.train_path / "config.json")
     write_json_atomic(spec, cfg.train_path / ROUND_FILE)
     extra_env = build_env(cfg, spec)
@@ -453,7 +501,8 @@ def run_round(cfg: TrlTrainConfig) -> dict[str, Any]:
     with open(cfg.log_file, "ab") as fh:
         fh.write(f"\n# mentor train (trl) round {cfg.round} at {_dt.datetime.now().isoformat()}\n# {shlex.join(cmd)}\n".encode())
         if stale:
-            fh.write(f"# removed {stale} rollout shard(s) of an earlier, unfinished attempt\n".encode())
+            fh.write(f"# removed {stale} rollout shard(s) of an earlier, unfinished attempt of this run "
+                     f"({run_identity(cfg.train_path)})\n".encode())
         fh.flush()
         try:
             code = subprocess.run(cmd, stdout=fh, stderr=subprocess.STDOUT, env=dict(os.environ) | extra_env, check=False,
@@ -466,8 +515,9 @@ def run_round(cfg: TrlTrainConfig) -> dict[str, Any]:
     metrics = read_json(metrics_file) if code == 0 and metrics_file.is_file() else {}
     outcome = {"kind": "trl", "trl_version": trl_version()} | outcome_record(
         cfg, code, final, spec["model"], cmd, extra_env, started,
-        prompts_used=rows, steps=metrics.get("global_step"), metrics=metrics.get("last_log"),
+        prompts_used=rows, repeated_rows=spec["pad_rows"], steps=metrics.get("global_step"), metrics=metrics.get("last_log"),
         processes=metrics.get("processes", cfg.num_processes), longest_prompt=found.tokens,
+        rollout_run=run_identity(cfg.train_path), rollout_glob=run_glob(cfg.rollout_dir, run_identity(cfg.train_path)),
     )
     if code == 0 and final is None:
         outcome["warning"] = f"the trainer exited 0 but {cfg.output_dir} holds no model"
@@ -514,6 +564,8 @@ __all__ = [
     "resolve_grpo",
     "round_spec",
     "run_round",
+    "prompt_batches",
     "select_prompts",
+    "training_rows",
     "uses_accelerate",
 ]

@@ -26,7 +26,7 @@ from typing import Any
 from mentor.pipeline.io import write_json_atomic
 from mentor.pipeline.policy_template import text_for_tokenizer
 from mentor.training.reward_core import STATS
-from mentor.training.trl_launcher import TrlTrainConfig, _die_with_parent, select_prompts
+from mentor.training.trl_launcher import TrlTrainConfig, _die_with_parent, training_rows
 from mentor.training.trl_reward import make_reward
 
 
@@ -37,11 +37,12 @@ def _threads(n: int | None) -> None:
         torch.set_num_threads(int(n))
 
 
-def prompt_rows(cfg: TrlTrainConfig, tokenizer: Any) -> list[dict[str, Any]]:
-    """The round's rows as TRL's GRPOTrainer gets them. A text prompt (placement assistant) is tokenized by TRL with
+def prompt_rows(cfg: TrlTrainConfig, tokenizer: Any, pad_rows: int = 0) -> list[dict[str, Any]]:
+    """The round's rows as TRL's GRPOTrainer gets them (`training_rows`: whole generation batches, as TRL's sampler
+    drops an incomplete one). A text prompt (placement assistant) is tokenized by TRL with
     special tokens (``processing_class(text=prompts)``): it goes without the template's leading BOS where the
     tokenizer adds one itself (Llama-3.x, R1-Distill-Llama), so every row starts with one BOS, as a chat prompt does."""
-    rows = select_prompts(cfg).to_dicts()
+    rows = training_rows(cfg, pad_rows)
     return [{**r, "prompt": text_for_tokenizer(r["prompt"], tokenizer)} if isinstance(r["prompt"], str) else r for r in rows]
 
 
@@ -63,7 +64,7 @@ def main(argv: list[str]) -> int:
 
     cfg = TrlTrainConfig.model_validate(json.loads((spec_path.parent / "config.json").read_text()))
     tokenizer = AutoTokenizer.from_pretrained(spec["model"])
-    rows = prompt_rows(cfg, tokenizer)
+    rows = prompt_rows(cfg, tokenizer, int(spec.get("pad_rows") or 0))
     dataset = Dataset.from_list(rows)  # columns prompt (chat messages, or text) and label (mentor's JSON label)
     args = GRPOConfig(**spec["grpo"])
     reward = make_reward(tokenizer, args.max_completion_length)

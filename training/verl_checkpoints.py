@@ -11,6 +11,8 @@ import subprocess
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from mentor.training.rollout_log import run_shards
+
 if TYPE_CHECKING:
     from mentor.training.verl_launcher import VerlTrainConfig
 
@@ -61,10 +63,11 @@ def merge_checkpoint(cfg: VerlTrainConfig, actor_dir: Path, backend: str, fh) ->
     return code, cmd
 
 
-def prepare_logs(directory: Path, resume: tuple[int, Path] | None) -> str | None:
+def prepare_logs(directory: Path, resume: tuple[int, Path] | None, run: str) -> str | None:
     """Make a rerun's rollout log match what verl will redo: with no checkpoint, remove the killed
-    attempt's shards; resuming from one, drop the records logged after it (those steps are scored again)."""
-    shards = sorted(directory.glob("verl-*.jsonl")) if directory.is_dir() else []
+    attempt's shards; resuming from one, drop the records logged after it (those steps are scored again).
+    Only run `run`'s own shards (`rollout_log.run_shards`): another run sharing the folder keeps its log."""
+    shards = run_shards(directory, "verl", run)
     if not shards:
         return None
     if resume is None:

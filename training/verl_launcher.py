@@ -8,7 +8,8 @@ The command is verl's own entry point with Hydra overrides built from the round:
       actor_rollout_ref.model.path=<previous round's final model | base model in round 0>
       reward.custom_reward_function.path=<mentor's verl_reward.py> reward.custom_reward_function.name=compute_score
       trainer.n_gpus_per_node=N trainer.nnodes=M trainer.default_local_dir=<train>/ckpt
-      data.max_prompt_length=<the round's longest prompt, in the policy's tokens>
+      data.max_prompt_length=<the round's longest prompt, in the policy's tokens, plus a margin>
+      data.max_response_length=<the round's own, else 4096> data.train_batch_size=<every prompt trains>
       <mentor's defaults, then the config's `overrides` (any verl key, dotted)>
 
 The reward workers' variables (``MENTOR_ROLLOUT_DIR``, ``MENTOR_ROUND``, every
@@ -25,8 +26,16 @@ also go under ``ray_kwargs``; before launch `check_ray_init` runs verl's
 
 Prompts are never cut: verl drops or left-truncates prompts longer than
 ``data.max_prompt_length`` (512 by default). The launcher measures the round's
-longest prompt with the policy's tokenizer (`mentor.training.prompt_limits`) and
-sets the limit to it, or refuses a round whose own limit is smaller.
+longest prompt with the policy's tokenizer, rendered with the round's
+``data.apply_chat_template_kwargs`` as verl renders it (`mentor.training.prompt_limits`),
+and sets the limit to it plus a margin, or refuses a round whose own limit is smaller.
+Responses: ``data.max_response_length`` is the overrides' value or mentor's 4096, never
+verl's 512; the reward file counts a response against it (``truncated`` in the log).
+
+Every prompt trains: verl's dataloader drops the last incomplete batch (``drop_last=True``),
+so mentor sizes ``data.train_batch_size`` (when the overrides leave it unset) and repeats a
+few rows to make whole batches; a round with fewer prompts than the batch it sets is refused
+(`mentor.training.verl_batches`).
 
 Checks before launch (and all of ``--dry-run``): the overrides are composed with
 verl's packaged ``ppo_trainer`` config by Hydra, as ``main_ppo``'s own
@@ -46,7 +55,9 @@ folder the next round (``actor_rollout_ref.model.path``), `mentor rollout` and
 vLLM load. A killed round resumes: verl's ``trainer.resume_mode=auto`` restarts
 from the last checkpoint, and the rollouts the killed attempt logged after that
 checkpoint are dropped from the log (they are scored again); with no checkpoint
-yet, the attempt's log shards are removed. Checkpoints, the merge and the log
+yet, the attempt's log shards are removed. Only this run's shards: they carry its
+identity (``MENTOR_RUN_ID``, `mentor.training.rollout_log.run_identity` of the round's
+train folder), so another run sharing ``rollout_log_dir`` keeps its log. Checkpoints, the merge and the log
 on resume are in `verl_checkpoints`.
 """
 
@@ -77,10 +88,22 @@ from mentor.pipeline.yaml_io import read_yaml_mapping
 from mentor.training.gpus import cluster_supply, local_gpus
 from mentor.training.launcher import RewardFile, RoundConfig, finish_round, outcome_record, parse_round_config
 from mentor.training.prompt_format import check_readable, check_template_kwargs, trainer_template_kwargs
-from mentor.training.prompt_limits import LongestPrompt, longest_prompt, refuse, require
+from mentor.training.prompt_limits import LongestPrompt, longest_prompt, refuse, require, response_limit
 from mentor.training.ray_preflight import check_reward_reach, probe_cluster
 from mentor.training.reward_check import check_reward_loads
-from mentor.training.rollout_log import ENV_DIR, RAY_JOB_CONFIG_ENV, REWARD_ENV_PREFIX, check_rollout_reach, ray_job_config_env
+from mentor.training.rollout_log import (
+    ENV_DIR,
+    ENV_POLICY_TOKENIZER,
+    ENV_RESPONSE_LIMIT,
+    ENV_RUN,
+    RAY_JOB_CONFIG_ENV,
+    REWARD_ENV_PREFIX,
+    check_rollout_reach,
+    ray_job_config_env,
+    run_glob,
+    run_identity,
+)
+from mentor.training.verl_batches import BatchPlan, count_rows, pad_path, plan_batches, write_pad
 from mentor.training.verl_checkpoints import LATEST, last_checkpoint, merge_backend, merge_checkpoint, merge_command, prepare_logs
 from mentor.training.field_types import check_override_types
 from mentor.training.verl_hydra import (
@@ -120,7 +143,8 @@ DEFAULTS: dict[str, Any] = {
     "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu": 4,
     "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu": 4,
     "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu": 4,
-    "trainer.total_epochs": 1,  # one pass over the round's prompts
+    # One epoch: every row of the round once (verl_batches makes whole batches, so its drop_last skips none).
+    "trainer.total_epochs": 1,
     "trainer.save_freq": 20,  # > 0: verl then also saves the last step, which the merger turns into the round's model
     "trainer.max_actor_ckpt_to_keep": 1,
     "trainer.val_before_train": False,
@@ -247,34 +271,66 @@ def reward_env(cfg: VerlTrainConfig) -> dict[str, str]:
     """What the reward function reads: the round's log dir and number, and every MENTOR_* setting."""
     env = {k: str(v) for k, v in os.environ.items() if k.startswith("MENTOR_")}
     env |= {k: str(v) for k, v in cfg.env.items() if k.startswith("MENTOR_")}
-    return env | {ENV_DIR: str(cfg.rollout_dir), ENV_ROUND: str(cfg.round)}
+    return env | {ENV_DIR: str(cfg.rollout_dir), ENV_ROUND: str(cfg.round), ENV_RUN: run_identity(cfg.train_path),
+                  ENV_RESPONSE_LIMIT: str(response_length(cfg)[0]), ENV_POLICY_TOKENIZER: cfg.start_model()}
 
 
 PROMPT_LIMIT = "data.max_prompt_length"
+RESPONSE_LIMIT = "data.max_response_length"
+TEMPLATE_KWARGS = "data.apply_chat_template_kwargs"
+
+
+def _override(cfg: VerlTrainConfig, key: str) -> Any:
+    return next((v for k, v in cfg.overrides.items() if k.lstrip("+~") == key), None)
+
+
+def template_kwargs(cfg: VerlTrainConfig) -> dict[str, Any]:
+    """``data.apply_chat_template_kwargs`` as the overrides set it (whole, or key by key), what verl renders with."""
+    out = dict(_override(cfg, TEMPLATE_KWARGS) or {})
+    for key, value in cfg.overrides.items():
+        if key.lstrip("+~").startswith(TEMPLATE_KWARGS + "."):
+            out[key.lstrip("+~")[len(TEMPLATE_KWARGS) + 1:]] = value
+    return out
+
+
+def response_length(cfg: VerlTrainConfig) -> tuple[int, str]:
+    """``data.max_response_length`` (verl's rollout.response_length follows it): the overrides', else mentor's default."""
+    return response_limit(_override(cfg, RESPONSE_LIMIT), RESPONSE_LIMIT)
 
 
 def prompt_limit(cfg: VerlTrainConfig, dry_run: bool = False) -> tuple[int | None, LongestPrompt]:
-    """``data.max_prompt_length`` for the round: the longest prompt in the policy's tokens, unless `overrides` set
-    it (then it must hold that prompt). (None, ...) when the overrides set it or, in a dry run, it was not measured."""
-    found = longest_prompt(train_files(cfg), cfg.start_model(),
-                           cache=True)
-    tokens = require(found, dry_run)
-    given = next((v for k, v in cfg.overrides.items() if k.lstrip("+~") == PROMPT_LIMIT), None)
+    """``data.max_prompt_length`` for the round: the longest prompt in the policy's tokens, rendered with the round's
+    ``data.apply_chat_template_kwargs``, plus the margin (`prompt_room`), unless `overrides` set it (then it must hold
+    that prompt). (None, ...) when the overrides set it or, in a dry run, it was not measured."""
+    found = longest_prompt(train_files(cfg), cfg.start_model(), cache=True, template_kwargs=template_kwargs(cfg))
+    require(found, dry_run)
+    given = _override(cfg, PROMPT_LIMIT)
     if given is None:
-        return tokens, found
-    if tokens is not None and int(given) < tokens:
+        return found.limit, found
+    if found.tokens is not None and int(given) < found.tokens:
         refuse(PROMPT_LIMIT, int(given), found, "verl's dataset drops or its agent loop left-truncates longer prompts")
     return None, found
 
 
-def build_overrides(cfg: VerlTrainConfig, max_prompt_length: int | None = None) -> list[str]:
-    """The Hydra overrides of the round; `max_prompt_length` (from `prompt_limit`) sets ``data.max_prompt_length``."""
+def batch_plan(cfg: VerlTrainConfig) -> BatchPlan:
+    """How verl's dataloader batches the round (`mentor.training.verl_batches`); refuses a round smaller than its batch."""
+    return plan_batches(count_rows(train_files(cfg)), cfg.overrides, cfg.n_gpus_per_node * cfg.nnodes)
+
+
+def data_files(cfg: VerlTrainConfig, plan: BatchPlan | None) -> list[str]:
+    """``data.train_files``: the round's shards, and the repeated rows that make whole batches."""
+    return train_files(cfg) + ([str(pad_path(cfg.train_path))] if plan is not None and plan.pad else [])
+
+
+def build_overrides(cfg: VerlTrainConfig, max_prompt_length: int | None = None, plan: BatchPlan | None = None) -> list[str]:
+    """The Hydra overrides of the round; `max_prompt_length` (from `prompt_limit`) sets ``data.max_prompt_length``,
+    `plan` (from `batch_plan`) the batch and the repeated rows."""
     files = train_files(cfg)
     reward = str(Path(cfg.reward_file).resolve()) if cfg.reward_file else str(REWARD_FILE)
     owned = [
         f"algorithm.adv_estimator={hydra_value(cfg.adv_estimator)}",
         f"actor_rollout_ref.rollout.n={cfg.n_samples_per_prompt}",
-        f"data.train_files={hydra_value(files, quote=True)}",
+        f"data.train_files={hydra_value(data_files(cfg, plan), quote=True)}",
         f"data.val_files={hydra_value(files[:1], quote=True)}",
         f"actor_rollout_ref.model.path={hydra_value(cfg.start_model(), quote=True)}",
         f"reward.custom_reward_function.path={hydra_value(reward, quote=True)}",
@@ -288,12 +344,14 @@ def build_overrides(cfg: VerlTrainConfig, max_prompt_length: int | None = None) 
                  "hydra.run.dir": str(cfg.train_path / "hydra")}  # Hydra's outputs/ (and verl's cwd) in the round's folder
     defaults = [f"{k}={hydra_value(v, quote=k == 'hydra.run.dir')}" for k, v in (DEFAULTS | per_round).items() if k not in user]
     limit = [f"{PROMPT_LIMIT}={max_prompt_length}"] if max_prompt_length is not None and PROMPT_LIMIT not in user else []
-    return owned + limit + defaults + _user_overrides(cfg.overrides)
+    limit += [f"{RESPONSE_LIMIT}={response_length(cfg)[0]}"] if RESPONSE_LIMIT not in user else []
+    batches = plan.overrides() if plan is not None else []
+    return owned + limit + batches + defaults + _user_overrides(cfg.overrides)
 
 
-def build_command(cfg: VerlTrainConfig, max_prompt_length: int | None = None) -> list[str]:
+def build_command(cfg: VerlTrainConfig, max_prompt_length: int | None = None, plan: BatchPlan | None = None) -> list[str]:
     """The exact trainer command line for this round."""
-    return [cfg.python, "-m", MAIN, *build_overrides(cfg, max_prompt_length)]
+    return [cfg.python, "-m", MAIN, *build_overrides(cfg, max_prompt_length, plan)]
 
 
 def check_reward(cfg: VerlTrainConfig, env: dict[str, str]) -> str:
@@ -365,13 +423,14 @@ def check_ray_init(composed, env: dict[str, str]) -> str | None:
 # --------------------------------------------------------------------------- checks before launch
 
 
-def _expected(cfg: VerlTrainConfig, cmd: list[str]) -> dict[str, Any]:
+def _expected(cfg: VerlTrainConfig, cmd: list[str], plan: BatchPlan | None = None) -> dict[str, Any]:
     def value(key: str) -> str:
         return next(a.split("=", 1)[1] for a in cmd if a.startswith(key + "="))
 
     reward = str(Path(cfg.reward_file).resolve()) if cfg.reward_file else str(REWARD_FILE)
-    return {
-        "data.train_files": train_files(cfg),
+    batch = {plan.key: plan.batch} if plan is not None else {}
+    return batch | {
+        "data.train_files": data_files(cfg, plan),
         "actor_rollout_ref.model.path": hydra_unquote(value("actor_rollout_ref.model.path")),
         "actor_rollout_ref.rollout.n": cfg.n_samples_per_prompt,
         "algorithm.adv_estimator": cfg.adv_estimator,
@@ -383,13 +442,13 @@ def _expected(cfg: VerlTrainConfig, cmd: list[str]) -> dict[str, Any]:
     }
 
 
-def check_with_verl(cfg: VerlTrainConfig, cmd: list[str]) -> tuple[Any, list[str]]:
+def check_with_verl(cfg: VerlTrainConfig, cmd: list[str], plan: BatchPlan | None = None) -> tuple[Any, list[str]]:
     """Compose `cmd`'s overrides with verl's packaged config, read the round's values back, run verl's
     ``validate_config``; returns (the composed config, the notes verl printed). `ConfigError` on a rejection."""
     from omegaconf import OmegaConf  # optional: verl's config library
 
     composed = compose(cmd[3:])
-    for key, want in _expected(cfg, cmd).items():
+    for key, want in _expected(cfg, cmd, plan).items():
         got = OmegaConf.select(composed, key)
         got = OmegaConf.to_container(got, resolve=True) if OmegaConf.is_config(got) else got
         if isinstance(want, dict):
@@ -442,10 +501,10 @@ def preflight(cfg: VerlTrainConfig, composed, extra_env: dict[str, str]) -> dict
             "rollout_dir_checked_on": hosts}
 
 
-def _checked(cfg: VerlTrainConfig, cmd: list[str]) -> tuple[Any, list[str]]:
+def _checked(cfg: VerlTrainConfig, cmd: list[str], plan: BatchPlan | None = None) -> tuple[Any, list[str]]:
     """`check_with_verl`, or (None, a note) when verl is not installed in mentor's environment."""
     try:
-        return check_with_verl(cfg, cmd)
+        return check_with_verl(cfg, cmd, plan)
     except ConfigError as exc:
         if "not installed" not in str(exc):
             raise
@@ -455,8 +514,9 @@ def _checked(cfg: VerlTrainConfig, cmd: list[str]) -> tuple[Any, list[str]]:
 def dry_run_text(cfg: VerlTrainConfig) -> str:
     """The command, its environment, verl's verdict, the GPUs it needs, and the merge step."""
     limit, found = prompt_limit(cfg, dry_run=True)
-    cmd = build_command(cfg, limit)
-    composed, notes = _checked(cfg, cmd)
+    plan = batch_plan(cfg)
+    cmd = build_command(cfg, limit, plan)
+    composed, notes = _checked(cfg, cmd, plan)
     env = dict(os.environ) | build_env(cfg)
     ray_note = check_ray_init(composed, env) if composed is not None else None
     lines = [f"# verl {verl_version()} GRPO round {cfg.round}"]
@@ -465,7 +525,9 @@ def dry_run_text(cfg: VerlTrainConfig) -> str:
         lines += [f"# GPUs: {demand.describe()}",
                   f"# checked: Hydra compose of {verl_config_dir() / 'ppo_trainer.yaml'} with these overrides, then verl's validate_config"]
     lines += [f"# verl: {n}" for n in notes]
-    lines += [f"# longest prompt: {found.describe()}" + (f"; {PROMPT_LIMIT}={limit}" if limit is not None else ""),
+    lines += [f"# longest prompt: {found.describe()}" + (f"; {PROMPT_LIMIT}={limit} (with the margin)" if limit is not None else ""),
+              f"# response limit: {response_length(cfg)[1]}",
+              f"# batches: {plan.describe()}",
               f"# checked: {check_reward(cfg, env)}", "# " + (ray_note or "checked: Ray merges the job's runtime env with verl's ray.init runtime env")]
     lines += ["# environment", *(f"export {k}={shlex.quote(v)}" for k, v in build_env(cfg).items()),
               "# command", shlex.join(cmd),
@@ -481,9 +543,10 @@ def dry_run_text(cfg: VerlTrainConfig) -> str:
 def run_round(cfg: VerlTrainConfig) -> dict[str, Any]:
     """Run one verl round and merge its model; record the outcome; raise TrainError on failure."""
     limit, found = prompt_limit(cfg)
-    cmd = build_command(cfg, limit)
-    composed, notes = _checked(cfg, cmd)
-    notes.append(f"longest prompt: {found.describe()}")
+    plan = batch_plan(cfg)
+    cmd = build_command(cfg, limit, plan)
+    composed, notes = _checked(cfg, cmd, plan)
+    notes += [f"longest prompt: {found.describe()}", f"response limit: {response_length(cfg)[1]}", f"batches: {plan.describe()}"]
     if cfg.merge_model and composed is not None and int(composed.trainer.save_freq) <= 0:
         raise ConfigError("trainer.save_freq must be > 0: verl saves the last step only then, and the round's model is "
                           "merged from it (or set merge_model: false)")
@@ -494,8 +557,9 @@ def run_round(cfg: VerlTrainConfig) -> dict[str, Any]:
     checked = preflight(cfg, composed, extra_env) if cfg.preflight else None
     cfg.train_path.mkdir(parents=True, exist_ok=True)
     cfg.rollout_dir.mkdir(parents=True, exist_ok=True)
+    write_pad(train_files(cfg), plan, pad_path(cfg.train_path))
     resume = last_checkpoint(cfg.ckpt_path)
-    cleaned = prepare_logs(cfg.rollout_dir, resume)
+    cleaned = prepare_logs(cfg.rollout_dir, resume, run_identity(cfg.train_path))
     write_json_atomic(cfg.model_dump(mode="json"), cfg.train_path / "config.json")
     started = time.time()
     log.info("verl round %d: %s", cfg.round, shlex.join(cmd))
@@ -522,7 +586,9 @@ def run_round(cfg: VerlTrainConfig) -> dict[str, Any]:
     outcome = {"kind": "verl", "verl_version": verl_version()} | outcome_record(
         cfg, code, final, model_path, cmd, extra_env, started, checkpoint=str(last[1]) if last else None,
         steps=last[0] if last else None, merge_command=merge_cmd, merge_exit_code=merge_code, preflight=checked,
-        longest_prompt=found.tokens,
+        longest_prompt=found.tokens, max_response_length=response_length(cfg)[0], prompts_used=plan.prompts, batch_size=plan.batch, repeated_rows=plan.pad,
+        rollout_run=run_identity(cfg.train_path),
+        rollout_glob=run_glob(cfg.rollout_dir, run_identity(cfg.train_path)),
     )
     if code == 0 and cfg.merge_model and final is None:
         outcome["warning"] = "verl finished but the round's model was not merged: see the log"
@@ -541,7 +607,7 @@ class VerlLauncher:
         return parse_config({k: v for k, v in data.items() if k != "kind"} | {"kind": "verl"}, where)
 
     def command(self, cfg: VerlTrainConfig) -> list[str]:
-        return build_command(cfg, prompt_limit(cfg, dry_run=True)[0])
+        return build_command(cfg, prompt_limit(cfg, dry_run=True)[0], batch_plan(cfg))
 
     env = staticmethod(build_env)
     check = staticmethod(dry_run_text)  # the dry run's text: what the round would run, checked
@@ -554,6 +620,7 @@ __all__ = [
     "LAUNCHER",
     "DEFAULTS",
     "VerlTrainConfig",
+    "batch_plan",
     "build_command",
     "build_env",
     "build_overrides",

@@ -11,7 +11,10 @@ domain-form reference: the math answer, or the code tests JSON) and
 Every rollout is logged like the OpenRLHF reward file does (same records,
 ``trainer: "verl"``), because verl's own ``trainer.rollout_data_dir`` dump
 misses groups that DAPO's dynamic sampling filtered out. verl does not pass the
-prompt to reward functions, so records carry ``prompt: ""``; `mentor ingest
+prompt to reward functions, so records carry ``prompt: ""``; nor the response's length, so
+``truncated`` (the response hit ``data.max_response_length``) is counted with the policy's
+tokenizer against the limit the launcher set (``MENTOR_RESPONSE_LIMIT``,
+``MENTOR_POLICY_TOKENIZER``; `reward_core.counted_truncation`); `mentor ingest
 --format openrlhf DIR --problems PROBLEMS` fills the problem text by id.
 
 verl calls this in its ``TaskRunner`` actor, in ``compute_reward_async`` tasks or in
@@ -31,7 +34,7 @@ log = logging.getLogger("mentor.training.verl_reward")
 try:
     # module level, in a try: where the trainer's Python lacks mentor, the load fails below naming the fix
     from mentor.pipeline.ids import text_id
-    from mentor.training.reward_core import Target, score_and_log  # likewise
+    from mentor.training.reward_core import Target, counted_truncation, score_and_log  # likewise
 except Exception as exc:  # fail at load, loudly: without mentor every score would be 0
     raise ImportError(f"{__file__}: mentor is not importable in the trainer's Python ({sys.version.split()[0]}, "
                       f"{sys.executable}): {type(exc).__name__}: {exc}; install it there: pip install 'mentor[reward]' "
@@ -65,7 +68,9 @@ def compute_score(data_source, solution_str, ground_truth, extra_info=None, **kw
         label_text = json.dumps(reference, sort_keys=True) if isinstance(reference, dict) else reference
         target = Target(domain, reference, str(pid), info.get("hint_id"), int(info.get("round") or 0), label_text)
         step = kwargs.get("step") if isinstance(kwargs.get("step"), int) else None
-        return float(score_and_log(target, solution_str or "", "", "verl", step=step, beside=__file__))
+        # verl passes the decoded response only: whether it hit data.max_response_length is counted (reward_core)
+        truncated = counted_truncation(solution_str or "")
+        return float(score_and_log(target, solution_str or "", "", "verl", truncated=truncated, step=step, beside=__file__))
     except Exception:
         log.exception("mentor compute_score failed; score 0")
         return 0.0

@@ -154,6 +154,7 @@ def summarize_run(path: Path) -> dict[str, Any]:
                 "mean_correct": s.get("mean_correct"),
                 "collapse_rate": s.get("collapse_rate"),
                 "all_correct_rate": s.get("all_correct_rate"),
+                "collapsed_cut_share": (s.get("cut_at_response_limit") or {}).get("collapsed_cut_share"),
             }
             any_correct[r] = per_problem_round(lf).group_by("problem_id").agg((pl.col("max_c") > 0).any().alias("ok")).collect()
         _, files = _round_dataset(d, "collapsed")
@@ -193,7 +194,8 @@ def summarize_run(path: Path) -> dict[str, Any]:
             row["rescued_next"] = rescued
             row["rescued_next_rate"] = rounded(rescued / nxt.height, 6) if nxt.height else None
     columns = [
-        "round", "problems", "rollouts", "mean_correct", "collapse_rate", "all_correct_rate", "collapsed", "hints",
+        "round", "problems", "rollouts", "mean_correct", "collapse_rate", "collapsed_cut_share", "all_correct_rate", "collapsed",
+        "hints",
         *STATUS_ORDER, "judge_check", "prompts", "hinted_share", "rescued_next", "rescued_next_rate", "rescue_rate_hinted", "rescue_rate_unhinted",
     ]
     table = [{c: row.get(c) for c in columns} for row in rows]

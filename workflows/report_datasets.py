@@ -84,11 +84,38 @@ def per_problem_round(lf: pl.LazyFrame) -> pl.LazyFrame:
     )
 
 
+CUT_FIX = ("raise the round's response limit (verl data.max_response_length, TRL max_completion_length, OpenRLHF "
+           "rollout.max_new_tokens): these problems failed mostly at the limit, and mentor mine does not hint them")
+
+
+def summarize_cut(lf: pl.LazyFrame, share: float = 0.5) -> dict[str, Any] | None:
+    """Rollouts cut at the response limit (``truncated``), and the collapsed problems where more than `share` of the
+    rollouts were cut (what `mentor mine` sets apart); None when the log does not say."""
+    if "truncated" not in lf.collect_schema().names():
+        return None
+    per = (lf.group_by("problem_id", "round")
+           .agg(n=pl.len(), cut=pl.col("truncated").fill_null(False).sum(), known=pl.col("truncated").is_not_null().sum(),
+                max_c=pl.col("correct").max())
+           .collect())
+    if not int(per.get_column("known").sum()):
+        return None
+    collapsed = per.filter(pl.col("max_c") <= 0)
+    cut = collapsed.filter(pl.col("cut") > share * pl.col("n"))
+    out = {"truncated_rollouts": int(per.get_column("cut").sum()),
+           "truncated_rate": rounded(float(per.get_column("cut").sum() / per.get_column("n").sum()), 6),
+           "collapsed_cut": cut.height,
+           "collapsed_cut_share": rounded(cut.height / collapsed.height, 6) if collapsed.height else None}
+    if cut.height:
+        out["fix"] = CUT_FIX
+    return out
+
+
 def summarize_rollouts(lf: pl.LazyFrame) -> dict[str, Any]:
     lf = lf.filter(pl.col("correct").is_not_null() & pl.col("correct").is_not_nan())
     per = per_problem_round(lf).collect()
     if per.height == 0:
         return {"rollouts": 0, "problems": 0}
+    cut = summarize_cut(lf)
     by_round = (
         per.group_by("round")
         .agg(
@@ -127,6 +154,8 @@ def summarize_rollouts(lf: pl.LazyFrame) -> dict[str, Any]:
         out["hinted_vs_unhinted"] = {
             ("hinted" if h else "unhinted"): {"rollouts": r, "mean_correct": rounded(m)} for h, r, m in hinted.sort("hinted").iter_rows()
         }
+    if cut is not None:
+        out["cut_at_response_limit"] = cut
     return out
 
 

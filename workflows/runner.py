@@ -329,7 +329,8 @@ def run_status(run_dir: str | Path) -> list[dict[str, Any]]:
             if stage == "ingest":
                 row.update(rows=st.get("rollouts"), problems=st.get("problems"))
             elif stage == "mine":
-                row.update(rows=st.get("collapsed"), problems=st.get("problems"), collapse_rate=st.get("collapse_rate"))
+                row.update(rows=st.get("collapsed"), problems=st.get("problems"), collapse_rate=st.get("collapse_rate"),
+                           cut=st.get("cut"), cut_share=st.get("cut_share"))
             elif stage == "hint":
                 row.update(rows=st.get("problems"), accepted=st.get("accepted"), repaired=st.get("repaired"), fallback=st.get("fallback"))
             elif stage == "build":

@@ -45,8 +45,8 @@ MINE_FLAGS = {"failed_budget_chars": "--failed-budget"}
 
 @click.command()
 @click.argument("rollouts", nargs=-1, required=True)
-@click.option("--out", "out_dir", required=True, type=click.Path(file_okay=False), help="Writes DIR/collapsed.parquet and DIR/stats.json.")
-@config_options(MineConfig, ("correct_col", "threshold", "min_rollouts", "k_failed", "failed_budget_chars", "solutions"),
+@click.option("--out", "out_dir", required=True, type=click.Path(file_okay=False), help="Writes DIR/collapsed.parquet, DIR/cut.jsonl and DIR/stats.json.")
+@config_options(MineConfig, ("correct_col", "threshold", "min_rollouts", "k_failed", "failed_budget_chars", "cut_share", "solutions"),
                 flags=MINE_FLAGS, metavars={"solutions": "PATH"})
 @click.option("--history", multiple=True, metavar="PATH", help="Earlier rounds' collapsed.parquet / hints.parquet (fills streak, previous_hints).")
 @executor_options

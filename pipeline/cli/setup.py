@@ -29,7 +29,8 @@ CPU_CONFLICTS = ("torchvision", "torchaudio", "torchcodec", "triton")
 OPENRLHF_PIN = "openrlhf==0.11.2"
 # verl pins transformers<5.11 and (in its extras) CUDA torch; its config, checkpoint and merger code run with
 # --no-deps beside the light packages of mentor's test extra. pyvers pins packaging<26: --no-deps too.
-VERL_PINS = ("verl==0.9.1", "tensordict==0.10.0", "pyvers==0.1.0")
+# torchdata: the StatefulDataLoader of verl's trainer (its dataloader is exercised in tests/test_verl_batches.py).
+VERL_PINS = ("verl==0.9.1", "tensordict==0.10.0", "pyvers==0.1.0", "torchdata==0.11.0")
 
 
 def setup_cpu_commands(openrlhf: bool = False) -> list[list[str]]:
