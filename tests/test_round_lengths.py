@@ -29,6 +29,15 @@ def round_dir(tmp_path_factory):
     return d
 
 
+@pytest.fixture(scope="module")
+def no_thinking_round_dir(tmp_path_factory):
+    """The same prompts built for a trainer that passes ``enable_thinking: false`` (a trainer must pass the
+    variables its prompts were built with: `prompt_format.check_template_kwargs`)."""
+    d = tmp_path_factory.mktemp("run") / "round-000"
+    BUILD({}, BuildConfig(base="math500", round=0, chat_template_kwargs={"enable_thinking": False}), d / "prompts")
+    return d
+
+
 def _verl(round_dir, tokenizer, **overrides):
     from mentor.training.verl_launcher import parse_config
 
@@ -45,7 +54,8 @@ def _composed(out: str):
 
 @pytest.mark.verl
 @pytest.mark.parametrize("family", ["qwen3", "llama3_1", "deepseek_v3"])
-def test_verls_prompt_limit_holds_what_verl_renders_with_the_rounds_template_kwargs(round_dir, shared_data, family):
+def test_verls_prompt_limit_holds_what_verl_renders_with_the_rounds_template_kwargs(no_thinking_round_dir, shared_data,
+                                                                                     family):
     pytest.importorskip("verl")
     from transformers import AutoTokenizer
     from verl.utils.tokenizer.continuous_token_wiring import create_continuous_token_builder
@@ -53,6 +63,7 @@ def test_verls_prompt_limit_holds_what_verl_renders_with_the_rounds_template_kwa
     from mentor.training.verl_launcher import dry_run_text
 
     tok_dir = shared_data / "tokenizers" / family
+    round_dir = no_thinking_round_dir
     out = dry_run_text(_verl(round_dir, tok_dir, **{"+data.apply_chat_template_kwargs.enable_thinking": False}))
     c = _composed(out)
     # verl's own rendering of every prompt (its agent loop's builder, with the round's kwargs as verl reads them).
@@ -85,12 +96,12 @@ def test_verls_response_limit_is_explicit(round_dir, shared_data):
     assert "# response limit: data.max_response_length=8192 (the round config)" in out
 
 
-def test_trls_completion_limit_is_explicit(tmp_path, round_dir, shared_data):
+def test_trls_completion_limit_is_explicit(tmp_path, no_thinking_round_dir, shared_data):
     pytest.importorskip("trl")
     from trl import GRPOConfig
 
     assert GRPOConfig(output_dir=str(tmp_path), use_cpu=True, bf16=False).max_completion_length == 512  # TRL's own
-    cfg = {"kind": "trl", "round_dir": str(round_dir), "base_model": str(shared_data / "tokenizers" / "qwen3"), "limit": 8,
+    cfg = {"kind": "trl", "round_dir": str(no_thinking_round_dir), "base_model": str(shared_data / "tokenizers" / "qwen3"), "limit": 8,
            "chat_template_kwargs": {"enable_thinking": False}}
     path = tmp_path / "round.yaml"
     path.write_text(yaml.safe_dump(cfg))
@@ -145,3 +156,18 @@ def test_every_prompt_of_a_trl_round_is_in_a_generation_batch(tmp_path, round_di
     path.write_text(yaml.safe_dump(base | {"limit": 7}))
     res = CliRunner().invoke(cli, ["train", "--config", str(path), "--dry-run"])
     assert res.exit_code == 0 and "# batches: 7 prompts in generation batches of 2" in res.output, res.output
+
+
+@pytest.mark.verl
+def test_verl_kwargs_given_key_by_key_must_match_the_build(round_dir, no_thinking_round_dir, shared_data):
+    """``+data.apply_chat_template_kwargs.enable_thinking=false`` is what verl renders with: prompts built without it
+    are refused before launch, and prompts built with it are taken."""
+    pytest.importorskip("verl")
+    from mentor.pipeline.errors import ConfigError
+    from mentor.training.verl_launcher import dry_run_text
+
+    tok = shared_data / "tokenizers" / "qwen3"
+    key = {"+data.apply_chat_template_kwargs.enable_thinking": False}
+    with pytest.raises(ConfigError, match=r"built with chat_template_kwargs \{\}, but the trainer passes \{'enable_thinking': False\}"):
+        dry_run_text(_verl(round_dir, tok, **key))
+    assert "main_ppo" in dry_run_text(_verl(no_thinking_round_dir, tok, **key))

@@ -79,22 +79,32 @@ def trainer_template_kwargs(kind: str, config: Mapping[str, Any] | None) -> dict
     config = config or {}
     if kind == "trl":
         value = config.get("chat_template_kwargs")
-    elif kind == "verl":
-        overrides = config.get("overrides") or {}
-        value = next((v for k, v in overrides.items() if str(k).lstrip("+~") == "data.apply_chat_template_kwargs"), None)
+    elif kind == "verl":  # whole, or key by key (+data.apply_chat_template_kwargs.enable_thinking=false)
+        key = "data.apply_chat_template_kwargs"
+        overrides = {str(k).lstrip("+~"): v for k, v in (config.get("overrides") or {}).items()}
+        value = overrides.get(key)
+        keys = {k[len(key) + 1:]: v for k, v in overrides.items() if k.startswith(key + ".")}
+        if keys:
+            if isinstance(value, str):
+                value = _json_mapping(kind, value)
+            value = {**(value or {}), **keys}
     elif kind == "offline":
         value = (config.get("rollout") or {}).get("chat_template_kwargs")
     else:
         return None
     if isinstance(value, str):  # TRL and Hydra take a JSON text too
-        try:
-            value = json.loads(value)
-        except ValueError:
-            raise ConfigError(f"{TEMPLATE_KWARGS_KEY[kind]} {value!r}: not a mapping (write e.g. {{enable_thinking: false}})") from None
+        value = _json_mapping(kind, value)
     if value is not None and not isinstance(value, Mapping):
         raise ConfigError(f"{TEMPLATE_KWARGS_KEY[kind]}: {value!r} is not a mapping of template variables "
                           "(e.g. {enable_thinking: false})")
     return dict(value) if value else None
+
+
+def _json_mapping(kind: str, value: str) -> Any:
+    try:
+        return json.loads(value)
+    except ValueError:
+        raise ConfigError(f"{TEMPLATE_KWARGS_KEY[kind]} {value!r}: not a mapping (write e.g. {{enable_thinking: false}})") from None
 
 
 def built_template_kwargs(sources: Sequence[str]) -> dict[str, Any] | None:

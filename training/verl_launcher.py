@@ -244,7 +244,7 @@ def train_files(cfg: VerlTrainConfig) -> list[str]:
             out += [str(f.resolve()) for f in resolve_inputs([src])]
     files = list(dict.fromkeys(out))
     check_readable("verl", files)  # text prompts (placement assistant): verl renders every prompt from messages
-    check_template_kwargs("verl", files, trainer_template_kwargs("verl", {"overrides": cfg.overrides}))
+    check_template_kwargs("verl", files, template_kwargs(cfg) or None)
     return files
 
 
@@ -277,7 +277,6 @@ def reward_env(cfg: VerlTrainConfig) -> dict[str, str]:
 
 PROMPT_LIMIT = "data.max_prompt_length"
 RESPONSE_LIMIT = "data.max_response_length"
-TEMPLATE_KWARGS = "data.apply_chat_template_kwargs"
 
 
 def _override(cfg: VerlTrainConfig, key: str) -> Any:
@@ -286,11 +285,7 @@ def _override(cfg: VerlTrainConfig, key: str) -> Any:
 
 def template_kwargs(cfg: VerlTrainConfig) -> dict[str, Any]:
     """``data.apply_chat_template_kwargs`` as the overrides set it (whole, or key by key), what verl renders with."""
-    out = dict(_override(cfg, TEMPLATE_KWARGS) or {})
-    for key, value in cfg.overrides.items():
-        if key.lstrip("+~").startswith(TEMPLATE_KWARGS + "."):
-            out[key.lstrip("+~")[len(TEMPLATE_KWARGS) + 1:]] = value
-    return out
+    return trainer_template_kwargs("verl", {"overrides": cfg.overrides}) or {}
 
 
 def response_length(cfg: VerlTrainConfig) -> tuple[int, str]:
