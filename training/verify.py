@@ -42,6 +42,7 @@ if every test passes.
 
 from __future__ import annotations
 
+import collections
 import json
 import logging
 import os
@@ -52,6 +53,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections import Counter
 
 from mentor.training.code_verify import (
     _SPECIAL_TOKEN,
@@ -65,6 +67,20 @@ from mentor.training.code_verify import (
 from mentor.training.math_bounds import explosive
 
 log = logging.getLogger(__name__)
+
+# Math answers not compared, by reason: "refused:<bound>" (over a budget, before math-verify),
+# "timeout_queue" (no worker free before the sample's deadline), "timeout_alarm" / "timeout_worker"
+# (the worker's alarm, or the hard deadline that kills it), "undecided" (math-verify or sympy failed).
+MATH_STATS: Counter = Counter()
+_MATH_STATS_LOCK = threading.Lock()
+
+
+def math_count(key: str) -> None:
+    with _MATH_STATS_LOCK:
+        first = key not in MATH_STATS
+        MATH_STATS[key] += 1
+    if first and key.startswith("refused:"):
+        log.warning("math answers over a budget are scored 0 without math-verify (first: %s; counted in MATH_STATS)", key[8:])
 
 # --------------------------------------------------------------------------- answer extraction
 
@@ -175,21 +191,16 @@ def _norm(s: str) -> str:
 def _worker_main() -> None:  # pragma: no cover - runs in the worker process
     """Serve ``{"gold", "pred", "timeout"}`` lines with ``{"ok": bool|None, "error": str|None}``."""
     logging.disable(logging.WARNING)
-    from math_verify import parse, verify  # slow to import (sympy): only in the worker processes
+    from mentor.training.math_compare import equal  # slow to import (sympy): only in the worker processes
 
     out = sys.stdout
     for line in sys.stdin:
         try:
             req = json.loads(line)
-            t = max(1, int(req.get("timeout", 5)))
-            # Main thread of a single-threaded process: math-verify's alarm-based timeouts work here.
-            gold = parse("\\boxed{" + req["gold"] + "}", parsing_timeout=t)
-            pred = parse("\\boxed{" + req["pred"] + "}", parsing_timeout=t)
-            if not pred:
-                pred = parse(req["pred"], parsing_timeout=t)
-            ok = bool(gold) and bool(pred) and bool(verify(gold, pred, timeout_seconds=t))
-            resp = {"ok": ok, "error": None if gold else "reference not parsable"}
-        except Exception as exc:  # anything math-verify or sympy throws: undecided
+            # Main thread of a single-threaded process: the request's alarm works here.
+            ok, error = equal(req["gold"], req["pred"], float(req.get("timeout", 5)))
+            resp = {"ok": ok, "error": error}
+        except Exception as exc:
             resp = {"ok": None, "error": f"{type(exc).__name__}: {exc}"[:300]}
         out.write(json.dumps(resp) + "\n")
         out.flush()
@@ -244,31 +255,51 @@ class MathVerifierPool:
         self.size = size
         self.timeout = timeout
         self.pid = os.getpid()
-        self._idle: queue.Queue[_Worker | None] = queue.Queue()
-        for _ in range(size):
-            self._idle.put(None)  # a slot; the worker is started on first use
+        # Free slots (None: the worker is started on first use) and the callers waiting for one, served
+        # first come, first served: a queue.Queue wakes an arbitrary waiter, and under a deadline that
+        # counts from submission an unlucky sample would starve.
+        self._free: list[_Worker | None] = [None] * size
+        self._waiting: collections.deque[tuple[threading.Event, list]] = collections.deque()
+        self._slots = threading.Lock()
         self._all: list[_Worker] = []
         self._lock = threading.Lock()
         self.timeouts = 0
+        self.queue_timeouts = 0
 
     def check(self, gold: str, pred: str) -> bool | None:
-        """math-verify equivalence; None when undecided (timeout or error)."""
-        worker = self._idle.get()
+        """math-verify equivalence; None when undecided (timeout or error).
+
+        The deadline (`timeout` seconds) counts from this call, so the wait for a free worker is part
+        of it: behind slow samples a sample is undecided at its deadline, never later."""
+        deadline = time.monotonic() + self.timeout
         try:
+            worker = self._acquire(deadline)
+        except queue.Empty:
+            self.queue_timeouts += 1
+            math_count("timeout_queue")
+            log.warning("math-verify: no worker free within %.0fs; %r scored 0", self.timeout, pred[:80])
+            return None
+        try:
+            left = deadline - time.monotonic()
+            if left <= 0.05:
+                self.queue_timeouts += 1
+                math_count("timeout_queue")
+                return None
             if worker is None or worker.proc.poll() is not None:
                 worker = _Worker()
                 with self._lock:
                     self._all.append(worker)
-            # The worker's own alarms fire first; the hard deadline is the backstop.
-            inner = max(1, int(self.timeout / 3))
-            resp = worker.ask({"gold": gold, "pred": pred, "timeout": inner}, time.monotonic() + self.timeout)
+            # The worker's own alarm (what is left, less a margin) fires first; the hard deadline is the backstop.
+            resp = worker.ask({"gold": gold, "pred": pred, "timeout": max(0.05, left - 0.25)}, deadline)
             if resp is None:
                 self.timeouts += 1
+                math_count("timeout_worker")
                 log.warning("math-verify worker overran %.0fs on %r vs %r; killed it", self.timeout, pred[:80], gold[:80])
                 worker.kill()
                 worker = None
                 return None
             if resp.get("error"):
+                math_count("timeout_alarm" if resp["error"] == "timeout" else "undecided")
                 log.debug("math-verify: %s", resp["error"])
             return resp.get("ok")
         except Exception as exc:  # a broken pipe etc.: undecided, fresh worker next time
@@ -278,7 +309,30 @@ class MathVerifierPool:
             worker = None
             return None
         finally:
-            self._idle.put(worker)
+            self._release(worker)
+
+    def _acquire(self, deadline: float) -> _Worker | None:
+        """A free slot, or the first one released after those of earlier callers; queue.Empty at `deadline`."""
+        with self._slots:
+            if self._free and not self._waiting:
+                return self._free.pop()
+            ticket = (threading.Event(), [])
+            self._waiting.append(ticket)
+        ticket[0].wait(max(0.0, deadline - time.monotonic()))
+        with self._slots:
+            if ticket[1]:
+                return ticket[1][0]
+            self._waiting.remove(ticket)
+        raise queue.Empty
+
+    def _release(self, worker: _Worker | None) -> None:
+        with self._slots:
+            if self._waiting:
+                event, box = self._waiting.popleft()
+                box.append(worker)
+                event.set()
+            else:
+                self._free.append(worker)
 
     def close(self) -> None:
         with self._lock:
@@ -314,6 +368,7 @@ def verify_math(response: str, reference: str) -> float:
         return 1.0  # identical text: no need to parse
     why = explosive(answer)
     if why is not None:
+        math_count(f"refused:{why.kind}")
         log.debug("math answer refused before math-verify (%s): %r", why, answer[:80])
         return 0.0
     return 1.0 if math_pool().check(reference, answer) else 0.0
@@ -362,6 +417,7 @@ __all__ = [
     "CODE_LABEL_KEYS",
     "CODE_PRELUDE",
     "CodeOutcome",
+    "MATH_STATS",
     "MathVerifierPool",
     "extract_code",
     "extract_math_answer",
