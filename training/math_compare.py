@@ -41,6 +41,7 @@ from math_verify import parse
 from math_verify import verify as mv_verify
 from math_verify.grader import get_pct_val, is_assignment_relation, is_equation, is_relation, take_last_relation
 from sympy import Float, Interval, MatrixBase, Rational, Tuple
+from sympy.core.relational import Relational
 from sympy import FiniteSet as SympyFiniteSet
 
 TOLERANCE = Rational(1, 10**6)  # relative, for a decimal answer to a reference no decimal can write
@@ -169,6 +170,36 @@ def _differs_somewhere(g, p) -> bool:
     return False
 
 
+def _proportional(g: Relational, p: Relational) -> bool:
+    """Whether lhs - rhs of two relations could be proportional (equivalent up to a constant factor): their
+    ratio at `_POINTS` is one constant. Only where both are polynomials (lines, planes, conics: there
+    this is what equivalence means); any other pair is left to math-verify (True here)."""
+    dg, dp = g.lhs - g.rhs, p.lhs - p.rhs
+    symbols = sorted(dg.free_symbols | dp.free_symbols, key=str)
+    try:
+        if not (symbols and dg.is_polynomial(*symbols) and dp.is_polynomial(*symbols)):
+            return True
+    except Exception:
+        return True
+    ratio = None
+    for point in _POINTS:
+        values = {s: point[i % len(point)] + i for i, s in enumerate(symbols)}
+        a, b = _doit(dg.subs(values)), _doit(dp.subs(values))
+        if a == 0 or b == 0:
+            if a != b:
+                return False
+            continue
+        r = a / b
+        if ratio is None:
+            ratio = r
+        elif r.is_Rational and ratio.is_Rational:
+            if r != ratio:
+                return False
+        elif abs((r - ratio).evalf(_DIGITS)) > Rational(1, 10**30) * abs(ratio.evalf(_DIGITS)):
+            return False
+    return True
+
+
 def _kind(e) -> str:
     if isinstance(e, MatrixBase):
         return "matrix"
@@ -211,6 +242,8 @@ def same(g, p, decimal: bool) -> bool:
         g = take_last_relation(g).rhs  # the reference "x = 5" takes 5
     g, p = get_pct_val(g, g), get_pct_val(p, p)  # 50\% is 50, as in math-verify
     if is_relation(g) or is_relation(p):
+        if isinstance(g, Relational) and isinstance(p, Relational) and not _proportional(g, p):
+            return False  # math-verify would compare lhs - rhs with chop=True: y = 2x + 3 + 10^{-20} passed
         return _math_verify(g, p)
     kg, kp = _kind(g), _kind(p)
     if kg == "scalar" and kp in ("finite", "tuple") and len(p.args) == 1:
