@@ -174,9 +174,9 @@ def _proportional(g: Relational, p: Relational) -> bool:
     """Whether lhs - rhs of two relations could be proportional (equivalent up to a constant factor): their
     ratio at `_POINTS` is one constant. Only where both are polynomials (lines, planes, conics: there
     this is what equivalence means); any other pair is left to math-verify (True here)."""
-    dg, dp = g.lhs - g.rhs, p.lhs - p.rhs
-    symbols = sorted(dg.free_symbols | dp.free_symbols, key=str)
     try:
+        dg, dp = g.lhs - g.rhs, p.lhs - p.rhs  # x \\in [-2, 7] is Eq(x, Interval): no difference
+        symbols = sorted(dg.free_symbols | dp.free_symbols, key=str)
         if not (symbols and dg.is_polynomial(*symbols) and dp.is_polynomial(*symbols)):
             return True
     except Exception:
