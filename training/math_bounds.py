@@ -32,8 +32,8 @@ POWER = 1_000  # exponent of a base that holds symbols
 TERMS = 400  # terms of the expansion of a symbolic part ((x+y+z)^{30} has 496; (x+1)^{100} 101)
 RANGE = 1_000  # upper limit of a \sum or \prod
 DEPTH = 40  # nesting of brackets and exponents
-GROUPS = 3  # nesting of brackets that group: (...), [...], \\{...\\} and {...} other than a command's argument
-EXPONENTS = 3  # nesting of exponents (2^{2^{2}})
+GROUPS = 2  # nesting of brackets that group: (...), [...], \\{...\\} and {...} other than a command's argument
+EXPONENTS = 2  # nesting of exponents (2^{2^{2}})
 LENGTH = 2_000  # characters
 
 # Digit groups joined by thousands separators count as one number (math-verify reads "1,000,000" so).

@@ -191,8 +191,9 @@ def _norm(s: str) -> str:
 def _worker_main() -> None:  # pragma: no cover - runs in the worker process
     """Serve ``{"gold", "pred", "timeout"}`` lines with ``{"ok": bool|None, "error": str|None}``."""
     logging.disable(logging.WARNING)
-    from mentor.training.math_compare import equal  # slow to import (sympy): only in the worker processes
+    from mentor.training.math_compare import equal, warm_up  # slow to import (sympy): only in the worker processes
 
+    warm_up()
     out = sys.stdout
     for line in sys.stdin:
         try:
