@@ -195,6 +195,8 @@ def _worker_main() -> None:  # pragma: no cover - runs in the worker process
 
     warm_up()
     out = sys.stdout
+    out.write(json.dumps({"ready": True}) + "\n")
+    out.flush()
     for line in sys.stdin:
         try:
             req = json.loads(line)
@@ -205,6 +207,9 @@ def _worker_main() -> None:  # pragma: no cover - runs in the worker process
             resp = {"ok": None, "error": f"{type(exc).__name__}: {exc}"[:300]}
         out.write(json.dumps(resp) + "\n")
         out.flush()
+
+
+START_LIMIT = 120.0  # seconds a worker may take to import sympy and warm up before it is given up
 
 
 class _Worker:
@@ -221,11 +226,9 @@ class _Worker:
         )
         self.buf = b""
 
-    def ask(self, req: dict, deadline: float) -> dict | None:
-        """Send one request; None when the deadline passes (the worker is then unusable)."""
-        assert self.proc.stdin is not None and self.proc.stdout is not None
-        self.proc.stdin.write((json.dumps(req) + "\n").encode())
-        self.proc.stdin.flush()
+    def read(self, deadline: float) -> dict | None:
+        """The worker's next line; None when the deadline passes or the worker died."""
+        assert self.proc.stdout is not None
         fd = self.proc.stdout.fileno()
         while b"\n" not in self.buf:
             left = deadline - time.monotonic()
@@ -240,6 +243,13 @@ class _Worker:
             self.buf += chunk
         line, _, self.buf = self.buf.partition(b"\n")
         return json.loads(line)
+
+    def ask(self, req: dict, deadline: float) -> dict | None:
+        """Send one request; None when the deadline passes (the worker is then unusable)."""
+        assert self.proc.stdin is not None
+        self.proc.stdin.write((json.dumps(req) + "\n").encode())
+        self.proc.stdin.flush()
+        return self.read(deadline)
 
     def kill(self) -> None:
         try:
@@ -271,25 +281,27 @@ class MathVerifierPool:
         """math-verify equivalence; None when undecided (timeout or error).
 
         The deadline (`timeout` seconds) counts from this call, so the wait for a free worker is part
-        of it: behind slow samples a sample is undecided at its deadline, never later."""
+        of it: behind slow samples a sample is undecided at its deadline, never later. A worker is
+        started (and warmed up) in the background and joins the pool when ready, so a sample never
+        waits on a start it could be killed for."""
         deadline = time.monotonic() + self.timeout
-        try:
-            worker = self._acquire(deadline)
-        except queue.Empty:
-            self.queue_timeouts += 1
-            math_count("timeout_queue")
-            log.warning("math-verify: no worker free within %.0fs; %r scored 0", self.timeout, pred[:80])
-            return None
+        while True:
+            try:
+                worker = self._acquire(deadline)
+            except queue.Empty:
+                self.queue_timeouts += 1
+                math_count("timeout_queue")
+                log.warning("math-verify: no worker free within %.0fs; %r scored 0", self.timeout, pred[:80])
+                return None
+            if worker is not None and worker.proc.poll() is None:
+                break
+            self._start()  # the slot goes with the starting worker
         try:
             left = deadline - time.monotonic()
             if left <= 0.05:
                 self.queue_timeouts += 1
                 math_count("timeout_queue")
                 return None
-            if worker is None or worker.proc.poll() is not None:
-                worker = _Worker()
-                with self._lock:
-                    self._all.append(worker)
             # The worker's own alarm (what is left, less a margin) fires first; the hard deadline is the backstop.
             resp = worker.ask({"gold": gold, "pred": pred, "timeout": max(0.05, left - 0.25)}, deadline)
             if resp is None:
@@ -297,7 +309,6 @@ class MathVerifierPool:
                 math_count("timeout_worker")
                 log.warning("math-verify worker overran %.0fs on %r vs %r; killed it", self.timeout, pred[:80], gold[:80])
                 worker.kill()
-                worker = None
                 return None
             if resp.get("error"):
                 math_count("timeout_alarm" if resp["error"] == "timeout" else "undecided")
@@ -305,12 +316,35 @@ class MathVerifierPool:
             return resp.get("ok")
         except Exception as exc:  # a broken pipe etc.: undecided, fresh worker next time
             log.warning("math-verify worker failed: %s", exc)
-            if worker is not None:
-                worker.kill()
-            worker = None
+            worker.kill()
             return None
         finally:
+            if worker.proc.poll() is None:
+                self._release(worker)
+            else:
+                self._start()
+
+    def _start(self) -> None:
+        """Start a worker for a slot in the background; it joins the pool once warmed up (or, when it
+        cannot start, the empty slot comes back a second later, for the next caller to try again)."""
+
+        def start() -> None:
+            worker: _Worker | None = None
+            try:
+                worker = _Worker()
+                with self._lock:
+                    self._all.append(worker)
+                if worker.read(time.monotonic() + START_LIMIT) != {"ready": True}:
+                    raise OSError(f"no ready line within {START_LIMIT:.0f} s")
+            except Exception as exc:
+                log.warning("math-verify worker did not start: %s", exc)
+                if worker is not None:
+                    worker.kill()
+                worker = None
+                time.sleep(1.0)
             self._release(worker)
+
+        threading.Thread(target=start, daemon=True, name="mentor-math-worker-start").start()
 
     def _acquire(self, deadline: float) -> _Worker | None:
         """A free slot, or the first one released after those of earlier callers; queue.Empty at `deadline`."""
