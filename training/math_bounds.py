@@ -12,8 +12,12 @@ expansion could have when it holds symbols. The answer is refused (scored 0,
 math-verify never called) when some part would need more than `DIGITS` digits,
 a factorial, Gamma or binomial of more than `FACTORIAL`, a symbol raised past
 `POWER`, an expansion of more than `TERMS` terms, a sum or product of more than
-`RANGE` terms, brackets or exponents nested deeper than `DEPTH`, or more than
-`LENGTH` characters.
+`RANGE` terms, brackets or exponents nested deeper than `DEPTH`, brackets that
+group ((...), [...], {...} other than a command's argument) nested deeper than
+`GROUPS` or exponents nested deeper than `EXPONENTS` (each level of either costs
+the LaTeX parser's prediction 0.04-0.1 s of CPU, issue 58), or more than
+`LENGTH` characters. `explosive` returns why, a `Refusal` whose `kind` names the
+bound (the counter `verify.MATH_STATS` counts refusals by it).
 
 The bounds sit far above ordinary answers: none of 12,871 final answers (the
 MATH-500 and GSM8K references, the bundled GSM8K rollouts, the model solutions

@@ -8,12 +8,14 @@ Math
 ----
 The final answer is taken from the response (`extract_math_answer`: the last
 ``\\boxed{...}``; else "the answer is X"; else "A: X" / "#### X"; else the last
-number) and compared with the reference by math-verify, which handles LaTeX,
-fractions vs decimals, sets, intervals, units and so on. The extraction is
-linear in the response (a flood of newlines or whitespace costs one pass), and
-an answer whose evaluation would explode (``10^{10^{10}}``, ``100000000!``,
-``(a+b+c+d)^{20}``...) is refused before math-verify sees it
-(`mentor.training.math_bounds`).
+number) and compared with the reference in a math worker (`mentor.training.math_compare`):
+math-verify parses both, the types are chosen per answer kind so that numbers compare exactly
+(decimals as the rationals they write, a relative tolerance only where no decimal can be exact),
+letters as strings and intervals never as sets, and math-verify compares what is left. The
+extraction is linear in the response (a flood of newlines or whitespace costs one pass), and an
+answer over a budget (``10^{10^{10}}``, ``100000000!``, ``(a+b+c+d)^{20}``, brackets or exponents
+nested past 2, over 2,000 characters...) is refused before any parsing (`mentor.training.math_bounds`),
+scored 0 and counted in `MATH_STATS` by reason.
 
 Why a process pool. math-verify bounds its own work with ``signal.alarm``,
 which only works in the main thread, and OpenRLHF calls reward functions from
@@ -21,11 +23,14 @@ worker threads. Turning its timeout off would let one pathological expression
 (``10^{10^{10}}``) hang a trainer thread forever, and a Python thread cannot be
 killed. So parsing and comparison run in a few long-lived worker processes
 (``python -m mentor.training.verify --worker``), where each worker is
-single-threaded and math-verify's signal timeouts work as designed; the caller
-waits with a hard deadline and SIGKILLs and replaces a worker that overruns it.
-Workers are started lazily, shared by all threads of a process, restarted after
-a fork, and exit when their parent's pipe closes. Cost: one small JSON message
-each way per check (well under a millisecond) and ~1 s per worker start.
+single-threaded and one alarm per request works; the caller waits with a hard
+deadline that counts from when the sample was submitted (the wait for a free
+worker, served first come first served, is part of it) and SIGKILLs a worker
+that overruns it. Workers are started in the background (import, then a warm-up
+that parses common shapes once), join the pool when ready, are shared by all
+threads of a process, restarted after a fork, and exit when their parent's pipe
+closes. Cost: one small JSON message each way per check (well under a
+millisecond) and a few seconds of one core per worker start.
 
 Code
 ----
