@@ -183,11 +183,16 @@ PROBES = {
 
 @pytest.fixture(scope="module")
 def warm(entry_points):
-    """One ordinary check through each path first: imports (torch in OpenRLHF's file) and the workers'
-    start are paid once per process, not by the sample measured."""
+    """One ordinary check through each path first: imports (torch in OpenRLHF's file), the workers' start
+    and their warm-up are paid once per process, not by the sample measured."""
     math_pool().check("1", "2")
     for call in scorers(entry_points, "so $\\boxed{4}$", "5", "math/warm", domain="math"):
         call()
+    # The workers parse their warm-up shapes while idle: wait until their CPU stops moving (at most 120 s).
+    end, last = time.monotonic() + 120, -1.0
+    while time.monotonic() < end and _pool_cpu() != last:
+        last = _pool_cpu()
+        time.sleep(1.0)
 
 
 @pytest.mark.parametrize("reference", ["5", "x^2+1"])

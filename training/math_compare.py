@@ -296,7 +296,7 @@ def _parsed(text: str, bare: bool) -> tuple[list, object]:
     return first, None
 
 
-# Shapes whose parsing is paid once per worker at its start rather than by the first sample of each:
+# Shapes whose parsing is paid once per worker, while it is idle, rather than by the first sample of each:
 # the LaTeX parser (ANTLR) builds its prediction tables lazily, and the first bracket nested in another,
 # the first nested exponent, the first interval... cost 0.03-0.16 s of CPU once, then a few ms.
 WARM_UP = ("((x+1)+1)", "((x+1)*2)", "[(x+1)+1]", "\\{(x+1), 2\\}", "{{x}+1}", "[[x]+1]", "\\left(\\left(x\\right)^2\\right)",
@@ -306,13 +306,12 @@ WARM_UP = ("((x+1)+1)", "((x+1)*2)", "[(x+1)+1]", "\\{(x+1), 2\\}", "{{x}+1}", "
            "10,\\!080", "(x+1)(x+2)", "3\\times10^{-9}", "1.5", "\\text{(C)}", "x \\in [1, 2]", "\\sqrt[3]{x}", "|x - 1|")
 
 
-def warm_up() -> None:
-    """Parse `WARM_UP` once (at a worker's start, before its first request)."""
-    for text in WARM_UP:
-        try:
-            parse("\\boxed{" + text + "}", parsing_timeout=None)
-        except Exception:
-            pass
+def warm_up(text: str) -> None:
+    """Parse one shape of `WARM_UP` (a worker does this while no request waits)."""
+    try:
+        parse("\\boxed{" + text + "}", parsing_timeout=None)
+    except Exception:
+        pass
 
 
 def equal(gold: str, pred: str, seconds: float) -> tuple[bool | None, str | None]:

@@ -26,8 +26,8 @@ killed. So parsing and comparison run in a few long-lived worker processes
 single-threaded and one alarm per request works; the caller waits with a hard
 deadline that counts from when the sample was submitted (the wait for a free
 worker, served first come first served, is part of it) and SIGKILLs a worker
-that overruns it. Workers are started in the background (import, then a warm-up
-that parses common shapes once), join the pool when ready, are shared by all
+that overruns it. Workers are started in the background, join the pool once
+they have imported math-verify (then parse a list of common shapes while idle), are shared by all
 threads of a process, restarted after a fork, and exit when their parent's pipe
 closes. Cost: one small JSON message each way per check (well under a
 millisecond) and a few seconds of one core per worker start.
@@ -194,15 +194,24 @@ def _norm(s: str) -> str:
 
 
 def _worker_main() -> None:  # pragma: no cover - runs in the worker process
-    """Serve ``{"gold", "pred", "timeout"}`` lines with ``{"ok": bool|None, "error": str|None}``."""
+    """Serve ``{"gold", "pred", "timeout"}`` lines with ``{"ok": bool|None, "error": str|None}``, after a
+    ``{"ready": true}`` line; while no request waits, parse the next shape of the warm-up list."""
     logging.disable(logging.WARNING)
-    from mentor.training.math_compare import equal, warm_up  # slow to import (sympy): only in the worker processes
+    from mentor.training.math_compare import WARM_UP, equal, warm_up  # slow to import (sympy): only in the workers
 
-    warm_up()
-    out = sys.stdout
+    out, fd, buf, pending = sys.stdout, sys.stdin.fileno(), b"", list(WARM_UP)
     out.write(json.dumps({"ready": True}) + "\n")
     out.flush()
-    for line in sys.stdin:
+    while True:
+        while b"\n" not in buf:
+            if pending and not select.select([fd], [], [], 0)[0]:
+                warm_up(pending.pop(0))  # one shape (a few ms to 0.1 s), then look for a request again
+                continue
+            chunk = os.read(fd, 65536)
+            if not chunk:
+                return  # the parent closed the pipe
+            buf += chunk
+        line, _, buf = buf.partition(b"\n")
         try:
             req = json.loads(line)
             # Main thread of a single-threaded process: the request's alarm works here.
