@@ -299,11 +299,13 @@ def _parsed(text: str, bare: bool) -> tuple[list, object]:
 # Shapes whose parsing is paid once per worker, while it is idle, rather than by the first sample of each:
 # the LaTeX parser (ANTLR) builds its prediction tables lazily, and the first bracket nested in another,
 # the first nested exponent, the first interval... cost 0.03-0.16 s of CPU once, then a few ms.
-WARM_UP = ("((x+1)+1)", "((x+1)*2)", "[(x+1)+1]", "\\{(x+1), 2\\}", "{{x}+1}", "[[x]+1]", "\\left(\\left(x\\right)^2\\right)",
-           "\\sin(\\cos(x))", "f(g(x))", "x^{x^{2}}", "e^{(x+1)^2}", "2^{-x}", "\\sin^{2}(x)\\cos^{3}(x)", "(\\sin x + \\cos x)^{2}",
-           "(1, 2)", "(2, 1)", "[1, 2)", "(0, 1) \\cup (2, \\infty)", "\\{1, 2\\}", "1, 2", "x = 1 \\text{ or } x = 2", "3 \\pm \\sqrt{2}",
-           "\\begin{pmatrix} 1 \\\\ 2 \\end{pmatrix}", "\\frac{\\sqrt{3}}{2}", "x = 5", "y = 2x + 3", "x > 2", "1 < x \\le 2", "50\\%",
-           "10,\\!080", "(x+1)(x+2)", "3\\times10^{-9}", "1.5", "\\text{(C)}", "x \\in [1, 2]", "\\sqrt[3]{x}", "|x - 1|")
+WARM_UP = ("((x+1)+1)", "((x+1)*2)", "[(x+1)+1]", "\\{(x+1), 2\\}", "{{x}+1}", "[[x]+1]",
+           "\\left(\\left(x\\right)^2\\right)", "\\sin(\\cos(x))", "f(g(x))", "x^{x^{2}}", "e^{(x+1)^2}",
+           "2^{-x}", "\\sin^{2}(x)\\cos^{3}(x)", "(\\sin x + \\cos x)^{2}", "(1, 2)", "(2, 1)", "[1, 2)",
+           "(0, 1) \\cup (2, \\infty)", "\\{1, 2\\}", "1, 2", "x = 1 \\text{ or } x = 2", "3 \\pm \\sqrt{2}",
+           "\\begin{pmatrix} 1 \\\\ 2 \\end{pmatrix}", "\\frac{\\sqrt{3}}{2}", "x = 5", "y = 2x + 3", "x > 2",
+           "1 < x \\le 2", "50\\%", "10,\\!080", "(x+1)(x+2)", "3\\times10^{-9}", "1.5", "\\text{(C)}",
+           "x \\in [1, 2]", "\\sqrt[3]{x}", "|x - 1|")
 
 
 def warm_up(text: str) -> None:
