@@ -12,8 +12,12 @@ expansion could have when it holds symbols. The answer is refused (scored 0,
 math-verify never called) when some part would need more than `DIGITS` digits,
 a factorial, Gamma or binomial of more than `FACTORIAL`, a symbol raised past
 `POWER`, an expansion of more than `TERMS` terms, a sum or product of more than
-`RANGE` terms, brackets or exponents nested deeper than `DEPTH`, or more than
-`LENGTH` characters.
+`RANGE` terms, brackets or exponents nested deeper than `DEPTH`, brackets that
+group ((...), [...], {...} other than a command's argument) nested deeper than
+`GROUPS` or exponents nested deeper than `EXPONENTS` (each level of either costs
+the LaTeX parser's prediction 0.04-0.1 s of CPU, issue 58), or more than
+`LENGTH` characters. `explosive` returns why, a `Refusal` whose `kind` names the
+bound (the counter `verify.MATH_STATS` counts refusals by it).
 
 The bounds sit far above ordinary answers: none of 12,871 final answers (the
 MATH-500 and GSM8K references, the bundled GSM8K rollouts, the model solutions
@@ -32,6 +36,8 @@ POWER = 1_000  # exponent of a base that holds symbols
 TERMS = 400  # terms of the expansion of a symbolic part ((x+y+z)^{30} has 496; (x+1)^{100} 101)
 RANGE = 1_000  # upper limit of a \sum or \prod
 DEPTH = 40  # nesting of brackets and exponents
+GROUPS = 2  # nesting of brackets that group: (...), [...], \\{...\\} and {...} other than a command's argument
+EXPONENTS = 2  # nesting of exponents (2^{2^{2}})
 LENGTH = 2_000  # characters
 
 # Digit groups joined by thousands separators count as one number (math-verify reads "1,000,000" so).
@@ -55,6 +61,21 @@ _SYMBOL = (None, 0.0)
 class Explosive(ValueError):
     """An answer whose evaluation would explode (the message says which bound it passes)."""
 
+    def __init__(self, message: str, kind: str) -> None:
+        super().__init__(message)
+        self.kind = kind
+
+
+class Refusal(str):
+    """Why an answer is refused (the text), with `kind`, the bound it passes (a counter's name)."""
+
+    kind: str
+
+    def __new__(cls, message: str, kind: str) -> "Refusal":
+        out = super().__new__(cls, message)
+        out.kind = kind
+        return out
+
 
 def _number(digits: str) -> float:
     """log10 of the integer written with these digits (separators and the decimal point ignored)."""
@@ -77,7 +98,7 @@ class _Reader:
     """A recursive-descent pass over the tokens: sums of products of powers/factorials of atoms."""
 
     def __init__(self, tokens: list[str]) -> None:
-        self.t, self.i, self.depth = tokens, 0, 0
+        self.t, self.i, self.depth, self.groups, self.exponents = tokens, 0, 0, 0, 0
 
     def peek(self) -> str | None:
         return self.t[self.i] if self.i < len(self.t) else None
@@ -90,13 +111,13 @@ class _Reader:
     def enter(self) -> None:
         self.depth += 1
         if self.depth > DEPTH:
-            raise Explosive(f"brackets or exponents nested more than {DEPTH} deep")
+            raise Explosive(f"brackets or exponents nested more than {DEPTH} deep", "depth")
 
     def part(self, digits: float | None, terms: float) -> tuple[float | None, float]:
         if digits is not None and digits > DIGITS:
-            raise Explosive(f"a number of more than {DIGITS} digits")
+            raise Explosive(f"a number of more than {DIGITS} digits", "digits")
         if terms > math.log10(TERMS):
-            raise Explosive(f"an expansion of more than {TERMS} terms")
+            raise Explosive(f"an expansion of more than {TERMS} terms", "terms")
         return digits, terms
 
     def starts_factor(self) -> bool:
@@ -155,10 +176,17 @@ class _Reader:
     def exponent(self) -> tuple[float | None, float]:
         """What a ^ or _ applies: a braced group, else the next factor (``10**10**10`` is 10**(10**10))."""
         self.enter()
+        self.exponents += 1
+        if self.exponents > EXPONENTS:
+            raise Explosive(f"exponents nested more than {EXPONENTS} deep", "exponents")
         try:
-            return self.atom() if self.peek() == "{" else self.factor()
+            if self.peek() == "{":  # the exponent's own braces: an argument, not a group
+                self.take()
+                return self.expr("}")
+            return self.factor()
         finally:
             self.depth -= 1
+            self.exponents -= 1
 
     def power(self, base: tuple[float | None, float], exp: tuple[float | None, float]) -> tuple[float | None, float]:
         if exp[0] is None:
@@ -167,7 +195,7 @@ class _Reader:
         if base[0] is not None:
             return self.part(0.0 if base[0] == 0 else n * base[0], 0.0)
         if n > POWER:
-            raise Explosive(f"a power of a symbol with an exponent over {POWER}")
+            raise Explosive(f"a power of a symbol with an exponent over {POWER}", "power")
         k = 10.0 ** base[1]  # terms of the base; its n-th power has at most C(n + k - 1, k - 1)
         terms = (math.lgamma(n + k) - math.lgamma(k) - math.lgamma(n + 1)) / _LOG10 if k > 1 else 0.0
         return self.part(None, max(terms, 0.0))
@@ -177,7 +205,7 @@ class _Reader:
             return _SYMBOL
         n = _value(arg[0])
         if n > FACTORIAL:
-            raise Explosive(f"a factorial (or Gamma, or binomial) of more than {FACTORIAL}")
+            raise Explosive(f"a factorial (or Gamma, or binomial) of more than {FACTORIAL}", "factorial")
         return self.part(math.lgamma(n + 1) / _LOG10, 0.0)
 
     def group(self) -> tuple[float | None, float]:
@@ -200,8 +228,14 @@ class _Reader:
             return _SYMBOL
         if tok[0].isdigit():
             return self.part(_number(tok), 0.0)
-        if tok in _OPEN:
-            return self.expr(_OPEN[tok])
+        if tok in _OPEN:  # a group: what the LaTeX parser's prediction pays for per level (see GROUPS)
+            self.groups += 1
+            if self.groups > GROUPS:
+                raise Explosive(f"brackets nested more than {GROUPS} deep", "groups")
+            try:
+                return self.expr(_OPEN[tok])
+            finally:
+                self.groups -= 1
         if tok in _CONST:
             return _CONST[tok], 0.0
         if tok in _FRAC:
@@ -222,7 +256,7 @@ class _Reader:
                 if self.take() == "^":
                     top = self.exponent()
                     if top[0] is not None and _value(top[0]) > RANGE:
-                        raise Explosive(f"a sum or product of more than {RANGE} terms")
+                        raise Explosive(f"a sum or product of more than {RANGE} terms", "range")
                 else:
                     self.exponent()
             return _SYMBOL
@@ -232,10 +266,10 @@ class _Reader:
         return _SYMBOL  # a letter, a word of text or another command
 
 
-def explosive(answer: str) -> str | None:
+def explosive(answer: str) -> Refusal | None:
     """Why evaluating `answer` would explode (see the module docstring), or None for an ordinary answer."""
     if len(answer) > LENGTH:
-        return f"more than {LENGTH} characters"
+        return Refusal(f"more than {LENGTH} characters", "length")
     reader = _Reader([t for t in _TOKEN.findall(answer) if not t.isspace() and t not in _SKIP])
     try:
         while reader.peek() is not None:
@@ -243,5 +277,5 @@ def explosive(answer: str) -> str | None:
             if reader.peek() is not None:
                 reader.take()  # a stray closing bracket
     except Explosive as exc:
-        return str(exc)
+        return Refusal(str(exc), exc.kind)
     return None

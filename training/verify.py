@@ -8,12 +8,14 @@ Math
 ----
 The final answer is taken from the response (`extract_math_answer`: the last
 ``\\boxed{...}``; else "the answer is X"; else "A: X" / "#### X"; else the last
-number) and compared with the reference by math-verify, which handles LaTeX,
-fractions vs decimals, sets, intervals, units and so on. The extraction is
-linear in the response (a flood of newlines or whitespace costs one pass), and
-an answer whose evaluation would explode (``10^{10^{10}}``, ``100000000!``,
-``(a+b+c+d)^{20}``...) is refused before math-verify sees it
-(`mentor.training.math_bounds`).
+number) and compared with the reference in a math worker (`mentor.training.math_compare`):
+math-verify parses both, the types are chosen per answer kind so that numbers compare exactly
+(decimals as the rationals they write, a relative tolerance only where no decimal can be exact),
+letters as strings and intervals never as sets, and math-verify compares what is left. The
+extraction is linear in the response (a flood of newlines or whitespace costs one pass), and an
+answer over a budget (``10^{10^{10}}``, ``100000000!``, ``(a+b+c+d)^{20}``, brackets or exponents
+nested past 2, over 2,000 characters...) is refused before any parsing (`mentor.training.math_bounds`),
+scored 0 and counted in `MATH_STATS` by reason.
 
 Why a process pool. math-verify bounds its own work with ``signal.alarm``,
 which only works in the main thread, and OpenRLHF calls reward functions from
@@ -21,11 +23,14 @@ worker threads. Turning its timeout off would let one pathological expression
 (``10^{10^{10}}``) hang a trainer thread forever, and a Python thread cannot be
 killed. So parsing and comparison run in a few long-lived worker processes
 (``python -m mentor.training.verify --worker``), where each worker is
-single-threaded and math-verify's signal timeouts work as designed; the caller
-waits with a hard deadline and SIGKILLs and replaces a worker that overruns it.
-Workers are started lazily, shared by all threads of a process, restarted after
-a fork, and exit when their parent's pipe closes. Cost: one small JSON message
-each way per check (well under a millisecond) and ~1 s per worker start.
+single-threaded and one alarm per request works; the caller waits with a hard
+deadline that counts from when the sample was submitted (the wait for a free
+worker, served first come first served, is part of it) and SIGKILLs a worker
+that overruns it. Workers are started in the background, join the pool once
+they have imported math-verify (then parse a list of common shapes while idle), are shared by all
+threads of a process, restarted after a fork, and exit when their parent's pipe
+closes. Cost: one small JSON message each way per check (well under a
+millisecond) and a few seconds of one core per worker start.
 
 Code
 ----
@@ -42,6 +47,7 @@ if every test passes.
 
 from __future__ import annotations
 
+import collections
 import json
 import logging
 import os
@@ -52,6 +58,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections import Counter
 
 from mentor.training.code_verify import (
     _SPECIAL_TOKEN,
@@ -65,6 +72,20 @@ from mentor.training.code_verify import (
 from mentor.training.math_bounds import explosive
 
 log = logging.getLogger(__name__)
+
+# Math answers not compared, by reason: "refused:<bound>" (over a budget, before math-verify),
+# "timeout_queue" (no worker free before the sample's deadline), "timeout_alarm" / "timeout_worker"
+# (the worker's alarm, or the hard deadline that kills it), "undecided" (math-verify or sympy failed).
+MATH_STATS: Counter = Counter()
+_MATH_STATS_LOCK = threading.Lock()
+
+
+def math_count(key: str) -> None:
+    with _MATH_STATS_LOCK:
+        first = key not in MATH_STATS
+        MATH_STATS[key] += 1
+    if first and key.startswith("refused:"):
+        log.warning("math answers over a budget are scored 0 without math-verify (first: %s; counted in MATH_STATS)", key[8:])
 
 # --------------------------------------------------------------------------- answer extraction
 
@@ -173,26 +194,36 @@ def _norm(s: str) -> str:
 
 
 def _worker_main() -> None:  # pragma: no cover - runs in the worker process
-    """Serve ``{"gold", "pred", "timeout"}`` lines with ``{"ok": bool|None, "error": str|None}``."""
+    """Serve ``{"gold", "pred", "timeout"}`` lines with ``{"ok": bool|None, "error": str|None}``, after a
+    ``{"ready": true}`` line; while no request waits, parse the next shape of the warm-up list."""
     logging.disable(logging.WARNING)
-    from math_verify import parse, verify  # slow to import (sympy): only in the worker processes
+    from mentor.training.math_compare import WARM_UP, equal, warm_up  # slow to import (sympy): only in the workers
 
-    out = sys.stdout
-    for line in sys.stdin:
+    out, fd, buf, pending = sys.stdout, sys.stdin.fileno(), b"", list(WARM_UP)
+    out.write(json.dumps({"ready": True}) + "\n")
+    out.flush()
+    while True:
+        while b"\n" not in buf:
+            if pending and not select.select([fd], [], [], 0)[0]:
+                warm_up(pending.pop(0))  # one shape (a few ms to 0.1 s), then look for a request again
+                continue
+            chunk = os.read(fd, 65536)
+            if not chunk:
+                return  # the parent closed the pipe
+            buf += chunk
+        line, _, buf = buf.partition(b"\n")
         try:
             req = json.loads(line)
-            t = max(1, int(req.get("timeout", 5)))
-            # Main thread of a single-threaded process: math-verify's alarm-based timeouts work here.
-            gold = parse("\\boxed{" + req["gold"] + "}", parsing_timeout=t)
-            pred = parse("\\boxed{" + req["pred"] + "}", parsing_timeout=t)
-            if not pred:
-                pred = parse(req["pred"], parsing_timeout=t)
-            ok = bool(gold) and bool(pred) and bool(verify(gold, pred, timeout_seconds=t))
-            resp = {"ok": ok, "error": None if gold else "reference not parsable"}
-        except Exception as exc:  # anything math-verify or sympy throws: undecided
+            # Main thread of a single-threaded process: the request's alarm works here.
+            ok, error = equal(req["gold"], req["pred"], float(req.get("timeout", 5)))
+            resp = {"ok": ok, "error": error}
+        except Exception as exc:
             resp = {"ok": None, "error": f"{type(exc).__name__}: {exc}"[:300]}
         out.write(json.dumps(resp) + "\n")
         out.flush()
+
+
+START_LIMIT = 120.0  # seconds a worker may take to import sympy and warm up before it is given up
 
 
 class _Worker:
@@ -209,11 +240,9 @@ class _Worker:
         )
         self.buf = b""
 
-    def ask(self, req: dict, deadline: float) -> dict | None:
-        """Send one request; None when the deadline passes (the worker is then unusable)."""
-        assert self.proc.stdin is not None and self.proc.stdout is not None
-        self.proc.stdin.write((json.dumps(req) + "\n").encode())
-        self.proc.stdin.flush()
+    def read(self, deadline: float) -> dict | None:
+        """The worker's next line; None when the deadline passes or the worker died."""
+        assert self.proc.stdout is not None
         fd = self.proc.stdout.fileno()
         while b"\n" not in self.buf:
             left = deadline - time.monotonic()
@@ -228,6 +257,13 @@ class _Worker:
             self.buf += chunk
         line, _, self.buf = self.buf.partition(b"\n")
         return json.loads(line)
+
+    def ask(self, req: dict, deadline: float) -> dict | None:
+        """Send one request; None when the deadline passes (the worker is then unusable)."""
+        assert self.proc.stdin is not None
+        self.proc.stdin.write((json.dumps(req) + "\n").encode())
+        self.proc.stdin.flush()
+        return self.read(deadline)
 
     def kill(self) -> None:
         try:
@@ -244,41 +280,108 @@ class MathVerifierPool:
         self.size = size
         self.timeout = timeout
         self.pid = os.getpid()
-        self._idle: queue.Queue[_Worker | None] = queue.Queue()
-        for _ in range(size):
-            self._idle.put(None)  # a slot; the worker is started on first use
+        # Free slots (None: the worker is started on first use) and the callers waiting for one, served
+        # first come, first served: a queue.Queue wakes an arbitrary waiter, and under a deadline that
+        # counts from submission an unlucky sample would starve.
+        self._free: list[_Worker | None] = [None] * size
+        self._waiting: collections.deque[tuple[threading.Event, list]] = collections.deque()
+        self._slots = threading.Lock()
         self._all: list[_Worker] = []
         self._lock = threading.Lock()
         self.timeouts = 0
+        self.queue_timeouts = 0
 
     def check(self, gold: str, pred: str) -> bool | None:
-        """math-verify equivalence; None when undecided (timeout or error)."""
-        worker = self._idle.get()
+        """math-verify equivalence; None when undecided (timeout or error).
+
+        The deadline (`timeout` seconds) counts from this call, so the wait for a free worker is part
+        of it: behind slow samples a sample is undecided at its deadline, never later. A worker is
+        started (and warmed up) in the background and joins the pool when ready, so a sample never
+        waits on a start it could be killed for."""
+        deadline = time.monotonic() + self.timeout
+        while True:
+            try:
+                worker = self._acquire(deadline)
+            except queue.Empty:
+                self.queue_timeouts += 1
+                math_count("timeout_queue")
+                log.warning("math-verify: no worker free within %.0fs; %r scored 0", self.timeout, pred[:80])
+                return None
+            if worker is not None and worker.proc.poll() is None:
+                break
+            self._start()  # the slot goes with the starting worker
         try:
-            if worker is None or worker.proc.poll() is not None:
-                worker = _Worker()
-                with self._lock:
-                    self._all.append(worker)
-            # The worker's own alarms fire first; the hard deadline is the backstop.
-            inner = max(1, int(self.timeout / 3))
-            resp = worker.ask({"gold": gold, "pred": pred, "timeout": inner}, time.monotonic() + self.timeout)
+            left = deadline - time.monotonic()
+            if left <= 0.05:
+                self.queue_timeouts += 1
+                math_count("timeout_queue")
+                return None
+            # The worker's own alarm (what is left, less a margin) fires first; the hard deadline is the backstop.
+            resp = worker.ask({"gold": gold, "pred": pred, "timeout": max(0.05, left - 0.25)}, deadline)
             if resp is None:
                 self.timeouts += 1
+                math_count("timeout_worker")
                 log.warning("math-verify worker overran %.0fs on %r vs %r; killed it", self.timeout, pred[:80], gold[:80])
                 worker.kill()
-                worker = None
                 return None
             if resp.get("error"):
+                math_count("timeout_alarm" if resp["error"] == "timeout" else "undecided")
                 log.debug("math-verify: %s", resp["error"])
             return resp.get("ok")
         except Exception as exc:  # a broken pipe etc.: undecided, fresh worker next time
             log.warning("math-verify worker failed: %s", exc)
-            if worker is not None:
-                worker.kill()
-            worker = None
+            worker.kill()
             return None
         finally:
-            self._idle.put(worker)
+            if worker.proc.poll() is None:
+                self._release(worker)
+            else:
+                self._start()
+
+    def _start(self) -> None:
+        """Start a worker for a slot in the background; it joins the pool once warmed up (or, when it
+        cannot start, the empty slot comes back a second later, for the next caller to try again)."""
+
+        def start() -> None:
+            worker: _Worker | None = None
+            try:
+                worker = _Worker()
+                with self._lock:
+                    self._all.append(worker)
+                if worker.read(time.monotonic() + START_LIMIT) != {"ready": True}:
+                    raise OSError(f"no ready line within {START_LIMIT:.0f} s")
+            except Exception as exc:
+                log.warning("math-verify worker did not start: %s", exc)
+                if worker is not None:
+                    worker.kill()
+                worker = None
+                time.sleep(1.0)
+            self._release(worker)
+
+        threading.Thread(target=start, daemon=True, name="mentor-math-worker-start").start()
+
+    def _acquire(self, deadline: float) -> _Worker | None:
+        """A free slot, or the first one released after those of earlier callers; queue.Empty at `deadline`."""
+        with self._slots:
+            if self._free and not self._waiting:
+                return self._free.pop()
+            ticket = (threading.Event(), [])
+            self._waiting.append(ticket)
+        ticket[0].wait(max(0.0, deadline - time.monotonic()))
+        with self._slots:
+            if ticket[1]:
+                return ticket[1][0]
+            self._waiting.remove(ticket)
+        raise queue.Empty
+
+    def _release(self, worker: _Worker | None) -> None:
+        with self._slots:
+            if self._waiting:
+                event, box = self._waiting.popleft()
+                box.append(worker)
+                event.set()
+            else:
+                self._free.append(worker)
 
     def close(self) -> None:
         with self._lock:
@@ -314,6 +417,7 @@ def verify_math(response: str, reference: str) -> float:
         return 1.0  # identical text: no need to parse
     why = explosive(answer)
     if why is not None:
+        math_count(f"refused:{why.kind}")
         log.debug("math answer refused before math-verify (%s): %r", why, answer[:80])
         return 0.0
     return 1.0 if math_pool().check(reference, answer) else 0.0
@@ -362,6 +466,7 @@ __all__ = [
     "CODE_LABEL_KEYS",
     "CODE_PRELUDE",
     "CodeOutcome",
+    "MATH_STATS",
     "MathVerifierPool",
     "extract_code",
     "extract_math_answer",

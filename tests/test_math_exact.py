@@ -1,0 +1,242 @@
+"""Math answers compared exactly where they can be, and trusted math work bounded (issue 58).
+
+One row per answer kind of the table in docs/training.md ("Math: what counts as equal"), each
+through the three trainers' reward entry points (OpenRLHF's `reward_func`, verl's `compute_score`,
+TRL's reward, loaded as in test_reward_integrity); every kind holds at least one wrong answer that
+scored 1.0 before issue 58 (or, for percentages, a right one that scored 0). Then every GSM8K and
+MATH-500 reference against its usual equivalent forms, the probe answers of issue 58 held to 0.1 s
+of trusted CPU, and the math pool's deadline counted from submission.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from fractions import Fraction
+
+import polars as pl
+import pytest
+from test_reward_integrity import _pool_cpu, entry_points, scorers  # noqa: F401 - entry_points is a fixture
+
+from mentor.data import bundled
+from mentor.training.verify import MATH_STATS, MathVerifierPool, math_pool, verify
+
+# (kind, reference, answer, score): the kinds are the rows of the docs table.
+ROWS = [
+    ("integer", "12345678901234567891", "12345678901234567890 + 0.0", 0.0),
+    ("integer", "12345678901234567891", "12345678901234567891.0", 1.0),
+    ("integer", "42", "41.9999999", 0.0),
+    ("integer", "42", r"\frac{84}{2}", 1.0),
+    ("integer", r"10,\!080", "10080", 1.0),
+    ("integer", "0", "0.0000001", 0.0),
+    ("exact decimal", r"3\times10^{-9}", "0.0", 0.0),
+    ("exact decimal", r"-3\times10^{-9}", "0", 0.0),
+    ("exact decimal", r"\frac{1}{2^{30}}", "0.0", 0.0),
+    ("exact decimal", "1.25", "1.2500001", 0.0),
+    ("exact decimal", r"3\times10^{-9}", "0.000000003", 1.0),
+    ("exact decimal", r"\frac{1}{4}", "0.25", 1.0),
+    ("exact decimal", ".0000672", r"6.72\times10^{-5}", 1.0),
+    ("other fraction", r"\frac{1}{3000000}", "0.0", 0.0),
+    ("other fraction", r"\frac{1}{3000000}", "0.0000003333333", 1.0),
+    ("other fraction", r"\frac{14}{3}", "4.666667", 1.0),
+    ("other fraction", r"\frac{14}{3}", "4.67", 0.0),
+    ("irrational", r"\frac{\sqrt{2}}{10^{20}}", "1-1", 0.0),
+    ("irrational", r"\frac{\pi}{10^{7}}", "0.0", 0.0),
+    ("irrational", r"-\frac{\pi}{10^{7}}", "-0.0", 0.0),
+    ("irrational", r"\sqrt{2}", "1.414214", 1.0),
+    ("irrational", r"\sqrt{2}", "1.41", 0.0),
+    ("irrational", r"\frac{\sqrt{3}}{3}", r"\frac{1}{\sqrt{3}}", 1.0),
+    ("percentage", r"50\%", "50", 1.0),
+    ("percentage", r"12.5\%", r"12.5\%", 1.0),
+    ("percentage", r"50\%", "0.5", 0.0),
+    ("letters", "BDAC", "ABCD", 0.0),
+    ("letters", "BDAC", "DBAC", 0.0),
+    ("letters", r"\text{act}", "cat", 0.0),
+    ("letters", "BDAC", r"\text{BDAC}", 1.0),
+    ("letters", r"\text{(C)}", "C", 1.0),
+    ("letters", r"\text{Evelyn}", "Evelyn", 1.0),
+    ("interval", "(2, 5)", r"x = 2 \text{ or } x = 5", 0.0),
+    ("interval", r"(0, \infty)", r"x = 0 \text{ or } x = \infty", 0.0),
+    ("interval", "(2, 5)", "2, 5", 0.0),
+    ("interval", "(2, 5)", "[2, 5]", 0.0),
+    ("interval", r"(\frac{1}{3000000}, 1)", "(0.0, 1)", 0.0),
+    ("interval", "(2, 5)", r"x \in (2, 5)", 1.0),
+    ("interval", "(3,4]", r"\left(3, 4\right]", 1.0),
+    ("interval", r"(-\infty, 2) \cup (3, \infty)", r"(-\infty,2)\cup(3,\infty)", 1.0),
+    ("set", "-2,1", "(-2, 1)", 0.0),
+    ("set", r"\{\frac{1}{3000000}, 1\}", r"\{0.0, 1\}", 0.0),
+    ("set", "1,-2", r"x = -2 \text{ or } x = 1", 1.0),
+    ("set", r"3 \pm 2\sqrt{2}", r"3 - 2\sqrt{2}, 3 + 2\sqrt{2}", 1.0),
+    ("tuple", r"(8, \frac{1}{3000000})", "(8, 0.0)", 0.0),
+    ("tuple", "(8,-2)", "(-2, 8)", 0.0),
+    ("tuple", "(8,-2)", "8, -2", 1.0),
+    ("tuple", r"\left( 3, \frac{\pi}{2} \right)", r"(3, \frac{\pi}{2})", 1.0),
+    ("matrix", r"\begin{pmatrix} 1 \\ \frac{1}{3000000} \end{pmatrix}", r"\begin{pmatrix} 1 \\ 0.0 \end{pmatrix}", 0.0),
+    ("matrix", r"\begin{pmatrix} 1/5 \\ -18/5 \end{pmatrix}", r"\begin{pmatrix} 0.2 \\ -3.6 \end{pmatrix}", 1.0),
+    ("expression", "x+1", "x+1+10^{-20}", 0.0),
+    ("expression", "x^2+1", "1+x^2", 1.0),
+    ("expression", "p - q", "-q+p", 1.0),
+    ("relation", "y = 2x + 3", "y = 2x + 3 + 10^{-20}", 0.0),
+    ("relation", "x > 2", "x > 2 + 10^{-20}", 0.0),
+    ("relation", "y = 2x + 3", "2x - y + 3 = 0", 1.0),
+    ("relation", "x=5", "5", 1.0),
+]
+
+
+@pytest.fixture(autouse=True)
+def _env(tmp_path, monkeypatch):
+    monkeypatch.setenv("MENTOR_ROLLOUT_DIR", str(tmp_path / "rollouts"))
+
+
+@pytest.mark.parametrize("kind,reference,answer,score", ROWS, ids=[f"{r[0]}:{r[2]}" for r in ROWS])
+def test_answer_kinds_through_every_entry_point(kind, reference, answer, score, entry_points):
+    response = f"Working... so the answer is $\\boxed{{{answer}}}$."
+    got = [call() for call in scorers(entry_points, response, reference, f"math/{kind}", domain="math")]
+    assert got == [score] * 3, (kind, reference, answer, got)
+
+
+def test_every_kind_of_the_docs_table_is_tested():
+    from pathlib import Path
+
+    doc = (Path(__file__).resolve().parents[1] / "docs" / "training.md").read_text()
+    table = doc.split("### Math: what counts as equal", 1)[1].split("\n\n|", 1)[1].split("\n\n", 1)[0]
+    kinds = [line.split("|")[1].strip() for line in table.splitlines()[2:]]
+    assert sorted(kinds) == sorted({r[0] for r in ROWS})
+    for kind in kinds:  # a wrong answer of each kind, and (but for percentages) a right one
+        assert {r[3] for r in ROWS if r[0] == kind} == {0.0, 1.0}, kind
+
+
+# --------------------------------------------------------------------------- the real references
+
+_INT = re.compile(r"^-?\d+$")
+_FRAC = re.compile(r"^(-?)\\[dt]?frac\s*\{?(\d+)\}?\s*\{?(\d+)\}?$")
+
+
+def equivalent_forms(ref: str) -> list[str]:
+    """The usual equivalent forms of a reference: integers with a trailing .0/.00, with thousands
+    separators; fractions as \\dfrac, a/b and their decimal (exact where one exists, 10 significant
+    digits otherwise); any other \\frac as \\dfrac."""
+    out = [ref]
+    if _INT.match(ref):
+        n = int(ref)
+        out += [f"{ref}.0", f"{ref}.00"]
+        if abs(n) >= 1000:
+            out += [f"{n:,}", f"{n:,}".replace(",", "{,}"), f"{n:,}".replace(",", ",\\!")]
+    m = _FRAC.match(ref)
+    if m:
+        q = Fraction(int(m[2]), int(m[3])) * (-1 if m[1] else 1)
+        out += [ref.replace("frac", "dfrac") if "\\frac" in ref else ref, f"{m[1]}{m[2]}/{m[3]}"]
+        d = q.denominator
+        while d % 2 == 0:
+            d //= 2
+        while d % 5 == 0:
+            d //= 5
+        out.append(f"{float(q):.12f}".rstrip("0").rstrip(".") if d == 1 else f"{float(q):.10g}")
+    elif "\\frac" in ref:
+        out.append(ref.replace("\\frac", "\\dfrac"))
+    return out
+
+
+def test_every_gsm8k_and_math500_reference_scores_one_in_its_usual_forms(shared_data):
+    """All 1,319 GSM8K and 500 MATH-500 references (shared/data and the bundled parquets): each scores
+    1.0 against itself in a boxed response, and each of its usual forms is equal to it in the math pool
+    (the comparison itself: an identical text is accepted before the pool)."""
+    refs = [json.loads(line)["answer"].split("####")[-1].strip() for line in open(shared_data / "gsm8k" / "test.jsonl")]
+    refs += [json.loads(line)["answer"] for line in open(shared_data / "math500" / "test.jsonl")]
+    assert len(refs) == 1819
+    for name in ("gsm8k_problems.parquet", "math500_problems.parquet"):
+        refs += [a for a in pl.read_parquet(bundled(name))["label"] if a not in refs]
+    for ref in refs:
+        assert verify("math", f"So the answer is $\\boxed{{{ref}}}$.", ref) == 1.0, ref
+    pairs = [(ref, form) for ref in refs for form in equivalent_forms(ref)]
+    assert len(pairs) > 5500
+    pool = MathVerifierPool(size=2, timeout=60.0)
+    try:
+        with ThreadPoolExecutor(4) as ex:
+            verdicts = list(ex.map(lambda p: pool.check(*p), pairs))
+    finally:
+        pool.close()
+    assert [p for p, ok in zip(pairs, verdicts) if ok is not True] == []
+
+
+# --------------------------------------------------------------------------- trusted CPU per sample
+
+PROBES = {
+    "parentheses_2": "((x+1)+1)",  # the deepest nesting admitted
+    "parentheses_3": "(((x+1)+1)+1)",
+    "parentheses_39": "(" * 39 + "x" + ")" * 39,
+    "left_right_20": "\\left(" * 20 + "x" + "\\right)" * 20,
+    "braces_20": "{" * 20 + "x" + "}" * 20,
+    "functions_10": "\\sin(" * 10 + "x" + ")" * 10,
+    "exponents_2": "x^{x^{2}}",  # the deepest admitted
+    "exponents_5": "x^{" * 5 + "2" + "}" * 5,
+    "sin_power_1000": r"\sin^{1000}(x)",
+    "sin_power_999": r"\sin^{999}(x)",
+    "sin_cos_powers": r"\sin^{1000}(x)\cos^{1000}(x)",
+    "binomial_power": r"(\sin x + \cos x)^{30}",
+    "polynomial_power": "(x+1)^{200}",
+}
+
+
+@pytest.fixture(scope="module")
+def warm(entry_points):
+    """One ordinary check through each path first: imports (torch in OpenRLHF's file), the workers' start
+    and their warm-up are paid once per process, not by the sample measured."""
+    math_pool().check("1", "2")
+    for call in scorers(entry_points, "so $\\boxed{4}$", "5", "math/warm", domain="math"):
+        call()
+    # The workers parse their warm-up shapes while idle: wait until their CPU stops moving (at most 120 s).
+    end, last = time.monotonic() + 120, -1.0
+    while time.monotonic() < end and _pool_cpu() != last:
+        last = _pool_cpu()
+        time.sleep(1.0)
+
+
+@pytest.mark.parametrize("reference", ["5", "x^2+1"])
+@pytest.mark.parametrize("name", sorted(PROBES))
+def test_probe_answers_cost_a_tenth_of_a_second(name, reference, entry_points, warm):
+    """Before issue 58 (this machine, 2 busy cores, the worst of the three entry points): 39 nested
+    parentheses cost 1.6-2.0 s of CPU, 20 nested braces 1.4-3.4 s, \\sin^{1000}(x) 0.3-1.5 s,
+    (\\sin x + \\cos x)^{30} 0.4-0.7 s, running into math-verify's alarms; after, at most 0.04 s."""
+    for i, call in enumerate(scorers(entry_points, f"so $\\boxed{{{PROBES[name]}}}$", reference, "math/probe", domain="math")):
+        t, pool = time.process_time(), _pool_cpu()
+        score = call()
+        cpu = time.process_time() - t + _pool_cpu() - pool
+        assert score == 0.0, (name, i)
+        assert cpu <= 0.1, f"{name} vs {reference}: entry point {i} cost the trusted side {cpu:.2f} s of CPU"
+
+
+def test_refusals_are_counted_by_reason():
+    before = MATH_STATS["refused:groups"]
+    assert verify("math", "so $\\boxed{" + "(" * 39 + "x" + ")" * 39 + "}$", "5") == 0.0
+    assert MATH_STATS["refused:groups"] == before + 1
+
+
+# --------------------------------------------------------------------------- the pool's deadline
+
+
+def test_a_sample_waiting_for_a_worker_is_bounded_by_its_own_deadline():
+    """Three slow samples ahead of an honest one in a pool of one worker: the honest one is answered
+    (or given up) within its timeout counted from submission. Before issue 58 the timeout started when
+    a worker was free, so it waited for all three first (the red team saw 17-19 s against 10 s)."""
+    timeout = 2.0
+    pool = MathVerifierPool(size=1, timeout=60.0)
+    try:
+        assert pool.check("1", "1") is True  # the worker starts (and warms up) outside the clock
+        pool.timeout = timeout
+        slow = "(" * 30 + "x" + ")" * 30  # a trusted reference: the pool parses it, however long that takes
+        threads = [threading.Thread(target=pool.check, args=(slow, "y")) for _ in range(3)]
+        for th in threads:
+            th.start()
+            time.sleep(0.05)
+        t = time.monotonic()
+        pool.check("7", "7")
+        waited = time.monotonic() - t
+        for th in threads:
+            th.join()
+        assert waited <= timeout + 0.5, f"the honest sample took {waited:.1f} s against a {timeout} s timeout"
+    finally:
+        pool.close()

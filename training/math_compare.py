@@ -1,0 +1,339 @@
+"""Math answers compared exactly where they can be; runs inside the math-verify worker processes.
+
+math-verify parses both answers (LaTeX -> sympy) and its `verify` decides most kinds, but three of
+its defaults admit wrong answers, and no setting of it removes them:
+
+- numbers: any float is compared after rounding to `float_rounding` decimal places (0.0 then
+  equals every reference under 5e-7), a float expression is evaluated in 53 bits (``N + 0.0``
+  equals N + 1 for a large N), and two expressions are equal when their difference, evaluated with
+  ``chop=True``, is chopped to 0 (``\\frac{\\sqrt{2}}{10^{20}}`` equals ``1 - 1``). Raising
+  `float_rounding` or `numeric_precision` only moves the threshold;
+- bare letters are parsed as a product of symbols, whose factors sympy sorts: ``BDAC`` = ``ABCD``;
+- an open interval ``(a, b)`` is compared with a two-element set as the pair (a, b), so the endpoints
+  written as ``x = a \\text{ or } x = b`` match it.
+
+So the types are chosen per answer here before math-verify compares what is left:
+
+- a decimal is read as the exact number its digits write (``0.1`` is 1/10), never as a float;
+- a reference of bare letters is compared as a string (`letters`);
+- numbers (no free symbols) are compared here (`numbers_equal`): exactly, except a decimal answer
+  against a reference no decimal can write (1/3, sqrt(2), pi), which must lie within a relative
+  `TOLERANCE` of it (so 0 never matches a non-zero reference);
+- intervals only equal intervals (open/closed ends kept), finite sets only finite sets or lists;
+  sets, tuples, intervals and matrices are compared element by element with the same rules;
+- an expression in symbols is first evaluated at a few fixed points (a wrong answer is refused
+  there, cheaply, without sympy's `simplify`), then math-verify decides on the exact expressions.
+
+The table of what counts as equal per answer kind is in docs/training.md ("Math: what counts as
+equal"). Everything here runs under the worker's one alarm per request (`equal(..., seconds)`).
+"""
+
+from __future__ import annotations
+
+import re
+import signal
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import sympy
+from latex2sympy2_extended.sets import FiniteSet as ParsedFiniteSet
+from math_verify import parse
+from math_verify import verify as mv_verify
+from math_verify.grader import get_pct_val, is_assignment_relation, is_equation, is_relation, take_last_relation
+from sympy import Float, Interval, MatrixBase, Rational, Tuple
+from sympy.core.relational import Relational
+from sympy import FiniteSet as SympyFiniteSet
+
+TOLERANCE = Rational(1, 10**6)  # relative, for a decimal answer to a reference no decimal can write
+_POINTS = ((Rational(7, 5), Rational(13, 7), Rational(31, 11)), (Rational(17, 6), Rational(5, 13), Rational(23, 9)),
+           (Rational(41, 19), Rational(11, 3), Rational(3, 29)))  # where expressions in symbols are evaluated
+_DIGITS = 50  # evalf precision of those checks
+
+_WRAPPER = re.compile(r"\\(?:text|textbf|textit|textrm|mathrm|mathbf|mathit|mbox|operatorname)\s*\{([^{}]*)\}")
+_NOISE = re.compile(r"\s+|\$|\\[,;:! ]|\\left|\\right|[(){}]")
+
+
+class _Timeout(BaseException):
+    """Past the request's budget (a BaseException, as math-verify's own: its `except Exception` lets it through)."""
+
+
+@contextmanager
+def _alarm(seconds: float) -> Iterator[None]:
+    """One real-time alarm for the whole request (math-verify's own alarms are off: nested alarms
+    would cancel each other)."""
+
+    def fire(signum, frame):
+        raise _Timeout
+
+    old = signal.signal(signal.SIGALRM, fire)
+    signal.setitimer(signal.ITIMER_REAL, max(seconds, 0.001))
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, old)
+
+
+def letters(text: str) -> str | None:
+    """The letters of an answer made of letters only (``BDAC``, ``\\text{(C)}``, ``\\text{Evelyn}``), or None."""
+    for _ in range(4):  # wrappers nest at most a few deep in real answers
+        text = _WRAPPER.sub(r"\1", text)
+    s = _NOISE.sub("", text)
+    return s if s and s.isascii() and s.isalpha() else None
+
+
+def letters_equal(gold: str, pred: str) -> bool:
+    """Same letters in the same order; case is ignored in words, kept in one letter (a variable)."""
+    p = letters(pred)
+    if p is None:
+        return False
+    return p == gold if len(gold) == 1 else p.lower() == gold.lower()
+
+
+def exact(expr):
+    """(`expr` with each float replaced by the rational its digits write, whether it had one)."""
+    try:
+        floats = [f for f in expr.atoms(Float) if f.is_finite]
+    except Exception:
+        return expr, False
+    if not floats:
+        return expr, False
+    return expr.xreplace({f: Rational(str(f)) for f in floats}), True
+
+
+def _terminating(q: Rational) -> bool:
+    """Whether a decimal can write the rational `q` (its denominator has no prime but 2 and 5)."""
+    d = int(q.q)
+    d >>= (d & -d).bit_length() - 1
+    while d % 5 == 0:
+        d //= 5
+    return d == 1
+
+
+def _is_number(e) -> bool:
+    return isinstance(e, sympy.Expr) and not isinstance(e, (sympy.Set, Tuple)) and not e.free_symbols
+
+
+def _close(g, p) -> bool:
+    """|p - g| <= TOLERANCE * |g|, evaluated to `_DIGITS` digits; a zero reference needs exactly 0."""
+    if g == 0:
+        return p == 0
+    gv, pv = g.evalf(_DIGITS), p.evalf(_DIGITS)
+    return bool(abs(pv - gv) <= TOLERANCE * abs(gv))
+
+
+def numbers_equal(g, p, decimal: bool) -> bool:
+    """Two numbers (no free symbols): exactly equal, or for a decimal answer (`decimal`) to a reference
+    no decimal can write, within a relative `TOLERANCE`."""
+    g, p = _doit(g), _doit(p)
+    if g == p:
+        return True
+    if not (g.is_finite and p.is_finite):
+        return False  # oo, -oo, zoo, nan: only themselves
+    if g.is_Rational and p.is_Rational:
+        return decimal and not _terminating(g) and _close(g, p)
+    if decimal and not (g.is_Rational and _terminating(g)):
+        return _close(g, p)
+    gv, pv = g.evalf(_DIGITS), p.evalf(_DIGITS)
+    if not (gv.is_number and pv.is_number):
+        return False
+    if abs(gv - pv) > Rational(1, 10**30) * (abs(gv) + abs(pv)):
+        return False  # decisively different at 50 digits
+    return sympy.simplify(g - p) == 0  # equal to 30 digits: proven or refused exactly
+
+
+def _doit(e):
+    try:
+        return e.doit()
+    except Exception:
+        return e
+
+
+def _differs_somewhere(g, p) -> bool:
+    """Whether two expressions in symbols take different values at one of `_POINTS` (then they differ;
+    when they agree everywhere here math-verify decides)."""
+    symbols = sorted(g.free_symbols | p.free_symbols, key=str)
+    for point in _POINTS:
+        values = {s: point[i % len(point)] + i for i, s in enumerate(symbols)}
+        try:
+            d = _doit((g - p).subs(values))
+            if d.is_Rational:
+                if d != 0:
+                    return True
+                continue
+            dv = d.evalf(_DIGITS)
+            size = abs(g.evalf(_DIGITS, subs=values)) + abs(p.evalf(_DIGITS, subs=values))
+            if dv.is_number and size.is_number and dv.is_finite and size.is_finite and abs(dv) > Rational(1, 10**30) * (1 + size):
+                return True
+        except Exception:
+            continue
+    return False
+
+
+def _proportional(g: Relational, p: Relational) -> bool:
+    """Whether lhs - rhs of two relations could be proportional (equivalent up to a constant factor): their
+    ratio at `_POINTS` is one constant. Only where both are polynomials (lines, planes, conics: there
+    this is what equivalence means); any other pair is left to math-verify (True here)."""
+    try:
+        dg, dp = g.lhs - g.rhs, p.lhs - p.rhs  # x \\in [-2, 7] is Eq(x, Interval): no difference
+        symbols = sorted(dg.free_symbols | dp.free_symbols, key=str)
+        if not (symbols and dg.is_polynomial(*symbols) and dp.is_polynomial(*symbols)):
+            return True
+    except Exception:
+        return True
+    ratio = None
+    for point in _POINTS:
+        values = {s: point[i % len(point)] + i for i, s in enumerate(symbols)}
+        a, b = _doit(dg.subs(values)), _doit(dp.subs(values))
+        if a == 0 or b == 0:
+            if a != b:
+                return False
+            continue
+        r = a / b
+        if ratio is None:
+            ratio = r
+        elif r.is_Rational and ratio.is_Rational:
+            if r != ratio:
+                return False
+        elif abs((r - ratio).evalf(_DIGITS)) > Rational(1, 10**30) * abs(ratio.evalf(_DIGITS)):
+            return False
+    return True
+
+
+def _kind(e) -> str:
+    if isinstance(e, MatrixBase):
+        return "matrix"
+    if isinstance(e, SympyFiniteSet):
+        return "finite"
+    if isinstance(e, Tuple):
+        return "tuple"
+    if isinstance(e, sympy.Set):
+        return "interval"  # Interval, Union, Complement, Reals...: sets of reals, not of listed values
+    return "scalar"
+
+
+def _ordered(e) -> list:
+    """A list's elements in the order they were written (latex2sympy's FiniteSet keeps it)."""
+    if isinstance(e, ParsedFiniteSet):
+        return list(e._unsorted_args)
+    return list(e.args)
+
+
+def _match_all(gold: list, pred: list, decimal: bool) -> bool:
+    """A one-to-one matching of the elements (sets: order does not matter)."""
+    if len(gold) != len(pred):
+        return False
+    left = list(pred)
+    for g in gold:
+        for i, p in enumerate(left):
+            if same(g, p, decimal):
+                del left[i]
+                break
+        else:
+            return False
+    return True
+
+
+def same(g, p, decimal: bool) -> bool:
+    """`p` (the answer, decimals made exact) equals `g` (the reference) under the rules of the module docstring."""
+    if is_equation(p) and not is_equation(g):
+        p = take_last_relation(p).rhs  # "x = 5" answers 5
+    elif is_assignment_relation(g) and not is_equation(p):
+        g = take_last_relation(g).rhs  # the reference "x = 5" takes 5
+    g, p = get_pct_val(g, g), get_pct_val(p, p)  # 50\% is 50, as in math-verify
+    if is_relation(g) or is_relation(p):
+        if isinstance(g, Relational) and isinstance(p, Relational) and not _proportional(g, p):
+            return False  # math-verify would compare lhs - rhs with chop=True: y = 2x + 3 + 10^{-20} passed
+        return _math_verify(g, p)
+    kg, kp = _kind(g), _kind(p)
+    if kg == "scalar" and kp in ("finite", "tuple") and len(p.args) == 1:
+        p, kp = p.args[0], "scalar"
+    if kg == "interval" or kp == "interval":
+        if kg != kp:
+            return False  # an interval is never its endpoints, a set of values never an interval
+        if isinstance(g, Interval) and isinstance(p, Interval):
+            return (g.left_open, g.right_open) == (p.left_open, p.right_open) and same(g.start, p.start, decimal) \
+                and same(g.end, p.end, decimal)
+        return _math_verify(g, p)  # unions and the like: set equality on exact ends
+    if kg == "finite" and kp in ("finite", "tuple"):
+        return _match_all(list(g.args), _ordered(p), decimal)
+    if kg == "tuple" and kp in ("finite", "tuple"):
+        gold, pred = list(g.args), _ordered(p)
+        return len(gold) == len(pred) and all(same(a, b, decimal) for a, b in zip(gold, pred))
+    if kg == "matrix" and kp == "matrix":
+        return g.shape == p.shape and all(same(a, b, decimal) for a, b in zip(g, p))
+    if kg != kp:
+        return _math_verify(g, p)  # a column matrix against a tuple and the like: math-verify's rules
+    if not (isinstance(g, sympy.Expr) and isinstance(p, sympy.Expr)):
+        return _math_verify(g, p)
+    if _is_number(g) or _is_number(p):
+        return _is_number(g) and _is_number(p) and numbers_equal(g, p, decimal)
+    if _differs_somewhere(g, p):
+        return False
+    return _math_verify(g, p)
+
+
+def _math_verify(g, p) -> bool:
+    # No floats are left (`exact`), so float_rounding is never used; strict: variables matter.
+    return bool(mv_verify(g, p, strict=True, timeout_seconds=None))
+
+
+def _first_expr(parsed: list):
+    return next((x for x in parsed if not isinstance(x, str)), None)
+
+
+def _parsed(text: str, bare: bool) -> tuple[list, object]:
+    """(math-verify's parse of `text`, its first sympy object or None): boxed, else in $...$ (a boxed
+    percentage does not parse), else (an answer only) the bare text."""
+    forms = ["\\boxed{" + text + "}", "$" + text + "$"] + ([text] if bare else [])
+    first: list = []
+    for form in forms:
+        out = parse(form, parsing_timeout=None)
+        first = first or out
+        expr = _first_expr(out)
+        if expr is not None:
+            return out, expr
+    return first, None
+
+
+# Shapes whose parsing is paid once per worker, while it is idle, rather than by the first sample of each:
+# the LaTeX parser (ANTLR) builds its prediction tables lazily, and the first bracket nested in another,
+# the first nested exponent, the first interval... cost 0.03-0.16 s of CPU once, then a few ms.
+WARM_UP = ("((x+1)+1)", "((x+1)*2)", "[(x+1)+1]", "\\{(x+1), 2\\}", "{{x}+1}", "[[x]+1]",
+           "\\left(\\left(x\\right)^2\\right)", "\\sin(\\cos(x))", "f(g(x))", "x^{x^{2}}", "e^{(x+1)^2}",
+           "2^{-x}", "\\sin^{2}(x)\\cos^{3}(x)", "(\\sin x + \\cos x)^{2}", "(1, 2)", "(2, 1)", "[1, 2)",
+           "(0, 1) \\cup (2, \\infty)", "\\{1, 2\\}", "1, 2", "x = 1 \\text{ or } x = 2", "3 \\pm \\sqrt{2}",
+           "\\begin{pmatrix} 1 \\\\ 2 \\end{pmatrix}", "\\frac{\\sqrt{3}}{2}", "x = 5", "y = 2x + 3", "x > 2",
+           "1 < x \\le 2", "50\\%", "10,\\!080", "(x+1)(x+2)", "3\\times10^{-9}", "1.5", "\\text{(C)}",
+           "x \\in [1, 2]", "\\sqrt[3]{x}", "|x - 1|")
+
+
+def warm_up(text: str) -> None:
+    """Parse one shape of `WARM_UP` (a worker does this while no request waits)."""
+    try:
+        parse("\\boxed{" + text + "}", parsing_timeout=None)
+    except Exception:
+        pass
+
+
+def equal(gold: str, pred: str, seconds: float) -> tuple[bool | None, str | None]:
+    """(whether answer `pred` equals reference `gold`, why undecided or None); None on timeout or error."""
+    g_letters = letters(gold)
+    if g_letters is not None:
+        return letters_equal(g_letters, pred), None
+    try:
+        with _alarm(seconds):
+            gold_parsed, g = _parsed(gold, bare=False)
+            pred_parsed, p = _parsed(pred, bare=True)
+            if g is None:  # an unparsable reference: only the same text (math-verify's string comparison)
+                return bool(gold_parsed and pred_parsed and mv_verify(gold_parsed, pred_parsed, timeout_seconds=None)), \
+                    "reference not parsable"
+            if p is None:
+                return False, None
+            g, _ = exact(g)
+            p, decimal = exact(p)
+            return same(g, p, decimal), None
+    except _Timeout:
+        return None, "timeout"
+    except Exception as exc:  # anything math-verify or sympy throws: undecided
+        return None, f"{type(exc).__name__}: {exc}"[:300]
