@@ -254,11 +254,11 @@ class OpenAIBackend(CountingBackend):
         openai = self._openai
         where = f"the server at {self.base_url}"
         with self._slots:
-            key, sent = self._sent(req)
+            key = self._sent(req)
             try:
                 resp = self._post(self._body(req))
             except openai.APITimeoutError as exc:
-                self._hung(req, sent, exc)
+                self._hung(exc)
                 return self._failed(req, f"no answer within {self.timeout:g} s, while the server answered other "
                                          f"requests (raise --request-timeout if it is only slow) ({_one_line(exc)})")
             except openai.AuthenticationError as exc:
@@ -304,7 +304,7 @@ class OpenAIBackend(CountingBackend):
             return resp
         raise AssertionError("unreachable")  # pragma: no cover
 
-    def _sent(self, req: GenRequest) -> tuple[int, float]:
+    def _sent(self, req: GenRequest) -> int:
         """Note `req` as pending (what a hung server's error lists), and start the watch on long waits."""
         now = time.monotonic()
         with self._lock:
@@ -313,7 +313,7 @@ class OpenAIBackend(CountingBackend):
             if self._watch is None:
                 self._watch = threading.Thread(target=self._watch_silence, name="mentor-openai-watch", daemon=True)
                 self._watch.start()
-        return key, now
+        return key
 
     def _pending_view(self) -> str:
         with self._lock:
@@ -323,7 +323,7 @@ class OpenAIBackend(CountingBackend):
         more = f" and {len(items) - 3} more" if len(items) > 3 else ""
         return f"{len(items)} request(s) pending: {ids}{more}" if items else "no request pending"
 
-    def _hung(self, req: GenRequest, sent: float, exc: BaseException) -> None:
+    def _hung(self, exc: BaseException) -> None:
         """A request timed out: when the server has answered nothing for at least half a timeout (and so nothing
         since this request's wait was half over), it is hung, not busy: a busy server answers other requests
         while one long generation runs."""
