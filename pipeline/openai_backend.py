@@ -28,11 +28,17 @@ Structured output, by ``structured_output``:
   failures from a small model.
 
 Waits. Every request waits at most ``timeout`` seconds (``--request-timeout``)
-per attempt, connecting at most 10 s; the client retries connection errors,
-timeouts, 429 and 5xx with exponential backoff (``max_retries``), so a server
-that accepts and never answers fails a request after about
-``(max_retries + 1) * timeout`` seconds. The check at start (``GET /models``)
-waits at most 30 s, twice.
+for its answer, connecting at most 10 s. Connection errors, 408/409, 429 and 5xx
+are retried with exponential backoff (``max_retries``); a timeout is not: the
+server took the request and said nothing for a whole ``timeout``. When nothing at
+all came back from the server for the last half of that request's wait, the server is hung:
+`EngineError` at once, naming the URL and the requests still pending (so a hung
+server fails the stage within one ``timeout`` of silence, not ``timeout`` times
+every retry); when other requests were answered meanwhile, only this one failed
+(its result says so). A request left without an answer for `NOTICE_AFTER`
+seconds says, once, how long it will still wait. The check at start
+(``GET /models``) waits at most 30 s (never longer than ``timeout``), once;
+a refused connection is tried twice.
 
 Errors. What makes every request fail is one `EngineError` naming the URL: a
 server that is down at start, a model it does not serve, a refused key, an
@@ -53,10 +59,12 @@ Nothing to close but the connections: the server belongs to whoever started it.
 
 from __future__ import annotations
 
+import itertools
 import logging
 import math
 import os
 import threading
+import time
 from collections.abc import Sequence
 from typing import Any
 from urllib.parse import urlsplit
@@ -71,6 +79,9 @@ DEFAULT_TIMEOUT = 600.0  # seconds per attempt of one request (a long generation
 CONNECT_TIMEOUT = 10.0
 CHECK_TIMEOUT = 30.0  # GET /models at start
 FAIL_STREAK = 16  # this many requests in a row without an answer: the server is broken, not the requests
+NOTICE_AFTER = 30.0  # seconds without an answer before a request's wait is announced (with how long it may last)
+HUNG_SILENCE = 0.5  # a timed-out request with no answer from the server for this share of a timeout: hung
+RETRY_STATUS = (408, 409, 429)  # and 5xx: retried with backoff, as the openai client would
 MAX_THREADS = 1024
 
 
@@ -166,8 +177,14 @@ class OpenAIBackend(CountingBackend):
         # The context the server reports for the model (vLLM's GET /models: max_model_len); None: not reported.
         self.max_model_len: int | None = None
         self._capped = False
+        self._heard = time.monotonic()  # when the server last answered anything (start: when the backend was made)
+        self._pending: dict[int, tuple[str, float]] = {}  # in-flight requests: key -> (request id, sent at)
+        self._noticed = 0.0  # the silence (its start) already announced
+        self._keys = itertools.count()
+        self._watch: threading.Thread | None = None
         if check:
             self._check_model()
+            self._heard = time.monotonic()
 
     # ------------------------------------------------------------------ setup
 
@@ -177,8 +194,8 @@ class OpenAIBackend(CountingBackend):
 
     def _client(self):
         with self._lock:
-            if self._http is None:
-                self._http = self._new_client(self.timeout, self.max_retries)
+            if self._http is None:  # retries are ours (`_post`): a timeout is never retried
+                self._http = self._new_client(self.timeout, 0)
             return self._http
 
     def close(self) -> None:
@@ -192,8 +209,16 @@ class OpenAIBackend(CountingBackend):
         openai = self._openai
         where = f"the server at {self.base_url}"
         try:
-            with self._new_client(min(self.timeout, CHECK_TIMEOUT), min(self.max_retries, 1)) as client:
-                resp = client.models.with_raw_response.list().http_response
+            with self._new_client(min(self.timeout, CHECK_TIMEOUT), 0) as client:
+                try:
+                    resp = client.models.with_raw_response.list().http_response
+                except openai.APITimeoutError:
+                    raise
+                except openai.APIConnectionError:  # refused / reset: once more (a server still starting)
+                    if self.max_retries < 1:
+                        raise
+                    time.sleep(0.5)
+                    resp = client.models.with_raw_response.list().http_response
         except openai.AuthenticationError as exc:
             raise EngineError(f"{where} refused the API key (set OPENAI_API_KEY or api_key): {_one_line(exc)}") from exc
         except openai.APIStatusError as exc:
@@ -257,20 +282,24 @@ class OpenAIBackend(CountingBackend):
         openai = self._openai
         where = f"the server at {self.base_url}"
         with self._slots:
+            key = self._sent(req)
             try:
-                api = self._client().completions if req.prompt is not None else self._client().chat.completions
-                resp = api.with_raw_response.create(**self._body(req)).http_response
+                resp = self._post(self._body(req))
+            except openai.APITimeoutError as exc:
+                self._hung(exc)
+                return self._failed(req, f"no answer within {self.timeout:g} s, while the server answered other "
+                                         f"requests (raise --request-timeout if it is only slow) ({_one_line(exc)})")
             except openai.AuthenticationError as exc:
                 raise EngineError(f"{where} refused the API key: {_one_line(exc)}") from exc
             except openai.PermissionDeniedError as exc:
                 raise EngineError(f"{where} refused the request (403): {_one_line(exc)}") from exc
             except openai.NotFoundError as exc:
                 raise EngineError(f"{where} has no model {self.model!r} any more ({_one_line(exc)})") from exc
-            except openai.APITimeoutError as exc:
-                return self._failed(req, f"no answer within {self.timeout:g} s, {self.max_retries + 1} attempts "
-                                         f"(raise --request-timeout if the server is only slow) ({_one_line(exc)})")
             except openai.APIError as exc:
                 return self._failed(req, _one_line(exc))
+            finally:
+                with self._lock:
+                    self._pending.pop(key, None)
         result = _completion_result(req, resp)
         if result.finish_reason == "error":
             return self._failed(req, result.error or "no answer")
@@ -278,6 +307,80 @@ class OpenAIBackend(CountingBackend):
             self.answered += 1
             self._streak = 0
         return result
+
+    # ------------------------------------------------------------------ waits and retries
+
+    def _post(self, body: dict[str, Any]) -> Any:
+        """POST one completion (a text prompt: the completions API; messages: the chat API): connection errors,
+        408/409/429 and 5xx retried `max_retries` times with backoff (0.5, 1, 2, ... s, at most 8); a timeout raised
+        at once (`_hung` decides what it means)."""
+        openai = self._openai
+        for attempt in range(self.max_retries + 1):
+            api = self._client().completions if "prompt" in body else self._client().chat.completions
+            try:
+                resp = api.with_raw_response.create(**body).http_response
+            except openai.APITimeoutError:
+                raise
+            except (openai.APIConnectionError, openai.APIStatusError) as exc:
+                status = getattr(exc, "status_code", None)
+                again = status is None or status in RETRY_STATUS or status >= 500
+                if not again or attempt == self.max_retries:
+                    raise
+                if status is not None:
+                    self._heard = time.monotonic()  # an error status is an answer: the server is alive
+                time.sleep(min(8.0, 0.5 * 2**attempt))
+                continue
+            self._heard = time.monotonic()
+            return resp
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    def _sent(self, req: GenRequest) -> int:
+        """Note `req` as pending (what a hung server's error lists), and start the watch on long waits."""
+        now = time.monotonic()
+        with self._lock:
+            key = next(self._keys)
+            self._pending[key] = (req.id, now)
+            if self._watch is None:
+                self._watch = threading.Thread(target=self._watch_silence, name="mentor-openai-watch", daemon=True)
+                self._watch.start()
+        return key
+
+    def _pending_view(self) -> str:
+        with self._lock:
+            items = sorted(self._pending.values(), key=lambda p: p[1])
+        now = time.monotonic()
+        ids = ", ".join(f"{rid} ({now - t:.0f} s)" for rid, t in items[:3])
+        more = f" and {len(items) - 3} more" if len(items) > 3 else ""
+        return f"{len(items)} request(s) pending: {ids}{more}" if items else "no request pending"
+
+    def _hung(self, exc: BaseException) -> None:
+        """A request timed out: when the server has answered nothing for at least half a timeout (and so nothing
+        since this request's wait was half over), it is hung, not busy: a busy server answers other requests
+        while one long generation runs."""
+        silent = time.monotonic() - self._heard
+        if silent < HUNG_SILENCE * self.timeout:
+            return  # others were answered meanwhile: only this request failed
+        raise EngineError(
+            f"the server at {self.base_url} accepted requests and answered nothing for {silent:.0f} s "
+            f"(--request-timeout {self.timeout:g}); {self._pending_view()}. Is it hung or overloaded? Restart it, or "
+            f"raise --request-timeout if it is only slow ({_one_line(exc)})") from exc
+
+    def _watch_silence(self) -> None:
+        """While requests are pending: say once per silence, after `NOTICE_AFTER` s without an answer, how long
+        each request still waits."""
+        while True:
+            time.sleep(min(5.0, NOTICE_AFTER / 2))
+            with self._lock:
+                if not self._pending:
+                    self._watch = None  # the next request starts a new watch
+                    return
+                oldest = min(t for _, t in self._pending.values())
+            since = max(self._heard, oldest)
+            if time.monotonic() - since >= NOTICE_AFTER and self._noticed != since:
+                self._noticed = since
+                log.warning("the server at %s has not answered for %.0f s (%s); each request waits up to %g s "
+                            "(--request-timeout) for its answer, and a server silent that long fails the stage",
+                            self.base_url, time.monotonic() - since, self._pending_view(), self.timeout)
 
     def _failed(self, req: GenRequest, reason: str) -> GenResult:
         with self._lock:

@@ -25,9 +25,12 @@ prefilled in one step (vLLM raises ``max_num_batched_tokens`` to at least
 ``max_model_len``), no request is ever discarded, and seeds stay per request.
 GPU engines keep vLLM's defaults (CUDA generators have offsets).
 
-Engine output. Unless ``mentor -v`` is on, the engine's processes (vLLM's
-EngineCore and its workers, which vLLM starts with spawn and which inherit
-this process's stderr) write to a log file instead of the terminal: a failing
+Engine output. Unless ``mentor -v`` is on (the root logger at INFO: a command that
+shows mentor's own progress, as ``mentor demo`` does, keeps the engine quiet), the
+engine's processes (vLLM's EngineCore and its workers, which vLLM starts with spawn and
+which inherit this process's stderr) write to a log file instead of the terminal
+(`engine_log_path`), and so does the multiprocessing resource tracker they share (its
+note about vLLM's shared-memory queues at exit): a failing
 engine prints pages of traces from several processes. A failure surfaces as
 one `EngineError` naming the reason and the log file; stages add the stage
 and shard. A dead engine is closed at once (its GPU memory freed) and never
@@ -170,6 +173,12 @@ def engine_log_path() -> Path:
     return logs / f"engine-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}.log"
 
 
+def engine_to_terminal() -> bool:
+    """Whether the engine logs to the terminal: ``mentor -v`` (the root logger at INFO), not a command that only
+    raises mentor's own logger to show its progress."""
+    return logging.getLogger().isEnabledFor(logging.INFO)
+
+
 @contextmanager
 def _stderr_to(path: Path | None):
     """Point this process's fd 2 at `path` while the engine's processes are started (they inherit it)."""
@@ -181,6 +190,11 @@ def _stderr_to(path: Path | None):
     with open(path, "ab") as fh:
         os.dup2(fh.fileno(), 2)
     try:
+        # The resource tracker the engine's processes register their shared memory with is started now, by this
+        # process, so that it writes to the log too: at exit it notes the queues vLLM leaves to it to unlink.
+        from multiprocessing import resource_tracker
+
+        resource_tracker.ensure_running()
         yield
     finally:
         sys.stderr.flush()
@@ -357,7 +371,7 @@ class VLLMBackend(CountingBackend):
         os.environ.setdefault("VLLM_WORKER_MULTIPROC_METHOD", "spawn")
         # stdout belongs to the CLI's JSON summary; vLLM logs to stdout unless told otherwise.
         os.environ.setdefault("VLLM_LOGGING_STREAM", "ext://sys.stderr")
-        verbose = logging.getLogger("mentor").isEnabledFor(logging.INFO)
+        verbose = engine_to_terminal()
         if not verbose:
             os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")  # `mentor -v` shows vLLM's INFO logs
         self.log_path = None if verbose else engine_log_path()
@@ -404,7 +418,8 @@ class VLLMBackend(CountingBackend):
         procs = _engine_processes()
         if core is not None and hasattr(core, "shutdown"):
             try:
-                core.shutdown()
+                with _stderr_to(getattr(self, "log_path", None)):  # vLLM's notes on the shutdown go to the log too
+                    core.shutdown()
             except Exception:  # a dead engine may fail to shut down cleanly; its processes are gone anyway
                 log.debug("engine shutdown failed", exc_info=True)
         if procs:

@@ -37,6 +37,11 @@ Choices (documented in docs/cli.md and docs/data.md):
 - ``--round``: the round the prompts are for (stamped into label and
   extra_info). Default: the latest hint round + 1 (hints are made from round
   r's rollouts for round r+1), or 0 without hints.
+- A hint or a problem whose text carries a chat-control token (``<|im_end|>``,
+  ``<|start_header_id|>``, ``<｜User｜>``, ...: the policy's special and added tokens,
+  and always the common templates') would open chat turns in the prompt: the hint is
+  dropped (its problem gets the unhinted prompt, ``hints_special_token``), the problem
+  is dropped (``base_dropped.special_token``); `build_guard`.
 - The shard directory also gets a ``README.md`` dataset card whose YAML
   ``configs`` name the shards, so ``datasets.load_dataset(DIR)`` (which
   OpenRLHF runs on a directory) reads the shards and not ``manifest.json``.
@@ -67,8 +72,10 @@ from mentor.pipeline.prompts import HINT_TEMPLATE, INSTRUCTIONS, PLACEHOLDER_RE,
 from mentor.pipeline.schemas import DOMAINS, HINT_STATUSES, SCHEMA_VERSION
 from mentor.pipeline.stage import Context, Stage, Stats, StatsLayout
 from mentor.stages.build_base import PROBLEM_COLUMNS, load_base, load_hints, validate_base
+from mentor.stages.build_guard import screen_control_tokens
 from mentor.stages.build_render import DEFAULT_PLACEMENT, PLACEMENTS, TEXT_PLACEMENTS, prepare_rows, resolve_placement
 from mentor.stages.build_write import DEFAULT_SHARD_ROWS, dataset_card, write_shards
+from mentor.stages.rules import control_tokens
 
 log = logging.getLogger(__name__)
 
@@ -80,7 +87,7 @@ BUILD_STATS = StatsLayout(
     counters=(
         "rows", "hinted_rows", "unhinted_rows", "base_problems", "hinted_problems", "hints_rows", "hints_used",
         "hints_unmatched", "hints_superseded", "hints_duplicate_rows", "hints_skipped_status", "hints_empty_text",
-        "hints_missing_ids", "shards",
+        "hints_missing_ids", "hints_special_token", "shards",
     ),
     groups={"base_dropped": ()},
     values={"round": 0, "mode": "prefix", "placement": DEFAULT_PLACEMENT, "prompt_format": "messages", "seed": None,
@@ -244,7 +251,6 @@ class BuildStage(Stage):
         if cfg.answer_after:
             base.frame = base.frame.with_columns(pl.col("label").str.split(cfg.answer_after).list.last().str.strip_chars())
         problems = validate_base(base, cfg.strict, stats)
-        stats.base_problems = problems.height
         if cfg.template is None:  # settled here: the default depends on the base set's domains
             try:
                 cfg.check_answer_template(problems.get_column("domain").unique().to_list())
@@ -262,6 +268,8 @@ class BuildStage(Stage):
             except ConfigError:
                 stats.policy_mode = None
         hints = load_hints(cfg.hints, cfg.hint_statuses, stats)  # its errors come after the base set's
+        problems, hints = screen_control_tokens(problems, hints, control_tokens(tokenizer), stats, cfg.strict, base.where)
+        stats.base_problems = problems.height
         if cfg.round is not None:
             stats.round = cfg.round
         elif hints.height:  # hints made from round r's rollouts are for round r + 1

@@ -2,7 +2,8 @@
 
 ``FakeServer(chat=..., models=..., text=...)`` answers ``GET /v1/models``, ``POST /v1/chat/completions``
 and ``POST /v1/completions`` (text prompts) from three functions; each returns a `Reply` (status, content type, body bytes), or `HANG`
-(accept the request and never answer) or `CLOSE` (drop the connection without a word).
+(accept the request and never answer) or `CLOSE` (drop the connection without a word);
+`hang_after(n)` answers n chat requests and then hangs on every one (a server that stalls mid-run).
 The helpers build the usual answers: `completion` (a well-formed chat completion),
 `hint_agent_answer` (what mentor's fake hint model writes, so the hint stage can run end
 to end), `model_list`. The server runs in daemon threads; `close()` (or the ``with``
@@ -70,6 +71,19 @@ def ok_chat(body: dict) -> Reply:
     """A well-behaved server: the hint agents' answers for schema requests, else a short plain answer."""
     text = hint_agent_answer(body) if body.get("response_format") else "The answer is \\boxed{1}."
     return json_reply(completion(text))
+
+
+def hang_after(n: int, chat: Answer = ok_chat) -> Answer:
+    """Answer the first `n` chat requests with `chat`, then accept every request and never answer."""
+    lock, seen = threading.Lock(), [0]
+
+    def answer(body: dict) -> "Reply | str":
+        with lock:
+            seen[0] += 1
+            first = seen[0] <= n
+        return chat(body) if first else HANG
+
+    return answer
 
 
 class _Server(ThreadingHTTPServer):

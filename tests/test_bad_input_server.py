@@ -16,7 +16,7 @@ import polars as pl
 import pytest
 
 from bad_input_lib import Case, params, run_case
-from fake_openai_server import CLOSE, HANG, FakeServer, Reply, completion, json_reply, model_list, ok_chat
+from fake_openai_server import CLOSE, HANG, FakeServer, Reply, completion, hang_after, json_reply, model_list, ok_chat
 
 _SERVERS: list[FakeServer] = []
 
@@ -148,6 +148,8 @@ def rollout_ok(root: Path, res) -> None:
 
 
 NO_ANSWER = r"^Error: .*the server at http://127\.0\.0\.1:\d+/v1 gave no usable answer"
+HUNG = (r"^Error: .*the server at http://127\.0\.0\.1:\d+/v1 accepted requests and answered nothing for \d s "
+        r"\(--request-timeout 3\); \d+ request\(s\) pending: ")
 
 
 def server_cases() -> list[Case]:
@@ -180,11 +182,15 @@ def server_cases() -> list[Case]:
         # Errors the client retries (4 times, with backoff), then the server's reason.
         Case("server-rollout-500", "error", _rollout(ERROR_500), 1, NO_ANSWER + r".*CUDA out of memory", max_seconds=40),
         Case("server-hint-hangs-up", "error", _hint(lambda b: CLOSE), 1, NO_ANSWER + r".*APIConnectionError", max_seconds=40),
-        # A server that accepts and never answers: bounded by --request-timeout.
-        Case("server-hint-never-answers", "error", _hint(lambda b: HANG, None, "--request-timeout", "1"), 1,
-             NO_ANSWER + r".*no answer within 1 s, 5 attempts \(raise --request-timeout", max_seconds=60),
-        Case("server-rollout-never-answers", "error", _rollout(lambda b: HANG, None, "--request-timeout", "1"), 1,
-             NO_ANSWER + r".*no answer within 1 s", max_seconds=60),
+        # A server that accepts and never answers: the stage fails within one --request-timeout of silence (not
+        # that times every retry), naming the URL and what was pending.
+        Case("server-hint-never-answers", "error", _hint(lambda b: HANG, None, "--request-timeout", "3"), 1,
+             HUNG + r"\d+:\w+:\d+ \(3 s\)", max_seconds=8),
+        Case("server-rollout-never-answers", "error", _rollout(lambda b: HANG, None, "--request-timeout", "3"), 1,
+             HUNG + r"\S+ \(3 s\)", max_seconds=8),
+        # ... and one that answers for a while, then stalls.
+        Case("server-hint-stalls", "error", _hint(hang_after(4), None, "--request-timeout", "3"), 1, HUNG,
+             max_seconds=8, check=nothing_written),
         Case("server-models-never-answers", "error", _hint(ok_chat, models(HANG), "--request-timeout", "1"), 1,
              r"did not answer GET /models \(APITimeoutError", max_seconds=30),
         # GET /models: not an OpenAI model list, or not this model.
@@ -222,3 +228,34 @@ SERVER = server_cases()
 @pytest.mark.parametrize("case", params(SERVER))
 def test_server_bad_input(case: Case, tmp_path):
     run_case(case, tmp_path / "case")
+
+
+def test_a_busy_server_fails_one_request_and_a_long_wait_says_so(monkeypatch, caplog):
+    """A request the server never answers while it answers others: that request alone fails, after one timeout
+    (no retry); a wait past NOTICE_AFTER says, when it starts to be long, how long it may last."""
+    import time
+
+    from mentor.pipeline import openai_backend
+    from mentor.pipeline.llm import GenRequest
+
+    monkeypatch.setattr(openai_backend, "NOTICE_AFTER", 0.6)
+
+    def chat(body):
+        if "never" in body["messages"][0]["content"]:
+            return HANG
+        time.sleep(1.5)  # busy: answers late in the other request's wait
+        return ok_chat(body)
+
+    backend = openai_backend.OpenAIBackend("m", _server(chat).url, timeout=2.0)
+    reqs = [GenRequest(id="a", messages=[{"role": "user", "content": "never mind"}]),
+            GenRequest(id="b", messages=[{"role": "user", "content": "2 + 2?"}])]
+    started = time.monotonic()
+    with caplog.at_level("WARNING", logger="mentor.pipeline.openai_backend"):
+        out = backend.generate(reqs)
+    took = time.monotonic() - started
+    assert out[1].finish_reason == "stop" and out[0].finish_reason == "error"
+    assert "no answer within 2 s, while the server answered other requests" in out[0].error
+    assert took < 3.5, took  # one timeout, not one per retry (max_retries 4)
+    notice = [r.getMessage() for r in caplog.records if f"{backend.base_url} has not answered for" in r.getMessage()]
+    assert notice and "waits up to 2 s (--request-timeout)" in notice[0] and "request(s) pending: a" in notice[0]
+    backend.close()

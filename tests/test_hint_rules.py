@@ -335,7 +335,8 @@ def test_each_rule_is_declared_once_in_the_registry():
     from mentor.stages.rules import RuleRegistry, describe
 
     names = RuleRegistry.names()
-    assert names[:3] == ("empty", "too_long", "answer_leak") and len(set(names)) == len(names) == 15
+    assert names[:3] == ("empty", "too_long", "answer_leak") and len(set(names)) == len(names) == 16
+    assert names[-1] == "special_token"  # declared in its own module, after `checks`
     assert all(describe(n) == RuleRegistry.get(n).description != n for n in names)
     assert describe("judge_low_score") == "the judge scored the hint below the threshold" and describe("other") == "other"
     assert RuleRegistry.trimmable() == {"too_long", "answer_leak", "final_answer_line", "full_solution", "answer_only",

@@ -15,7 +15,7 @@ from mentor.pipeline.stage import Context, run_stage
 from mentor.stages import stage
 from mentor.stages.hint.config import HintConfig, JudgeCheckConfig, load_config
 from mentor.stages.hint.judge_check import check_judge_path, stats_view, summary_line
-from mentor.stages.rules import RuleLimits, check  # plain Python: the rules' defaults show in --help
+from mentor.stages.rules import RuleLimits, check, control_tokens, control_tokens_in  # plain Python: defaults show in --help
 
 
 @click.command()
@@ -61,13 +61,28 @@ def hint(collapsed, out_dir, backend, model, base_url, max_concurrency, request_
               help="Longest acceptable hint (the hint stage's default).")
 @click.option("--max-sentences", type=click.IntRange(1, 2**31 - 1), default=RuleLimits.max_sentences, show_default=True,
               help="Most sentences in a hint (the hint stage's default).")
-def check_hint(hint_text, domain, answer, problem, entry_point, previous, max_chars, max_sentences):
-    """Run the hint rules alone; print {"ok", "violations"}; exit 0 when ok, 1 when not."""
+@click.option("--tokenizer", multiple=True, metavar="MODEL",
+              help="The policy's (or the hint engine's) tokenizer, a mentor CPU model name, folder or hub name "
+                   "(repeatable): its special and added tokens count as chat-control tokens too (rule special_token; "
+                   "always checked: the common chat templates' tokens).")
+def check_hint(hint_text, domain, answer, problem, entry_point, previous, max_chars, max_sentences, tokenizer):
+    """Run the hint rules alone; print {"ok", "violations"} (and "special_tokens" found); exit 0 when ok, 1 when not."""
     if domain == "math" and not answer:
         raise ConfigError("--answer is required for --domain math (the reference answer the hint must not reveal)")
+    if tokenizer:
+        from mentor.pipeline.prompts import load_tokenizer  # transformers: only when asked for
+
+        tokens = control_tokens(*(load_tokenizer(t) for t in tokenizer))
+    else:
+        tokens = control_tokens()
     report = check(hint_text, domain=domain, answer=answer, problem=problem, previous_hints=previous,
-                   entry_point=entry_point, limits=RuleLimits(max_chars=max_chars, max_sentences=max_sentences))
-    click.echo(json.dumps(report.as_dict()))
+                   entry_point=entry_point, limits=RuleLimits(max_chars=max_chars, max_sentences=max_sentences),
+                   control_tokens=tokens)
+    out = report.as_dict()
+    found = control_tokens_in(hint_text, tokens)
+    if found:
+        out["special_tokens"] = found
+    click.echo(json.dumps(out, ensure_ascii=False))
     sys.exit(0 if report.ok else 1)
 
 

@@ -88,8 +88,8 @@ def server_options(f):
                      help="openai backend: how JSON schemas reach the server (none: the server has no structured output).")(f)
     f = click.option("--request-timeout", type=FiniteFloatRange(0, 7 * 86400, min_open=True), default=DEFAULT_TIMEOUT,
                      show_default=True, metavar="SECONDS",
-                     help="openai backend: how long one attempt of a request may wait for the server's answer (the "
-                          "client retries 4 times; a request that still has no answer counts as a failed model call).")(f)
+                     help="openai backend: how long a request may wait for the server's answer (not retried; a request "
+                          "without one counts as a failed model call, and a server silent that long fails the stage).")(f)
     f = click.option("--max-concurrency", type=click.IntRange(1, 100_000), default=64, show_default=True,
                      help="openai backend: requests in flight at once.")(f)
     f = click.option("--base-url", metavar="URL", help="openai backend: the server, e.g. http://HOST:8000/v1 (key: $OPENAI_API_KEY).")(f)

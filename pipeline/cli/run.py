@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 from contextlib import nullcontext
 from pathlib import Path
 
@@ -71,12 +72,20 @@ def run(workflow, run_dir, rounds, from_stage, only, force, sample, workers, sch
                               "--model qwen2.5-coder-0.5b`), e.g. smollm2-135m: the embedded plumbing model, no download, "
                               "faster, its hints read as nonsense.")
 def demo(run_dir, sample, force, model):
-    """One round on the bundled real GSM8K rollouts with a CPU model (= mentor run gsm8k-demo)."""
+    """One round on the bundled real GSM8K rollouts with a CPU model (= mentor run gsm8k-demo).
+
+    The terminal shows mentor's progress and summary; vLLM's and torch's own logging goes to RUN_DIR/engine.log
+    (or $MENTOR_ENGINE_LOG), which the summary names; `mentor -v demo` shows it in the terminal instead."""
+    from mentor.pipeline.vllm_backend import engine_to_terminal  # not for --help
     from mentor.workflows.config import load_workflow  # slow to import (the stages, polars): not for --help
 
-    logging.getLogger("mentor").setLevel(logging.INFO)
+    logging.getLogger("mentor").setLevel(logging.INFO)  # mentor's progress; the engine stays quiet unless -v
     # Before any work: a model that is not set up is a one-line error with the fix.
     check_model(model if model is not None else load_workflow("gsm8k-demo").hint.backend.model)
+    engine_log = None if engine_to_terminal() else Path(os.environ.get("MENTOR_ENGINE_LOG") or Path(run_dir) / "engine.log")
+    if engine_log is not None:
+        engine_log.parent.mkdir(parents=True, exist_ok=True)
+        os.environ["MENTOR_ENGINE_LOG"] = str(engine_log)
     out = _run("gsm8k-demo", run_dir, None, None, None, force, None, None, sample, model)
     _print_status(out, "table")
     from mentor.workflows.report import summarize_run  # polars: slow to import, not for --help
@@ -84,6 +93,8 @@ def demo(run_dir, sample, force, model):
 
     click.echo(render_table(summarize_run(out)))
     _show_a_hint(out)
+    if engine_log is not None and engine_log.is_file():
+        click.echo(f"vLLM's and torch's log: {engine_log} (`mentor -v demo` shows it in the terminal)")
 
 
 def _show_a_hint(run_dir: Path) -> None:

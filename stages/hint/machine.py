@@ -61,6 +61,7 @@ from mentor.pipeline.schemas import HINTS, schema_metadata
 from mentor.pipeline.stage import Stats, StatsLayout
 from mentor.stages.hint import agents
 from mentor.stages.hint.config import HintConfig
+from mentor.stages.hint.tokens import hint_control_tokens
 from mentor.stages.rules import (Instructions, RuleContext, RuleLimits, check_hint, copies_instructions, text_leaks_answer,
                                  trim_to_rules)
 
@@ -147,8 +148,10 @@ _LETTER = re.compile(r"[^\W\d_]")
 class HintMachine:
     """The per-shard machinery: requests from the agents' records, and the transitions between phases."""
 
-    def __init__(self, cfg: HintConfig, templates: agents.Templates, stats: Stats) -> None:
+    def __init__(self, cfg: HintConfig, templates: agents.Templates, stats: Stats,
+                 control_tokens: tuple[str, ...] | None = None) -> None:
         self.cfg = cfg
+        self.control_tokens = control_tokens  # rule special_token's list (None: the built-in one)
         self.t = templates
         self.st = stats
         self.attr_instructions = Instructions.of(templates.texts["attribution_system"], templates.texts["attribution_user"])
@@ -159,7 +162,8 @@ class HintMachine:
         domain = row.get("domain") or "math"
         max_retry, max_refine, threshold, limits = self.settings.get(domain, self.settings["math"])
         ctx = RuleContext(domain=domain, answer=row.get("label"), problem=row.get("problem") or "",
-                          previous_hints=tuple(row.get("previous_hints") or ()), limits=limits)
+                          previous_hints=tuple(row.get("previous_hints") or ()), limits=limits,
+                          control_tokens=self.control_tokens)
         p = ProblemState(i, row, ctx, max_retry, max_refine, threshold)
         self.transition(p, "start")
         return p
@@ -380,7 +384,7 @@ def hint_shard(
         rows = rows.to_pylist()
     st = stats if stats is not None else HintStats()
     t = templates or agents.Templates.load(cfg.templates_dir)
-    shard = HintMachine(cfg, t, st)
+    shard = HintMachine(cfg, t, st, hint_control_tokens(cfg, backend))
     problems = [shard.problem(i, row) for i, row in enumerate(rows)]
     calls0, pt0, ct0 = backend.calls, backend.prompt_tokens, backend.completion_tokens
     requests0, errors = st.requests, []

@@ -13,6 +13,8 @@ LLM judge. Each violation has a stable name, kept in the hint row's
 - `words`: numbers in English words; `arithmetic`: a bounded parser for arithmetic
   that evaluates to the answer; `bare_answer`: a hint that is only an answer.
 - `instructions`: attribution output that parrots the agent's own instructions.
+- `special_tokens`: the ``special_token`` rule (chat-control tokens of the policy's template, which
+  would turn a hint into chat turns) and the token lists `mentor build` screens with.
 """
 
 from mentor.stages.rules.bare_answer import answer_only
@@ -29,8 +31,15 @@ from mentor.stages.rules.context import RuleContext, RuleLimits
 from mentor.stages.rules.instructions import Instructions, copies_instructions
 from mentor.stages.rules.numbers import AnswerMatcher, matcher_for
 from mentor.stages.rules.registry import Rule, RuleRegistry, describe
+from mentor.stages.rules.special_tokens import (  # declared after `checks`: the rule runs last
+    COMMON_CONTROL_TOKENS,
+    control_tokens,
+    control_tokens_in,
+    tokenizer_control_tokens,
+)
 
 __all__ = [
+    "COMMON_CONTROL_TOKENS",
     "MIN_TRIMMED_WORDS",
     "AnswerMatcher",
     "Instructions",
@@ -42,10 +51,13 @@ __all__ = [
     "answer_only",
     "check",
     "check_hint",
+    "control_tokens",
+    "control_tokens_in",
     "copies_instructions",
     "describe",
     "indirect_leak",
     "matcher_for",
     "text_leaks_answer",
+    "tokenizer_control_tokens",
     "trim_to_rules",
 ]

@@ -303,8 +303,10 @@ def check(
     previous_hints: tuple[str, ...] | list[str] = (),
     entry_point: str | None = None,
     limits: RuleLimits | None = None,
+    control_tokens: Sequence[str] | None = None,
 ) -> RuleReport:
-    """Run the rules on one hint (the `mentor check-hint` entry point)."""
+    """Run the rules on one hint (the `mentor check-hint` entry point); `control_tokens`: the chat-control tokens
+    of the known tokenizers (`special_tokens.control_tokens`), default the built-in list."""
     ctx = RuleContext(
         domain=domain,
         answer=answer,
@@ -312,6 +314,7 @@ def check(
         previous_hints=tuple(previous_hints),
         limits=limits or RuleLimits(),
         entry_point=entry_point,
+        control_tokens=tuple(control_tokens) if control_tokens is not None else None,
     )
     v = check_hint(hint, ctx)
     return RuleReport(ok=not v, violations=v)

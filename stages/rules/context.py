@@ -70,6 +70,8 @@ class RuleContext:
     previous_hints: tuple[str, ...] = ()
     limits: RuleLimits = field(default_factory=RuleLimits)
     entry_point: str | None = None
+    # The chat-control tokens a hint must not carry (`special_tokens.control_tokens`); None: the built-in list.
+    control_tokens: tuple[str, ...] | None = None
     matcher: AnswerMatcher = field(init=False)
     _problem_joined: str | None = field(default=None, init=False, repr=False)
     _problem_words: set | None = field(default=None, init=False, repr=False)
