@@ -181,3 +181,29 @@ def test_mentor_train_with_live_hints(tiny_model, rows, tmp_path):
     assert outcome["metrics"]["mentor/live_hinted"] == 2.0
     recs = _records(logs)
     assert len(recs) == 16 and sum(r["live_status"] == "rerolled" for r in recs) == 8
+
+
+def test_group_pieces_on_build_rows(rows):
+    """The problem text of a build row (its instruction stripped), the hinted prompt per placement, labels by prompt."""
+    from mentor.pipeline.errors import DataError
+    from mentor.pipeline.prompts import INSTRUCTIONS
+    from mentor.pipeline.schemas import parse_prompt_label, prompt_label
+    from mentor.training.live_hints import LiveHintsConfig, hinted_messages, problem_text
+    from mentor.training.trl_live import label_index, prompt_key
+
+    row = rows[0]
+    problem = problem_text(row["prompt"], "math", dict(INSTRUCTIONS))
+    assert problem and problem.startswith("Janet") and not problem.endswith("\\boxed{}.")
+    cfg = LiveHintsConfig.model_validate(_live("http://127.0.0.1:9/v1", placement="before"))
+    msgs = hinted_messages(cfg, problem, "Count the eggs.", "math", row["prompt"])
+    assert msgs == [{"role": "user", "content": f"Hint: Count the eggs.\n\n{problem}\n\n{INSTRUCTIONS['math']}"}]
+    system = [{"role": "system", "content": "Be brief."}, *row["prompt"]]
+    cfg = LiveHintsConfig.model_validate(_live("http://127.0.0.1:9/v1", placement="assistant"))
+    msgs = hinted_messages(cfg, problem, "Count the eggs.", "math", system)
+    assert msgs[0] == system[0] and msgs[-1]["role"] == "assistant" and "Count the eggs." in msgs[-1]["content"]
+
+    lab = parse_prompt_label(row["label"])
+    same = dict(row, label=prompt_label("math", lab["answer"], "other-id", None, 1))
+    assert label_index([row, same])[prompt_key(row["prompt"])] == row["label"]  # the same reference: the first label
+    with pytest.raises(DataError, match="same prompt and different references"):
+        label_index([row, dict(row, label=prompt_label("math", "999", lab["problem_id"], None, 1))])

@@ -27,6 +27,7 @@ from mentor.pipeline.prompts import INSTRUCTION_SEPARATOR, INSTRUCTIONS
 from mentor.stages.build_render import DEFAULT_PLACEMENT, PLACEMENTS, prompt_messages
 from mentor.stages.hint.config import HintConfig
 from mentor.stages.hint.machine import HintStats, hint_shard
+from mentor.stages.solutions import load_solutions, with_solutions
 
 log = logging.getLogger(__name__)
 
@@ -131,9 +132,17 @@ class StepHints:
     stats: dict[str, Any] = field(default_factory=dict)
 
 
-def hint_groups(rows: dict[int, dict[str, Any]], cfg: LiveHintsConfig, backend: Backend) -> StepHints:
+def solutions_for(cfg: LiveHintsConfig) -> dict[str, str]:
+    """The reference solutions the agents see, as offline (`see_solution`: the file's, else the bundled ones)."""
+    hint_cfg = cfg.hint_config()
+    return load_solutions(hint_cfg.solutions, "live_hints.hint.solutions") if hint_cfg.see_solution else {}
+
+
+def hint_groups(rows: dict[int, dict[str, Any]], cfg: LiveHintsConfig, backend: Backend,
+                solutions: dict[str, str] | None = None) -> StepHints:
     """Hint the collapsed rows (group index -> COLLAPSED row) within the step's budget, in batches of `cfg.batch`.
 
+    `solutions` (`solutions_for`) fill each row's reference solution, as the hint stage does.
     Beyond `max_problems_per_step`, or once `max_seconds_per_step` have passed, the rest are not sent
     (``over_budget``). A batch the engine fails on entirely (`EngineError`) propagates: the step stops, as an
     offline hint shard would.
@@ -150,7 +159,7 @@ def hint_groups(rows: dict[int, dict[str, Any]], cfg: LiveHintsConfig, backend: 
             out.over_budget += len(todo)
             break
         batch, todo = todo[: cfg.batch], todo[cfg.batch:]
-        table = hint_shard([rows[i] for i in batch], hint_cfg, backend, stats=st)
+        table = hint_shard(with_solutions([rows[i] for i in batch], solutions or {}), hint_cfg, backend, stats=st)
         for i, rec in zip(batch, table.to_pylist()):
             out.hints[i] = rec
     out.seconds = time.perf_counter() - started
@@ -158,5 +167,5 @@ def hint_groups(rows: dict[int, dict[str, Any]], cfg: LiveHintsConfig, backend: 
     return out
 
 
-__all__ = ["LiveHintsConfig", "StepHints", "collapsed_row", "hint_groups", "hinted_messages", "problem_text", "system_text",
+__all__ = ["LiveHintsConfig", "StepHints", "collapsed_row", "hint_groups", "hinted_messages", "problem_text", "solutions_for", "system_text",
            "user_text"]

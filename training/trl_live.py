@@ -44,7 +44,8 @@ from mentor.pipeline.errors import DataError, EngineError
 from mentor.pipeline.llm import Backend
 from mentor.pipeline.prompts import render_prompt
 from mentor.pipeline.schemas import parse_prompt_label
-from mentor.training.live_hints import LiveHintsConfig, collapsed_row, hint_groups, hinted_messages, problem_text
+from mentor.training.live_hints import (LiveHintsConfig, collapsed_row, hint_groups, hinted_messages, problem_text,
+                                        solutions_for)
 from mentor.training.reward_core import count, target_from_label
 from mentor.training.rollout_log import make_record
 from mentor.training.trl_reward import TrlReward
@@ -128,6 +129,7 @@ class LiveRollout:
         self.scorer = TrlReward(tokenizer=tokenizer)  # its prompt text and truncation rule, as the offline reward
         self.rollout_dir = Path(rollout_dir) if rollout_dir else None
         self._backend = backend
+        self.solutions = solutions_for(cfg)  # read once, before the first step: a missing file fails the start
         self.totals: Counter = Counter()
         self.steps: list[dict[str, Any]] = []  # one summary per call (tests, metrics.json)
         if self.rollout_dir is not None:
@@ -173,7 +175,7 @@ class LiveRollout:
         found = None
         if collapsed:
             try:
-                found = hint_groups(collapsed, self.cfg, self.backend)
+                found = hint_groups(collapsed, self.cfg, self.backend, self.solutions)
             except EngineError as exc:
                 log.error("live hints step %d: the hint engine answered none of %d collapsed group(s) (%s); they go on unhinted",
                           step, len(collapsed), exc)
