@@ -207,3 +207,13 @@ def test_group_pieces_on_build_rows(rows):
     assert label_index([row, same])[prompt_key(row["prompt"])] == row["label"]  # the same reference: the first label
     with pytest.raises(DataError, match="same prompt and different references"):
         label_index([row, dict(row, label=prompt_label("math", "999", lab["problem_id"], None, 1))])
+
+
+def test_live_hints_refused_for_openrlhf_and_verl(tmp_path):
+    from mentor.training.openrlhf_launcher import LAUNCHER as OPENRLHF
+    from mentor.training.verl_launcher import LAUNCHER as VERL
+
+    for launcher in (OPENRLHF, VERL):
+        with pytest.raises(ConfigError, match="live hints run in TRL rounds only"):
+            launcher.parse({"round": 1, "round_dir": str(tmp_path), "base_model": "x", "live_hints": _live("http://127.0.0.1:9/v1")},
+                           "round.yaml", strict=False)
