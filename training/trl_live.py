@@ -25,7 +25,8 @@ builds its loss from the returned ``prompt_ids`` as the context of each completi
 A record's ``live_status``: ``scored`` (the group earned reward), ``collapsed_over_budget``,
 ``collapsed_offline_hint`` (its prompt already carries a hint), ``collapsed_no_problem`` (a text
 prompt: no problem text to hint), ``collapsed_hint_failed`` (the hint engine answered nothing),
-``hinted`` (the first pass of a group that was re-rolled; not trained on) and ``rerolled`` (trained on).
+``collapsed_eval`` (an evaluation batch: never hinted), ``hinted`` (the first pass of a group that was
+re-rolled; not trained on) and ``rerolled`` (trained on).
 """
 
 from __future__ import annotations
@@ -163,7 +164,9 @@ class LiveRollout:
                 continue
             target = target_from_label(labels[a], texts[a])
             problem = problem_text(prompts[a], target.domain, self.cfg.instructions)
-            if target.hint_id and not self.cfg.hint_prompts_with_hints:
+            if not trainer.model.training:  # evaluation measures the policy as it is: no hint
+                status[k] = "collapsed_eval"
+            elif target.hint_id and not self.cfg.hint_prompts_with_hints:
                 status[k] = "collapsed_offline_hint"
             elif problem is None or labels[a] is None:
                 status[k] = "collapsed_no_problem"
