@@ -15,7 +15,6 @@ group (`collapsed_row`), the budgeted hint call (`hint_groups`) and the hinted p
 
 from __future__ import annotations
 
-import logging
 import time
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -28,8 +27,6 @@ from mentor.stages.build_render import DEFAULT_PLACEMENT, PLACEMENTS, prompt_mes
 from mentor.stages.hint.config import HintConfig
 from mentor.stages.hint.machine import HintStats, hint_shard
 from mentor.stages.solutions import load_solutions, with_solutions
-
-log = logging.getLogger(__name__)
 
 
 class LiveHintsConfig(BaseModel):
