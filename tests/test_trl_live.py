@@ -217,3 +217,24 @@ def test_live_hints_refused_for_openrlhf_and_verl(tmp_path):
         with pytest.raises(ConfigError, match="live hints run in TRL rounds only"):
             launcher.parse({"round": 1, "round_dir": str(tmp_path), "base_model": "x", "live_hints": _live("http://127.0.0.1:9/v1")},
                            "round.yaml", strict=False)
+
+
+def test_step_budget_problems_and_seconds(rows):
+    """Beyond max_problems_per_step, or once max_seconds_per_step have passed, collapsed groups go on unhinted, counted."""
+    from mentor.pipeline.llm import FakeBackend
+    from mentor.pipeline.prompts import INSTRUCTIONS
+    from mentor.pipeline.schemas import parse_prompt_label
+    from mentor.stages.hint.agents import fake_script
+    from mentor.training.live_hints import LiveHintsConfig, collapsed_row, hint_groups, problem_text
+
+    lab = parse_prompt_label(rows[0]["label"])
+    problem = problem_text(rows[0]["prompt"], "math", dict(INSTRUCTIONS))
+    collapsed = {k: collapsed_row(f"{lab['problem_id']}-{k}", 1, "math", problem, lab["answer"], ["I do not know."] * 4)
+                 for k in range(3)}
+    cfg = LiveHintsConfig.model_validate(_live("http://127.0.0.1:9/v1", max_problems_per_step=2, batch=1))
+    found = hint_groups(collapsed, cfg, FakeBackend(script=fake_script))
+    assert sorted(found.hints) == [0, 1] and found.over_budget == 1 and found.stats["problems"] == 2
+    assert all(h["status"] in ("accepted", "repaired", "fallback") and h["hint"] for h in found.hints.values())
+    cfg = LiveHintsConfig.model_validate(_live("http://127.0.0.1:9/v1", max_problems_per_step=None, max_seconds_per_step=1e-9))
+    found = hint_groups(collapsed, cfg, FakeBackend(script=fake_script))
+    assert found.hints == {} and found.over_budget == 3
