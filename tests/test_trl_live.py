@@ -238,3 +238,17 @@ def test_step_budget_problems_and_seconds(rows):
     cfg = LiveHintsConfig.model_validate(_live("http://127.0.0.1:9/v1", max_problems_per_step=None, max_seconds_per_step=1e-9))
     found = hint_groups(collapsed, cfg, FakeBackend(script=fake_script))
     assert found.hints == {} and found.over_budget == 3
+
+
+def test_workflow_trainer_section_takes_live_hints():
+    """A workflow's `trainer: {kind: trl, config: {live_hints: ...}}` reaches the TRL round config, checked."""
+    from mentor.pipeline.yaml_io import read_yaml_mapping
+    from mentor.workflows.config import resolve_workflow_path, validate_workflow
+
+    data = read_yaml_mapping(resolve_workflow_path("gsm8k-loop-cpu"), "workflow")
+    data["trainer"].setdefault("config", {})["live_hints"] = _live("http://127.0.0.1:9/v1", max_problems_per_step=2)
+    wf = validate_workflow(data, "wf.yaml")
+    assert LAUNCHER.parse(wf.trainer.config).live_hints.max_problems_per_step == 2
+    data["trainer"]["config"]["live_hints"]["max_problem"] = 3
+    with pytest.raises(ConfigError, match="wf.yaml: trainer.config: live_hints.max_problem: unknown key"):
+        validate_workflow(data, "wf.yaml")
