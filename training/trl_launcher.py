@@ -55,7 +55,7 @@ from pathlib import Path
 from typing import Any, ClassVar, Literal
 
 import polars as pl
-from pydantic import ConfigDict, Field
+from pydantic import ConfigDict, Field, model_validator
 
 from mentor.pipeline.errors import ConfigError, DataError
 from mentor.pipeline.inputs import resolve_inputs
@@ -63,6 +63,7 @@ from mentor.pipeline.io import read_json, scan_dataset, write_json_atomic
 from mentor.pipeline.yaml_io import read_yaml_mapping
 from mentor.training.field_types import check_dataclass_values
 from mentor.training.gpus import GpuDemand, GpuShortage, local_gpus
+from mentor.training.live_hints import LiveHintsConfig
 from mentor.training.launcher import RoundConfig, finish_round, outcome_record, parse_round_config
 from mentor.training.prompt_format import check_template_kwargs, trainer_template_kwargs
 from mentor.training.prompt_limits import RESPONSE_DEFAULT, LongestPrompt, model_context, rendered_lengths, require, response_limit
@@ -103,6 +104,18 @@ class TrlTrainConfig(RoundConfig):
         default_factory=dict, description="Other `accelerate launch` flags, e.g. {num_machines: 2, machine_rank: 0, "
         "main_process_ip: 10.0.0.1, use_deepspeed: true, deepspeed_config_file: ds.json}; checked by accelerate's own parser."
     )
+
+    live_hints: LiveHintsConfig | None = Field(
+        None, description="Hint and re-roll the groups that collapse inside each training step (mentor.training.trl_live); "
+        "none = offline hints only (the default)."
+    )
+
+    @model_validator(mode="after")
+    def _live_in_one_process(self) -> "TrlTrainConfig":
+        if self.live_hints is not None and uses_accelerate(self):
+            raise ValueError("live_hints needs every group of a step in one process: set num_processes 1 "
+                             "(and no accelerate_config / accelerate_args)")
+        return self
 
     @property
     def grpo_fields(self) -> dict[str, Any]:
@@ -421,6 +434,7 @@ def dry_run_text(cfg: TrlTrainConfig) -> str:
         f"# batches: {batches}",
         f"# checked: {check_reward(cfg, dict(os.environ) | build_env(cfg, spec))}",
         f"# final model: {spec['final_model']}",
+        f"# live hints: {live_text(cfg)}",
         "# environment",
         *(f"export {k}={shlex.quote(v)}" for k, v in build_env(cfg, spec).items()),
         "# command",
@@ -431,6 +445,16 @@ def dry_run_text(cfg: TrlTrainConfig) -> str:
         json.dumps(resolved, indent=2, sort_keys=True, default=str),
     ]
     return "\n".join(lines)
+
+
+def live_text(cfg: TrlTrainConfig) -> str:
+    live = cfg.live_hints
+    if live is None:
+        return "off (offline hints only)"
+    b = live.backend
+    return (f"on: hint engine {b.backend} {b.model or 'embedded'}{' at ' + b.base_url if b.base_url else ''}, "
+            f"placement {live.placement}, at most {live.max_problems_per_step or 'every'} group(s) and "
+            f"{live.max_seconds_per_step or 'unlimited'} s per step")
 
 
 def gpu_demand(cfg: TrlTrainConfig, spec: dict[str, Any]):

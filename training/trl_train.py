@@ -26,6 +26,7 @@ from typing import Any
 from mentor.pipeline.io import write_json_atomic
 from mentor.pipeline.policy_template import text_for_tokenizer
 from mentor.training.reward_core import STATS
+from mentor.training.rollout_log import ENV_DIR
 from mentor.training.trl_launcher import TrlTrainConfig, _die_with_parent, training_rows
 from mentor.training.trl_reward import make_reward
 
@@ -67,8 +68,17 @@ def main(argv: list[str]) -> int:
     rows = prompt_rows(cfg, tokenizer, int(spec.get("pad_rows") or 0))
     dataset = Dataset.from_list(rows)  # columns prompt (chat messages, or text) and label (mentor's JSON label)
     args = GRPOConfig(**spec["grpo"])
-    reward = make_reward(tokenizer, args.max_completion_length)
-    trainer = GRPOTrainer(model=spec["model"], reward_funcs=[reward], args=args, train_dataset=dataset, processing_class=tokenizer)
+    live = None
+    if cfg.live_hints is not None:  # hint and re-roll collapsed groups inside the step (mentor.training.trl_live)
+        from mentor.training.trl_live import LiveReward, LiveRollout
+
+        os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")  # rollout_func is experimental in TRL 1.16: mentor pins it
+        live = LiveRollout(cfg.live_hints, rows, tokenizer, os.environ.get(ENV_DIR))
+        reward, extra = LiveReward(), {"rollout_func": live}
+    else:
+        reward, extra = make_reward(tokenizer, args.max_completion_length), {}
+    trainer = GRPOTrainer(model=spec["model"], reward_funcs=[reward], args=args, train_dataset=dataset, processing_class=tokenizer,
+                          **extra)
     logging.getLogger(__name__).info("training on %d prompt row(s) from %s", len(rows), spec["model"])
     trainer.train()
 
@@ -90,7 +100,8 @@ def main(argv: list[str]) -> int:
     last = next((h for h in reversed(history) if "reward" in h), history[-1] if history else None)
     write_json_atomic(
         {"global_step": trainer.state.global_step, "last_log": last, "log_history": history,
-         "reward_stats": dict(STATS), "processes": trainer.accelerator.num_processes},
+         "reward_stats": dict(STATS), "processes": trainer.accelerator.num_processes}
+        | ({"live_hints": {"totals": dict(live.totals), "steps": live.steps}} if live is not None else {}),
         spec_path.parent / "metrics.json",
     )
     logging.getLogger(__name__).info("saved the final model to %s; reward stats %s", final, dict(STATS))
