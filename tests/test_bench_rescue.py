@@ -341,3 +341,9 @@ def test_a_signal_stops_the_bench_and_its_child_processes_within_seconds(tmp_pat
         assert psutil.Process(int(ready[1])).status() == psutil.STATUS_ZOMBIE
     except psutil.NoSuchProcess:
         pass
+
+
+def test_missing_shared_data_is_a_clear_stop_not_a_traceback(bench, monkeypatch, tmp_path):
+    monkeypatch.setenv("MENTOR_SHARED_DATA", str(tmp_path / "nowhere"))
+    with pytest.raises(SystemExit, match="set MENTOR_SHARED_DATA"):
+        bench.reference_solutions("math")

@@ -127,6 +127,10 @@ def reference_solutions(domain: str) -> dict[str, str]:
     from mentor.pipeline.ids import text_id
 
     root = shared_data()
+    need = root / ("gsm8k/test.jsonl" if domain == "math" else "humaneval/HumanEval.jsonl.gz")
+    if not need.is_file():
+        raise SystemExit(f"{need}: not found; the controls and the agents' reference solutions come from ../shared/data "
+                         "beside the repository: set MENTOR_SHARED_DATA to that folder (e.g. when running from a git worktree)")
     if domain == "math":
         with open(root / "gsm8k" / "test.jsonl", encoding="utf-8") as fh:
             rows = [json.loads(line) for line in fh if line.strip()]
