@@ -204,12 +204,26 @@ def grpo_kwargs(cfg: TrlTrainConfig) -> dict[str, Any]:
     return kw | user
 
 
+# What transformers' TrainingArguments says when the interpreter checking the settings has no GPU for bf16/fp16.
+_NO_LOCAL_GPU = ("doesn't support bf16/gpu", "doesn't support fp16", "requires a GPU")
+
+
 def resolve_grpo(cfg: TrlTrainConfig):
-    """`GRPOConfig(**grpo_kwargs(cfg))`; TRL's own checks become a `ConfigError`."""
+    """`GRPOConfig(**grpo_kwargs(cfg))`; TRL's own checks become a `ConfigError`.
+
+    A GPU round is checked in mentor's interpreter, whose torch may have no CUDA (a hint node's venv): there
+    transformers refuses bf16/fp16 for want of a local GPU. That check belongs to the trainer's environment
+    (which runs GRPOConfig again); here the other settings are checked with the precision flags off."""
     cls = grpo_config_class()
+    kw = grpo_kwargs(cfg)
     try:
-        return cls(**grpo_kwargs(cfg))
+        return cls(**kw)
     except (TypeError, ValueError, AssertionError) as exc:
+        if not kw.get("use_cpu") and any(m in str(exc) for m in _NO_LOCAL_GPU):
+            try:
+                return cls(**kw | {"bf16": False, "fp16": False})
+            except (TypeError, ValueError, AssertionError) as again:
+                exc = again
         raise ConfigError(f"TRL's GRPOConfig rejects the settings: {exc}") from None
 
 
