@@ -77,13 +77,19 @@ def response_limit(given: object, key: str) -> tuple[int, str]:
     """(the round's response limit, where it came from): the config's `given` value of `key`, else RESPONSE_DEFAULT."""
     if given is None:
         return RESPONSE_DEFAULT, f"{key}={RESPONSE_DEFAULT} (mentor's default for reasoning policies; set {key} to change it)"
+    value = positive_int(given, key, "tokens")
+    return value, f"{key}={value} (the round config)"
+
+
+def positive_int(given: object, key: str, unit: str) -> int:
+    """`given` (a round config's or override's value, maybe text) as a whole number >= 1; else a `ConfigError`."""
     try:
         value = int(str(given))
     except ValueError:
-        raise ConfigError(f"{key} {given!r}: not a whole number of tokens") from None
+        raise ConfigError(f"{key} {given!r}: not a whole number of {unit}") from None
     if value < 1:
-        raise ConfigError(f"{key} {given!r}: must be at least 1 token")
-    return value, f"{key}={value} (the round config)"
+        raise ConfigError(f"{key} {given!r}: must be at least 1")
+    return value
 
 
 def rendered_lengths(prompts: Sequence[str | Sequence[dict]], tok: Any, template_kwargs: dict[str, Any] | None = None) -> list[int]:

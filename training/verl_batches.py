@@ -38,6 +38,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from mentor.pipeline.errors import ConfigError
+from mentor.training.prompt_limits import positive_int
 
 VERL_TRAIN_BATCH = 1024  # data.train_batch_size in verl 0.9.1's ppo_trainer config
 VERL_MINI_BATCH = 256  # actor_rollout_ref.actor.ppo_mini_batch_size in verl 0.9.1
@@ -87,12 +88,7 @@ def plan_batches(prompts: int, overrides: dict[str, Any], gpus: int = 1) -> Batc
     key = GEN_BATCH if _given(overrides, GEN_BATCH) is not None else TRAIN_BATCH
     given = _given(overrides, key)
     if given is not None:
-        try:
-            batch = int(str(given))
-        except ValueError:
-            raise ConfigError(f"overrides.{key} {given!r}: not a whole number of prompts") from None
-        if batch < 1:
-            raise ConfigError(f"overrides.{key} {given!r}: must be at least 1")
+        batch = positive_int(given, f"overrides.{key}", "prompts")
         if prompts < batch:
             raise ConfigError(f"the round has {prompts} prompts, fewer than one batch ({key}={batch}): verl's dataloader "
                               "drops the last incomplete batch, so it would train on none (\"Train dataloader is empty!\"); "
