@@ -1,0 +1,154 @@
+"""Extension points are folders: each file (or folder) in one declares one thing, found by its name.
+
+mentor's extension points are packages whose members each declare one thing:
+
+| point | package | a member is | it declares |
+| --- | --- | --- | --- |
+| ``stages`` | `mentor.stages` | a module | ``STAGE`` |
+| ``agents`` | `mentor.stages.hint.agents` | a module (its templates beside it) | ``AGENT`` |
+| ``rules`` | `mentor.stages.rules` | a module | rules, by `RuleRegistry.add` |
+| ``backends`` | `mentor.pipeline.backends` | a module | ``BACKEND`` |
+| ``trainers`` | `mentor.training` | a folder with a ``launcher.py`` | ``LAUNCHER`` (in ``launcher.py``) |
+
+`names(point)` lists the members by file name without importing any (asking for
+one stage does not import the engine seam); `load(point, name)` imports one. A
+central list (the stage folders, the ``--backend`` choices, the trainers) is
+built from these, never written by hand.
+
+**Plugins.** A folder named in ``MENTOR_PLUGIN_PATH`` (``os.pathsep``-separated)
+adds members: ``<folder>/<point>/<name>.py`` (a trainer: ``<folder>/trainers/<name>/launcher.py``)
+joins that point as if it were built in, importable as
+``mentor.plugins.<point>.<name>`` in every process that has the variable (dask
+workers and spawned engine processes inherit it, so what a plugin declares
+pickles). A plugin may not take a built-in name. Files starting with ``_`` are
+never members.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.abc
+import importlib.machinery
+import importlib.util
+import os
+import pkgutil
+import sys
+from pathlib import Path
+from types import ModuleType
+
+from mentor.pipeline.errors import ConfigError
+
+PLUGIN_PATH_ENV = "MENTOR_PLUGIN_PATH"
+PLUGIN_PACKAGE = "mentor.plugins"
+# point -> (package, the file that marks a member folder; None: members are modules)
+POINTS: dict[str, tuple[str, str | None]] = {
+    "stages": ("mentor.stages", None),
+    "agents": ("mentor.stages.hint.agents", None),
+    "rules": ("mentor.stages.rules", None),
+    "backends": ("mentor.pipeline.backends", None),
+    "trainers": ("mentor.training", "launcher.py"),
+}
+
+
+def _point(point: str) -> tuple[str, str | None]:
+    if point not in POINTS:
+        raise KeyError(f"no extension point {point!r} (points: {', '.join(POINTS)})")
+    return POINTS[point]
+
+
+def plugin_dirs() -> list[Path]:
+    """The folders of ``MENTOR_PLUGIN_PATH`` that exist, in order."""
+    return [Path(p) for p in os.environ.get(PLUGIN_PATH_ENV, "").split(os.pathsep) if p and Path(p).is_dir()]
+
+
+def _members(folder: Path, marker: str | None) -> list[str]:
+    if not folder.is_dir():
+        return []
+    if marker is not None:
+        return sorted(d.name for d in folder.iterdir() if d.is_dir() and d.name.isidentifier()
+                      and not d.name.startswith("_") and (d / marker).is_file())
+    return sorted(i.name for i in pkgutil.iter_modules([str(folder)]) if not i.ispkg and not i.name.startswith("_"))
+
+
+def _builtin_names(point: str) -> list[str]:
+    package, marker = _point(point)
+    spec = importlib.util.find_spec(package)
+    if spec is None or not spec.submodule_search_locations:
+        return []
+    return sorted({n for loc in spec.submodule_search_locations for n in _members(Path(loc), marker)})
+
+
+def _plugin_names(point: str) -> dict[str, Path]:
+    """name -> the plugin folder holding it (the first one on the path wins)."""
+    _, marker = _point(point)
+    found: dict[str, Path] = {}
+    for base in plugin_dirs():
+        for name in _members(base / point, marker):
+            found.setdefault(name, base)
+    return found
+
+
+def names(point: str) -> list[str]:
+    """The members of `point`: built-in first (sorted), then plugins (sorted)."""
+    builtin = _builtin_names(point)
+    plugins = _plugin_names(point)
+    clash = sorted(set(builtin) & set(plugins))
+    if clash:
+        raise ConfigError(f"{PLUGIN_PATH_ENV}: {plugins[clash[0]] / point / clash[0]} takes the built-in {point[:-1]} "
+                          f"name {clash[0]!r}; rename the plugin")
+    return [*builtin, *sorted(plugins)]
+
+
+def module_name(point: str, name: str) -> str:
+    """The import name of a member (for a trainer: its ``launcher`` module)."""
+    package, marker = _point(point)
+    if name in _plugin_names(point):
+        package = f"{PLUGIN_PACKAGE}.{point}"
+    full = f"{package}.{name}"
+    return f"{full}.{Path(marker).stem}" if marker else full
+
+
+def load(point: str, name: str) -> ModuleType:
+    """Import the member `name` of `point` (a KeyError naming the members if there is none)."""
+    known = names(point)
+    if name not in known:
+        raise KeyError(f"no {point[:-1]} {name!r} ({point}: {', '.join(known)})")
+    return importlib.import_module(module_name(point, name))
+
+
+class _PluginFinder(importlib.abc.MetaPathFinder):
+    """Makes ``mentor.plugins.<point>.<name>`` importable from ``MENTOR_PLUGIN_PATH``."""
+
+    def find_spec(self, fullname, path=None, target=None):
+        if fullname != PLUGIN_PACKAGE and not fullname.startswith(PLUGIN_PACKAGE + "."):
+            return None
+        parts = fullname.split(".")[2:]  # after mentor.plugins
+        if len(parts) <= 1 and (not parts or parts[0] in POINTS):  # mentor.plugins, mentor.plugins.<point>
+            spec = importlib.machinery.ModuleSpec(fullname, None, is_package=True)
+            spec.submodule_search_locations = [str(d / parts[0]) for d in plugin_dirs()] if parts else []
+            return spec
+        if parts[0] not in POINTS:
+            return None
+        rel = Path(*parts[1:])
+        for base in plugin_dirs():
+            folder = base / parts[0] / rel
+            if (folder / "__init__.py").is_file() or folder.is_dir():
+                init = folder / "__init__.py"
+                if init.is_file():
+                    return importlib.util.spec_from_file_location(fullname, init, submodule_search_locations=[str(folder)])
+                spec = importlib.machinery.ModuleSpec(fullname, None, is_package=True)
+                spec.submodule_search_locations = [str(folder)]
+                return spec
+            file = folder.with_suffix(".py")
+            if file.is_file():
+                return importlib.util.spec_from_file_location(fullname, file)
+        return None
+
+
+def install_finder() -> None:
+    """Install the plugin finder once (mentor's package does it on import)."""
+    if not any(isinstance(f, _PluginFinder) for f in sys.meta_path):
+        sys.meta_path.append(_PluginFinder())
+
+
+__all__ = ["PLUGIN_PATH_ENV", "POINTS", "install_finder", "load", "module_name", "names", "plugin_dirs"]
