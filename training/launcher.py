@@ -244,9 +244,9 @@ def log_tail(path: Path, n: int = 40) -> str:
 
 def parse_round_config(cls: type[RoundConfig], data: dict[str, Any], where: str) -> RoundConfig:
     """`cls` validated from `data`; `ConfigError` naming `where` and the field."""
-    if "live_hints" in data and "live_hints" not in cls.model_fields:  # mentor.training.trl_live: TRL only so far
-        raise ConfigError(f"{where}: live_hints: live hints run in TRL rounds only (kind: trl); OpenRLHF's agent executor "
-                          "and verl's agent loop are not wired yet: remove live_hints, or train with kind: trl")
+    if "live_hints" in data and "live_hints" not in cls.model_fields:  # trl_live and openrlhf_live; verl's agent loop: not yet
+        raise ConfigError(f"{where}: live_hints: live hints run in TRL and OpenRLHF rounds (kind: trl or kind: openrlhf); "
+                          "verl's agent loop is not wired yet: remove live_hints, or train with kind: trl or kind: openrlhf")
     try:
         return cls.model_validate(data)
     except ValidationError as exc:

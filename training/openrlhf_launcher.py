@@ -57,6 +57,7 @@ from mentor.pipeline.inputs import resolve_inputs
 from mentor.pipeline.io import write_json_atomic
 from mentor.pipeline.yaml_io import read_yaml_mapping
 from mentor.training.gpus import cluster_supply, local_gpus
+from mentor.training.live_hints import LiveHintsConfig
 from mentor.training.launcher import ModelRef, RewardFile, RoundConfig, finish_round, outcome_record, parse_round_config
 from mentor.training.openrlhf_check import check_with_openrlhf
 from mentor.training.openrlhf_placement import round_demand
@@ -79,6 +80,7 @@ from mentor.training.rollout_log import (
 log = logging.getLogger(__name__)
 
 REWARD_FILE = Path(__file__).resolve().parent / "openrlhf_reward.py"
+LIVE_FILE = Path(__file__).resolve().parent / "openrlhf_live.py"  # --train.agent_func_path of a round with live_hints
 
 
 class TrainConfig(RoundConfig):
@@ -101,6 +103,9 @@ class TrainConfig(RoundConfig):
         description="Any other OpenRLHF flag, e.g. {'train.batch_size': 64, 'algo.kl.use_loss': true}: "
         "true = bare flag, false/null = omitted, a list = several values.",
     )
+    live_hints: LiveHintsConfig | None = Field(
+        None, description="Hint and re-roll a group that collapses inside the step (mentor.training.openrlhf_live: an agent "
+        "executor, --train.agent_func_path, on every vLLM engine); None: offline hints only.")
     preflight: bool = Field(
         True,
         description="Before launch, refuse a round the GPUs cannot place (Ray cluster or this machine) or whose rollout "
@@ -120,6 +125,19 @@ class TrainConfig(RoundConfig):
                                  "kept when its mean score, in [0, 1], is strictly between them), e.g. [0, 1]")
         return extra
 
+    @field_validator("live_hints")
+    @classmethod
+    def _live_scores_itself(cls, v: LiveHintsConfig | None, info: Any) -> LiveHintsConfig | None:
+        if v is not None and info.data.get("reward_file") is not None:
+            raise ValueError("live_hints scores with mentor's verifiers inside its agent executor, so a reward_file would not "
+                             "be used: remove reward_file, or live_hints")
+        extra = {k.removeprefix("--"): x for k, x in (info.data.get("extra_args") or {}).items()}
+        if v is not None and extra.get("eval.dataset") and _temperatures(extra)[0] == _temperatures(extra)[1]:
+            raise ValueError(f"live_hints tells OpenRLHF's evaluation passes (never hinted) from training rollouts by their "
+                             f"sampling temperature, but extra_args gives both {_temperatures(extra)[0]}: set "
+                             "eval.temperature to another value than rollout.temperature")
+        return v
+
     @property
     def ckpt_path(self) -> Path:
         return self.train_path / "ckpt"
@@ -130,6 +148,11 @@ class TrainConfig(RoundConfig):
             return str(self.round_path / "prompts")
         parts = [str(Path(p).resolve()) if Path(p).exists() else p for p in self.prompts.split(",")]
         return ",".join(parts)
+
+
+def _temperatures(extra: dict[str, Any]) -> tuple[float, float]:
+    """(training, evaluation) sampling temperatures of the command: extra_args' or OpenRLHF 0.11.2's defaults."""
+    return float(extra.get("rollout.temperature", 1.0)), float(extra.get("eval.temperature", 0.6))
 
 
 def load_config(path: str | os.PathLike) -> TrainConfig:
@@ -154,6 +177,7 @@ _OWNED = {
     "data.label_key": "(fixed: label)",
     "data.apply_chat_template": "(on for message prompts, off for text prompts: placement assistant)",
     "reward.remote_url": "reward_file",
+    "train.agent_func_path": "live_hints (mentor's agent executor)",
     "algo.advantage.estimator": "advantage_estimator",
     "rollout.n_samples_per_prompt": "n_samples_per_prompt",
     "ckpt.path": "round_dir (fresh per round)",
@@ -243,20 +267,27 @@ def prompt_data_flags(cfg: TrainConfig) -> list[str]:
     return flags
 
 
+def reward_target(cfg: TrainConfig) -> tuple[Path, str]:
+    """The file OpenRLHF loads by path and what it takes from it: the agent executor with live hints, else the reward."""
+    if cfg.live_hints is not None:
+        return LIVE_FILE, "AgentExecutor"
+    return (Path(cfg.reward_file).resolve() if cfg.reward_file else REWARD_FILE), "reward_func"
+
+
 def check_reward(cfg: TrainConfig, env: dict[str, str]) -> str:
-    """The trainer's Python loads the reward file as OpenRLHF's ``SingleTurnAgentExecutor`` does (by path)."""
-    return check_reward_loads(cfg.python, Path(cfg.reward_file).resolve() if cfg.reward_file else REWARD_FILE, "reward_func", env)
+    """The trainer's Python loads the reward file (or live hints' agent executor) as OpenRLHF does (by path)."""
+    return check_reward_loads(cfg.python, *reward_target(cfg), env)
 
 
 def build_command(cfg: TrainConfig, limit: list[str] | tuple[str, ...] = ()) -> list[str]:
     """The exact trainer command line for this round (`limit`: the prompt-limit flags of `prompt_limit`)."""
-    reward = str(Path(cfg.reward_file).resolve()) if cfg.reward_file else str(REWARD_FILE)
+    reward = str(reward_target(cfg)[0])
     cmd = [
         cfg.python, "-m", "openrlhf.cli.train_ppo_ray",
         "--actor.model_name_or_path", actor_model(cfg),
         "--data.prompt_dataset", cfg.prompt_dataset,
         *prompt_data_flags(cfg),
-        "--reward.remote_url", reward,
+        *(["--train.agent_func_path", reward] if cfg.live_hints is not None else ["--reward.remote_url", reward]),
         "--algo.advantage.estimator", cfg.advantage_estimator,
         "--rollout.n_samples_per_prompt", str(cfg.n_samples_per_prompt),
         "--ckpt.path", str(cfg.ckpt_path),
@@ -283,6 +314,10 @@ def build_env(cfg: TrainConfig) -> dict[str, str]:
     local cluster and on one started by ``ray start`` alike.
     """
     env = {ENV_DIR: str(cfg.rollout_dir.resolve()), ENV_ROUND: str(cfg.round), ENV_RUN: run_identity(cfg.train_path)}
+    if cfg.live_hints is not None:  # what mentor.training.openrlhf_live reads in every engine actor
+        env.update({"MENTOR_LIVE_HINTS": cfg.live_hints.model_dump_json(), "MENTOR_LIVE_PROMPTS": cfg.prompt_dataset,
+                    "MENTOR_LIVE_GROUP_SIZE": str(cfg.n_samples_per_prompt),
+                    "MENTOR_LIVE_TEMPERATURE": str(_temperatures({k.removeprefix("--"): v for k, v in cfg.extra_args.items()})[0])})
     env.update(cfg.env)
     current = env.get(RAY_JOB_CONFIG_ENV, os.environ.get(RAY_JOB_CONFIG_ENV))
     env.update(ray_job_config_env(reward_env_vars(os.environ, env), current))
@@ -299,12 +334,23 @@ def dry_run_text(cfg: TrainConfig, args: Any = None, planned: tuple[list[str], L
     env = build_env(cfg)
     lines = ["# environment"] + [f"export {k}={shlex.quote(v)}" for k, v in env.items()] + ["# command", shlex.join(cmd)]
     lines += [f"# longest prompt: {found.describe()}", f"# response limit: {response_tokens(cfg)[1]}",
-              f"# checked: {check_reward(cfg, dict(os.environ) | env)}"]
+              f"# checked: {check_reward(cfg, dict(os.environ) | env)}", f"# live hints: {live_text(cfg)}"]
     if args is not None:
         demand = round_demand(cmd, args)
         lines.append(f"# GPUs: this round needs {demand.describe()} (not checked against a cluster in a dry run)")
         lines += [f"#   or with {name}: {gpus:g}" for name, gpus in demand.fixes]
     return "\n".join(lines)
+
+
+def live_text(cfg: TrainConfig) -> str:
+    live = cfg.live_hints
+    if live is None:
+        return "off (offline hints only)"
+    b = live.backend
+    return (f"on: agent executor {LIVE_FILE.name}, hint engine {b.backend} {b.model or 'embedded'}"
+            f"{' at ' + b.base_url if b.base_url else ''}, placement {live.placement}, at most "
+            f"{live.max_problems_per_step or 'every'} group(s) and {live.max_seconds_per_step or 'unlimited'} s per step "
+            "and vLLM engine")
 
 
 def preflight(cfg: TrainConfig, cmd: list[str], extra_env: dict[str, str]) -> dict[str, Any]:
@@ -330,9 +376,10 @@ def preflight(cfg: TrainConfig, cmd: list[str], extra_env: dict[str, str]) -> di
         log.warning("%s: the round's GPUs are not checked before launch", exc)
         demand = None
     env = dict(os.environ) | extra_env
-    reward = str(Path(cfg.reward_file).resolve()) if cfg.reward_file else str(REWARD_FILE)
+    path, attribute = reward_target(cfg)
+    reward = str(path)
     # The trainer's own Python joins (Ray refuses another Ray or Python version), and every node loads the reward file.
-    cluster = probe_cluster(env, init="openrlhf", python=cfg.python, reward=(reward, "reward_func"))
+    cluster = probe_cluster(env, init="openrlhf", python=cfg.python, reward=(reward, attribute))
     supply = cluster_supply(cluster) if cluster else local_gpus()
     if demand is not None:
         demand.check(supply)
@@ -415,6 +462,7 @@ LAUNCHER = OpenRLHFLauncher()
 
 __all__ = [
     "LAUNCHER",
+    "LIVE_FILE",
     "REWARD_FILE",
     "TrainConfig",
     "actor_model",
@@ -424,8 +472,10 @@ __all__ = [
     "dry_run_text",
     "load_config",
     "parse_config",
+    "live_text",
     "preflight",
     "prompt_limit",
+    "reward_target",
     "round_command",
     "run_round",
 ]
