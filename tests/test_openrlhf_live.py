@@ -257,3 +257,18 @@ def test_dry_run_with_live_hints_parses_with_openrlhf(tmp_path, shards, policy_m
     cmd = shlex.split([ln for ln in res.output.splitlines() if "openrlhf.cli.train_ppo_ray" in ln][0])
     args, _ = check_with_openrlhf(cmd)
     assert args.train.agent_func_path == str(LIVE_FILE) and args.reward.remote_url == ["agent"]  # OpenRLHF: the executor scores
+
+
+def test_workflow_openrlhf_trainer_takes_live_hints():
+    """A workflow's `trainer: {kind: openrlhf, config: {live_hints: ...}}` reaches the OpenRLHF round config, checked."""
+    from mentor.pipeline.yaml_io import read_yaml_mapping
+    from mentor.workflows.config import resolve_workflow_path, validate_workflow
+
+    data = read_yaml_mapping(resolve_workflow_path("deepmath-openrlhf"), "workflow")
+    data["trainer"].setdefault("config", {})["live_hints"] = _live("http://127.0.0.1:9/v1", max_problems_per_step=2)
+    wf = validate_workflow(data, "wf.yaml")
+    assert wf.trainer.kind == "openrlhf"
+    assert LAUNCHER.parse(wf.trainer.config | {"round_dir": "r", "round": 0}).live_hints.max_problems_per_step == 2
+    data["trainer"]["config"]["live_hints"]["max_problem"] = 3
+    with pytest.raises(ConfigError, match="wf.yaml: trainer.config: live_hints.max_problem: unknown key"):
+        validate_workflow(data, "wf.yaml")

@@ -7,6 +7,7 @@ The command (flags as OpenRLHF 0.11.2's ``train_ppo_ray`` parser spells them)::
       --data.prompt_dataset <the round's prompt shards>
       --data.input_key prompt --data.label_key label --data.apply_chat_template (messages; not for text prompts)
       --reward.remote_url <mentor's reward file>
+        (with live_hints: --train.agent_func_path <training/openrlhf_live.py>, mentor.training.openrlhf_live)
       --algo.advantage.estimator group_norm --rollout.n_samples_per_prompt 4
       --ckpt.path <round>/train/ckpt --ckpt.output_dir <round>/train/model
       --train.num_episodes 1
