@@ -54,6 +54,7 @@ from typing import Any
 
 try:  # module level, in a try: loaded by path in the trainer's Python, the load fails naming the fix
     from openrlhf.utils.agent import AgentExecutorBase
+    from openrlhf.utils.logging_utils import init_logger
 
     from mentor.pipeline.errors import ConfigError, EngineError
     from mentor.pipeline.policy_template import render_prompt
@@ -68,6 +69,8 @@ except ImportError as exc:
                       f"{sys.executable}): {exc}; install both there: pip install 'mentor[reward]' openrlhf") from exc
 
 log = logging.getLogger("mentor.training.openrlhf_live")
+if not log.handlers:  # nothing configures logging in an engine actor: OpenRLHF's own handler (INFO, to the trainer's log)
+    log = init_logger(log.name)
 
 ENV_LIVE = "MENTOR_LIVE_HINTS"
 ENV_PROMPTS = "MENTOR_LIVE_PROMPTS"
@@ -262,9 +265,9 @@ class AgentExecutor(AgentExecutorBase):
             self.idle_since = time.monotonic()
             s = self.steps[-1] = self.step.summary()
             log.info("live hints step %d: %d group(s), %d collapsed, %d hinted and re-rolled (%d earned reward), %d over budget, "
-                     "%d with an offline hint, %d without a problem text, %d without room, %d hint engine failure(s); "
+                     "%d with an offline hint, %d without a problem text, %d without room, %d hint engine failure(s), %d in evaluation; "
                      "hint engine %.1f s, re-roll %.1f s; hinted: %s", s["step"], s["groups"], s["collapsed"], s["hinted"],
-                     s["rescued"], s["over_budget"], s["offline_hint"], s["no_problem"], s["no_room"], s["hint_failed"],
+                     s["rescued"], s["over_budget"], s["offline_hint"], s["no_problem"], s["no_room"], s["hint_failed"], s["evaluation"],
                      s["hint_seconds"], s["reroll_seconds"], ", ".join(f"{p} ({st})" for p, st in s["statuses"].items()) or "-")
 
     # -- one sample, as SingleTurnAgentExecutor generates it
