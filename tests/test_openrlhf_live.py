@@ -272,3 +272,27 @@ def test_workflow_openrlhf_trainer_takes_live_hints():
     data["trainer"]["config"]["live_hints"]["max_problem"] = 3
     with pytest.raises(ConfigError, match="wf.yaml: trainer.config: live_hints.max_problem: unknown key"):
         validate_workflow(data, "wf.yaml")
+
+
+def test_hint_engine_down_the_group_goes_on_unhinted(tokenizer, shards, tmp_path, monkeypatch):
+    """No hint server: the collapsed group keeps its rollouts (collapsed_hint_failed, logged); generation goes on."""
+    from openrlhf.trainer.ray.vllm_engine import _load_agent_executor
+    from vllm import SamplingParams
+
+    shard_dir, rows = shards
+    live = _live("http://127.0.0.1:9/v1")
+    live["backend"]["options"] = {"max_retries": 1}
+    cfg = LAUNCHER.parse({"round": 1, "round_dir": str(tmp_path / "r1"), "base_model": "x", "prompts": str(shard_dir),
+                          "n_samples_per_prompt": N, "live_hints": live})
+    for key, value in build_env(cfg).items():
+        if key.startswith("MENTOR_"):
+            monkeypatch.setenv(key, value)
+    monkeypatch.setenv("MENTOR_ROLLOUT_DIR", str(tmp_path / "log"))
+    executor = _load_agent_executor(str(LIVE_FILE))
+    actor = _actor(executor, ScriptedPolicy(tokenizer, rows))
+    params = SamplingParams(temperature=1.0, max_tokens=32, min_tokens=1, skip_special_tokens=False)
+    prompt, label = _openrlhf_prompts(shard_dir, tokenizer)[1]
+    out = asyncio.run(actor.generate_responses(prompt, label, params, 2048, tokenizer, num_samples=N))
+    assert len(out) == N and all(o["prompt"] == prompt and o["reward"] == 0 for o in out)
+    assert executor.steps[-1]["hint_failed"] == 1 and executor.steps[-1]["hinted"] == 0
+    assert {r["live_status"] for r in _records(tmp_path / "log")} == {"collapsed_hint_failed"}

@@ -46,6 +46,7 @@ import json
 import logging
 import os
 import sys
+import threading
 import time
 from collections import Counter
 from copy import deepcopy
@@ -196,6 +197,7 @@ class AgentExecutor(AgentExecutorBase):
         rollout_dir = rollout_dir if rollout_dir is not None else os.environ.get(ENV_DIR)
         self.rollout_dir = Path(rollout_dir) if rollout_dir else None
         self._backend = backend
+        self._backend_lock = threading.Lock()
         self.step_gap = step_gap if step_gap is not None else float(os.environ.get(ENV_GAP) or 1.0)
         temperature = os.environ.get(ENV_TEMPERATURE)
         self.temperature = float(temperature) if temperature else None  # the training rollouts' (evaluation: another)
@@ -208,9 +210,14 @@ class AgentExecutor(AgentExecutorBase):
 
     @property
     def backend(self) -> Any:
-        if self._backend is None:
-            self._backend = self.cfg.backend.spec()()
-        return self._backend
+        """The hint engine, built on first use (in a worker thread: a server is contacted); once per executor."""
+        with self._backend_lock:
+            if self._backend is None:
+                self._backend = self.cfg.backend.spec()()
+            return self._backend
+
+    def _hint_one(self, row: dict[str, Any]) -> Any:
+        return hint_groups({0: row}, self.cfg, self.backend, self.solutions)
 
     # -- OpenRLHF's call: one sample
 
@@ -370,10 +377,9 @@ class AgentExecutor(AgentExecutorBase):
     async def _hint(self, step: Step, row: dict[str, Any]) -> tuple[str, dict[str, Any] | None]:
         if not step.reserve(self.cfg):
             return "collapsed_over_budget", None
-        backend = self.backend  # built here, in the event loop, once
         t0 = time.perf_counter()
-        try:
-            found = await asyncio.to_thread(hint_groups, {0: row}, self.cfg, backend, self.solutions)
+        try:  # in a worker thread: the actor's event loop goes on serving the other groups
+            found = await asyncio.to_thread(self._hint_one, row)
         except EngineError as exc:
             log.error("live hints step %d: the hint engine answered nothing for %s (%s); the group goes on unhinted",
                       step.index, row["problem_id"], exc)
