@@ -129,11 +129,12 @@ class Launch:
 # /proc files that show other uids' state through a private /proc (key quotas of every uid, locks), and
 # the host's cumulative counters that a run can move and a later run read back (state across runs):
 # /proc/stat's fork count rose by exactly 3 between two sandbox runs here, plus whatever the first
-# forked; /proc/vmstat counts OOM kills; CPU, interrupt, disk and pressure totals are the same kind,
-# only noisier. Hidden with the rest of /proc's global files where /proc can be mounted
+# forked; /proc/vmstat counts OOM kills; /proc/meminfo's Shmem moves by exactly what a sandbox holds
+# in its /tmp (read by one scored beside it), the load average by what a run spun; CPU, interrupt,
+# disk and pressure totals are the same kind, only noisier. Hidden with the rest of /proc's global files where /proc can be mounted
 # ``subset=pid``; these are the masks where it cannot (kernels before 5.8).
 _PROC_MASKS = ("/proc/key-users", "/proc/keys", "/proc/locks", "/proc/stat", "/proc/vmstat", "/proc/zoneinfo",
-               "/proc/interrupts", "/proc/softirqs", "/proc/diskstats", "/proc/schedstat", "/proc/uptime")
+               "/proc/loadavg", "/proc/meminfo", "/proc/interrupts", "/proc/softirqs", "/proc/diskstats", "/proc/schedstat", "/proc/uptime")
 _PROC_DIR_MASKS = ("/proc/pressure",)
 
 
