@@ -43,9 +43,10 @@ from test_reward_integrity import (  # noqa: F401 - fixtures used by name
     warm,
 )
 
-from mentor.training import sandbox, sandbox_seccomp
+from mentor.training import sandbox
+from mentor.training.sandbox import seccomp as sandbox_seccomp
 from mentor.training.sandbox import run_python
-from mentor.training.sandbox_layers import SandboxLimits
+from mentor.training.sandbox.layers import SandboxLimits
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -18,11 +18,12 @@ from pathlib import Path
 
 import pytest
 
-from mentor.training import sandbox, sandbox_cgroups, sandbox_launch, sandbox_seccomp, sandbox_slots
+from mentor.training import sandbox
+from mentor.training.sandbox import cgroups as sandbox_cgroups, launch as sandbox_launch, seccomp as sandbox_seccomp, slots as sandbox_slots
 from mentor.training.code_verify import parse_code_label, run_humaneval
 from mentor.training.sandbox import run_python
-from mentor.training.sandbox_layers import REQUIRED_LAYERS, SandboxLimits, SandboxUnavailable
-from mentor.training.sandbox_process import SandboxProcess
+from mentor.training.sandbox.layers import REQUIRED_LAYERS, SandboxLimits, SandboxUnavailable
+from mentor.training.sandbox.process import SandboxProcess
 
 FAST = SandboxLimits(wall_seconds=6, cpu_seconds=3, memory_bytes=512 << 20)
 
@@ -737,7 +738,7 @@ def test_full_evaluation_gives_python_s_results():
     import random
     import warnings
 
-    from mentor.training import sandbox_harness as h
+    from mentor.training.sandbox import harness as h
 
     rng = random.Random(48)
 

@@ -1,9 +1,9 @@
 """The program that runs INSIDE each sandbox (standard library only).
 
-`mentor.training.sandbox_launch` starts ``python -I -S -B -c SOURCE CONFIG`` where
+`mentor.training.sandbox.launch` starts ``python -I -S -B -c SOURCE CONFIG`` where
 SOURCE is `mentor.training.plaincodec` followed by this file (or, when the
 sandbox runs the caller's own interpreter, the same code compiled once by the
-caller and passed marshalled: `sandbox_launch.harness_args`), so nothing here may
+caller and passed marshalled: `launch.harness_args`), so nothing here may
 import mentor. CONFIG (JSON, argv[1]) names the role and the rlimits; it
 holds nothing secret. Roles:
 
@@ -36,7 +36,7 @@ original stdin/stdout (the worker and tester move them to private fds and put
 /dev/null on 0/1, so a stray ``print`` cannot break the framing; after the
 hello fd 2 is /dev/null too, so a stderr flood costs the caller nothing).
 
-In the legacy backend (no bubblewrap) `legacy_setup` (`sandbox_harness_legacy`'s
+In the legacy backend (no bubblewrap) `legacy_setup` (`harness_legacy`'s
 source, pasted before this file) first builds what layers the kernel allows
 here: namespaces via unshare(2), a read-only filesystem, the uid drop, and an
 audit hook that is a tripwire only (see the sandbox module).
@@ -797,7 +797,7 @@ def main():
     cfg = json.loads(sys.argv[1])
     layers = list(cfg.get("layers", []))
     if cfg.get("legacy"):
-        layers = legacy_setup(cfg, layers)  # noqa: F821 - defined in sandbox_harness_legacy's source
+        layers = legacy_setup(cfg, layers)  # noqa: F821 - defined in harness_legacy's source
     elif cfg.get("drop"):
         layers = drop_privileges(cfg["drop"], layers)
     if set_rlimits(cfg):
