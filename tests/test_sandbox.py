@@ -738,7 +738,7 @@ def test_full_evaluation_gives_python_s_results():
     import random
     import warnings
 
-    from mentor.training.sandbox import harness as h
+    from mentor.training.sandbox import harness_tester as h
 
     rng = random.Random(48)
 

@@ -80,7 +80,8 @@ def _source(*paths: Path) -> str:
 
 @lru_cache(maxsize=2)
 def harness_source(legacy: bool) -> str:
-    return _source(TRAINING / "plaincodec.py", *((HERE / "harness_legacy.py",) if legacy else ()), HERE / "harness.py")
+    parts = ("harness_legacy.py",) * legacy + ("harness_channel.py", "harness_tester.py", "harness_probe.py", "harness.py")
+    return _source(TRAINING / "plaincodec.py", *(HERE / name for name in parts))
 
 
 _LOADER = "import binascii, marshal, sys; exec(marshal.loads(binascii.a2b_base64(sys.argv.pop(1))))"
