@@ -260,6 +260,7 @@ got = {
     "name_to_handle_at": errno_of(lambda: libc.syscall(NR["name_to_handle_at"], -100, b"/tmp", buf, buf, 0)),
     "ns_get_mntns_id": errno_of(lambda: libc.ioctl(ns, ctypes.c_ulong(0x8008B705), buf)),
     "sysinfo": errno_of(lambda: libc.sysinfo(buf)),
+    "syslog_size": errno_of(lambda: libc.klogctl(10, None, 0)),  # SYSLOG_ACTION_SIZE_BUFFER
 }
 a, b = socket.socketpair()
 a.send(b"x")
@@ -283,6 +284,8 @@ def test_syscall_filter_closes_host_wide_ids(backend_kind):
     assert (denied["statx"], denied["statmount"], denied["listmount"]) == (38, 38, 38), denied
     assert (denied["eventfd"], denied["name_to_handle_at"], denied["ns_get_mntns_id"]) == (1, 1, 1), denied
     assert denied["sysinfo"] == 38, denied
+    # The kernel's log: EPERM from the filter (here kernel.dmesg_restrict = 1 refused it already).
+    assert denied["syslog_size"] == 1, denied
     assert ordinary == {"socketpair": b"x", "stat": 0o1777, "isatty": False, "unix": True, "sysconf": True}, ordinary
 
 

@@ -5,16 +5,22 @@ tests run as two sandboxes, a *worker* holding the candidate's code and a
 *tester* holding the tests, which only exchange plain data through the caller
 (see that module for the pass protocol); stdin/stdout cases run as one
 *program* sandbox each (`run_python`). The code inside every sandbox is
-`harness` (plus `plaincodec`); docs/sandbox.md has the threat model.
+the harness source (`harness` and the files pasted before it, plus
+`plaincodec`); docs/sandbox.md has the threat model.
 
-The parts, each in its own module: `layers` (the layers a run reports,
-what a missing one means, `SandboxLimits`), `slots` (slot uids and the
-lease a running sandbox holds), `cgroups` (its memory cgroup),
-`seccomp` (the syscall filter), `launch` (the interpreter and
-harness it runs, each backend's launch, ending it cleanly), `process`
-(the worker/tester message channel, `SandboxProcess`). This module chooses the
-backend (probed once per process: `backend`), warns about missing layers
-(`check_layers`) and runs one program (`run_python`).
+This package is the sandbox, one module per part: `layers` (the layers a run
+reports, what a missing one means, `SandboxLimits`), `slots` (slot uids and the
+lease a running sandbox holds), `cgroups` (its memory cgroup), `seccomp` (the
+syscall filter), `view` (the RAM copy of what a sandbox reads), `launch` (the
+interpreter and harness it runs, each backend's launch, ending it cleanly),
+`pipes` (a program's pipes), `process` (the worker/tester message channel,
+`SandboxProcess`); the harness source: `harness_channel`, `harness_tester`,
+`harness_probe`, `harness`, and `harness_legacy` for the legacy backend. This
+module, the package's face (``from mentor.training.sandbox import run_python``),
+chooses the backend (probed once per process: `backend`), warns about missing
+layers (`check_layers`) and runs one program (`run_python`): it stays here,
+not in a module of its own, so that the backend it holds is the one every
+caller (and a test that swaps it) sees.
 
 Backends
 --------
@@ -58,7 +64,8 @@ memory cgroup's limit in all, start more processes than
 reach any network (or open any socket but a unix one), see other processes, read the caller's environment or any
 file but the interpreter, its standard library and their libraries, write
 anything but its tmpfs, keep processes or any other state (keys, files, locks,
-pages of a disk's cache, the host's fork count, socket cookies, unique mount ids, eventfd ids)
+pages of a disk's cache, the host's fork count, socket cookies, unique mount ids, eventfd ids,
+the host's memory counts and load average)
 after the run, take the host's disk through its stdin/stdout/stderr (pipes), or signal
 another sandbox through a lock or a watch on a shared file. Not
 guaranteed: protection from kernel exploits (it shares the host kernel) and
