@@ -74,14 +74,16 @@ def _world_usable(path: str) -> bool:
     return bool(mode & 0o004) and (not p.is_dir() or bool(mode & 0o001))
 
 
-def _source(*paths: Path) -> str:
-    return "\n".join(p.read_text(encoding="utf-8") for p in paths) + "\nmain()\n"
+def harness_files(legacy: bool) -> tuple[Path, ...]:
+    """The harness source, in the order it is pasted into the one program a sandbox runs (one namespace:
+    each file uses the names of the files before it, and `main` comes last)."""
+    parts = ("harness_legacy.py",) * legacy + ("harness_channel.py", "harness_tester.py", "harness_probe.py", "harness.py")
+    return (TRAINING / "plaincodec.py", *(HERE / name for name in parts))
 
 
 @lru_cache(maxsize=2)
 def harness_source(legacy: bool) -> str:
-    parts = ("harness_legacy.py",) * legacy + ("harness_channel.py", "harness_tester.py", "harness_probe.py", "harness.py")
-    return _source(TRAINING / "plaincodec.py", *(HERE / name for name in parts))
+    return "\n".join(p.read_text(encoding="utf-8") for p in harness_files(legacy)) + "\nmain()\n"
 
 
 _LOADER = "import binascii, marshal, sys; exec(marshal.loads(binascii.a2b_base64(sys.argv.pop(1))))"
