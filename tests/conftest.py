@@ -67,7 +67,8 @@ def gsm8k_prompts(tmp_path_factory) -> str:
 @pytest.fixture(params=["default", "legacy"])
 def backend_kind(request, monkeypatch):
     """The code sandbox's backend: the machine's (bubblewrap where it works), and the legacy fallback explicitly."""
-    from mentor.training import sandbox, sandbox_launch
+    from mentor.training import sandbox
+    from mentor.training.sandbox import launch as sandbox_launch
 
     if request.param == "legacy":
         impl = sandbox_launch.Legacy()

@@ -2,9 +2,10 @@
 
 - **Channels between samples**: host-wide kernel counters a sample could both move and read. A writer
   run leaves bits in one, a later (or concurrent) reader run, for another problem, prints them: socket
-  cookies through netlink's sock_diag, the unique mount id of statx, the lowest free eventfd id. Each
+  cookies through netlink's sock_diag, the unique mount id of statx, the lowest free eventfd id, and
+  (ours) the host's shared-memory count of sysinfo. Each
   carried its bits on the verifier as it was before issue 58 (we ran these programs against a copy of
-  that code: cookies 5 of 5, mount ids 3 of 3, eventfd ids 4 of 4) and must carry none now; the
+  that code: cookies 5 of 5, mount ids 3 of 3, eventfd ids 4 of 4, sysinfo 4 of 4) and must carry none now; the
   filter's neighbours (other netlink families, TCP sockets, statmount/listmount, file handles, the
   namespace ids of nsfs) are checked as failing calls.
 - **Resources past the documented limits**: ``fallocate`` on a stdin/stdout program's fd 1 took the
@@ -42,9 +43,10 @@ from test_reward_integrity import (  # noqa: F401 - fixtures used by name
     warm,
 )
 
-from mentor.training import sandbox, sandbox_seccomp
+from mentor.training import sandbox
+from mentor.training.sandbox import seccomp as sandbox_seccomp
 from mentor.training.sandbox import run_python
-from mentor.training.sandbox_layers import SandboxLimits
+from mentor.training.sandbox.layers import SandboxLimits
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -134,6 +136,41 @@ def load():
     return "1" if steps.count(2) > len(steps) // 2 else "0"
 '''
 
+# The host's shared-memory count (sysinfo's ``sharedram``, the Shmem of /proc/meminfo): every tmpfs page
+# on the host. A writer scored at the same time as the reader writes and deletes 12 MiB in its /tmp every
+# 0.3 s for a 1 and holds nothing for a 0; the reader, sampling every 10 ms, counts steps of 12 MiB.
+SYSINFO = r"""
+import ctypes, os, time
+libc = ctypes.CDLL(None, use_errno=True)
+def shared():
+    buf = ctypes.create_string_buffer(128)
+    if libc.sysinfo(buf) != 0:
+        return None
+    unit = int.from_bytes(buf.raw[104:108], "little") or 1  # struct sysinfo's mem_unit (64-bit layout)
+    return int.from_bytes(buf.raw[48:56], "little") * unit  # sharedram
+def store(bit):
+    t0 = time.monotonic()
+    while time.monotonic() - t0 < 4:
+        if bit:
+            with open("/tmp/x", "wb") as fh:
+                fh.write(b"\1" * (12 << 20))
+        time.sleep(0.15)
+        if bit:
+            os.unlink("/tmp/x")
+        time.sleep(0.15)
+def load():
+    time.sleep(0.5)
+    vals, t0 = [], time.monotonic()
+    while time.monotonic() - t0 < 2.5:
+        v = shared()
+        if v is None:
+            return "none"
+        vals.append(v)
+        time.sleep(0.01)
+    steps = sum(1 for a, b in zip(vals, vals[1:]) if abs(abs(b - a) - (12 << 20)) < (1 << 20))
+    return "1" if steps >= 4 else "0"
+"""
+
 
 def test_no_bits_through_socket_cookies(entry_points, caller):
     """Three writer/reader pairs, each through one entry point: the reader never prints the 4 bits."""
@@ -174,6 +211,24 @@ def test_no_bits_through_eventfd_ids_between_concurrent_samples(entry_points, ca
     caller.assert_untouched()
 
 
+def test_no_bits_through_sysinfo_between_concurrent_samples(entry_points, caller, monkeypatch):
+    """sysinfo's host-wide memory counts: four writer/reader pairs scored at the same time, through the
+    entry points (the reader printed the bit 4 of 4 before the filter answered sysinfo ENOSYS)."""
+    monkeypatch.setenv("MENTOR_CODE_TIMEOUT", "6")
+    bits = [0, 1, 0, 1]
+    random.shuffle(bits)
+    for k, bit in enumerate(bits):
+        writer = scorers(entry_points, as_response(SYSINFO + "store(int(input()))\nprint('stored')\n"),
+                         _stdio((f"{bit}\n", "stored")), f"sysinfo/w{k}")[k % 3]
+        reader = scorers(entry_points, as_response(SYSINFO + "print(load())\n"), _stdio(("", str(bit))), f"sysinfo/r{k}")[(k + 1) % 3]
+        with ThreadPoolExecutor(2) as pool:
+            done = pool.submit(writer)
+            time.sleep(0.3)
+            assert pool.submit(reader).result() == 0.0, (k, bit)
+            done.result()
+    caller.assert_untouched()
+
+
 # The neighbours, each a call that must fail: errno per call (0: it worked).
 HOST_IDS = r"""
 import ctypes, os, socket, struct
@@ -204,11 +259,14 @@ got = {
     "listmount": errno_of(lambda: libc.syscall(NR["listmount"], buf, buf, 16, 0)),
     "name_to_handle_at": errno_of(lambda: libc.syscall(NR["name_to_handle_at"], -100, b"/tmp", buf, buf, 0)),
     "ns_get_mntns_id": errno_of(lambda: libc.ioctl(ns, ctypes.c_ulong(0x8008B705), buf)),
+    "sysinfo": errno_of(lambda: libc.sysinfo(buf)),
+    "syslog_size": errno_of(lambda: libc.klogctl(10, None, 0)),  # SYSLOG_ACTION_SIZE_BUFFER
 }
 a, b = socket.socketpair()
 a.send(b"x")
 ordinary = {"socketpair": b.recv(1), "stat": os.stat("/tmp").st_mode & 0o7777, "isatty": os.isatty(0),
-            "unix": socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM).family == socket.AF_UNIX}
+            "unix": socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM).family == socket.AF_UNIX,
+            "sysconf": type(os.sysconf("SC_PHYS_PAGES")) is int}
 print(sorted(got.items()))
 print(sorted(ordinary.items()))
 """
@@ -216,7 +274,7 @@ print(sorted(ordinary.items()))
 
 def test_syscall_filter_closes_host_wide_ids(backend_kind):
     """Every way found to a host-wide id fails (EAFNOSUPPORT for a socket family other than AF_UNIX,
-    ENOSYS for statx/statmount/listmount, EPERM for the rest); AF_UNIX sockets, stat and a tty ioctl work."""
+    ENOSYS for statx/statmount/listmount/sysinfo, EPERM for the rest); AF_UNIX sockets, stat and a tty ioctl work."""
     res = run_python(HOST_IDS % (sandbox_seccomp.syscall_numbers(),), limits=SandboxLimits(wall_seconds=10, audit=False))
     assert res.ok, res.stderr[-500:]
     denied, ordinary = (dict(eval(line)) for line in res.stdout.splitlines())
@@ -225,7 +283,10 @@ def test_syscall_filter_closes_host_wide_ids(backend_kind):
                                         "inet_tcp", "inet6_udp", "packet", "vsock")), denied
     assert (denied["statx"], denied["statmount"], denied["listmount"]) == (38, 38, 38), denied
     assert (denied["eventfd"], denied["name_to_handle_at"], denied["ns_get_mntns_id"]) == (1, 1, 1), denied
-    assert ordinary == {"socketpair": b"x", "stat": 0o1777, "isatty": False, "unix": True}, ordinary
+    assert denied["sysinfo"] == 38, denied
+    # The kernel's log: EPERM from the filter (here kernel.dmesg_restrict = 1 refused it already).
+    assert denied["syslog_size"] == 1, denied
+    assert ordinary == {"socketpair": b"x", "stat": 0o1777, "isatty": False, "unix": True, "sysconf": True}, ordinary
 
 
 # --------------------------------------------------------------------------- resources past the documented limits

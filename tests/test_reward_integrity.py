@@ -37,7 +37,8 @@ import pytest
 
 from mentor.data import bundled
 from mentor.pipeline.schemas import code_label, prompt_label
-from mentor.training import sandbox, sandbox_launch, sandbox_slots
+from mentor.training import sandbox
+from mentor.training.sandbox import launch as sandbox_launch, slots as sandbox_slots
 from mentor.training.openrlhf_launcher import REWARD_FILE
 from mentor.training.verify import verify
 

@@ -18,11 +18,12 @@ from pathlib import Path
 
 import pytest
 
-from mentor.training import sandbox, sandbox_cgroups, sandbox_launch, sandbox_seccomp, sandbox_slots
+from mentor.training import sandbox
+from mentor.training.sandbox import cgroups as sandbox_cgroups, launch as sandbox_launch, seccomp as sandbox_seccomp, slots as sandbox_slots
 from mentor.training.code_verify import parse_code_label, run_humaneval
 from mentor.training.sandbox import run_python
-from mentor.training.sandbox_layers import REQUIRED_LAYERS, SandboxLimits, SandboxUnavailable
-from mentor.training.sandbox_process import SandboxProcess
+from mentor.training.sandbox.layers import REQUIRED_LAYERS, SandboxLimits, SandboxUnavailable
+from mentor.training.sandbox.process import SandboxProcess
 
 FAST = SandboxLimits(wall_seconds=6, cpu_seconds=3, memory_bytes=512 << 20)
 
@@ -737,7 +738,7 @@ def test_full_evaluation_gives_python_s_results():
     import random
     import warnings
 
-    from mentor.training import sandbox_harness as h
+    from mentor.training.sandbox import harness_tester as h
 
     rng = random.Random(48)
 
@@ -772,3 +773,21 @@ def test_full_evaluation_gives_python_s_results():
         for _ in range(20000):
             src = expr(3)
             assert run(src, True) == run(src, False), src
+
+
+def test_harness_source_files_share_one_namespace_without_a_clash():
+    """The harness is several files pasted into one program (`launch.harness_files`): no top-level name
+    is defined by two of them (the later would silently replace the earlier), and the program compiles."""
+    import ast
+    from collections import defaultdict
+
+    for legacy in (False, True):
+        owners = defaultdict(list)
+        for path in sandbox_launch.harness_files(legacy):
+            for node in ast.parse(path.read_text(encoding="utf-8")).body:
+                if isinstance(node, (ast.FunctionDef, ast.ClassDef)):
+                    owners[node.name].append(path.name)
+                elif isinstance(node, ast.Assign):
+                    owners.update({t.id: owners[t.id] + [path.name] for t in node.targets if isinstance(t, ast.Name)})
+        assert {name: files for name, files in owners.items() if len(files) > 1} == {}
+        compile(sandbox_launch.harness_source(legacy), "harness", "exec")

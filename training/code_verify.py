@@ -34,7 +34,7 @@ another PID namespace), after ``check`` returned with no failure recorded and
 after at least one call. **No answer oracle**: the tester records each failed
 assert and goes on, and evaluates every operand of ``and``/``or``/``all``/``any``,
 chained comparisons and conditional expressions before deciding them
-(`sandbox_harness.recording_tests`), so every test call is
+(`sandbox.harness.recording_tests`), so every test call is
 made whatever the candidate answered; a run stops early only for what the
 candidate itself decides (it raises nothing special, but it may exit, time out
 or reply with something that is not plain data), never because an answer was
@@ -84,8 +84,8 @@ from dataclasses import dataclass, field, replace
 from typing import Protocol
 
 from mentor.training.sandbox import run_python
-from mentor.training.sandbox_layers import SandboxLimits, SandboxUnavailable
-from mentor.training.sandbox_process import SandboxProcess, parse_message
+from mentor.training.sandbox.layers import SandboxLimits, SandboxUnavailable
+from mentor.training.sandbox.process import SandboxProcess, parse_message
 
 log = logging.getLogger(__name__)
 

@@ -25,7 +25,7 @@ Encoding (one JSON value):
 On the encoding side subclasses of these types are encoded as the base type
 (a ``Counter`` as a dict, a namedtuple as a tuple), which is what comparing them
 in-process would do too. This module is standard library only: its source also
-runs inside the sandbox (see `mentor.training.sandbox_harness`).
+runs inside the sandbox (see `mentor.training.sandbox.harness`).
 
 Bounded work. An encoding holds at most `MAX_NODES` values, nests at most
 `MAX_DEPTH` deep, and a dict, set or frozenset holds at most `MAX_KEYS` items.

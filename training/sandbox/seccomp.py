@@ -31,7 +31,13 @@ from functools import lru_cache
 # lowest id free on the whole host, so it counts the eventfds a concurrent sandbox holds); statx,
 # statmount, listmount and name_to_handle_at (ENOSYS / EPERM: the 64-bit unique mount id is a host-wide
 # count of every mount ever made, about 80 more per sandbox started); and the namespace ioctls of
-# nsfs (type 0xb7: NS_GET_MNTNS_ID and the other namespace ids, host-wide counters too).
+# nsfs (type 0xb7: NS_GET_MNTNS_ID and the other namespace ids, host-wide counters too). And sysinfo
+# (ENOSYS), the host's memory and process counts and load average in one call: a sample that writes
+# and frees 12 MiB of its /tmp moves ``sharedram`` by exactly that much, and a sample scored beside it
+# reads the rhythm (4 of 4 here); the load average carries what a run spun to the next one. And syslog
+# (EPERM): the kernel's log is host-wide, a run writes to it by crashing (the kernel logs a segfault, an
+# OOM kill) and where kernel.dmesg_restrict is 0 any uid reads it back (1 here and on current Debian
+# and Ubuntu, where it failed already).
 _SYSCALLS = {
     "x86_64": (0xC000003E, {
         "add_key": 248, "request_key": 249, "keyctl": 250, "flock": 73, "inotify_init": 253, "inotify_add_watch": 254,
@@ -44,7 +50,7 @@ _SYSCALLS = {
         "fcntl": 72, "unshare": 272, "clone": 56, "clone3": 435, "preadv2": 327, "pwritev2": 328, "madvise": 28,
         "setsockopt": 54, "getsockopt": 55, "pidfd_open": 434,
         "socket": 41, "socketpair": 53, "eventfd": 284, "eventfd2": 290, "statx": 332, "statmount": 457, "listmount": 458,
-        "name_to_handle_at": 303, "ioctl": 16}),
+        "name_to_handle_at": 303, "ioctl": 16, "sysinfo": 99, "syslog": 103}),
     "aarch64": (0xC00000B7, {
         "add_key": 217, "request_key": 218, "keyctl": 219, "flock": 32, "inotify_init1": 26, "inotify_add_watch": 27,
         "fanotify_init": 262, "fanotify_mark": 263, "memfd_create": 279, "memfd_secret": 447,
@@ -56,12 +62,15 @@ _SYSCALLS = {
         "fcntl": 25, "unshare": 97, "clone": 220, "clone3": 435, "preadv2": 286, "pwritev2": 287, "madvise": 233,
         "setsockopt": 208, "getsockopt": 209, "pidfd_open": 434,
         "socket": 198, "socketpair": 199, "eventfd2": 19, "statx": 291, "statmount": 457, "listmount": 458,
-        "name_to_handle_at": 264, "ioctl": 29}),
+        "name_to_handle_at": 264, "ioctl": 29, "sysinfo": 179, "syslog": 116}),
 }
 _SPECIAL = ("fcntl", "unshare", "clone", "clone3", "preadv2", "pwritev2", "madvise", "setsockopt", "getsockopt",
-            "socket", "socketpair", "statx", "statmount", "listmount", "ioctl")
+            "socket", "socketpair", "statx", "statmount", "listmount", "ioctl", "sysinfo")
 # Answered ENOSYS, as by a kernel without them: what calls them falls back (glibc, coreutils: fstatat).
-_ENOSYS = ("clone3", "statx", "statmount", "listmount")
+# sysinfo's one caller in glibc, get_phys_pages (qsort_r asks it once per process whether a large sort
+# may malloc; CPython's posix module sorts its tables at startup), ignores the failure: qsort still
+# sorts (in place or with malloc), and only sysconf(_SC_PHYS_PAGES/_SC_AVPHYS_PAGES) says nothing true.
+_ENOSYS = ("clone3", "statx", "statmount", "listmount", "sysinfo")
 # fcntl commands that take, test or watch a lock or lease: F_GETLK, F_SETLK, F_SETLKW, F_OFD_GETLK,
 # F_OFD_SETLK, F_OFD_SETLKW, F_SETLEASE, F_GETLEASE, F_NOTIFY; and F_SETPIPE_SZ.
 _LOCK_CMDS = (5, 6, 7, 36, 37, 38, 1024, 1025, 1026, 1031)

@@ -1,9 +1,9 @@
 """Harness source, never imported: the fallback (legacy) sandbox layers, for machines without a working bubblewrap.
 
-`sandbox_launch.harness_source` pastes this file's text between `plaincodec`'s and
-`sandbox_harness`'s into the program the legacy backend runs; `sandbox_harness` calls
+`launch.harness_source` pastes this file's text between `plaincodec`'s and
+`harness`'s into the program the legacy backend runs; `harness` calls
 its `legacy_setup` (standard library only). It runs inside the sandboxed interpreter,
-before `sandbox_harness`'s role, as root or as the calling user: nothing here may
+before `harness`'s role, as root or as the calling user: nothing here may
 import mentor. In order:
 
 1. namespaces via unshare(2): network, PID and mount (as root directly; as a
@@ -19,7 +19,7 @@ import mentor. In order:
    kills everything it started); parent-death signal SIGKILL;
 4. as root: the bounding set emptied, no_new_privs, and the real, effective and
    saved uid/gid set to the run's own unprivileged uid (a slot uid, see
-   `sandbox_slots`), so files readable only by root stay unreadable and
+   `slots`), so files readable only by root stay unreadable and
    RLIMIT_NPROC counts only this run's processes. If that uid could not run
    the interpreter, the run stops here: code never runs as uid 0. As a normal
    user: its own uid, with every capability of its user namespace dropped.
@@ -30,11 +30,11 @@ interpreter and system libraries, copied in RAM. Here the code sees the whole
 tests included, and time whether their pages are cached. `sandbox` warns
 about that (layers ``fsview`` and ``ramview`` missing) and refuses in strict mode.
 
-`install_seccomp` (in `sandbox_harness`) loads the same syscall filter the bwrap backend hands to
+`install_seccomp` (in `harness`) loads the same syscall filter the bwrap backend hands to
 ``bwrap --seccomp`` (built by the caller, passed as hex in the config): no
 keyrings, file locks, inotify/fanotify, memfd/SysV IPC, io_uring, bpf, perf
 events, userfaultfd, new user namespaces, page-cache calls, large socket or
-pipe buffers, pidfds or socket cookies (`sandbox_seccomp`). It is installed after the uid drop
+pipe buffers, pidfds or socket cookies (`seccomp`). It is installed after the uid drop
 and before any untrusted code, with no_new_privs set, and is inherited by
 everything the code starts; it cannot be removed.
 
@@ -105,11 +105,11 @@ def legacy_setup(cfg, layers):
             os._exit(os.waitstatus_to_exitcode(status) & 0xFF if os.WIFEXITED(status) else 128 + os.WTERMSIG(status))
         if "fsro" in ns and mount("proc", "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC):
             # Other uids' key quotas, the system's locks and the host's cumulative counters, visible through
-            # any /proc: hidden (`hide_proc`, in sandbox_harness).
+            # any /proc: hidden (`hide_proc`, in harness).
             def c_mount(src, dst, fstype, flags, data):  # hide_proc's mount: bytes in, 0 on success
                 return 0 if mount(src and src.decode(), dst.decode(), fstype and fstype.decode(), flags, data and data.decode()) else -1
 
-            if hide_proc(c_mount, cfg):  # noqa: F821 - defined in sandbox_harness's source
+            if hide_proc(c_mount, cfg):  # noqa: F821 - defined in harness's source
                 layers.append("procns")
 
     if root:

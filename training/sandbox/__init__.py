@@ -5,16 +5,22 @@ tests run as two sandboxes, a *worker* holding the candidate's code and a
 *tester* holding the tests, which only exchange plain data through the caller
 (see that module for the pass protocol); stdin/stdout cases run as one
 *program* sandbox each (`run_python`). The code inside every sandbox is
-`sandbox_harness` (plus `plaincodec`); docs/sandbox.md has the threat model.
+the harness source (`harness` and the files pasted before it, plus
+`plaincodec`); docs/sandbox.md has the threat model.
 
-The parts, each in its own module: `sandbox_layers` (the layers a run reports,
-what a missing one means, `SandboxLimits`), `sandbox_slots` (slot uids and the
-lease a running sandbox holds), `sandbox_cgroups` (its memory cgroup),
-`sandbox_seccomp` (the syscall filter), `sandbox_launch` (the interpreter and
-harness it runs, each backend's launch, ending it cleanly), `sandbox_process`
-(the worker/tester message channel, `SandboxProcess`). This module chooses the
-backend (probed once per process: `backend`), warns about missing layers
-(`check_layers`) and runs one program (`run_python`).
+This package is the sandbox, one module per part: `layers` (the layers a run
+reports, what a missing one means, `SandboxLimits`), `slots` (slot uids and the
+lease a running sandbox holds), `cgroups` (its memory cgroup), `seccomp` (the
+syscall filter), `view` (the RAM copy of what a sandbox reads), `launch` (the
+interpreter and harness it runs, each backend's launch, ending it cleanly),
+`pipes` (a program's pipes), `process` (the worker/tester message channel,
+`SandboxProcess`); the harness source: `harness_channel`, `harness_tester`,
+`harness_probe`, `harness`, and `harness_legacy` for the legacy backend. This
+module, the package's face (``from mentor.training.sandbox import run_python``),
+chooses the backend (probed once per process: `backend`), warns about missing
+layers (`check_layers`) and runs one program (`run_python`): it stays here,
+not in a module of its own, so that the backend it holds is the one every
+caller (and a test that swaps it) sees.
 
 Backends
 --------
@@ -22,11 +28,11 @@ Backends
 nothing: new PID, network, IPC, UTS and cgroup namespaces; a root filesystem
 that holds only the interpreter, its standard library (no ``site-packages``)
 and the system libraries they load, taken from a copy in RAM
-(`sandbox_view`: no page cache of a disk for sandboxes to share), a private
+(`view`: no page cache of a disk for sandboxes to share), a private
 ``/proc`` and minimal ``/dev``, all read-only, plus an empty tmpfs ``/tmp`` as
 the work dir; ``--die-with-parent``, ``--new-session``, a clean environment.
 Started as root, bwrap keeps only CAP_SETUID/SETGID/SETPCAP/SYS_ADMIN for the
-harness's first steps (`sandbox_harness.drop_privileges`, trusted code, before
+harness's first steps (`harness.drop_privileges`, trusted code, before
 it reads anything): it mounts /tmp with a size *and* an inode limit, remounts
 /proc with only the sandbox's own processes in it (no other uid's key quotas or
 locks, none of the host's cumulative counters such as /proc/stat's fork
@@ -44,7 +50,7 @@ then takes the user's own (unprivileged) uid in a user namespace of its own,
 drops every capability and loads the filter itself.
 
 ``legacy`` (no bubblewrap, or it cannot create namespaces here): the previous
-hand-written layers, see `sandbox_harness_legacy`: unshare(2) namespaces, the whole
+hand-written layers, see `harness_legacy`: unshare(2) namespaces, the whole
 filesystem remounted read-only except the work dir, the interpreter exposed to
 the slot uid, the same syscall filter and memory cgroup, an audit-hook
 tripwire, and a work dir that is a tmpfs limited in bytes and inodes. It lacks
@@ -58,7 +64,8 @@ memory cgroup's limit in all, start more processes than
 reach any network (or open any socket but a unix one), see other processes, read the caller's environment or any
 file but the interpreter, its standard library and their libraries, write
 anything but its tmpfs, keep processes or any other state (keys, files, locks,
-pages of a disk's cache, the host's fork count, socket cookies, unique mount ids, eventfd ids)
+pages of a disk's cache, the host's fork count, socket cookies, unique mount ids, eventfd ids,
+the host's memory counts and load average)
 after the run, take the host's disk through its stdin/stdout/stderr (pipes), or signal
 another sandbox through a lock or a watch on a shared file. Not
 guaranteed: protection from kernel exploits (it shares the host kernel) and
@@ -81,17 +88,17 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from mentor.training.sandbox_cgroups import MemCgroups
-from mentor.training.sandbox_launch import Bwrap, Legacy, interpreter, start_sandbox
-from mentor.training.sandbox_layers import (
+from mentor.training.sandbox.cgroups import MemCgroups
+from mentor.training.sandbox.launch import Bwrap, Legacy, interpreter, start_sandbox
+from mentor.training.sandbox.layers import (
     LAYER_MEANING,
     REQUIRED_LAYERS,
     SandboxLimits,
     SandboxUnavailable,
     identity_ok,
 )
-from mentor.training.sandbox_pipes import run_program
-from mentor.training.sandbox_seccomp import seccomp_filter
+from mentor.training.sandbox.pipes import run_program
+from mentor.training.sandbox.seccomp import seccomp_filter
 
 log = logging.getLogger(__name__)
 
@@ -282,7 +289,7 @@ def run_python(code: str, stdin: str = "", limits: SandboxLimits | None = None) 
     """Run `code` as ``main.py`` (``__name__ == "__main__"``) in a fresh sandbox; never raises for anything the code does.
 
     Raises `SandboxUnavailable` only before running anything (strict mode, no free slot).
-    Its stdin, stdout and stderr are pipes to this process (`sandbox_pipes.run_program`: nothing of
+    Its stdin, stdout and stderr are pipes to this process (`pipes.run_program`: nothing of
     the host's disk is handed to the program); of its output the first `max_output` bytes are kept,
     and a stream that passes `SandboxLimits.file_bytes` is closed on it.
     """

@@ -11,10 +11,10 @@ import sys
 import time
 
 from mentor.training.sandbox import backend, check_layers
-from mentor.training.sandbox_launch import Launch, Running, poll_ready, start_sandbox
-from mentor.training.sandbox_layers import SandboxLimits, identity_ok
-from mentor.training.sandbox_pipes import Pacer
-from mentor.training.sandbox_slots import Lease
+from mentor.training.sandbox.launch import Launch, Running, poll_ready, start_sandbox
+from mentor.training.sandbox.layers import SandboxLimits, identity_ok
+from mentor.training.sandbox.pipes import Pacer
+from mentor.training.sandbox.slots import Lease
 
 log = logging.getLogger(__name__)
 
@@ -162,7 +162,7 @@ class SandboxProcess:
     def recv_line(self, deadline: float) -> bytes | None:
         """The next line as bytes, without its newline (at most `SandboxLimits.max_message`); None with
         `failure` on a timeout, an exit or an oversized line. Linear: each byte is scanned once; a line that
-        trickles in is read in large chunks (`sandbox_pipes.Pacer`), never a wake per byte."""
+        trickles in is read in large chunks (`pipes.Pacer`), never a wake per byte."""
         while True:
             nl = self._buf.find(b"\n", self._scanned)
             if nl >= 0:

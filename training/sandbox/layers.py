@@ -3,7 +3,7 @@
 Each run reports the layers in force (`sandbox.SandboxResult.layers`, and the
 ``hello`` of worker/tester): ``process`` (a separate ``python -I -S -B``),
 ``env`` (clean environment), ``fsview`` (only interpreter and system files
-visible, read-only), ``ramview`` (those files are a copy in RAM, `sandbox_view`:
+visible, read-only), ``ramview`` (those files are a copy in RAM, `view`:
 no page cache, inode or dentry cache of a disk that sandboxes share), ``fsro``
 (legacy: everything read-only), ``netns``, ``pidns``, ``procns`` (a private
 /proc without the cross-uid views such as /proc/key-users and the host's

@@ -22,7 +22,7 @@ import os
 import time
 from dataclasses import dataclass
 
-from mentor.training.sandbox_launch import poll_ready
+from mentor.training.sandbox.launch import poll_ready
 
 BIG = 16 << 10  # a transfer at least this large is followed by the next one at once
 FREE = 16  # small transfers a channel makes before it is paced
