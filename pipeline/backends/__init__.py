@@ -1,0 +1,1 @@
+"""The LLM backends: one module per kind, each declaring ``BACKEND``."""
