@@ -74,7 +74,7 @@ def _rescue(chat=ok_chat, *extra: str):
     def make(root: Path) -> list[str]:
         import pyarrow.parquet as pq
 
-        from mentor.pipeline.llm import FakeBackend
+        from mentor.pipeline.backends.fake import FakeBackend
         from mentor.stages.hint.machine import hint_shard
         from mentor.stages.hint.agents import fake_script
         from mentor.stages.hint.config import HintConfig

@@ -6,11 +6,11 @@ import pickle
 
 import pytest
 
+from mentor.pipeline.backends.fake import FakeBackend
 from mentor.pipeline.errors import ConfigError
 from mentor.pipeline.llm import (
     BackendSpec,
     CountingBackend,
-    FakeBackend,
     GenRequest,
     GenResult,
     make_backend,
