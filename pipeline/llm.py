@@ -13,11 +13,10 @@ talks to a `Backend`:
   ``max_tokens``);
 - several samples of one prompt are several requests with different seeds.
 
-Backends: ``vllm`` (`mentor.pipeline.vllm_backend`, the only module that
-imports vllm), ``openai`` (`mentor.pipeline.openai_backend`: an
-OpenAI-compatible server such as ``vllm serve``) and ``fake`` (deterministic
-and scriptable, for tests only). `make_backend` keeps one engine per process
-and configuration, so a dask worker that runs many shards starts its engine
+The kinds of backend are the modules of `mentor.pipeline.backends` (one file
+each, plugins included): each owns its settings, their checks and how it is
+built. `make_backend` keeps one engine per process and configuration for the
+kinds that start one, so a dask worker that runs many shards starts its engine
 once; `release_engines` stops them when the stage that needed them ends.
 """
 
@@ -27,7 +26,6 @@ import atexit
 import importlib
 import json
 import logging
-import multiprocessing
 import queue
 import signal
 import threading
@@ -38,9 +36,12 @@ from typing import Any, Protocol, runtime_checkable
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from mentor.pipeline.devices import check_engine_devices
+from mentor.pipeline.backends import DEFAULT as DEFAULT_BACKEND
+from mentor.pipeline.backends import BackendKind
+from mentor.pipeline.backends import choices as backend_choices
+from mentor.pipeline.backends import kind as backend_kind
 from mentor.pipeline.errors import ConfigError
-from mentor.pipeline.models import MODEL_NAMES, NAMED_MAX_MODEL_LEN, resolve_model
+from mentor.pipeline.models import EMBEDDED_ALIAS
 
 log = logging.getLogger(__name__)
 _COUNTING = threading.Lock()
@@ -184,60 +185,7 @@ def concurrently(fn: Callable[[Any], Any], items: Sequence[Any], width: int, nam
         stop.set()
 
 
-# --------------------------------------------------------------------------- fake
-
-Script = Callable[[GenRequest], "str | GenResult"]
-
-
-def echo_script(req: GenRequest) -> str:
-    """Default fake answer: valid JSON `{}` for schema requests, else the last user message echoed."""
-    if req.json_schema is not None:
-        return "{}"
-    return next((m.get("content", "") for m in reversed(req.messages) if m.get("role") == "user"), "")
-
-
-def _approx_tokens(text: str) -> int:
-    # A cheap, deterministic stand-in for a tokenizer (≈4 characters a token).
-    return (len(text) + 3) // 4
-
-
-class FakeBackend(CountingBackend):
-    """Deterministic backend for tests: answers come from `script(request)`.
-
-    `script` returns the text (finish reason "stop", or "length" when the text
-    is cut at ``max_tokens`` approximate tokens), or a full `GenResult` to
-    script finish reasons and token counts; its `id` is replaced by the
-    request's id. Every request is recorded in `log` when `record=True`.
-    """
-
-    name = "fake"
-
-    def __init__(self, script: Script | str | None = None, model: str = "fake", record: bool = True) -> None:
-        super().__init__(model)
-        self.script: Script = resolve_callable(script) if isinstance(script, str) else (script or echo_script)
-        self.record = record
-        self.log: list[list[GenRequest]] = []
-
-    def _generate(self, requests: Sequence[GenRequest], on_done: OnDone | None) -> list[GenResult]:
-        if self.record:
-            self.log.append(list(requests))
-        out = []
-        script = self.script
-        for req in requests:
-            ans = script(req)
-            if isinstance(ans, GenResult):
-                out.append(GenResult(req.id, ans.text, ans.finish_reason, ans.prompt_tokens, ans.completion_tokens, ans.error))
-                continue
-            text = str(ans)
-            ct = _approx_tokens(text)
-            finish = "stop"
-            if ct > req.max_tokens:
-                text, ct, finish = text[: req.max_tokens * 4], req.max_tokens, "length"
-            pt = _approx_tokens(req.prompt) if req.prompt is not None else sum(_approx_tokens(m.get("content", "")) for m in req.messages)
-            out.append(GenResult(req.id, text, finish, pt, ct))
-        if on_done is not None:
-            on_done(len(out))
-        return out
+# --------------------------------------------------------------------------- factory
 
 
 def resolve_callable(spec: str) -> Callable:
@@ -249,9 +197,6 @@ def resolve_callable(spec: str) -> Callable:
         return getattr(importlib.import_module(module), attr)
     except (ImportError, AttributeError) as exc:
         raise ConfigError(f"{spec!r}: cannot import ({exc})") from exc
-
-
-# --------------------------------------------------------------------------- factory
 
 _ENGINES: dict[str, Backend] = {}
 _ENGINE_LOCK = threading.RLock()  # guards _ENGINES: one engine per configuration, also with threads
@@ -291,31 +236,18 @@ def _cache_key(kind: str, model: str | None, options: dict[str, Any]) -> str:
 
 
 def make_backend(kind: str, model: str | None = None, **options: Any) -> Backend:
-    """A backend of `kind` ("vllm" | "openai" | "fake"); vllm engines are created once per process and reused.
-
-    `model` None means the embedded demo model (SmolLM2-135M-Instruct); a
-    name from `mentor.pipeline.models.MODEL_NAMES` means that CPU model (both
-    get ``max_model_len`` 4096 unless given). vllm options: ``tensor_parallel_size``,
-    ``gpu_memory_utilization``, ``max_model_len``, ``enforce_eager``,
-    ``dtype``, ``seed`` (others are passed to ``vllm.LLM``). openai options:
-    ``base_url`` (required), ``api_key``, ``max_concurrency``, ``max_retries``,
-    ``timeout``, ``structured_output``; `model` is the served name. fake options:
-    ``script`` (a callable or ``"module:attr"``).
-    """
-    if kind == "fake":
-        return FakeBackend(script=options.pop("script", None), model=model or "fake", **options)
-    if kind == "openai":
-        return _server_backend(model, options)
-    if kind != "vllm":
-        raise ConfigError(f"unknown backend {kind!r}; use 'vllm', 'openai' (a server) or 'fake' (tests)")
-    if model is None or model in MODEL_NAMES:
-        options.setdefault("max_model_len", NAMED_MAX_MODEL_LEN)
+    """A backend of `kind` (a module of `mentor.pipeline.backends`: its docstring lists its options);
+    a kind that starts an engine starts it once per process, model and options, and reuses it."""
+    k = backend_kind(kind)
+    options = k.settle(model, options)
+    if not k.engine:
+        return k.make(model, options)
     with _ENGINE_LOCK:  # two tasks of one dask worker (two threads) find one engine, never start two
-        return _cached_engine(model, options)
+        return _cached_engine(k, model, options)
 
 
-def _cached_engine(model: str | None, options: dict[str, Any]) -> Backend:
-    key = _cache_key("vllm", model, options)
+def _cached_engine(k: BackendKind, model: str | None, options: dict[str, Any]) -> Backend:
+    key = _cache_key(k.name, model, options)
     engine = _ENGINES.get(key)
     if engine is not None and getattr(engine, "dead", None):
         # A failed engine is never reused, and its processes (and GPU memory) are gone before the next one starts.
@@ -325,11 +257,7 @@ def _cached_engine(model: str | None, options: dict[str, Any]) -> Backend:
             close()
         engine = None
     if engine is None:
-        _check_can_start_engine()
-        check_engine_devices(options.get("tensor_parallel_size") or 1)  # this process's devices, before vLLM's own checks
-        from mentor.pipeline.vllm_backend import VLLMBackend  # circular: vllm_backend imports llm
-
-        engine = VLLMBackend(resolve_model(model), **options)
+        engine = k.make(model, options)
         global _STARTS
         _STARTS += 1
         if not _ENGINES:
@@ -339,49 +267,6 @@ def _cached_engine(model: str | None, options: dict[str, Any]) -> Backend:
     return engine
 
 
-def _check_can_start_engine() -> None:
-    """vLLM runs its EngineCore in a child process, which a daemonic process (a default dask worker) may not start."""
-    if multiprocessing.current_process().daemon:
-        raise ConfigError(
-            "this dask worker is a daemonic process and cannot start a vLLM engine (its EngineCore is a child process): "
-            "start the workers with DASK_DISTRIBUTED__WORKER__DAEMON=False and --nthreads 1 "
-            "(e.g. `DASK_DISTRIBUTED__WORKER__DAEMON=False dask worker ADDRESS --nthreads 1`), see docs/gpus.md")
-
-
-SERVER_OPTIONS = ("base_url", "api_key", "max_concurrency", "max_retries", "timeout", "structured_output")
-
-
-def _server_backend(model: str | None, options: dict[str, Any]) -> Backend:
-    """An `OpenAIBackend` (nothing to start or cache: the server is someone else's)."""
-    from mentor.pipeline.openai_backend import OpenAIBackend  # circular: openai_backend imports llm
-
-    if not model:
-        raise ConfigError("the openai backend needs the model name the server serves (--model NAME; GET BASE_URL/models lists them)")
-    if not options.get("base_url"):
-        raise ConfigError("the openai backend needs the server's URL (--base-url http://HOST:PORT/v1, or base_url in the config)")
-    unknown = sorted(set(options) - set(SERVER_OPTIONS))
-    if unknown:
-        raise ConfigError(f"the openai backend has no option {', '.join(unknown)} (engine settings belong to the server); "
-                          f"options: {', '.join(SERVER_OPTIONS)}")
-    return OpenAIBackend(model, **options)
-
-
-# vLLM options mentor passes by name, and what each must be (others go to ``vllm.LLM`` as they are).
-_VLLM_OPTIONS: dict[str, tuple[Callable[[Any], bool], str]] = {
-    "tensor_parallel_size": (lambda v: _whole(v) and v >= 1, "a whole number >= 1"),
-    "max_model_len": (lambda v: _whole(v) and v >= 16, "a whole number >= 16"),
-    "gpu_memory_utilization": (lambda v: isinstance(v, (int, float)) and not isinstance(v, bool) and 0 < v <= 1,
-                               "a number in (0, 1]"),
-    "enforce_eager": (lambda v: isinstance(v, bool), "true or false"),
-    "dtype": (lambda v: isinstance(v, str) and bool(v), "a dtype name (auto, bfloat16, float16, float32)"),
-    "seed": (lambda v: _whole(v) and v >= 0, "a whole number >= 0"),
-}
-
-
-def _whole(v: Any) -> bool:
-    return isinstance(v, int) and not isinstance(v, bool)
-
-
 def check_backend(kind: Any, model: Any, options: Any, where: str = "backend", base_url: Any = None) -> None:
     """What building the backend would refuse, refused now (a workflow at load, before any stage runs).
 
@@ -389,40 +274,15 @@ def check_backend(kind: Any, model: Any, options: Any, where: str = "backend", b
     `base_url`, when the settings hold it beside the options, is ``<where>.base_url``.
     The server is not contacted and no engine starts.
     """
-    if base_url is not None:
-        from mentor.pipeline.openai_backend import check_base_url  # circular: openai_backend imports llm
-
-        check_base_url(base_url, f"{where}.base_url")
-        options = {**options, "base_url": base_url} if isinstance(options, dict) else options
-    if kind not in ("vllm", "openai", "fake"):
-        raise ConfigError(f"{where}.backend {kind!r}: choose vllm (an engine here), openai (a server) or fake (tests)")
+    try:
+        k = backend_kind(kind)
+    except ConfigError:
+        raise ConfigError(f"{where}.backend {kind!r}: choose {backend_choices()}") from None
     if model is not None and not isinstance(model, str):
         raise ConfigError(f"{where}.model: must be text (a model name or folder), got {model!r}")
     if not isinstance(options, dict):
         raise ConfigError(f"{where}.options: must be a mapping, got {options!r}")
-    if kind == "openai":
-        from mentor.pipeline.openai_backend import check_server_options  # circular: openai_backend imports llm
-
-        if not model:
-            raise ConfigError(f"{where}.model: backend openai needs the name the server serves (GET BASE_URL/models lists them)")
-        if not options.get("base_url"):
-            raise ConfigError(f"{where}: backend openai needs base_url, the server's URL (e.g. http://HOST:8000/v1)")
-        unknown = sorted(set(options) - set(SERVER_OPTIONS))
-        if unknown:
-            raise ConfigError(f"{where}.options.{unknown[0]}: not an option of the openai backend (engine settings belong "
-                              f"to the server); options: {', '.join(SERVER_OPTIONS)}")
-        check_server_options(options, f"{where}.options")
-    elif kind == "vllm":
-        for name, (ok, what) in _VLLM_OPTIONS.items():
-            if name in options and not ok(options[name]):
-                raise ConfigError(f"{where}.options.{name}: must be {what}, got {options[name]!r}")
-        if "base_url" in options:
-            raise ConfigError(f"{where}.options.base_url: is for backend openai, not vllm")
-    elif isinstance(options.get("script"), str):
-        try:
-            resolve_callable(options["script"])
-        except ConfigError as exc:
-            raise ConfigError(f"{where}.options.script: {exc}") from None
+    k.check(model, {**options, "base_url": base_url} if base_url is not None else options, where)
 
 
 _HELD = 0
@@ -464,7 +324,7 @@ class BackendSpec:
     from the spec the first time it runs a shard, then reuses it.
     """
 
-    kind: str = "vllm"
+    kind: str = DEFAULT_BACKEND
     model: str | None = None
     options: dict[str, Any] = field(default_factory=dict)
 
@@ -475,8 +335,18 @@ class BackendSpec:
     def describe(self) -> dict[str, Any]:
         """The parts of the spec that change outputs (for done-marker keys and provenance)."""
         opts = {k: v for k, v in self.options.items() if k in ("dtype", "max_model_len", "seed", "script", "structured_output")}
-        embedded = self.kind != "openai" and self.model in (None, "", "smollm2-135m")
+        embedded = not backend_kind(self.kind).server and self.model in (None, "", EMBEDDED_ALIAS)
         return {"kind": self.kind, "model": "embedded:SmolLM2-135M-Instruct" if embedded else self.model, "options": opts}
+
+    @property
+    def engine(self) -> bool:
+        """Its kind starts an engine in the process that calls it (a dask worker must be able to)."""
+        return backend_kind(self.kind).engine
+
+    @property
+    def gpus(self) -> int:
+        """GPUs one of its engines takes."""
+        return backend_kind(self.kind).gpus(self.options)
 
 
 class BackendSettings(BaseModel):
@@ -490,15 +360,16 @@ class BackendSettings(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     backend: str = Field(  # checked by `check`, whose error names the settings and the choices
-        "vllm", description="vllm (an engine here, or one per dask worker), openai (a server at base_url), or fake (tests only).")
+        DEFAULT_BACKEND, description="The kind: a module of pipeline/backends/ or a plugin's backends/<name>.py "
+        "(`mentor hint --help` lists them).")
     model: str | None = Field(None, description="HF model folder or id in the local cache, or a mentor CPU model name; none = the "
-                              "embedded SmolLM2-135M-Instruct; openai: the name the server serves.")
-    base_url: str | None = Field(None, description="openai: the server's URL, e.g. http://HOST:8000/v1 (key: $OPENAI_API_KEY).")
+                              "embedded SmolLM2-135M-Instruct; a server backend: the name the server serves.")
+    base_url: str | None = Field(None, description="A server backend: the server's URL, e.g. http://HOST:8000/v1 "
+                                 "(key: $OPENAI_API_KEY).")
     options: dict[str, Any] = Field(
         default_factory=dict,
-        description="vllm: tensor_parallel_size, gpu_memory_utilization, max_model_len, enforce_eager, dtype; openai: "
-        "max_concurrency, max_retries, timeout (seconds one attempt of a request may wait, 600), structured_output; "
-        "fake: script (module:function). Checked when the settings are loaded.",
+        description="The kind's options, as its module's docstring lists them (an engine's tensor_parallel_size, "
+        "max_model_len, ...; a server's max_concurrency, timeout, ...). Checked when the settings are loaded.",
     )
 
     @model_validator(mode="before")
@@ -514,11 +385,15 @@ class BackendSettings(BaseModel):
         return data
 
     @model_validator(mode="after")
-    def _server(self) -> "BackendSettings":
-        if self.backend == "openai" and not (self.base_url and self.model):
-            raise ValueError("backend openai needs base_url (http://HOST:PORT/v1) and model (the served name)")
-        if self.backend != "openai" and self.base_url:
-            raise ValueError(f"base_url is for backend openai, not {self.backend}")
+    def _kind_rules(self) -> "BackendSettings":
+        """What the kind refuses of the settings by themselves (an unknown kind: `check` names the choices)."""
+        try:
+            k = backend_kind(self.backend)
+        except ConfigError:
+            return self
+        problem = k.problem(self.model, self.base_url)
+        if problem:
+            raise ValueError(problem)
         return self
 
     def check(self, where: str = "backend") -> None:
@@ -544,7 +419,7 @@ __all__ = [
     "BackendSettings",
     "BackendSpec",
     "CountingBackend",
-    "FakeBackend",
+    "DEFAULT_BACKEND",
     "GenRequest",
     "GenResult",
     "check_backend",
@@ -554,7 +429,6 @@ __all__ = [
     "engine_starts",
     "hold_engines",
     "release_engines",
-    "echo_script",
     "make_backend",
     "resolve_callable",
 ]

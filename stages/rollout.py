@@ -48,11 +48,12 @@ from pydantic import BaseModel, ConfigDict, Field
 from tqdm.auto import tqdm
 
 from mentor.data import BUNDLED_SETS, bundled
+from mentor.pipeline.backends import kind as backend_kind
+from mentor.pipeline.backends import kinds as backend_kinds
 from mentor.pipeline.errors import ConfigError, DataError, EngineError
 from mentor.pipeline.inputs import resolve_inputs
 from mentor.pipeline.io import read_dataset, read_parquet_schema
 from mentor.pipeline.llm import Backend, GenRequest, OnDone, describe_backend
-from mentor.pipeline.models import EMBEDDED_ALIAS
 from mentor.pipeline.outdir import Owns
 from mentor.pipeline.prompts import INSTRUCTIONS, answer_template
 from mentor.pipeline.schemas import ROLLOUTS, SCHEMA_VERSION, check_schema, parse_prompt_label
@@ -143,12 +144,12 @@ class RolloutConfig(BaseModel):
 
 
 def policy_tokenizer(backend: Any) -> str | None:
-    """The tokenizer of a vllm policy (a `BackendSpec` or an engine): its model, or the embedded one; None for others."""
+    """The tokenizer of a policy (a `BackendSpec` or an engine) whose kind runs its model here (`BackendKind.tokenizer`):
+    its model, or the embedded one; None for a server's."""
     kind = getattr(backend, "kind", None) or getattr(backend, "name", None)
-    if kind != "vllm":
+    if kind not in backend_kinds():  # a backend object of the caller's own
         return None
-
-    return getattr(backend, "model", None) or EMBEDDED_ALIAS
+    return backend_kind(kind).tokenizer(getattr(backend, "model", None))
 
 
 @dataclass

@@ -15,7 +15,8 @@ import pytest
 
 from mentor.pipeline.devices import engine_worker_env, local_gpus
 from mentor.pipeline.errors import ConfigError, EngineError
-from mentor.pipeline.llm import BackendSpec, FakeBackend, GenRequest, make_backend
+from mentor.pipeline.backends.fake import FakeBackend
+from mentor.pipeline.llm import BackendSpec, GenRequest, make_backend
 from mentor.pipeline.stage import Context
 from mentor.stages.hint import agents as hint_agents
 from mentor.stages.hint.machine import hint_shard

@@ -74,7 +74,7 @@ def _rescue(chat=ok_chat, *extra: str):
     def make(root: Path) -> list[str]:
         import pyarrow.parquet as pq
 
-        from mentor.pipeline.llm import FakeBackend
+        from mentor.pipeline.backends.fake import FakeBackend
         from mentor.stages.hint.machine import hint_shard
         from mentor.stages.hint.agents import fake_script
         from mentor.stages.hint.config import HintConfig
@@ -235,7 +235,7 @@ def test_a_busy_server_fails_one_request_and_a_long_wait_says_so(monkeypatch, ca
     (no retry); a wait past NOTICE_AFTER says, when it starts to be long, how long it may last."""
     import time
 
-    from mentor.pipeline import openai_backend
+    from mentor.pipeline.backends import _openai_client as openai_backend
     from mentor.pipeline.llm import GenRequest
 
     monkeypatch.setattr(openai_backend, "NOTICE_AFTER", 0.6)
@@ -250,7 +250,7 @@ def test_a_busy_server_fails_one_request_and_a_long_wait_says_so(monkeypatch, ca
     reqs = [GenRequest(id="a", messages=[{"role": "user", "content": "never mind"}]),
             GenRequest(id="b", messages=[{"role": "user", "content": "2 + 2?"}])]
     started = time.monotonic()
-    with caplog.at_level("WARNING", logger="mentor.pipeline.openai_backend"):
+    with caplog.at_level("WARNING", logger="mentor.pipeline.backends._openai_client"):
         out = backend.generate(reqs)
     took = time.monotonic() - started
     assert out[1].finish_reason == "stop" and out[0].finish_reason == "error"

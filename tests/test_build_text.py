@@ -183,7 +183,7 @@ def test_rescue_logs_the_prompt_as_sent(hints, gsm8k_collapsed, tok_name, tmp_pa
     from mentor.stages.rescue import RESCUE
     from mentor.stages.rollout import RolloutConfig
 
-    spec = BackendSpec("fake", options={"script": "mentor.pipeline.llm:echo_script"})
+    spec = BackendSpec("fake", options={"script": "mentor.pipeline.backends.fake:echo_script"})
     stats = RESCUE({"collapsed": [str(gsm8k_collapsed)], "arms": {"h": [str(hints)]}},
                    RolloutConfig(k=2, tokenizer=tok_name), tmp_path / "r", Context(backend=spec))
     assert stats.as_dict()["arms"]["h"]["placement"] == "assistant"
@@ -201,7 +201,7 @@ def test_rescue_logs_the_prompt_as_sent(hints, gsm8k_collapsed, tok_name, tmp_pa
 def test_vouching_rerolls_send_builds_text(tok_name, gsm8k_collapsed):
     import pyarrow.parquet as pq
 
-    from mentor.pipeline.llm import FakeBackend
+    from mentor.pipeline.backends.fake import FakeBackend
     from mentor.stages.hint.config import HintConfig
     from mentor.stages.hint.vouch import vouch_shard
 

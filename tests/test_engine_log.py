@@ -11,7 +11,7 @@ import subprocess
 import sys
 import textwrap
 
-from mentor.pipeline.vllm_backend import engine_to_terminal
+from mentor.pipeline.backends._vllm_engine import engine_to_terminal
 
 
 def test_mentor_progress_at_info_keeps_the_engine_quiet(monkeypatch):
@@ -35,7 +35,7 @@ def test_the_resource_trackers_note_at_exit_goes_to_the_engine_log(tmp_path):
     code = textwrap.dedent(f"""
         from pathlib import Path
         from multiprocessing import shared_memory
-        from mentor.pipeline.vllm_backend import _stderr_to
+        from mentor.pipeline.backends._vllm_engine import _stderr_to
 
         with _stderr_to(Path({str(log)!r})):
             pass  # the engine starts here

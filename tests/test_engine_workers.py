@@ -16,7 +16,8 @@ import pytest
 from click.testing import CliRunner
 
 from mentor.cli import cli
-from mentor.pipeline import llm, vllm_backend
+from mentor.pipeline import llm
+from mentor.pipeline.backends import _vllm_engine as vllm_backend
 from mentor.pipeline.errors import ConfigError
 from mentor.pipeline.executor import check_engine_workers
 

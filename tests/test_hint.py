@@ -13,7 +13,8 @@ from click.testing import CliRunner
 
 from mentor.cli import cli
 from mentor.pipeline.errors import ConfigError
-from mentor.pipeline.llm import BackendSpec, FakeBackend, GenRequest, GenResult
+from mentor.pipeline.backends.fake import FakeBackend
+from mentor.pipeline.llm import BackendSpec, GenRequest, GenResult
 from mentor.pipeline.schemas import HINTS, check_schema
 from mentor.pipeline.stage import Context
 from mentor.stages.hint.machine import HintStats, hint_shard

@@ -20,7 +20,8 @@ from click.testing import CliRunner
 
 from mentor.cli import cli
 from mentor.pipeline.errors import ConfigError, DataError, EngineError
-from mentor.pipeline.llm import FakeBackend, GenRequest
+from mentor.pipeline.backends.fake import FakeBackend
+from mentor.pipeline.llm import GenRequest
 from mentor.pipeline.stage import Context
 from mentor.stages.hint import agents
 from mentor.stages.hint import HINT as HINT_STAGE

@@ -14,7 +14,8 @@ from mentor.data import bundled
 from mentor.cli import cli
 from mentor.pipeline.errors import DataError
 from mentor.pipeline.io import read_dataset, write_parquet_atomic
-from mentor.pipeline.llm import FakeBackend, GenRequest
+from mentor.pipeline.backends.fake import FakeBackend
+from mentor.pipeline.llm import GenRequest
 from mentor.pipeline.schemas import code_label, prompt_label
 from mentor.pipeline.stage import Context
 from mentor.stages.rescue import RESCUE

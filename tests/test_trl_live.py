@@ -223,7 +223,7 @@ def test_live_hints_refused_for_verl_accepted_for_openrlhf(tmp_path):
 
 def test_step_budget_problems_and_seconds(rows):
     """Beyond max_problems_per_step, or once max_seconds_per_step have passed, collapsed groups go on unhinted, counted."""
-    from mentor.pipeline.llm import FakeBackend
+    from mentor.pipeline.backends.fake import FakeBackend
     from mentor.pipeline.prompts import INSTRUCTIONS
     from mentor.pipeline.schemas import parse_prompt_label
     from mentor.stages.hint.agents import fake_script

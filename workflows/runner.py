@@ -29,6 +29,7 @@ from typing import Any
 import yaml
 
 from mentor.data import bundled
+from mentor.pipeline.backends import kind as backend_kind
 from mentor.pipeline.errors import ConfigError, MentorError
 from mentor.pipeline.executor import executor_for
 from mentor.pipeline.faults import fault_point
@@ -291,7 +292,7 @@ class Runner:
 def trainer_policy(trainer: Any) -> str | None:
     """The policy model a workflow's trainer starts from (its tokenizer renders the prompts), where mentor knows it."""
     if trainer.kind == "offline":
-        return (trainer.policy.model or "smollm2-135m") if trainer.policy.backend == "vllm" else None
+        return backend_kind(trainer.policy.backend).tokenizer(trainer.policy.model)
     config = getattr(trainer, "config", None) or {}
     return config.get("base_model") if isinstance(config, dict) else None
 

@@ -8,7 +8,7 @@ import sys
 
 import click
 
-from mentor.cli.options import (backend_spec, config_from_options, config_options, engine_flags, engine_options,
+from mentor.cli.options import (backend_option, backend_spec, config_from_options, config_options, engine_flags, engine_options,
                                 parse_template_kwargs, server_options, template_kwargs_option)
 from mentor.pipeline.stage import Context, run_stage
 from mentor.stages import stage
@@ -19,9 +19,7 @@ SAMPLING = ("shard_size", "k", "max_tokens", "temperature", "top_p", "seed", "li
 
 def _policy_options(f):
     f = server_options(f)
-    f = click.option("--backend", default="vllm", show_default=True, type=click.Choice(["vllm", "openai", "fake"]),
-                     help="vllm: an engine in this process; openai: an OpenAI-compatible server at --base-url "
-                          "(--policy is then its served name); fake: tests only.")(f)
+    f = backend_option("The policy (with a server backend, --policy is the name it serves).")(f)
     f = click.option("--policy", "policy", default=None, metavar="MODEL",
                      help="Policy model: a folder, an HF name, or a CPU model name from `mentor setup-cpu --model` "
                           "(qwen2.5-coder-0.5b, qwen2.5-coder-1.5b); default: the embedded demo model.")(f)
@@ -47,7 +45,7 @@ def _backend(backend, policy, max_model_len, tensor_parallel_size, base_url, max
              request_timeout):
     """A BackendSpec: the engine starts only once the inputs have been read and a shard needs sampling."""
     engine = engine_flags({"max_model_len": max_model_len,
-                           "tensor_parallel_size": tensor_parallel_size or (None if backend == "openai" else 1)})
+                           "tensor_parallel_size": tensor_parallel_size})
     return backend_spec(backend, policy, engine, base_url=base_url, max_concurrency=max_concurrency,
                         structured_output=structured_output, request_timeout=request_timeout)
 

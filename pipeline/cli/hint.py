@@ -7,7 +7,8 @@ import sys
 
 import click
 
-from mentor.cli.options import backend_spec, config_options, engine_flags, engine_options, executor_options, server_options
+from mentor.cli.options import (backend_option, backend_spec, config_options, engine_flags, engine_options, executor_options,
+                                server_options)
 from mentor.pipeline.errors import ConfigError
 from mentor.pipeline.executor import open_executor
 from mentor.pipeline.outdir import check_output_file
@@ -21,11 +22,9 @@ from mentor.stages.rules import RuleLimits, check, control_tokens, control_token
 @click.command()
 @click.argument("collapsed", nargs=-1, required=True)
 @click.option("--out", "out_dir", required=True, type=click.Path(file_okay=False), help="Writes DIR/hints.parquet and DIR/stats.json (shards under DIR/_shards).")
-@click.option("--backend", default="vllm", show_default=True, type=click.Choice(["vllm", "openai", "fake"]),
-              help="vllm: an engine in this process (or one per dask worker); openai: an OpenAI-compatible server "
-                   "(vllm serve, SGLang) at --base-url; fake: canned answers (tests, demos of the plumbing).")
-@click.option("--model", help="Model path or Hugging Face name for vLLM (default: the embedded SmolLM2-135M demo model); "
-                              "with --backend openai, the name the server serves.")
+@backend_option("The hint agents' model.")
+@click.option("--model", help="Model path or Hugging Face name for an engine (default: the embedded SmolLM2-135M demo model); "
+                              "with a server backend, the name the server serves.")
 @server_options
 @click.option("--config", "config_path", type=click.Path(dir_okay=False), help="hint.yaml with HintConfig fields (top level or under `hint:`).")
 @click.option("--sample", type=click.IntRange(1, 2**31 - 1), help="Hint only the first N collapsed problems (problem_id order), for demos.")
@@ -44,7 +43,7 @@ def hint(collapsed, out_dir, backend, model, base_url, max_concurrency, request_
                         structured_output=structured_output, request_timeout=request_timeout,
                         script="mentor.stages.hint.agents:fake_script")
     with open_executor(workers, scheduler, gpus_per_worker=engine["tensor_parallel_size"] or 1, timeout=scheduler_timeout,
-                       engines=spec.kind == "vllm") as executor:
+                       engines=spec.engine) as executor:
         stats = run_stage(stage("hint"), {"collapsed": list(collapsed), "sample": sample}, cfg, out_dir,
                           Context(executor=executor, backend=spec, progress=progress))
     click.echo(json.dumps(stats.as_dict(), sort_keys=True))
@@ -88,8 +87,7 @@ def check_hint(hint_text, domain, answer, problem, entry_point, previous, max_ch
 
 @click.command("check-judge")
 @click.argument("collapsed", nargs=-1, required=True)
-@click.option("--backend", default="vllm", show_default=True, type=click.Choice(["vllm", "fake"]),
-              help="vllm: the real engine; fake: the canned judge (tests).")
+@backend_option("The judge's model.", server=False)
 @click.option("--model", help="The judge's model, as `mentor hint --model` (default: the embedded SmolLM2-135M).")
 @click.option("--config", "config_path", type=click.Path(dir_okay=False), help="hint.yaml (HintConfig: the judge's settings and judge_check).")
 @config_options(JudgeCheckConfig, ("problems", "solutions"), metavars={"solutions": "FILE"}, overrides=True)

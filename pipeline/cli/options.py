@@ -12,10 +12,9 @@ import click
 from pydantic import BaseModel, ValidationError
 from pydantic_core import PydanticUndefined
 
-from mentor.pipeline.errors import ConfigError, config_error
+from mentor.pipeline import backends
+from mentor.pipeline.errors import config_error
 from mentor.pipeline.llm import BackendSettings
-from mentor.pipeline.models import check_model
-from mentor.pipeline.openai_backend import DEFAULT_TIMEOUT, check_base_url
 
 
 class FiniteFloatRange(click.FloatRange):
@@ -81,18 +80,58 @@ def executor_options(f):
     return f
 
 
+class BackendChoice(click.Choice):
+    """--backend's choices: the kinds of `mentor.pipeline.backends` (plugins included), read when asked.
+
+    `server`: False leaves out the kinds that talk to a server (a command without the server's flags)."""
+
+    def __init__(self, server: bool = True) -> None:
+        super().__init__([])
+        self.server = server
+
+    @property
+    def choices(self):  # click reads them at parse and --help time: a plugin folder set by then is in
+        return tuple(n for n in backends.kinds() if self.server or not backends.kind(n).server)
+
+    @choices.setter
+    def choices(self, value) -> None:  # click.Choice.__init__ sets them; they are derived instead
+        pass
+
+
+class BackendOption(click.Option):
+    """--backend, whose help names each kind's own sentence (read at --help time, as the choices)."""
+
+    def __init__(self, *args: Any, lead: str = "", **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.lead = lead
+
+    def get_help_record(self, ctx):
+        kinds = [backends.kind(n) for n in self.type.choices]
+        self.help = f"{self.lead} " + "; ".join(f"{k.name}: {k.help}" for k in kinds) + "."
+        return super().get_help_record(ctx)
+
+
+def backend_option(lead: str = "The LLM backend.", server: bool = True):
+    """--backend KIND, default the default kind; `server`: False refuses the kinds that need a server's flags."""
+    def decorate(f):
+        return click.option("--backend", cls=BackendOption, lead=lead, default=backends.DEFAULT, show_default=True,
+                            type=BackendChoice(server))(f)
+
+    return decorate
+
+
 def server_options(f):
-    """--base-url / --max-concurrency / --request-timeout / --structured-output: the `openai` backend (a server)."""
+    """--base-url / --max-concurrency / --request-timeout / --structured-output: a backend that talks to a server."""
     f = click.option("--structured-output", type=click.Choice(["response_format", "structured_outputs", "none"]),
                      default="response_format", show_default=True,
-                     help="openai backend: how JSON schemas reach the server (none: the server has no structured output).")(f)
-    f = click.option("--request-timeout", type=FiniteFloatRange(0, 7 * 86400, min_open=True), default=DEFAULT_TIMEOUT,
+                     help="A server backend: how JSON schemas reach the server (none: the server has no structured output).")(f)
+    f = click.option("--request-timeout", type=FiniteFloatRange(0, 7 * 86400, min_open=True), default=backends.REQUEST_TIMEOUT,
                      show_default=True, metavar="SECONDS",
-                     help="openai backend: how long a request may wait for the server's answer (not retried; a request "
+                     help="A server backend: how long a request may wait for the server's answer (not retried; a request "
                           "without one counts as a failed model call, and a server silent that long fails the stage).")(f)
     f = click.option("--max-concurrency", type=click.IntRange(1, 100_000), default=64, show_default=True,
-                     help="openai backend: requests in flight at once.")(f)
-    f = click.option("--base-url", metavar="URL", help="openai backend: the server, e.g. http://HOST:8000/v1 (key: $OPENAI_API_KEY).")(f)
+                     help="A server backend: requests in flight at once.")(f)
+    f = click.option("--base-url", metavar="URL", help="A server backend: the server, e.g. http://HOST:8000/v1 (key: $OPENAI_API_KEY).")(f)
     return f
 
 
@@ -125,42 +164,18 @@ def engine_flags(values: dict[str, Any]) -> dict[str, tuple[str, Any]]:
     return {ENGINE_FLAGS[n][0].split("/")[0]: (n, values[n]) for n in ENGINE_FLAGS if n in values}
 
 
-def server_backend_options(model: str | None, base_url: str | None, max_concurrency: int, structured_output: str,
-                           engine_flags: dict | None = None, request_timeout: float = DEFAULT_TIMEOUT) -> dict:
-    """The `openai` backend's options from the command line; engine flags are the server's, not ours."""
-    if not base_url:
-        raise click.BadParameter("--backend openai needs the server's URL, e.g. --base-url http://localhost:8000/v1",
-                                 param_hint="--base-url")
-    if not model:
-        raise click.BadParameter("--backend openai needs the name the server serves (GET BASE_URL/models lists them)",
-                                 param_hint="--model")
-    given = [flag for flag, v in (engine_flags or {}).items() if v is not None]
-    if given:
-        raise ConfigError(f"{', '.join(given)}: engine settings of a server are set where it is started (vllm serve ...), "
-                          "not by mentor; drop them with --backend openai")
-    return {"base_url": check_base_url(base_url, "--base-url"), "max_concurrency": max_concurrency,
-            "structured_output": structured_output, "timeout": request_timeout}
-
-
 def backend_spec(backend: str, model: str | None, engine: dict[str, tuple[str, Any]] | None = None, *,
                  base_url: str | None = None, max_concurrency: int = 64, structured_output: str = "response_format",
-                 request_timeout: float = DEFAULT_TIMEOUT, script: str | None = None):
+                 request_timeout: float = backends.REQUEST_TIMEOUT, script: str | None = None):
     """The `BackendSpec` of a command's --backend/--model flags, built as every backend is (`BackendSettings`).
 
-    `engine` maps the vLLM engine's flags to ``(option, value)`` (None: not given); with --backend openai a given
-    engine flag is refused (the server's settings are set where it starts). A named vLLM model that is not set up
-    is refused now, before any work, with the setup command.
+    `engine` maps the engine's flags to ``(option, value)`` (None: not given); the kind takes what is its own
+    (`BackendKind.from_flags`: a server refuses engine flags, an engine refuses a named CPU model not set up,
+    now, before any work). `script`: the command's canned answers, for a kind that takes them.
     """
-    engine = engine or {}
-    if backend == "openai":
-        options = server_backend_options(model, base_url, max_concurrency, structured_output,
-                                         engine_flags={flag: v for flag, (_, v) in engine.items()},
-                                         request_timeout=request_timeout)
-    elif backend == "fake":
-        options = {"script": script} if script else {}
-    else:
-        check_model(model)
-        options = {name: v for name, v in engine.values() if v is not None}
+    flags = {"engine": engine or {}, "base_url": base_url, "max_concurrency": max_concurrency,
+             "structured_output": structured_output, "request_timeout": request_timeout, "script": script}
+    options = backends.kind(backend).from_flags(model, flags)
     try:
         settings = BackendSettings(backend=backend, model=model, options=options)
     except ValidationError as exc:

@@ -37,9 +37,9 @@ def _run(workflow: str, run_dir: str | None, rounds: int | None, from_stage: str
         ctx = nullcontext(None)
     else:
         # One hint engine per worker, each on tensor_parallel_size GPUs of its own.
-        tp = int(wf.hint.backend.options.get("tensor_parallel_size", 1)) if wf.hint.backend.backend == "vllm" else 1
-        ctx = dask_client(workers=workers, scheduler=scheduler, gpus_per_worker=tp, timeout=scheduler_timeout,
-                          engines=wf.hint.backend.backend == "vllm")
+        spec = wf.hint.backend.spec()
+        ctx = dask_client(workers=workers, scheduler=scheduler, gpus_per_worker=spec.gpus, timeout=scheduler_timeout,
+                          engines=spec.engine)
     with ctx as client:
         opts = RunOptions(rounds=rounds, from_stage=from_stage, only=only, force=force, client=client)
         runner = Runner(wf, out, opts)
@@ -76,7 +76,7 @@ def demo(run_dir, sample, force, model):
 
     The terminal shows mentor's progress and summary; vLLM's and torch's own logging goes to RUN_DIR/engine.log
     (or $MENTOR_ENGINE_LOG), which the summary names; `mentor -v demo` shows it in the terminal instead."""
-    from mentor.pipeline.vllm_backend import engine_to_terminal  # not for --help
+    from mentor.pipeline.backends.vllm import engine_to_terminal  # not for --help
     from mentor.workflows.config import load_workflow  # slow to import (the stages, polars): not for --help
 
     logging.getLogger("mentor").setLevel(logging.INFO)  # mentor's progress; the engine stays quiet unless -v

@@ -10,7 +10,7 @@ import sys
 
 import click
 
-from mentor.cli.options import FiniteFloatRange
+from mentor.cli.options import BackendChoice, FiniteFloatRange
 from mentor.pipeline.errors import ConfigError, MentorError
 from mentor.pipeline.models import (
     EMBEDDED_DIST,
@@ -20,7 +20,7 @@ from mentor.pipeline.models import (
     ensure_embedded_model,
     ensure_model,
 )
-from mentor.pipeline.vllm_backend import installed, serve_command  # vllm itself is imported lazily
+from mentor.pipeline.backends.vllm import installed, serve_command  # vllm itself is imported lazily
 from mentor.training import sandbox
 from mentor.training.sandbox import layers as sandbox_layers, view as sandbox_view
 
@@ -186,6 +186,9 @@ def setup_sandbox(no_install, strict):
               help="The share of each GPU the engine may take (vLLM's default).")
 @click.option("--base-url", default=None, help="Check the OpenAI-compatible server at this URL instead of starting an engine "
               "(--model is then the served name).")
+@click.option("--backend", type=BackendChoice(), default=None,
+              help="The hint stage's backend, whose engine (or server) is checked [default: a server backend with "
+                   "--base-url, else --backend's default].")
 @click.option("--engine/--no-engine", default=True, show_default=True, help="Start an engine and send it one request "
               "(minutes for a large model).")
 @click.option("--python", "python", default=None, help="The trainer environment's Python (the round config's `python`); "
@@ -198,7 +201,7 @@ def setup_sandbox(no_install, strict):
               metavar="SECONDS", help="How long each probe may wait (nvidia-smi, the trainer's Python, the --base-url server's "
               "answer, no retry); one that takes longer is a problem.")
 @click.option("--json", "as_json", is_flag=True, help="Print the checks as one JSON list instead of lines.")
-def doctor(role, model, tensor_parallel_size, gpu_memory_utilization, base_url, engine, python, rollout_dir, out, timeout,
+def doctor(role, model, tensor_parallel_size, gpu_memory_utilization, base_url, backend, engine, python, rollout_dir, out, timeout,
            as_json):
     """Check this node before the first round: driver/CUDA/torch, GPUs (CUDA_VISIBLE_DEVICES as CUDA reads it),
     /dev/shm, NCCL_*/VLLM_* settings, vLLM, the hint model's fit, the trainer's Python and reward files, accelerate's
@@ -208,7 +211,7 @@ def doctor(role, model, tensor_parallel_size, gpu_memory_utilization, base_url, 
     from mentor.workflows.doctor import as_json as to_json  # likewise
 
     opts = DoctorOptions(role=role, model=model, tensor_parallel_size=tensor_parallel_size,
-                         gpu_memory_utilization=gpu_memory_utilization, base_url=base_url, engine=engine, python=python,
+                         gpu_memory_utilization=gpu_memory_utilization, base_url=base_url, backend=backend, engine=engine, python=python,
                          rollout_dir=rollout_dir, out=out, timeout=timeout)
     checks = []
     for check in run_checks(opts):

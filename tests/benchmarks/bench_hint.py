@@ -42,7 +42,8 @@ def collapsed_rows() -> list[dict]:
 
 
 def bench_orchestration(base: list[dict], n: int) -> dict:
-    from mentor.pipeline.llm import FakeBackend, GenRequest
+    from mentor.pipeline.backends.fake import FakeBackend
+    from mentor.pipeline.llm import GenRequest
     from mentor.stages.hint.machine import HintStats, hint_shard
     from mentor.stages.hint.config import HintConfig
     from mentor.stages.hint.agents import fake_script
@@ -81,7 +82,8 @@ def bench_orchestration(base: list[dict], n: int) -> dict:
 def bench_floor(base: list[dict], n: int) -> dict:
     import gc
 
-    from mentor.pipeline.llm import FakeBackend, GenRequest
+    from mentor.pipeline.backends.fake import FakeBackend
+    from mentor.pipeline.llm import GenRequest
     from mentor.stages.hint import agents as ha
     from mentor.stages.hint.config import HintConfig
     from mentor.stages.rules import RuleContext, check_hint

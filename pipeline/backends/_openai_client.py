@@ -1,4 +1,5 @@
-"""The OpenAI-compatible server backend: `vllm serve`, SGLang, or any server a team already runs.
+"""The client of the ``openai`` backend (its kind: `mentor.pipeline.backends.openai`): `vllm serve`, SGLang, or any
+OpenAI-compatible server a team already runs; the only module that talks to a server.
 
 Requests go to the server concurrently (at most ``max_concurrency`` in flight,
 however many callers: the server batches them as vLLM's offline engine batches
@@ -69,13 +70,14 @@ from collections.abc import Sequence
 from typing import Any
 from urllib.parse import urlsplit
 
+from mentor.pipeline.backends import REQUEST_TIMEOUT
 from mentor.pipeline.errors import ConfigError, EngineError
 from mentor.pipeline.llm import CountingBackend, GenRequest, GenResult, OnDone, concurrently
 
 log = logging.getLogger(__name__)
 
 STRUCTURED_MODES = ("response_format", "structured_outputs", "none")
-DEFAULT_TIMEOUT = 600.0  # seconds per attempt of one request (a long generation on a busy server fits)
+DEFAULT_TIMEOUT = REQUEST_TIMEOUT  # seconds per attempt of one request
 CONNECT_TIMEOUT = 10.0
 CHECK_TIMEOUT = 30.0  # GET /models at start
 FAIL_STREAK = 16  # this many requests in a row without an answer: the server is broken, not the requests

@@ -1,0 +1,109 @@
+"""The LLM backends, one module per kind: ``backends/<name>.py`` declares ``BACKEND``, a `BackendKind`.
+
+A kind owns everything mentor knows about it: its name (the file's), what its settings may hold
+(`problem`, `check`: what loading a workflow refuses, naming the setting), how one is built
+(`make`), what the command line gives it (`from_flags`), what ``mentor doctor`` checks for it
+(`unavailable`, `probe`), and whether it starts an engine in this process (`engine`) or talks to
+a server at ``base_url`` (`server`). Every list of kinds (the ``--backend`` choices, the settings'
+check, `mentor.pipeline.llm.make_backend`) comes from `kinds()`: a new backend is one new file
+here, or ``backends/<name>.py`` in a folder of ``MENTOR_PLUGIN_PATH`` (`mentor.pipeline.plugins`).
+
+Modules starting with ``_`` are helpers, not kinds: `_vllm_engine` is the only module that
+imports vLLM, `_openai_client` the only one that talks to a server.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from mentor.pipeline import plugins
+from mentor.pipeline.errors import ConfigError
+
+DEFAULT = "vllm"  # the kind of a setting or a command that names none (the one place it is named outside its file)
+REQUEST_TIMEOUT = 600.0  # seconds a server backend's request may wait by default (a long generation on a busy server fits)
+
+
+class BackendKind:
+    """What one kind of backend declares; a kind's module sets ``BACKEND = <its subclass>()``.
+
+    The defaults fit a backend that needs nothing (no model, no options, no server): a toy
+    overrides `make` and sets `name`, `what` and `help`.
+    """
+
+    name = ""  # the kind, as settings and --backend name it (its module's name)
+    what = ""  # a few words for lists of choices: "an engine here"
+    help = ""  # one sentence for --backend's help
+    engine = False  # starts an engine in this process (one per dask worker; stopped when the stage ends)
+    server = False  # talks to a server at base_url; its model is the name the server serves
+
+    def problem(self, model: str | None, base_url: str | None) -> str | None:
+        """What the settings lack or hold against this kind by themselves (the settings model refuses it)."""
+        if base_url and not self.server:
+            return f"base_url is for a server backend ({', '.join(server_kinds())}), not {self.name}"
+        return None
+
+    def check(self, model: str | None, options: dict[str, Any], where: str) -> None:
+        """Refuse now what `make` would refuse (a workflow at load): ``<where>.options.<name>: ...``."""
+        problem = self.problem(model, options.get("base_url"))
+        if problem:
+            raise ConfigError(f"{where}: {problem}")
+
+    def settle(self, model: str | None, options: dict[str, Any]) -> dict[str, Any]:
+        """The options `make` gets (defaults filled in); an engine is kept per model and settled options."""
+        return options
+
+    def make(self, model: str | None, options: dict[str, Any]) -> Any:  # pragma: no cover - each kind's own
+        """A `mentor.pipeline.llm.Backend` of this kind."""
+        raise NotImplementedError
+
+    def from_flags(self, model: str | None, flags: dict[str, Any]) -> dict[str, Any]:
+        """The options from a command's flags: ``engine`` (flag -> (option, value or None)), ``base_url``,
+        ``max_concurrency``, ``structured_output``, ``request_timeout``, ``script`` (the command's fake answers)."""
+        return {}
+
+    def tokenizer(self, model: str | None) -> str | None:
+        """The tokenizer its model brings here (renders a policy's prompts), or None (a server's model is a name)."""
+        return None
+
+    def gpus(self, options: dict[str, Any]) -> int:
+        """GPUs one of its engines takes (a dask worker's share)."""
+        return 1
+
+    def unavailable(self) -> str | None:
+        """Why it cannot run on this node (``mentor doctor``), or None."""
+        return None
+
+    def probe(self, model: str | None, base_url: str | None, settings: dict[str, Any]) -> dict[str, Any]:
+        """The options of ``mentor doctor``'s one-request check (`settings`: its --timeout, --tensor-parallel-size,
+        --gpu-memory-utilization as ``timeout``, ``tensor_parallel_size``, ``gpu_memory_utilization``)."""
+        return {"base_url": base_url} if base_url else {}
+
+
+def kinds() -> list[str]:
+    """Every kind, the default first (built-in ones, then plugins), by file name: nothing is imported."""
+    return [DEFAULT, *(n for n in plugins.names("backends") if n != DEFAULT)]
+
+
+def kind(name: Any) -> BackendKind:
+    """The kind called `name` (a `ConfigError` naming the kinds when there is none)."""
+    if not isinstance(name, str) or name not in kinds():
+        raise ConfigError(f"unknown backend {name!r}; choose {choices()}")
+    declared = getattr(plugins.load("backends", name), "BACKEND", None)
+    if not isinstance(declared, BackendKind):
+        raise ConfigError(f"{plugins.module_name('backends', name)}: BACKEND must be a "
+                          f"mentor.pipeline.backends.BackendKind, got {declared!r}")
+    return declared
+
+
+def choices() -> str:
+    """The kinds in words: ``vllm (an engine here), fake (tests) or openai (a server)``."""
+    named = [f"{n} ({kind(n).what})" if kind(n).what else n for n in kinds()]
+    return ", ".join(named[:-1]) + " or " + named[-1] if len(named) > 1 else named[0]
+
+
+def server_kinds() -> list[str]:
+    """The kinds that talk to a server at base_url."""
+    return [n for n in kinds() if kind(n).server]
+
+
+__all__ = ["DEFAULT", "REQUEST_TIMEOUT", "BackendKind", "choices", "kind", "kinds", "server_kinds"]
