@@ -52,8 +52,8 @@ from mentor.pipeline.executor import LOCAL, Executor
 from mentor.pipeline.inputs import resolve_inputs
 from mentor.pipeline.io import config_hash, read_table, write_json_atomic
 from mentor.pipeline.llm import Backend, GenRequest, GenResult
-from mentor.stages.hint import agents
-from mentor.stages.hint.agents import Templates
+from mentor.stages.hint.agents import by_role
+from mentor.stages.hint.prompt_templates import Templates
 from mentor.stages.hint.config import HintConfig
 from mentor.stages.hint.machine import HintMachine, HintStats
 from mentor.stages.rules import RuleContext, check_hint
@@ -234,7 +234,7 @@ def score(items: Sequence[CalibrationItem], results: Sequence[GenResult], rows: 
     parse_failures = 0
     for it, res in zip(items, results):
         row = rows[it.problem_id]
-        parsed = agents.JUDGMENT.parse(res.text, cfg)
+        parsed = by_role("review")[0].parse(res.text, cfg)
         threshold = cfg.for_domain(row.get("domain") or "math")[2]
         ok = accepts(parsed, threshold)
         parse_failures += parsed is None
@@ -265,7 +265,7 @@ def score(items: Sequence[CalibrationItem], results: Sequence[GenResult], rows: 
 def check_judge(rows: Sequence[dict], cfg: HintConfig, backend: Backend, templates: Templates | None = None,
                 solutions: dict[str, str] | None = None) -> dict:
     """The judge check on `rows` (collapsed rows) with `backend`: one engine call; the report (see `decide`)."""
-    t = templates or agents.Templates.load(cfg.templates_dir)
+    t = templates or Templates.load(cfg.templates_dir)
     sols = load_solutions(cfg.judge_check.solutions or cfg.solutions) if solutions is None else solutions
     if cfg.see_solution:  # the judge reviews with the reference solution in view, as in the run
         rows = with_solutions(list(rows), sols)
