@@ -165,9 +165,7 @@ class HintMachine:
     def problem(self, i: int, row: dict) -> ProblemState:
         domain = row.get("domain") or "math"
         max_retry, max_refine, threshold, limits = self.settings.get(domain, self.settings["math"])
-        ctx = RuleContext(domain=domain, answer=row.get("label"), problem=row.get("problem") or "",
-                          previous_hints=tuple(row.get("previous_hints") or ()), limits=limits,
-                          control_tokens=self.control_tokens)
+        ctx = RuleContext.of_row(row, limits, self.control_tokens)
         p = ProblemState(i, row, ctx, max_retry, max_refine, threshold)
         self.transition(p, "start")
         return p
