@@ -33,9 +33,6 @@ every request derive from problem ids, not positions); the stage
 (`mentor.stages.hint`) runs it over resumable shards, the judge check
 (`judge_check`) asks the same machine for its judgment requests, and vouching
 (`vouch`) calls `hint_shard` once per candidate.
-
-This module is over 500 lines because the state machine (`HintMachine`, its
-transitions and endings) is one piece that reads best whole.
 """
 
 from __future__ import annotations
@@ -53,7 +50,7 @@ from typing import Any, NamedTuple
 
 import pyarrow as pa
 
-from mentor.pipeline.errors import EngineError
+from mentor.pipeline.errors import ConfigError, EngineError
 from mentor.pipeline.ids import content_hash
 from mentor.pipeline.io import config_hash
 from mentor.pipeline.llm import Backend, GenRequest, GenResult, concurrently
@@ -138,9 +135,22 @@ class CoreState:
         return self.row["problem_id"]
 
 
-# The state of one problem: `CoreState` and every agent's declared `state` fields (attribution: keywords, error).
-ProblemState = make_dataclass("ProblemState", [(k, Any, field(default_factory=f)) for a in AGENTS.values()
-                                               for k, f in a.state.items()], bases=(CoreState,))
+def _agent_fields() -> list[tuple[str, Any, Any]]:
+    """Every agent's declared `state` fields (attribution: keywords, error), each declared once."""
+    owner: dict[str, str] = {name: "the state machine" for name in CoreState.__dataclass_fields__}
+    out = []
+    for a in AGENTS.values():
+        for name, factory in a.state.items():
+            if name in owner:
+                raise ConfigError(f"agent {a.name!r} ({type(a).__module__}): its state field {name!r} is "
+                                  f"{owner[name]}'s; rename it")
+            owner[name] = f"agent {a.name!r}"
+            out.append((name, Any, field(default_factory=factory)))
+    return out
+
+
+# The state of one problem: `CoreState` and the agents' fields.
+ProblemState = make_dataclass("ProblemState", _agent_fields(), bases=(CoreState,))
 ProblemState.__module__ = __name__
 
 
