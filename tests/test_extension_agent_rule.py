@@ -6,8 +6,8 @@ in the hints (keywords column, and the keyword fallback hint). The toy rule
 (``rules/toy_exactly.py``) rejects a hint that says "exactly", which the fake backend's
 generation and repair hint always does: every problem ends on the keyword fallback, and
 ``toy_exactly`` is counted in stats.json and reported by ``mentor check-hint``.
-Nothing else is edited: the agent's phase, switch, token limit, state field and fake answer
-come from its file; the rule's place in the run order from its ``order`` key.
+Nothing else is edited: the agent's phase, switch, token limit, state field, counter and fake
+answer come from its file; the rule's place in the run order from its ``order`` key.
 """
 
 from __future__ import annotations
@@ -35,6 +35,7 @@ class ToyFocus(Agent):
     switch = Switch("toy_focus", "Run the toy focus agent.")
     max_tokens_default, max_tokens_help = 64, "max_tokens of a toy_focus call."
     state = {"focus": lambda: None}
+    counters = ("toy_focus_used",)
     fake = '{"focus": "%s"}' % FOCUS
 
     def messages(self, s, cfg, t):
@@ -50,6 +51,7 @@ class ToyFocus(Agent):
     def consume(self, p, res, parsed, m):
         if parsed is not None:
             p.focus = parsed["focus"]
+            m.st.toy_focus_used += 1
             p.keywords = [*p.keywords, parsed["focus"]]
         m.transition(p, "analysed")
 
@@ -92,6 +94,7 @@ def test_toy_agent_and_rule_run_through_mentor_hint(plugin_env, gsm8k_collapsed,
     # the toy agent was asked once per problem, between attribution and generation
     assert stats["requests_by_agent"]["toy_focus"] == 6, stats["requests_by_agent"]
     assert stats["config"]["toy_focus"] is True and stats["config"]["max_tokens"]["toy_focus"] == 64
+    assert stats["toy_focus_used"] == 6  # its own counter
     rows = pq.read_table(out / "hints.parquet").to_pylist()
     for row in rows:
         agents = [e["agent"] for e in row["trace"]]

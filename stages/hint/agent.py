@@ -13,6 +13,7 @@ agent comes from that declaration (`mentor.stages.hint.agents` collects them):
     max_tokens_default, max_tokens_help, creative (sampling)
     state             fields it adds to a problem's state (machine.py's `ProblemState`), with their defaults
     violations        the violations its answers can set (their repair messages: `describe`)
+    counters          its own counters in stats.json
     fake              what the ``--backend fake`` model answers it (tests and demos)
     messages, schema, fields (parse), consume: the request, its JSON schema, how the answer is read, what it does
 
@@ -162,7 +163,7 @@ class Machine(Protocol):
 
     cfg: HintConfig
     t: Templates
-    st: Any  # the shard's `Stats`
+    st: Any  # the shard's `Stats` (an agent's `counters` among them)
     memo: dict[str, Any]  # per shard, for an agent's own use (keyed by its name)
 
     def transition(self, p: Any, event: str, violations: Any = (), feedback: str | None = None) -> None: ...
@@ -190,6 +191,7 @@ class Agent(ABC):
     max_tokens_help: ClassVar[str]  # its description in the settings
     state: ClassVar[dict[str, Callable[[], Any]]] = {}  # fields it adds to ProblemState -> their default factory
     violations: ClassVar[dict[str, str]] = {}  # violations it sets itself -> what the repair agent is told
+    counters: ClassVar[tuple[str, ...]] = ()  # its own counters in the stage's stats (``m.st.<name> += 1``)
     fake: ClassVar[str]  # the fake backend's answer to it (JSON whose keys its schema has)
 
     @property

@@ -71,8 +71,8 @@ log = logging.getLogger(__name__)
 HINT_STATS = StatsLayout(
     counters=(
         "problems", "accepted", "repaired", "fallback", "engine_calls", "waves", "requests", "prompt_tokens",
-        "completion_tokens", "retries", "refines", "judge_calls", "keyword_leaks", "keyword_invalid", "error_leaks",
-        "copied_instructions",  # keywords / errors that repeat the attribution prompt, dropped
+        "completion_tokens", "retries", "refines",
+        *(c for a in AGENTS.values() for c in a.counters),  # each agent's own (attribution: keyword_leaks, ...)
         "failed_calls",  # requests without an answer (a server's error after its retries, a prompt too long)
         "trimmed",  # candidates cut back to the leading sentences that pass the rules
         "shards",

@@ -34,6 +34,9 @@ class Attribution(Agent):
                  "attribution_user": frozenset({"problem", "answer", "solution", "failed"})}
     max_tokens_default, max_tokens_help = 200, "max_tokens of an attribution call."
     state = {"keywords": list, "error": lambda: None}  # the keywords and diagnosis, screened
+    # dropped: keywords that carry the answer / have no letter (or an error without one), errors that carry the
+    # answer, keywords / errors that repeat the attribution prompt
+    counters = ("keyword_leaks", "keyword_invalid", "error_leaks", "copied_instructions")
     fake = '{"keywords": ["quantities asked for", "units"], "error": "The attempts answer a different quantity than the one asked."}'
 
     def attempt(self, s: State) -> int:

@@ -29,6 +29,7 @@ class Judgment(Agent):
     templates = {"judgment_system": frozenset(), "judgment_user": frozenset({"problem", "answer", "solution", "hint"})}
     max_tokens_default, max_tokens_help = 260, "max_tokens of a judgment call (check + verdict + feedback)."
     violations = {"judge_parse_error": "the judge's output was not the requested JSON"}
+    counters = ("judge_calls",)
     fake = '{"score": 8, "feedback": "Specific and answer-free."}'
 
     def attempt(self, s: State) -> int:
