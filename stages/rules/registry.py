@@ -25,6 +25,7 @@ parser, ...) are the rules' infrastructure.
 from __future__ import annotations
 
 import os
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -69,6 +70,8 @@ class RuleRegistry:
     _verdicts: dict[str, VerdictRule] = {}
     _stage: dict[str, str] = {}  # violations the hint stage's agents set (their repair messages)
     _found_for: str | None = None  # the MENTOR_PLUGIN_PATH the rules were discovered for
+    _lock = threading.RLock()  # one discovery at a time (a server's hint chains check hints in threads)
+    _discovering = False
 
     @classmethod
     def add(
@@ -119,13 +122,22 @@ class RuleRegistry:
 
     @classmethod
     def discover(cls) -> None:
-        """Import every rule module (built-in and plugins) once per ``MENTOR_PLUGIN_PATH``."""
+        """Import every rule module (built-in and plugins) once per ``MENTOR_PLUGIN_PATH``.
+
+        Rules once declared stay declared (a plugin folder dropped from the path later keeps its rules)."""
         key = os.environ.get(plugins.PLUGIN_PATH_ENV, "")
         if key == cls._found_for:
             return
-        cls._found_for = key  # first: a rule module that asks for the rules while it loads does not recurse
-        for name in plugins.names("rules"):
-            plugins.load("rules", name)
+        with cls._lock:
+            if key == cls._found_for or cls._discovering:  # done by another thread, or asked while a rule module loads
+                return
+            cls._discovering = True
+            try:
+                for name in plugins.names("rules"):
+                    plugins.load("rules", name)
+                cls._found_for = key
+            finally:
+                cls._discovering = False
 
     @classmethod
     def get(cls, name: str) -> Rule:
