@@ -26,6 +26,11 @@ Roles (a problem's path; agents of one role run in name order, built-ins first):
                 `consume` calls ``m.transition(p, "approved")`` or ``"rejected"`` with violations.
     repair      rewrites a rejected candidate (repair); one agent. Its answer goes through the rules.
 
+The agents are collected when `mentor.stages.hint.agents` is first imported (the settings
+and the state machine are built from them then): set ``MENTOR_PLUGIN_PATH`` before, as the
+``mentor`` command and its dask workers do. `tests/test_extension_agent_rule.py` has a
+plugin agent of one file (role analysis, no templates: its messages are written inline).
+
 A parse never raises: anything that is not the requested JSON gives None,
 and the caller keeps the raw text.
 """
