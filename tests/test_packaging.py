@@ -43,9 +43,10 @@ def test_wheel_maps_folders_into_the_mentor_namespace(tmp_path):
     # The command line is its own package beside the core, not a part of mentor.pipeline.
     assert "mentor/cli/__main__.py" in names and not any(n.startswith("mentor/pipeline/cli") for n in names)
     assert "mentor/data/gsm8k_rollouts.parquet" in names
-    # The hint agents' prompts ship with the hint package (a wheel without them cannot hint).
-    templates = sorted(p.name for p in (REPO / "stages" / "hint" / "templates").glob("*.txt"))
-    assert templates and all(f"mentor/stages/hint/templates/{t}" in names for t in templates)
+    # The hint agents' prompts ship beside the agents (a wheel without them cannot hint).
+    templates = sorted(p.name for p in (REPO / "stages" / "hint" / "agents").glob("*.txt"))
+    assert templates and all(f"mentor/stages/hint/agents/{t}" in names for t in templates)
+    assert all(f"mentor/stages/hint/agents/{a}.py" in names for a in ("attribution", "generation", "judgment", "repair"))
     assert not any(n.startswith("mentor/tests") for n in names)
 
 

@@ -3,7 +3,9 @@
 The hint stage is this package, one room with one way through:
 
     config.py       HintConfig: every setting of the stage (judge check and vouching included)
-    agents.py       the four agents, one `Agent` record each, and their templates (templates/)
+    agent.py        `Agent`: what an agent file declares (its role in the state machine, switch, templates, ...)
+    agents/         the agents, one file each (attribution, generation, judgment, repair), their templates beside them
+    prompt_templates.py  the templates: bundled, overridable per file, hashed into the prompt version
     machine.py      the state machine: a shard of problems through the agents, in waves (`hint_shard`)
     judge_check.py  the LLM judge scored on known-good and known-bad hints before the run trusts it
     vouch.py        a hint kept only when the policy, re-rolled with it, earns reward
@@ -42,7 +44,7 @@ from mentor.pipeline.outdir import Owns
 from mentor.pipeline.schemas import HINTS, SCHEMA_VERSION, conform
 from mentor.pipeline.shards import Shard, ShardPlan, ShardResult
 from mentor.pipeline.stage import Context, Source, Stage, Stats
-from mentor.stages.hint import agents
+from mentor.stages.hint.prompt_templates import Templates
 from mentor.stages.hint.config import HintConfig
 from mentor.stages.hint.judge_check import checked_config, stats_view
 from mentor.stages.hint.machine import HintStats, hint_shard
@@ -146,7 +148,7 @@ class HintStage(Stage):
         rows = table.to_pylist()
         if cfg.see_solution:  # a row without its own solution gets the file's or the bundled one (stages/solutions.py)
             rows = with_solutions(rows, load_solutions(cfg.solutions, "hint.solutions"))
-        templates = agents.Templates.load(cfg.templates_dir)
+        templates = Templates.load(cfg.templates_dir)
         given = cfg
         with tqdm(total=len(rows), desc="hint", unit="problem", disable=not ctx.progress, dynamic_ncols=True) as bar:
             if cfg.llm_judge and cfg.judge_check.enabled:

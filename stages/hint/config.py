@@ -102,9 +102,17 @@ TokenLimits = create_model(
                          "thinking on (enable_thinking: true): its <think> block comes before its JSON answer.")),
 )
 AgentName = Literal[tuple(AGENTS)]  # type: ignore[valid-type]
+# Each agent's on/off setting (its `Switch`: attribution, generation, llm_judge), from its record.
+AgentSwitches = create_model(
+    "AgentSwitches",
+    __config__=ConfigDict(extra="forbid"),
+    __doc__="The agents' on/off settings, one per agent that declares a switch.",
+    **{a.switch.key: (bool, Field(a.switch.default, description=a.switch.description))
+       for a in AGENTS.values() if a.switch is not None},
+)
 
 
-class HintConfig(BaseModel):
+class HintConfig(AgentSwitches):  # type: ignore[misc,valid-type]
     """Settings of `mentor hint` (also the `hint:` section of a workflow)."""
 
     model_config = ConfigDict(extra="forbid")
@@ -112,7 +120,6 @@ class HintConfig(BaseModel):
     max_retry: int = Field(2, ge=0, description="Regenerations from the keywords after the refines are spent (the method's Max Retry).")
     max_refine: int = Field(2, ge=0, description="Repair rounds per generated hint (the method's Max Refine).")
     judge_threshold: float = Field(7.0, ge=1, le=10, description="A hint that passes the rules is accepted when the judge's score (1-10) reaches this.")
-    llm_judge: bool = Field(True, description="Ask the LLM judge after the rules pass (off: the rules alone decide).")
     judge_correctness: bool = Field(True, description="The judge first states whether every statement and calculation of the hint "
                                     "is correct; a hint judged incorrect is rejected whatever its score.")
     feedback_chars: int = Field(240, ge=16, description="Longest judge feedback, characters.")
@@ -121,8 +128,6 @@ class HintConfig(BaseModel):
                              "and goes on to the judge; off: such a hint goes to repair.")
     reasoning_chars: int = Field(600, ge=0, description="Room for the generation and repair agents to work the problem out "
                                  "(towards the reference answer) before they write the hint; kept in the trace, never in the hint. 0: off.")
-    attribution: bool = Field(True, description="Run the Attribution agent (off: the hint is generated from the problem alone, "
-                              "the method's 'without Attribution' ablation).")
     see_solution: bool = Field(True, description="Show every agent the problem's reference solution where there is one "
                                "(the collapsed row's, else `solutions`', else the bundled GSM8K / MATH-500 / HumanEval "
                                "solutions): attribution compares the attempts with it, generation and repair take the "
@@ -135,8 +140,6 @@ class HintConfig(BaseModel):
     max_keywords: int = Field(5, ge=1, le=20, description="Keywords the attribution agent may return.")
     keyword_chars: int = Field(40, ge=4, description="Longest keyword, characters.")
     error_chars: int = Field(240, ge=16, description="Longest attributed error, characters.")
-    generation: bool = Field(True, description="Run the Generation agent (off: the hint is the keyword template filled with the "
-                             "attribution's keywords, the 'without Generation' ablation; with attribution off too, the generic default hint).")
     domains: dict[Literal["math", "code"], DomainOverrides] = Field(default_factory=dict, description="Per-domain overrides, e.g. {code: {max_refine: 3}}.")
     max_tokens: TokenLimits = Field(default_factory=TokenLimits, description="max_tokens per agent.")
     temperature: float = Field(0.7, ge=0, le=2, description="Sampling temperature of generation and repair.")

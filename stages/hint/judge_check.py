@@ -52,11 +52,11 @@ from mentor.pipeline.executor import LOCAL, Executor
 from mentor.pipeline.inputs import resolve_inputs
 from mentor.pipeline.io import config_hash, read_table, write_json_atomic
 from mentor.pipeline.llm import Backend, GenRequest, GenResult
-from mentor.stages.hint import agents
-from mentor.stages.hint.agents import Templates
+from mentor.stages.hint.agents import by_role
+from mentor.stages.hint.prompt_templates import Templates
 from mentor.stages.hint.config import HintConfig
 from mentor.stages.hint.machine import HintMachine, HintStats
-from mentor.stages.rules import RuleContext, check_hint
+from mentor.stages.rules import RuleContext, RuleRegistry, check_hint
 from mentor.stages.solutions import load_solutions, with_solutions
 
 log = logging.getLogger(__name__)
@@ -176,10 +176,7 @@ def restatement(problem: str, max_chars: int) -> str | None:
 
 
 def rule_context(row: dict, cfg: HintConfig) -> RuleContext:
-    domain = row.get("domain") or "math"
-    _, _, _, limits = cfg.for_domain(domain)
-    return RuleContext(domain=domain, answer=row.get("label"), problem=row.get("problem") or "",
-                       previous_hints=tuple(row.get("previous_hints") or ()), limits=limits)
+    return RuleContext.of_row(row, cfg.for_domain(row.get("domain") or "math")[3])
 
 
 def calibration_set(rows: Sequence[dict], cfg: HintConfig, solutions: dict[str, str]) -> list[CalibrationItem]:
@@ -223,8 +220,9 @@ def judge_requests(items: Sequence[CalibrationItem], rows: dict[str, dict], cfg:
 
 
 def accepts(parsed: dict | None, threshold: float) -> bool:
-    """The run's verdict (`HintMachine._judged`): not judged incorrect, and the score reaches the threshold."""
-    return parsed is not None and parsed.get("correct") is not False and parsed["score"] >= threshold
+    """The run's verdict (the judgment agent's `consume`): it parsed and no verdict rule fires (`RuleRegistry.verdicts`:
+    not judged incorrect, and the score reaches the threshold)."""
+    return parsed is not None and not any(v.check(parsed, threshold) for v in RuleRegistry.verdicts())
 
 
 def score(items: Sequence[CalibrationItem], results: Sequence[GenResult], rows: dict[str, dict], cfg: HintConfig) -> dict:
@@ -234,7 +232,7 @@ def score(items: Sequence[CalibrationItem], results: Sequence[GenResult], rows: 
     parse_failures = 0
     for it, res in zip(items, results):
         row = rows[it.problem_id]
-        parsed = agents.JUDGMENT.parse(res.text, cfg)
+        parsed = by_role("review")[0].parse(res.text, cfg)
         threshold = cfg.for_domain(row.get("domain") or "math")[2]
         ok = accepts(parsed, threshold)
         parse_failures += parsed is None
@@ -265,7 +263,7 @@ def score(items: Sequence[CalibrationItem], results: Sequence[GenResult], rows: 
 def check_judge(rows: Sequence[dict], cfg: HintConfig, backend: Backend, templates: Templates | None = None,
                 solutions: dict[str, str] | None = None) -> dict:
     """The judge check on `rows` (collapsed rows) with `backend`: one engine call; the report (see `decide`)."""
-    t = templates or agents.Templates.load(cfg.templates_dir)
+    t = templates or Templates.load(cfg.templates_dir)
     sols = load_solutions(cfg.judge_check.solutions or cfg.solutions) if solutions is None else solutions
     if cfg.see_solution:  # the judge reviews with the reference solution in view, as in the run
         rows = with_solutions(list(rows), sols)

@@ -15,11 +15,12 @@ batch never drains to the slowest request of a wave. A problem's path:
                                    v
                        regenerate (up to max_retry) ... -> safe fallback
 
-The phases are `Phase`; each agent is one record in agents.py (`Agent`:
-its messages, JSON schema, parser, sampling, token limit), which `HintMachine`
-calls alike for every agent; what follows an answer is this module's state
-machine: every phase change happens in `HintMachine.transition`, whose table is the
-state machine above. Rules run locally between waves (no engine call); only a hint
+The phases are `Phase`, one per agent file of ``stages/hint/agents/`` (`Agent`:
+its messages, JSON schema, parser, sampling, token limit, what it adds to a
+problem's state, and `consume`, what its answer does), which `HintMachine` calls
+alike for every agent; every phase change happens in `HintMachine.transition`,
+which picks the next agent by its declared role (analysis, generate, review,
+repair; `mentor.stages.hint.agent`) and its on/off switch. Rules run locally between waves (no engine call); only a hint
 that passes them is sent to the LLM judge. Bad model output (invalid JSON, empty text,
 truncation, a hint in another language, keywords that are the answer, a
 failed trajectory that carries instructions) only ever moves a problem along
@@ -32,38 +33,34 @@ every request derive from problem ids, not positions); the stage
 (`mentor.stages.hint`) runs it over resumable shards, the judge check
 (`judge_check`) asks the same machine for its judgment requests, and vouching
 (`vouch`) calls `hint_shard` once per candidate.
-
-This module is over 500 lines because the state machine (`HintMachine`, its
-transitions and endings) is one piece that reads best whole.
 """
 
 from __future__ import annotations
 
 import json
 import logging
-import re
 import threading
 import time
 import zlib
 from collections import Counter
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, make_dataclass
 from enum import Enum
 from typing import Any, NamedTuple
 
 import pyarrow as pa
 
-from mentor.pipeline.errors import EngineError
+from mentor.pipeline.errors import ConfigError, EngineError
 from mentor.pipeline.ids import content_hash
 from mentor.pipeline.io import config_hash
 from mentor.pipeline.llm import Backend, GenRequest, GenResult, concurrently
 from mentor.pipeline.schemas import HINTS, schema_metadata
 from mentor.pipeline.stage import Stats, StatsLayout
-from mentor.stages.hint import agents
+from mentor.stages.hint.agents import AGENTS, by_role
 from mentor.stages.hint.config import HintConfig
+from mentor.stages.hint.prompt_templates import Templates
 from mentor.stages.hint.tokens import hint_control_tokens
-from mentor.stages.rules import (Instructions, RuleContext, RuleLimits, check_hint, copies_instructions, text_leaks_answer,
-                                 trim_to_rules)
+from mentor.stages.rules import RuleContext, RuleLimits, check_hint, trim_to_rules
 
 log = logging.getLogger(__name__)
 
@@ -74,8 +71,8 @@ log = logging.getLogger(__name__)
 HINT_STATS = StatsLayout(
     counters=(
         "problems", "accepted", "repaired", "fallback", "engine_calls", "waves", "requests", "prompt_tokens",
-        "completion_tokens", "retries", "refines", "judge_calls", "keyword_leaks", "keyword_invalid", "error_leaks",
-        "copied_instructions",  # keywords / errors that repeat the attribution prompt, dropped
+        "completion_tokens", "retries", "refines",
+        *(c for a in AGENTS.values() for c in a.counters),  # each agent's own (attribution: keyword_leaks, ...)
         "failed_calls",  # requests without an answer (a server's error after its retries, a prompt too long)
         "trimmed",  # candidates cut back to the leading sentences that pass the rules
         "shards",
@@ -88,9 +85,11 @@ HintStats = HINT_STATS  # HintStats() makes the empty counters of a hint run
 # --------------------------------------------------------------------------- one shard
 
 
-# Where a problem is on its way through the agents: one phase per agent (`agents.AGENTS`), each one
+# Where a problem is on its way through the agents: one phase per agent (`AGENTS`), each one
 # request per wave, and DONE.
-Phase = Enum("Phase", {**{name.upper(): name for name in agents.AGENTS}, "DONE": "done"})
+Phase = Enum("Phase", {**{name.upper(): name for name in AGENTS}, "DONE": "done"})
+ANALYSIS, REVIEW = by_role("analysis"), by_role("review")
+(GENERATE,), (REPAIR,) = by_role("generate"), by_role("repair")
 
 
 class TraceEntry(NamedTuple):
@@ -106,8 +105,8 @@ class TraceEntry(NamedTuple):
 
 
 @dataclass
-class ProblemState:
-    """The state of one problem in a shard."""
+class CoreState:
+    """The state of one problem in a shard (what the machine itself keeps; `ProblemState` adds the agents' fields)."""
 
     i: int
     row: dict
@@ -115,9 +114,7 @@ class ProblemState:
     max_retry: int
     max_refine: int
     threshold: float
-    phase: Phase = Phase.ATTRIBUTION
-    keywords: list[str] = field(default_factory=list)
-    error: str | None = None
+    phase: Phase = Phase.DONE
     retry: int = 0  # regenerations used
     refine: int = 0  # repairs of the current candidate
     refines: int = 0  # repairs in all
@@ -138,32 +135,47 @@ class ProblemState:
         return self.row["problem_id"]
 
 
+def _agent_fields() -> list[tuple[str, Any, Any]]:
+    """Every agent's declared `state` fields (attribution: keywords, error), each declared once."""
+    owner: dict[str, str] = {name: "the state machine" for name in CoreState.__dataclass_fields__}
+    out = []
+    for a in AGENTS.values():
+        for name, factory in a.state.items():
+            if name in owner:
+                raise ConfigError(f"agent {a.name!r} ({type(a).__module__}): its state field {name!r} is "
+                                  f"{owner[name]}'s; rename it")
+            owner[name] = f"agent {a.name!r}"
+            out.append((name, Any, field(default_factory=factory)))
+    return out
+
+
+# The state of one problem: `CoreState` and the agents' fields.
+ProblemState = make_dataclass("ProblemState", _agent_fields(), bases=(CoreState,))
+ProblemState.__module__ = __name__
+
+
 def _to_json(obj: Any) -> str:
     return json.dumps(obj, ensure_ascii=False)
 
-
-_LETTER = re.compile(r"[^\W\d_]")
 
 
 class HintMachine:
     """The per-shard machinery: requests from the agents' records, and the transitions between phases."""
 
-    def __init__(self, cfg: HintConfig, templates: agents.Templates, stats: Stats,
+    def __init__(self, cfg: HintConfig, templates: Templates, stats: Stats,
                  control_tokens: tuple[str, ...] | None = None) -> None:
         self.cfg = cfg
         self.control_tokens = control_tokens  # rule special_token's list (None: the built-in one)
         self.t = templates
         self.st = stats
-        self.attr_instructions = Instructions.of(templates.texts["attribution_system"], templates.texts["attribution_user"])
+        self.memo: dict[str, Any] = {}  # per shard, for the agents' own use
         self.settings = {d: cfg.for_domain(d) for d in ("math", "code")}
         self.schemas: dict[tuple[str, RuleLimits], dict] = {}  # (agent, a domain's limits) -> its JSON schema
 
     def problem(self, i: int, row: dict) -> ProblemState:
         domain = row.get("domain") or "math"
         max_retry, max_refine, threshold, limits = self.settings.get(domain, self.settings["math"])
-        ctx = RuleContext(domain=domain, answer=row.get("label"), problem=row.get("problem") or "",
-                          previous_hints=tuple(row.get("previous_hints") or ()), limits=limits,
-                          control_tokens=self.control_tokens)
+        ctx = RuleContext.of_row(row, limits, self.control_tokens)
         p = ProblemState(i, row, ctx, max_retry, max_refine, threshold)
         self.transition(p, "start")
         return p
@@ -173,7 +185,7 @@ class HintMachine:
         the judge check (`judge_check`) scores the judge on exactly what a run would ask it."""
         p = self.problem(i, row)
         p.candidate, p.cand_no = hint, 1
-        p.phase = Phase.JUDGMENT
+        p.phase = Phase(REVIEW[0].name)  # the built-in reviewer, the judge
         return self.request(p)
 
     # ------------------------------------------------------------------ the state machine
@@ -184,36 +196,35 @@ class HintMachine:
         ========================  ==============================================================
         event                     next phase
         ========================  ==============================================================
-        ``start``                 ATTRIBUTION; without attribution GENERATION; without either:
-                                  the fallback (generic hint, no engine call)
-        ``attributed``            GENERATION; without generation: the fallback (keyword hint)
-        ``passed_rules``          JUDGMENT; without the LLM judge: accepted
-        ``approved``              accepted (score >= threshold and not judged incorrect)
+        ``start``                 the first enabled analysis agent (ATTRIBUTION); none: the
+                                  generate agent (GENERATION); that off too: the fallback
+                                  (generic hint, no engine call)
+        ``analysed``              the next enabled analysis agent; else as ``start`` after it
+        ``passed_rules``          the first enabled review agent (JUDGMENT); none: accepted
+        ``approved``              the next enabled review agent; none: accepted (for the judge:
+                                  score >= threshold and not judged incorrect)
         ``rejected``              REPAIR while refines are left for this candidate; else
                                   GENERATION while retries are left (refines reset);
                                   else the fallback
         ========================  ==============================================================
         """
         cfg = self.cfg
-        if event == "start":
-            if cfg.attribution:
-                p.phase = Phase.ATTRIBUTION
-            elif cfg.generation:
-                p.phase = Phase.GENERATION
+        if event in ("start", "analysed"):
+            after = ANALYSIS.index(AGENTS[p.phase.value]) + 1 if event == "analysed" else 0
+            nxt = next((a for a in ANALYSIS[after:] if a.enabled(cfg)), None)
+            if nxt is not None:
+                p.phase = Phase(nxt.name)
+            elif GENERATE.enabled(cfg):
+                p.phase = Phase(GENERATE.name)
             else:
                 self._fallback(p)
-        elif event == "attributed":
-            if cfg.generation:
-                p.phase = Phase.GENERATION
-            else:
-                self._fallback(p)
-        elif event == "passed_rules":
-            if cfg.llm_judge:
-                p.phase = Phase.JUDGMENT
+        elif event in ("passed_rules", "approved"):
+            after = REVIEW.index(AGENTS[p.phase.value]) + 1 if event == "approved" else 0
+            nxt = next((a for a in REVIEW[after:] if a.enabled(cfg)), None)
+            if nxt is not None:
+                p.phase = Phase(nxt.name)
             else:
                 self._accept(p)
-        elif event == "approved":
-            self._accept(p)
         elif event == "rejected":
             for v in violations:
                 self.st.violations[v] += 1
@@ -223,14 +234,14 @@ class HintMachine:
             if p.candidate is not None and p.refine < p.max_refine:
                 p.refine += 1
                 p.refines += 1
-                p.phase = Phase.REPAIR
+                p.phase = Phase(REPAIR.name)
             elif p.retry < p.max_retry:
                 p.retry += 1
                 p.refine = 0
                 p.candidate = None
                 p.score = None
                 p.rejected = [v for v in violations if v not in ("parse_error", "truncated")] or list(violations)
-                p.phase = Phase.GENERATION
+                p.phase = Phase(GENERATE.name)
             else:
                 self._fallback(p)
         else:  # pragma: no cover - a programming error
@@ -239,7 +250,7 @@ class HintMachine:
     # ------------------------------------------------------------------ requests and results
 
     def request(self, p: ProblemState) -> GenRequest:
-        a, cfg = agents.AGENTS[p.phase.value], self.cfg
+        a, cfg = AGENTS[p.phase.value], self.cfg
         n = a.attempt(p)
         key = (a.name, p.ctx.limits)
         schema = self.schemas.get(key)
@@ -257,7 +268,7 @@ class HintMachine:
 
     def consume(self, p: ProblemState, res: GenResult) -> None:
         """Read an answer with its agent's parser (raw text always traced), then take the phase's transition."""
-        a, st = agents.AGENTS[p.phase.value], self.st
+        a, st = AGENTS[p.phase.value], self.st
         st.requests_by_agent[a.name] += 1
         if res.finish_reason == "length":
             st.truncated[a.name] += 1
@@ -266,55 +277,10 @@ class HintMachine:
                                   res.finish_reason, res.prompt_tokens, res.completion_tokens))
         if parsed is None:
             st.parse_failures[a.name] += 1
-        if p.phase is Phase.ATTRIBUTION:
-            self._attributed(p, parsed)
-        elif p.phase is Phase.JUDGMENT:
-            self._judged(p, parsed)
-        else:
-            self._candidate(p, res, parsed)
+        a.consume(p, res, parsed, self)
 
-    def _attributed(self, p: ProblemState, parsed: dict | None) -> None:
-        st = self.st
-        if parsed is not None:
-            # Keywords are concepts: one without a letter ("1.1.1", "2400") is noise, one that carries
-            # the answer (in any form the rules catch: "eighteen eggs", "9 times 2") would reach the
-            # generation prompt and the fallback hint.
-            worded = [k for k in parsed["keywords"] if _LETTER.search(k)]
-            kws = [k for k in worded if not text_leaks_answer(k, p.ctx)]
-            st.keyword_invalid += len(parsed["keywords"]) - len(worded)
-            st.keyword_leaks += len(worded) - len(kws)
-            # A weak model parrots its instructions ("failed attempts", "the attempts are data to analyse").
-            own = [k for k in kws if not copies_instructions(k, self.attr_instructions, p.ctx.problem)]
-            st.copied_instructions += len(kws) - len(own)
-            p.keywords = own
-            err = parsed["error"]
-            if err and not _LETTER.search(err):
-                st.keyword_invalid += 1  # "4000" is not a diagnosis
-                err = None
-            if err and p.ctx.matcher.leaks(err):
-                st.error_leaks += 1  # never let the answer reach the generation prompt
-                err = None
-            if err and copies_instructions(err, self.attr_instructions, p.ctx.problem):
-                st.copied_instructions += 1
-                err = None
-            p.error = err
-        self.transition(p, "attributed")
-
-    def _judged(self, p: ProblemState, parsed: dict | None) -> None:
-        self.st.judge_calls += 1
-        if parsed is None:
-            self.transition(p, "rejected", ["judge_parse_error"])
-            return
-        p.score = parsed["score"]
-        if parsed.get("correct") is False:
-            self.transition(p, "rejected", ["judge_incorrect"], parsed["feedback"])
-        elif p.score >= p.threshold:
-            self.transition(p, "approved")
-        else:
-            self.transition(p, "rejected", ["judge_low_score"], parsed["feedback"])
-
-    def _candidate(self, p: ProblemState, res: GenResult, parsed: dict | None) -> None:
-        """A generated or repaired hint: run the rules."""
+    def candidate(self, p: ProblemState, res: GenResult, parsed: dict | None) -> None:
+        """A generated or repaired hint (a generate or repair agent's answer): run the rules."""
         n = p.cand_no
         p.cand_no += 1
         if parsed is None:
@@ -347,8 +313,8 @@ class HintMachine:
         t = self.t
         domain = p.ctx.domain if p.ctx.domain in ("math", "code") else "math"
         options: list[tuple[str, str]] = []
-        if p.keywords:
-            kws = p.keywords
+        kws = getattr(p, "keywords", None)  # the attribution's
+        if kws:
             joined = kws[0] if len(kws) == 1 else ", ".join(kws[:-1]) + " and " + kws[-1]
             options.append(("keywords", " ".join(t.render("fallback_keywords", keywords=joined).split())))
         options.extend(("generic", line) for line in t.lines(f"fallback_{domain}"))
@@ -372,7 +338,7 @@ def hint_shard(
     backend: Backend,
     stats: Stats | None = None,
     progress: Callable[[int, int], None] | None = None,
-    templates: agents.Templates | None = None,
+    templates: Templates | None = None,
 ) -> pa.Table:
     """Hint every collapsed row (schema: hints, same order as `rows`).
 
@@ -383,7 +349,7 @@ def hint_shard(
     if isinstance(rows, pa.Table):
         rows = rows.to_pylist()
     st = stats if stats is not None else HintStats()
-    t = templates or agents.Templates.load(cfg.templates_dir)
+    t = templates or Templates.load(cfg.templates_dir)
     shard = HintMachine(cfg, t, st, hint_control_tokens(cfg, backend))
     problems = [shard.problem(i, row) for i, row in enumerate(rows)]
     calls0, pt0, ct0 = backend.calls, backend.prompt_tokens, backend.completion_tokens
@@ -488,8 +454,8 @@ def _to_table(problems: list[ProblemState], model: str, prompt_version: str, cfg
         "round": [int(p.row.get("round") or 0) for p in problems],
         "hint_id": [content_hash(p.pid, p.hint) for p in problems],
         "hint": hints,
-        "keywords": [p.keywords for p in problems],
-        "error": [p.error for p in problems],
+        "keywords": [getattr(p, "keywords", []) for p in problems],
+        "error": [getattr(p, "error", None) for p in problems],
         "status": [p.status for p in problems],
         "retries": [p.retry for p in problems],
         "refines": [p.refines for p in problems],

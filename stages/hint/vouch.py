@@ -47,7 +47,7 @@ from mentor.pipeline.prompts import load_tokenizer, render_prompt
 from mentor.pipeline.schemas import HINTS, schema_metadata
 from mentor.pipeline.stage import Stats
 from mentor.stages.build_render import TEXT_PLACEMENTS, prompt_messages, resolve_placement
-from mentor.stages.hint import agents
+from mentor.stages.hint.prompt_templates import Templates
 from mentor.stages.hint.config import HintConfig, VouchConfig
 from mentor.stages.hint.machine import HintStats, hint_shard
 from mentor.stages.rollout import policy_tokenizer, problem_seed
@@ -146,7 +146,7 @@ def vouch_shard(rows: Sequence[dict] | pa.Table, cfg: HintConfig, backend: Backe
     if isinstance(rows, pa.Table):
         rows = rows.to_pylist()
     st = stats if stats is not None else HintStats()
-    t = templates or agents.Templates.load(cfg.templates_dir)
+    t = templates or Templates.load(cfg.templates_dir)
     policy = policy if policy is not None else vc.policy.spec()()
     tried: dict[int, list[dict]] = {i: [] for i in range(len(rows))}
     kept: dict[int, dict] = {}

@@ -7,14 +7,18 @@ LLM judge. Each violation has a stable name, kept in the hint row's
 - `checks`: the rules, each declared once with its name, the repair agent's
   message, whether trimming can cure it, and its check; `check_hint`,
   `trim_to_rules` and `check` (``mentor check-hint``) run them.
-- `registry`: `RuleRegistry` (declare once, look up by name) and `describe`.
+- `registry`: `RuleRegistry` (declare once, look up by name; every module of this folder and of
+  ``MENTOR_PLUGIN_PATH``'s ``rules/`` is found from the folder, so a new rule is one new file) and `describe`.
+- `judge_verdicts`: the verdict rules (what in the LLM judge's verdict rejects a hint).
 - `context`: `RuleContext` (what the rules know about one problem), `RuleLimits`.
 - `numbers`: numbers as exact rationals and `AnswerMatcher` (the answer in any form).
 - `words`: numbers in English words; `arithmetic`: a bounded parser for arithmetic
   that evaluates to the answer; `bare_answer`: a hint that is only an answer.
 - `instructions`: attribution output that parrots the agent's own instructions.
 - `special_tokens`: the ``special_token`` rule (chat-control tokens of the policy's template, which
-  would turn a hint into chat turns) and the token lists `mentor build` screens with.
+  would turn a hint into chat turns; ``order=100``: it runs last) and the token lists `mentor build` screens with.
+
+This file only re-exports the rules' API: no module needs to be listed here to take part.
 """
 
 from mentor.stages.rules.bare_answer import answer_only
@@ -30,8 +34,8 @@ from mentor.stages.rules.checks import (
 from mentor.stages.rules.context import RuleContext, RuleLimits
 from mentor.stages.rules.instructions import Instructions, copies_instructions
 from mentor.stages.rules.numbers import AnswerMatcher, matcher_for
-from mentor.stages.rules.registry import Rule, RuleRegistry, describe
-from mentor.stages.rules.special_tokens import (  # declared after `checks`: the rule runs last
+from mentor.stages.rules.registry import DEFAULT_ORDER, Rule, RuleRegistry, VerdictRule, describe
+from mentor.stages.rules.special_tokens import (
     COMMON_CONTROL_TOKENS,
     control_tokens,
     control_tokens_in,
@@ -40,6 +44,7 @@ from mentor.stages.rules.special_tokens import (  # declared after `checks`: the
 
 __all__ = [
     "COMMON_CONTROL_TOKENS",
+    "DEFAULT_ORDER",
     "MIN_TRIMMED_WORDS",
     "AnswerMatcher",
     "Instructions",
@@ -48,6 +53,7 @@ __all__ = [
     "RuleLimits",
     "RuleRegistry",
     "RuleReport",
+    "VerdictRule",
     "answer_only",
     "check",
     "check_hint",

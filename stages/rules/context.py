@@ -82,6 +82,12 @@ class RuleContext:
     _english_problem: bool | None = field(default=None, init=False, repr=False)
     entry_def: re.Pattern | None = field(init=False, repr=False)  # `def <entry point>(`, for code
 
+    @classmethod
+    def of_row(cls, row: dict, limits: RuleLimits, control_tokens: tuple[str, ...] | None = None) -> RuleContext:
+        """The context of a collapsed row (domain, label, problem, previous hints): the hint stage's and its judge check's."""
+        return cls(domain=row.get("domain") or "math", answer=row.get("label"), problem=row.get("problem") or "",
+                   previous_hints=tuple(row.get("previous_hints") or ()), limits=limits, control_tokens=control_tokens)
+
     def __post_init__(self) -> None:
         if self.domain == "code":
             if self.entry_point is None and self.answer:

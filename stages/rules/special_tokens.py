@@ -87,7 +87,7 @@ def describe_tokens(tokens: Iterable[str], limit: int = 3) -> str:
 
 
 @RuleRegistry.add("special_token", "the hint contains a chat-control token of the model's template (such as <|im_end|> "
-                  "or <|start_header_id|>); write plain text without any such token")
+                  "or <|start_header_id|>); write plain text without any such token", order=100)  # runs last
 def special_token(text: str, ctx: RuleContext) -> bool:
     """A chat-control token (`control_tokens_in` with the context's `control_tokens`)."""
     return bool(control_tokens_in(text, ctx.control_tokens))

@@ -85,6 +85,7 @@ def bench_floor(base: list[dict], n: int) -> dict:
     from mentor.pipeline.backends.fake import FakeBackend
     from mentor.pipeline.llm import GenRequest
     from mentor.stages.hint import agents as ha
+    from mentor.stages.hint.agent import json_object
     from mentor.stages.hint.config import HintConfig
     from mentor.stages.rules import RuleContext, check_hint
 
@@ -105,11 +106,11 @@ def bench_floor(base: list[dict], n: int) -> dict:
         res = fake.generate([GenRequest(f"{i}:attribution:0", attribution.messages(s, cfg, t),
                                         mt.attribution, 0.0, 1.0, i, a_schema) for i, s in enumerate(states)])
         for s, x in zip(states, res):
-            a = ha.json_object(x.text) or {}
+            a = json_object(x.text) or {}
             s.keywords, s.error = a.get("keywords") or [], a.get("error")
         res = fake.generate([GenRequest(f"{i}:generation:0", generation.messages(s, cfg, t),
                                         mt.generation, 0.7, 0.95, i, h_schema) for i, s in enumerate(states)])
-        hints = [(ha.json_object(x.text) or {}).get("hint") or "" for x in res]
+        hints = [(json_object(x.text) or {}).get("hint") or "" for x in res]
         t1 = time.perf_counter()
         for r, h in zip(rows, hints):
             check_hint(h, RuleContext(domain="math", answer=r["label"], problem=r["problem"], limits=limits))
@@ -118,7 +119,7 @@ def bench_floor(base: list[dict], n: int) -> dict:
             s.candidate = h
         res = fake.generate([GenRequest(f"{i}:judgment:0", judgment.messages(s, cfg, t), mt.judgment, 0.0, 1.0, i, j_schema)
                              for i, s in enumerate(states)])
-        scores = [ha.json_object(x.text) for x in res]
+        scores = [json_object(x.text) for x in res]
         assert len(scores) == n
         return (t1 - t0) + (time.perf_counter() - t2), t2 - t1
 
