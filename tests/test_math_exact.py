@@ -79,10 +79,16 @@ ROWS = [
     ("expression", "x+1", "x+1+10^{-20}", 0.0),
     ("expression", "x^2+1", "1+x^2", 1.0),
     ("expression", "p - q", "-q+p", 1.0),
+    ("expression", "x+1", r"x+\cos(10^{-20})", 0.0),
+    ("expression", "x^2", r"x^2 \cos(10^{-20})", 0.0),
+    ("expression", r"\sin^2 x + \cos^2 x + y", "y + 1", 1.0),
     ("relation", "y = 2x + 3", "y = 2x + 3 + 10^{-20}", 0.0),
     ("relation", "x > 2", "x > 2 + 10^{-20}", 0.0),
     ("relation", "y = 2x + 3", "2x - y + 3 = 0", 1.0),
     ("relation", "x=5", "5", 1.0),
+    ("relation", "y = 2x + 3", r"y = 2x + 2 + \cos(10^{-20})", 0.0),
+    ("relation", "x > 2", r"x > 1 + \cos(10^{-20})", 0.0),
+    ("relation", r"y = \sqrt{2}x + 3", r"2x - \sqrt{2}y + 3\sqrt{2} = 0", 1.0),
 ]
 
 
@@ -228,7 +234,8 @@ def test_a_sample_waiting_for_a_worker_is_bounded_by_its_own_deadline():
         assert pool.check("1", "1") is True  # the worker starts (and warms up) outside the clock
         pool.timeout = timeout
         slow = "(" * 30 + "x" + ")" * 30  # a trusted reference: the pool parses it, however long that takes
-        threads = [threading.Thread(target=pool.check, args=(slow, "y")) for _ in range(3)]
+        # Three distinct references: a worker keeps the references it parsed, and each must be parsed here.
+        threads = [threading.Thread(target=pool.check, args=(f"{slow} + {i}", "y")) for i in range(3)]
         for th in threads:
             th.start()
             time.sleep(0.05)
@@ -240,3 +247,21 @@ def test_a_sample_waiting_for_a_worker_is_bounded_by_its_own_deadline():
         assert waited <= timeout + 0.5, f"the honest sample took {waited:.1f} s against a {timeout} s timeout"
     finally:
         pool.close()
+
+
+# --------------------------------------------------------------------------- the worker's CPU per request
+
+
+def test_a_worker_parses_each_reference_once(monkeypatch):
+    """The samples of a group share their reference: a worker parses it once (it was half of a worker's CPU
+    per request), and the verdicts are those of a fresh parse. Before, every request parsed it again."""
+    from mentor.training import math_compare
+
+    texts: list[str] = []
+    real = math_compare.parse
+    monkeypatch.setattr(math_compare, "parse", lambda text, **kw: texts.append(text) or real(text, **kw))
+    ref = r"\frac{7}{3} + \sqrt{5} + 0.125"  # in no other test: not kept from an earlier one
+    answers = {r"\frac{7}{3}+\sqrt{5}+\frac{1}{8}": True, "4.6945": False, r"\sqrt{5}+\frac{59}{24}": True, "x": False,
+               "4.694401": True, "4.69": False}
+    assert {a: math_compare.equal(ref, a, 5.0)[0] for a in answers} == answers
+    assert sum(ref in t for t in texts) == 1, texts
