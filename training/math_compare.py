@@ -345,10 +345,11 @@ REFERENCES = 1024  # parsed references a worker keeps (a GRPO group's samples sh
 def parsed_reference(gold: str) -> tuple[tuple, object]:
     """(math-verify's parse of the reference `gold`, its first sympy object with decimals made exact, or None).
 
-    Kept per distinct reference (least recently used first out): parsing a reference was half of a worker's
-    CPU per request, and every sample of a group, and of every epoch, brings the same one. Only references
-    are kept (trusted text, not a sample's answer), the objects are immutable sympy ones, and a parse that
-    the request's alarm (or an error) interrupts raises through the cache and is not kept."""
+    Kept per distinct reference (least recently used first out). math-verify keeps only its last 20 parses,
+    so a reference that comes back after other samples' (interleaved groups, bench_reward's order) was parsed
+    again: about 45% of a worker's CPU per request there; consecutive samples of one group hit either cache.
+    Only references are kept (trusted text, not a sample's answer), the objects are immutable sympy ones, and
+    a parse that the request's alarm (or an error) interrupts raises through the cache and is not kept."""
     gold_parsed, g = _parsed(gold, bare=False)
     return tuple(gold_parsed), (exact(g)[0] if g is not None else None)
 
