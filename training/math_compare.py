@@ -20,7 +20,8 @@ So the types are chosen per answer here before math-verify compares what is left
   against a reference no decimal can write (1/3, sqrt(2), pi), which must lie within a relative
   `TOLERANCE` of it (so 0 never matches a non-zero reference);
 - intervals only equal intervals (open/closed ends kept), finite sets only finite sets or lists;
-  sets, tuples, intervals and matrices are compared element by element with the same rules;
+  sets, tuples, intervals and matrices are compared element by element with the same rules; one written
+  with a comma then three digits led by a zero (``(2,050)``: (2, 50), or 2050 in parentheses?) equals nothing;
 - an expression in symbols is first evaluated at a few fixed points (a wrong answer is refused
   there, cheaply, without sympy's `simplify`), and must be exactly equal at one of them (a difference
   under 10^{-30}, ``x + \\cos(10^{-20})`` for ``x + 1``, is proven or refused as between numbers); then
@@ -52,6 +53,9 @@ _POINTS = ((Rational(7, 5), Rational(13, 7), Rational(31, 11)), (Rational(17, 6)
            (Rational(41, 19), Rational(11, 3), Rational(3, 29)))  # where expressions in symbols are evaluated
 _DIGITS = 50  # evalf precision of those checks
 
+# A comma, then three digits led by a zero: in a list, tuple or interval (``(2,050)``) it reads as an element
+# written with a leading zero, (2, 50), or as a thousands separator, 2050; such an answer is not equal to anything.
+_ZERO_GROUP = re.compile(r"(?<=\d),0\d\d(?!\d)")
 _WRAPPER = re.compile(r"\\(?:text|textbf|textit|textrm|mathrm|mathbf|mathit|mbox|operatorname)\s*\{([^{}]*)\}")
 _NOISE = re.compile(r"\s+|\$|\\[,;:! ]|\\left|\\right|[(){}]")
 
@@ -366,7 +370,7 @@ def equal(gold: str, pred: str, seconds: float) -> tuple[bool | None, str | None
             if g is None:  # an unparsable reference: only the same text (math-verify's string comparison)
                 return bool(gold_parsed and pred_parsed and mv_verify(list(gold_parsed), pred_parsed, timeout_seconds=None)), \
                     "reference not parsable"
-            if p is None:
+            if p is None or (_kind(p) != "scalar" and _ZERO_GROUP.search(pred)):
                 return False, None
             p, decimal = exact(p)
             return same(g, p, decimal), None
