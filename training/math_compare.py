@@ -20,9 +20,12 @@ So the types are chosen per answer here before math-verify compares what is left
   against a reference no decimal can write (1/3, sqrt(2), pi), which must lie within a relative
   `TOLERANCE` of it (so 0 never matches a non-zero reference);
 - intervals only equal intervals (open/closed ends kept), finite sets only finite sets or lists;
-  sets, tuples, intervals and matrices are compared element by element with the same rules;
+  sets, tuples, intervals and matrices are compared element by element with the same rules; one written
+  with a comma then three digits led by a zero (``(2,050)``: (2, 50), or 2050 in parentheses?) equals nothing;
 - an expression in symbols is first evaluated at a few fixed points (a wrong answer is refused
-  there, cheaply, without sympy's `simplify`), then math-verify decides on the exact expressions.
+  there, cheaply, without sympy's `simplify`), and must be exactly equal at one of them (a difference
+  under 10^{-30}, ``x + \\cos(10^{-20})`` for ``x + 1``, is proven or refused as between numbers); then
+  math-verify decides on the exact expressions.
 
 The table of what counts as equal per answer kind is in docs/training.md ("Math: what counts as
 equal"). Everything here runs under the worker's one alarm per request (`equal(..., seconds)`).
@@ -34,6 +37,7 @@ import re
 import signal
 from collections.abc import Iterator
 from contextlib import contextmanager
+from functools import lru_cache
 
 import sympy
 from latex2sympy2_extended.sets import FiniteSet as ParsedFiniteSet
@@ -49,6 +53,9 @@ _POINTS = ((Rational(7, 5), Rational(13, 7), Rational(31, 11)), (Rational(17, 6)
            (Rational(41, 19), Rational(11, 3), Rational(3, 29)))  # where expressions in symbols are evaluated
 _DIGITS = 50  # evalf precision of those checks
 
+# A comma, then three digits led by a zero: in a list, tuple or interval (``(2,050)``) it reads as an element
+# written with a leading zero, (2, 50), or as a thousands separator, 2050; such an answer is not equal to anything.
+_ZERO_GROUP = re.compile(r"(?<=\d),0\d\d(?!\d)")
 _WRAPPER = re.compile(r"\\(?:text|textbf|textit|textrm|mathrm|mathbf|mathit|mbox|operatorname)\s*\{([^{}]*)\}")
 _NOISE = re.compile(r"\s+|\$|\\[,;:! ]|\\left|\\right|[(){}]")
 
@@ -139,7 +146,8 @@ def numbers_equal(g, p, decimal: bool) -> bool:
         return False
     if abs(gv - pv) > Rational(1, 10**30) * (abs(gv) + abs(pv)):
         return False  # decisively different at 50 digits
-    return sympy.simplify(g - p) == 0  # equal to 30 digits: proven or refused exactly
+    d = g - p  # equal to 30 digits: proven or refused exactly (radicals rationalized first: a tenth of simplify's cost)
+    return sympy.expand(sympy.radsimp(d)) == 0 or sympy.simplify(d) == 0
 
 
 def _doit(e):
@@ -181,7 +189,7 @@ def _proportional(g: Relational, p: Relational) -> bool:
             return True
     except Exception:
         return True
-    ratio = None
+    ratios = []
     for point in _POINTS:
         values = {s: point[i % len(point)] + i for i, s in enumerate(symbols)}
         a, b = _doit(dg.subs(values)), _doit(dp.subs(values))
@@ -190,14 +198,32 @@ def _proportional(g: Relational, p: Relational) -> bool:
                 return False
             continue
         r = a / b
-        if ratio is None:
-            ratio = r
-        elif r.is_Rational and ratio.is_Rational:
-            if r != ratio:
+        if not ratios:
+            pass
+        elif r.is_Rational and ratios[0].is_Rational:
+            if r != ratios[0]:
                 return False
-        elif abs((r - ratio).evalf(_DIGITS)) > Rational(1, 10**30) * abs(ratio.evalf(_DIGITS)):
+        elif abs((r - ratios[0]).evalf(_DIGITS)) > Rational(1, 10**30) * abs(ratios[0].evalf(_DIGITS)):
             return False
-    return True
+        ratios.append(r)
+    # Within 10^{-30} at every point: the first two ratios proven equal or refused (y = 2x + 2 + \cos(10^{-20})).
+    return len(ratios) < 2 or numbers_equal(ratios[0], ratios[1], False)
+
+
+def _equal_at_a_point(g, p) -> bool:
+    """Whether two expressions in symbols are exactly equal (`numbers_equal`: proven or refused) at the first
+    of `_POINTS` where the reference is finite. `_differs_somewhere` cannot see a difference under 10^{-30},
+    and math-verify compares with ``chop=True``: ``x + \\cos(10^{-20})`` passed for ``x + 1``."""
+    symbols = sorted(g.free_symbols | p.free_symbols, key=str)
+    for point in _POINTS:
+        values = {s: point[i % len(point)] + i for i, s in enumerate(symbols)}
+        try:
+            a = _doit(g.subs(values))
+            if a.is_finite:
+                return numbers_equal(a, _doit(p.subs(values)), False)
+        except Exception:
+            continue
+    return True  # the reference is singular at every point: math-verify decides
 
 
 def _kind(e) -> str:
@@ -268,7 +294,7 @@ def same(g, p, decimal: bool) -> bool:
         return _math_verify(g, p)
     if _is_number(g) or _is_number(p):
         return _is_number(g) and _is_number(p) and numbers_equal(g, p, decimal)
-    if _differs_somewhere(g, p):
+    if _differs_somewhere(g, p) or not _equal_at_a_point(g, p):
         return False
     return _math_verify(g, p)
 
@@ -316,6 +342,22 @@ def warm_up(text: str) -> None:
         pass
 
 
+REFERENCES = 1024  # parsed references a worker keeps (a GRPO group's samples share theirs; a dataset has thousands)
+
+
+@lru_cache(maxsize=REFERENCES)
+def parsed_reference(gold: str) -> tuple[tuple, object]:
+    """(math-verify's parse of the reference `gold`, its first sympy object with decimals made exact, or None).
+
+    Kept per distinct reference (least recently used first out). math-verify keeps only its last 20 parses,
+    so a reference that comes back after other samples' (interleaved groups, bench_reward's order) was parsed
+    again: about 45% of a worker's CPU per request there; consecutive samples of one group hit either cache.
+    Only references are kept (trusted text, not a sample's answer), the objects are immutable sympy ones, and
+    a parse that the request's alarm (or an error) interrupts raises through the cache and is not kept."""
+    gold_parsed, g = _parsed(gold, bare=False)
+    return tuple(gold_parsed), (exact(g)[0] if g is not None else None)
+
+
 def equal(gold: str, pred: str, seconds: float) -> tuple[bool | None, str | None]:
     """(whether answer `pred` equals reference `gold`, why undecided or None); None on timeout or error."""
     g_letters = letters(gold)
@@ -323,14 +365,13 @@ def equal(gold: str, pred: str, seconds: float) -> tuple[bool | None, str | None
         return letters_equal(g_letters, pred), None
     try:
         with _alarm(seconds):
-            gold_parsed, g = _parsed(gold, bare=False)
+            gold_parsed, g = parsed_reference(gold)
             pred_parsed, p = _parsed(pred, bare=True)
             if g is None:  # an unparsable reference: only the same text (math-verify's string comparison)
-                return bool(gold_parsed and pred_parsed and mv_verify(gold_parsed, pred_parsed, timeout_seconds=None)), \
+                return bool(gold_parsed and pred_parsed and mv_verify(list(gold_parsed), pred_parsed, timeout_seconds=None)), \
                     "reference not parsable"
-            if p is None:
+            if p is None or (_kind(p) != "scalar" and _ZERO_GROUP.search(pred)):
                 return False, None
-            g, _ = exact(g)
             p, decimal = exact(p)
             return same(g, p, decimal), None
     except _Timeout:

@@ -3,9 +3,13 @@
     python tests/benchmarks/bench_reward.py [--threads 8] [--math 2000] [--code 64]
 
 - math: `reward_func` (the OpenRLHF reward file) called with one sample per
-  call from `--threads` threads, on MATH-500 references written in another
-  equivalent form (half right, half wrong), with rollout logging on; reports
-  calls/s, the p50/p99 latency and how many were scored correct;
+  call from `--threads` threads, on MATH-500 problems: half answered with the
+  reference's own text (equal before any parsing, no math worker), half with
+  another problem's reference (compared in a math worker), with rollout logging
+  on; reports calls/s, the p50/p99 latency (the p50 of that mix is the fastest
+  of the worker half: it measures the pool's queue), how many were scored
+  correct, and the CPU time per call of this process and of the math workers
+  (figures that do not move with the machine's load);
 - code: HumanEval canonical solutions through `verify` (the code reward's
   verifier: a worker and a tester sandbox per check, see docs/sandbox.md), from
   the same number of threads; reports checks/s (``code_runs_per_s``), the p50
@@ -34,6 +38,19 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 
+def _cpu(pids: list[int]) -> float:
+    """CPU seconds (user + system) the processes `pids` have used; 0 for one that is gone."""
+    total = 0.0
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/stat") as fh:
+                f = fh.read().rsplit(")", 1)[1].split()
+            total += (int(f[11]) + int(f[12])) / os.sysconf("SC_CLK_TCK")
+        except OSError:
+            pass
+    return total
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--threads", type=int, default=8)
@@ -59,17 +76,23 @@ def main() -> None:
         prompt = f"<|im_start|>user\nproblem {i}<|im_end|>\n<|im_start|>assistant\n"
         query = prompt + f"Reasoning... so the answer is $\\boxed{{{given}}}$.<|im_end|>"
         samples.append((query, prompt, prompt_label("math", ans, f"p-{i % len(answers)}", None, 0)))
-    math_pool().check("1", "1")  # start the workers outside the clock
+    workers = math_pool()
+    with ThreadPoolExecutor(workers.size) as pool:  # start every worker outside the clock (its import is not counted)
+        list(pool.map(lambda _: [workers.check("1", "2") for _ in range(3)], range(workers.size)))
+    time.sleep(8.0)  # and let them parse their warm-up shapes while idle
+    pids = [w.proc.pid for w in workers._all if w.proc.poll() is None]
 
     def one(s):
         t = time.perf_counter()
         out = openrlhf_reward.reward_func([s[0]], [s[1]], [s[2]])
         return time.perf_counter() - t, float(out["rewards"][0])
 
+    cpu0, wcpu0 = time.process_time(), _cpu(pids)
     t0 = time.perf_counter()
     with ThreadPoolExecutor(a.threads) as pool:
         res = list(pool.map(one, samples))
     math_s = time.perf_counter() - t0
+    caller_cpu, worker_cpu = time.process_time() - cpu0, _cpu(pids) - wcpu0
     lat = sorted(r[0] for r in res)
 
     with gzip.open(Path(a.shared) / "humaneval" / "HumanEval.jsonl.gz", "rt") as fh:
@@ -95,10 +118,12 @@ def main() -> None:
         "math_p99_ms": round(1000 * lat[int(0.99 * (len(lat) - 1))], 2),
         "math_correct": int(sum(r[1] for r in res)),
         "math_workers": math_pool().size,
+        "math_caller_cpu_ms_per_call": round(1000 * caller_cpu / max(1, len(res)), 3),
+        "math_worker_cpu_ms_per_call": round(1000 * worker_cpu / max(1, len(res)), 3),
         "math_timeouts": math_pool().timeouts,
         "code_runs": len(cres),
-        "code_runs_per_s": round(len(cres) / code_s, 2),
-        "code_p50_ms": round(1000 * statistics.median(r[0] for r in cres), 1),
+        "code_runs_per_s": round(len(cres) / code_s, 2) if cres else None,
+        "code_p50_ms": round(1000 * statistics.median(r[0] for r in cres), 1) if cres else None,
         "code_passed": int(sum(r[1] for r in cres)),
         "sandbox_layers": layers,
         "loadavg_1m": os.getloadavg()[0],
