@@ -32,11 +32,11 @@ from pathlib import Path
 import pytest
 from test_reward_integrity import (  # noqa: F401 - fixtures used by name
     _env,
-    _slab_mib,
     _stdio,
     _trusted_cpu,
     as_response,
     caller,
+    slab_growth,
     entry_points,
     scorers,
     tasks,
@@ -194,33 +194,19 @@ def test_no_bits_through_unique_mount_ids(entry_points, caller):
     caller.assert_untouched()
 
 
-def test_no_bits_through_eventfd_ids_between_concurrent_samples(entry_points, caller, monkeypatch):
-    """Writer and reader scored at the same time (as a group is), four times, through the entry points."""
+@pytest.mark.parametrize("channel", ["eventfd", "sysinfo"])
+def test_no_bits_through_host_counters_between_concurrent_samples(channel, entry_points, caller, monkeypatch):
+    """Writer and reader scored at the same time (as a group is), four times, through the entry points:
+    eventfd's lowest free id, and sysinfo's host-wide memory counts (the reader printed the bit 4 of 4
+    before the filter answered sysinfo ENOSYS)."""
+    head = {"eventfd": EVENTFD, "sysinfo": SYSINFO}[channel]
     monkeypatch.setenv("MENTOR_CODE_TIMEOUT", "6")
     bits = [0, 1, 0, 1]
     random.shuffle(bits)
     for k, bit in enumerate(bits):
-        writer = scorers(entry_points, as_response(EVENTFD + "store(int(input()))\nprint('stored')\n"),
-                         _stdio((f"{bit}\n", "stored")), f"eventfd/w{k}")[k % 3]
-        reader = scorers(entry_points, as_response(EVENTFD + "print(load())\n"), _stdio(("", str(bit))), f"eventfd/r{k}")[(k + 1) % 3]
-        with ThreadPoolExecutor(2) as pool:
-            done = pool.submit(writer)
-            time.sleep(0.3)
-            assert pool.submit(reader).result() == 0.0, (k, bit)
-            done.result()
-    caller.assert_untouched()
-
-
-def test_no_bits_through_sysinfo_between_concurrent_samples(entry_points, caller, monkeypatch):
-    """sysinfo's host-wide memory counts: four writer/reader pairs scored at the same time, through the
-    entry points (the reader printed the bit 4 of 4 before the filter answered sysinfo ENOSYS)."""
-    monkeypatch.setenv("MENTOR_CODE_TIMEOUT", "6")
-    bits = [0, 1, 0, 1]
-    random.shuffle(bits)
-    for k, bit in enumerate(bits):
-        writer = scorers(entry_points, as_response(SYSINFO + "store(int(input()))\nprint('stored')\n"),
-                         _stdio((f"{bit}\n", "stored")), f"sysinfo/w{k}")[k % 3]
-        reader = scorers(entry_points, as_response(SYSINFO + "print(load())\n"), _stdio(("", str(bit))), f"sysinfo/r{k}")[(k + 1) % 3]
+        writer = scorers(entry_points, as_response(head + "store(int(input()))\nprint('stored')\n"),
+                         _stdio((f"{bit}\n", "stored")), f"{channel}/w{k}")[k % 3]
+        reader = scorers(entry_points, as_response(head + "print(load())\n"), _stdio(("", str(bit))), f"{channel}/r{k}")[(k + 1) % 3]
         with ThreadPoolExecutor(2) as pool:
             done = pool.submit(writer)
             time.sleep(0.3)
@@ -357,27 +343,15 @@ def test_non_root_mode_caps_inodes_and_kernel_memory(kind):
         os.symlink(REPO, os.path.join(pkg, "mentor"))
         env = {"PATH": "/usr/bin:/bin", "HOME": pkg, "PYTHONPATH": pkg, "MENTOR_SANDBOX_PYTHON": py,
                "MENTOR_CODE_TIMEOUT": "20", "MENTOR_SANDBOX": kind}
-        before, peak, done = _slab_mib(), [0], threading.Event()
-
-        def watch() -> None:
-            while not done.is_set():
-                peak[0] = max(peak[0], _slab_mib())
-                time.sleep(0.05)
-
-        watcher = threading.Thread(target=watch, daemon=True)
-        watcher.start()
-        try:
+        with slab_growth() as grew:
             proc = subprocess.run(["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", py, "-I", "-c",
                                    "import sys; sys.path.insert(0, %r)\n" % pkg + NON_ROOT],
                                   env=env, cwd=pkg, capture_output=True, text=True, timeout=300)
-        finally:
-            done.set()
-            watcher.join()
         assert proc.returncode == 0, proc.stderr[-1500:]
         got = json.loads(proc.stdout.strip().splitlines()[-1])
         assert got["backend"] == kind and "tmpcap" in got["layers"], got
         assert got["score"] == 0.0, got
-        assert peak[0] - before < 64, f"host slab grew by {peak[0] - before} MiB"
+        assert grew[0] < 64, f"host slab grew by {grew[0]} MiB"
     finally:
         shutil.rmtree(pkg, ignore_errors=True)
         if not had_view:

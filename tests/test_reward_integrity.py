@@ -22,6 +22,7 @@ Over 500 lines: the attack corpus is the test, one exploit per threat-model row.
 
 from __future__ import annotations
 
+import contextlib
 import gzip
 import importlib.util
 import json
@@ -1200,6 +1201,27 @@ def _slab_mib() -> int:
     return 0
 
 
+@contextlib.contextmanager
+def slab_growth():
+    """Sample the host's slab every 50 ms while the block runs; yields a list whose [0] is then the peak growth, MiB."""
+    before, peak, done = _slab_mib(), [0], threading.Event()
+
+    def watch() -> None:
+        while not done.is_set():
+            peak[0] = max(peak[0], _slab_mib())
+            time.sleep(0.05)
+
+    grew = [0]
+    watcher = threading.Thread(target=watch, daemon=True)
+    watcher.start()
+    try:
+        yield grew
+    finally:
+        done.set()
+        watcher.join()
+        grew[0] = peak[0] - before
+
+
 @pytest.mark.parametrize("mode", ["cgroup", "none"])
 @pytest.mark.parametrize("name", sorted(KERNEL_MEMORY))
 def test_kernel_memory_a_sample_can_pin_is_bounded(name, mode, entry_points, caller, monkeypatch):
@@ -1213,19 +1235,7 @@ def test_kernel_memory_a_sample_can_pin_is_bounded(name, mode, entry_points, cal
     monkeypatch.setenv("MENTOR_CODE_TIMEOUT", "10")
     label = _stdio(("", "held"))
     for i, call in enumerate(scorers(entry_points, as_response(KERNEL_MEMORY[name]), label, f"kmem/{name}")):
-        before, peak, done = _slab_mib(), [0], threading.Event()
-
-        def watch() -> None:
-            while not done.is_set():
-                peak[0] = max(peak[0], _slab_mib())
-                time.sleep(0.05)
-
-        watcher = threading.Thread(target=watch, daemon=True)
-        watcher.start()
-        try:
+        with slab_growth() as grew:
             assert call() == 0.0, (name, mode, i)
-        finally:
-            done.set()
-            watcher.join()
-        assert peak[0] - before < 64, f"{name} ({mode}, entry point {i}): host slab grew by {peak[0] - before} MiB"
+        assert grew[0] < 64, f"{name} ({mode}, entry point {i}): host slab grew by {grew[0]} MiB"
     caller.assert_untouched(processes=mode == "cgroup")
