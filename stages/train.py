@@ -83,7 +83,7 @@ class OpenRLHFTrainer(_Strict):
     """One OpenRLHF GRPO round per mentor round (`mentor train`)."""
 
     kind: Literal["openrlhf"]
-    config: dict[str, Any] = Field(default_factory=dict, description="The `mentor train` round config (see training/openrlhf_launcher.py).")
+    config: dict[str, Any] = Field(default_factory=dict, description="The `mentor train` round config (see training/openrlhf/launcher.py).")
 
 
 class TrlTrainer(_Strict):
@@ -92,7 +92,7 @@ class TrlTrainer(_Strict):
     kind: Literal["trl"]
     config: dict[str, Any] = Field(
         default_factory=dict,
-        description="mentor's TRL round settings (training/trl_launcher.py TrlTrainConfig: base_model, num_generations, "
+        description="mentor's TRL round settings (training/trl/launcher.py TrlTrainConfig: base_model, num_generations, "
         "select, limit, cpu_threads, ...) and any trl.GRPOConfig field (max_steps, max_completion_length, use_vllm, ...).",
     )
 
@@ -103,7 +103,7 @@ class VerlTrainer(_Strict):
     kind: Literal["verl"]
     config: dict[str, Any] | None = Field(
         None,
-        description="mentor's verl round settings (training/verl_launcher.py VerlTrainConfig: base_model, n_samples_per_prompt, "
+        description="mentor's verl round settings (training/verl/launcher.py VerlTrainConfig: base_model, n_samples_per_prompt, "
         "n_gpus_per_node, nnodes, overrides of any verl key, ...): mentor builds verl's main_ppo command and merges the model.",
     )
     command: list[str] | str | None = Field(

@@ -244,7 +244,7 @@ def log_tail(path: Path, n: int = 40) -> str:
 
 def parse_round_config(cls: type[RoundConfig], data: dict[str, Any], where: str) -> RoundConfig:
     """`cls` validated from `data`; `ConfigError` naming `where` and the field."""
-    if "live_hints" in data and "live_hints" not in cls.model_fields:  # mentor.training.trl_live: TRL only so far
+    if "live_hints" in data and "live_hints" not in cls.model_fields:  # mentor.training.trl.live: TRL only so far
         raise ConfigError(f"{where}: live_hints: live hints run in TRL rounds only (kind: trl); OpenRLHF's agent executor "
                           "and verl's agent loop are not wired yet: remove live_hints, or train with kind: trl")
     try:
@@ -278,8 +278,8 @@ class Launcher(Protocol):
 
 
 # kind -> module with LAUNCHER (imported on first use: a round of one kind never imports another's trainer code)
-LAUNCHERS = {"openrlhf": "mentor.training.openrlhf_launcher", "verl": "mentor.training.verl_launcher",
-             "trl": "mentor.training.trl_launcher"}
+LAUNCHERS = {"openrlhf": "mentor.training.openrlhf.launcher", "verl": "mentor.training.verl.launcher",
+             "trl": "mentor.training.trl.launcher"}
 
 
 def get_launcher(kind: Any) -> Launcher:

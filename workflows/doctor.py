@@ -47,11 +47,11 @@ from pathlib import Path
 from mentor.pipeline.errors import ConfigError, MentorError
 from mentor.pipeline.llm import GenRequest, make_backend, release_engines
 from mentor.pipeline.models import resolve_model
-from mentor.training.openrlhf_launcher import REWARD_FILE as OPENRLHF_REWARD
+from mentor.training.openrlhf.launcher import REWARD_FILE as OPENRLHF_REWARD
 from mentor.training.ray_preflight import check_reward_reach, probe_cluster
 from mentor.training.reward_check import check_reward_loads
 from mentor.training.rollout_log import ENV_DIR, RAY_JOB_CONFIG_ENV, check_rollout_reach, ray_job_config_env
-from mentor.training.verl_launcher import REWARD_FILE as VERL_REWARD
+from mentor.training.verl.launcher import REWARD_FILE as VERL_REWARD
 from mentor.workflows.doctor_node import (
     OK,
     PROBE_TIMEOUT_S,
@@ -304,7 +304,7 @@ def check_reward(opts: DoctorOptions) -> Check:
     try:
         check_reward_loads(python, OPENRLHF_REWARD, "reward_func", env)
         check_reward_loads(python, VERL_REWARD, "compute_score", env)
-        check_reward_loads(python, "mentor.training.trl_reward", "make_reward", env, kind="module")
+        check_reward_loads(python, "mentor.training.trl.reward", "make_reward", env, kind="module")
     except ConfigError as exc:
         return Check("reward files", PROBLEM, str(exc), "in that environment: pip install 'mentor[reward]'")
     return Check("reward files", OK, f"{python} loads the OpenRLHF and verl reward files and the TRL reward")

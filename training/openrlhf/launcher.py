@@ -36,7 +36,7 @@ outcome.json) and uses a fresh ``--ckpt.path``: a loaded DeepSpeed checkpoint
 would restore the dataloader position of the old prompt file.
 
 OpenRLHF's own launch checks on the command (`mentor train --dry-run`) are in
-`openrlhf_check`, the GPUs a round reserves in `openrlhf_placement`.
+`openrlhf.check`, the GPUs a round reserves in `openrlhf.placement`.
 """
 
 from __future__ import annotations
@@ -58,8 +58,8 @@ from mentor.pipeline.io import write_json_atomic
 from mentor.pipeline.yaml_io import read_yaml_mapping
 from mentor.training.gpus import cluster_supply, local_gpus
 from mentor.training.launcher import ModelRef, RewardFile, RoundConfig, finish_round, outcome_record, parse_round_config
-from mentor.training.openrlhf_check import check_with_openrlhf
-from mentor.training.openrlhf_placement import round_demand
+from mentor.training.openrlhf.check import check_with_openrlhf
+from mentor.training.openrlhf.placement import round_demand
 from mentor.training.prompt_format import check_template_kwargs, openrlhf_data_flags
 from mentor.training.prompt_limits import LongestPrompt, longest_prompt, require, response_limit
 from mentor.training.ray_preflight import check_reward_reach, probe_cluster
@@ -78,7 +78,7 @@ from mentor.training.rollout_log import (
 
 log = logging.getLogger(__name__)
 
-REWARD_FILE = Path(__file__).resolve().parent / "openrlhf_reward.py"
+REWARD_FILE = Path(__file__).resolve().parent / "reward.py"
 
 
 class TrainConfig(RoundConfig):
@@ -88,7 +88,7 @@ class TrainConfig(RoundConfig):
 
     kind: Literal["openrlhf"] = Field("openrlhf", description="Selects the OpenRLHF trainer (the default kind of a round.yaml).")
     base_model: ModelRef = Field(description="HF name or path of the base policy (round 0's actor).")
-    reward_file: RewardFile | None = Field(None, description="Reward file for --reward.remote_url (default: mentor's openrlhf_reward.py).")
+    reward_file: RewardFile | None = Field(None, description="Reward file for --reward.remote_url (default: mentor's openrlhf/reward.py).")
     n_samples_per_prompt: int = Field(4, ge=2, description="GRPO group size (--rollout.n_samples_per_prompt).")
     advantage_estimator: str = Field("group_norm", description="--algo.advantage.estimator (group_norm = GRPO).")
     num_nodes: int = Field(1, ge=1, description="Nodes for the actor and reference models.")

@@ -35,7 +35,7 @@ verl's 512; the reward file counts a response against it (``truncated`` in the l
 Every prompt trains: verl's dataloader drops the last incomplete batch (``drop_last=True``),
 so mentor sizes ``data.train_batch_size`` (when the overrides leave it unset) and repeats a
 few rows to make whole batches; a round with fewer prompts than the batch it sets is refused
-(`mentor.training.verl_batches`).
+(`mentor.training.verl.batches`).
 
 Checks before launch (and all of ``--dry-run``): the overrides are composed with
 verl's packaged ``ppo_trainer`` config by Hydra, as ``main_ppo``'s own
@@ -45,7 +45,7 @@ verl's packaged ``ppo_trainer`` config by Hydra, as ``main_ppo``'s own
 No GPU is needed for that. The GPUs the composed config reserves (verl's
 resource pools: ``n_gpus_per_node`` on each of ``nnodes`` nodes, plus a reward
 model pool when enabled) are compared with the Ray cluster or this machine.
-Hydra's override syntax, the compose and the GPU count are in `verl_hydra`.
+Hydra's override syntax, the compose and the GPU count are in `verl.hydra`.
 
 After training: verl saves checkpoints under ``<train>/ckpt/global_step_N/actor``
 (FSDP shards). mentor runs verl's own model merger on the last one
@@ -58,7 +58,7 @@ checkpoint are dropped from the log (they are scored again); with no checkpoint
 yet, the attempt's log shards are removed. Only this run's shards: they carry its
 identity (``MENTOR_RUN_ID``, `mentor.training.rollout_log.run_identity` of the round's
 train folder), so another run sharing ``rollout_log_dir`` keeps its log. Checkpoints, the merge and the log
-on resume are in `verl_checkpoints`.
+on resume are in `verl.checkpoints`.
 """
 
 from __future__ import annotations
@@ -103,10 +103,10 @@ from mentor.training.rollout_log import (
     run_glob,
     run_identity,
 )
-from mentor.training.verl_batches import BatchPlan, count_rows, pad_path, plan_batches, write_pad
-from mentor.training.verl_checkpoints import LATEST, last_checkpoint, merge_backend, merge_checkpoint, merge_command, prepare_logs
+from mentor.training.verl.batches import BatchPlan, count_rows, pad_path, plan_batches, write_pad
+from mentor.training.verl.checkpoints import LATEST, last_checkpoint, merge_backend, merge_checkpoint, merge_command, prepare_logs
 from mentor.training.field_types import check_override_types
-from mentor.training.verl_hydra import (
+from mentor.training.verl.hydra import (
     INSTALL,
     compose,
     gpu_demand,
@@ -121,7 +121,7 @@ from mentor.training.verl_hydra import (
 log = logging.getLogger(__name__)
 
 MAIN = "verl.trainer.main_ppo"
-REWARD_FILE = Path(__file__).resolve().parent / "verl_reward.py"
+REWARD_FILE = Path(__file__).resolve().parent / "reward.py"
 ENV_ROUND = "MENTOR_ROUND"
 ENV_VARS_KEY = "ray_kwargs.ray_init.runtime_env.env_vars"
 
@@ -143,7 +143,7 @@ DEFAULTS: dict[str, Any] = {
     "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu": 4,
     "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu": 4,
     "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu": 4,
-    # One epoch: every row of the round once (verl_batches makes whole batches, so its drop_last skips none).
+    # One epoch: every row of the round once (verl.batches makes whole batches, so its drop_last skips none).
     "trainer.total_epochs": 1,
     "trainer.save_freq": 20,  # > 0: verl then also saves the last step, which the merger turns into the round's model
     "trainer.max_actor_ckpt_to_keep": 1,
@@ -308,7 +308,7 @@ def prompt_limit(cfg: VerlTrainConfig, dry_run: bool = False) -> tuple[int | Non
 
 
 def batch_plan(cfg: VerlTrainConfig) -> BatchPlan:
-    """How verl's dataloader batches the round (`mentor.training.verl_batches`); refuses a round smaller than its batch."""
+    """How verl's dataloader batches the round (`mentor.training.verl.batches`); refuses a round smaller than its batch."""
     return plan_batches(count_rows(train_files(cfg)), cfg.overrides, cfg.n_gpus_per_node * cfg.nnodes)
 
 

@@ -1,6 +1,6 @@
 """`mentor train` for ``kind: trl``: one TRL GRPO round from a `round.yaml`.
 
-The round runs in its own process (``python -m mentor.training.trl_train
+The round runs in its own process (``python -m mentor.training.trl.train
 <train>/trl_round.json``): the thread settings must be in place before torch is
 imported, a vLLM engine the runner used for hints must not share the process,
 and a killed trainer takes nothing else down. With ``num_processes`` > 1 (or an
@@ -106,7 +106,7 @@ class TrlTrainConfig(RoundConfig):
     )
 
     live_hints: LiveHintsConfig | None = Field(
-        None, description="Hint and re-roll the groups that collapse inside each training step (mentor.training.trl_live); "
+        None, description="Hint and re-roll the groups that collapse inside each training step (mentor.training.trl.live); "
         "none = offline hints only (the default)."
     )
 
@@ -336,11 +336,11 @@ def check_with_accelerate(cmd: list[str]) -> None:
         logging.disable(logging.NOTSET)
 
 
-REWARD_MODULE = "mentor.training.trl_reward"
+REWARD_MODULE = "mentor.training.trl.reward"
 
 
 def check_reward(cfg: TrlTrainConfig, env: dict[str, str]) -> str:
-    """The trainer's Python imports mentor's TRL reward, as the round's process (`trl_train`) will."""
+    """The trainer's Python imports mentor's TRL reward, as the round's process (`trl.train`) will."""
     return check_reward_loads(cfg.python, REWARD_MODULE, "make_reward", env, kind="module")
 
 
@@ -378,7 +378,7 @@ def check_prompt_room(cfg: TrlTrainConfig, spec: dict[str, Any], rows: pl.DataFr
 def prompt_batches(cfg: TrlTrainConfig, args: Any, prompts: int) -> tuple[int, int, str]:
     """(prompts per generation batch, rows to repeat, a line for the dry run). TRL 1.16's ``RepeatSampler`` takes the
     shuffled prompts in chunks of ``generation_batch_size // num_generations`` and drops an incomplete last chunk, so
-    the round's first rows are repeated to whole chunks (`trl_train` adds them); fewer prompts than a chunk is refused."""
+    the round's first rows are repeated to whole chunks (`trl.train` adds them); fewer prompts than a chunk is refused."""
     if cfg.grpo_fields.get("generation_batch_size") is not None:
         per = int(args.generation_batch_size) // int(args.num_generations)
         how = f"generation_batch_size {args.generation_batch_size} / num_generations {args.num_generations}"
@@ -405,7 +405,7 @@ def response_text(cfg: TrlTrainConfig) -> str:
 
 def build_command(cfg: TrlTrainConfig, cpu_threads: int | None = None) -> list[str]:
     """The trainer command: one process, or `accelerate launch` starting `num_processes` of them."""
-    trainer = ["-m", "mentor.training.trl_train", str(cfg.train_path / ROUND_FILE)]
+    trainer = ["-m", "mentor.training.trl.train", str(cfg.train_path / ROUND_FILE)]
     if not uses_accelerate(cfg):
         return [cfg.python, *trainer]
     return [cfg.python, "-m", "accelerate.commands.launch", *_accelerate_argv(cfg, cpu_threads), *trainer]
