@@ -223,7 +223,8 @@ def test_verl_is_refused_text_prompts(text_build, tmp_path, tok_name):
     pytest.importorskip("verl")
     from verl.utils.tokenizer.continuous_token_wiring import create_continuous_token_builder
 
-    from mentor.training.prompt_format import check_readable, openrlhf_data_flags
+    from mentor.training.openrlhf.launcher import openrlhf_data_flags
+    from mentor.training.prompt_format import check_readable
 
     out, _ = text_build
     tok = load_tokenizer(tok_name)

@@ -298,7 +298,7 @@ def test_text_prompts_reach_the_policy_token_for_token(tokenizer, tmp_path, monk
     from openrlhf.utils.agent import SingleTurnAgentExecutor
 
     from mentor.stages.build import BUILD, BuildConfig
-    from mentor.training.prompt_format import openrlhf_data_flags
+    from mentor.training.openrlhf.launcher import openrlhf_data_flags
 
     math = pl.read_parquet(bundled("gsm8k_problems.parquet")).row(0, named=True)
     hints = tmp_path / "hints.parquet"

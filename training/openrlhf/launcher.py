@@ -57,10 +57,10 @@ from mentor.pipeline.inputs import resolve_inputs
 from mentor.pipeline.io import write_json_atomic
 from mentor.pipeline.yaml_io import read_yaml_mapping
 from mentor.training.gpus import cluster_supply, local_gpus
-from mentor.training.launcher import ModelRef, RewardFile, RoundConfig, finish_round, outcome_record, parse_round_config
+from mentor.training.launcher import LauncherBase, ModelRef, RewardFile, RoundConfig, finish_round, outcome_record, parse_round_config
 from mentor.training.openrlhf.check import check_with_openrlhf
 from mentor.training.openrlhf.placement import round_demand
-from mentor.training.prompt_format import check_template_kwargs, openrlhf_data_flags
+from mentor.training.prompt_format import check_template_kwargs, prompt_files_are_text
 from mentor.training.prompt_limits import LongestPrompt, longest_prompt, require, response_limit
 from mentor.training.ray_preflight import check_reward_reach, probe_cluster
 from mentor.training.reward_check import check_reward_loads
@@ -231,6 +231,14 @@ def round_command(cfg: TrainConfig, dry_run: bool = False) -> tuple[list[str], L
     return build_command(cfg, limit), found
 
 
+def openrlhf_data_flags(sources: list[str]) -> list[str]:
+    """OpenRLHF's prompt-data flags for these shards: the chat template only for chat-message prompts (0.11.2's
+    `PromptDataset` takes a text ``prompt`` verbatim without ``--data.apply_chat_template``; with it, it would wrap
+    the text in a new user turn)."""
+    flags = ["--data.input_key", "prompt", "--data.label_key", "label"]
+    return flags if prompt_files_are_text(sources) else [*flags, "--data.apply_chat_template"]
+
+
 def prompt_data_flags(cfg: TrainConfig) -> list[str]:
     """``--data.*`` flags for the round's shards: OpenRLHF's chat template for message prompts only; text prompts
     (placement assistant, rendered by `mentor build` with the policy's template) are read as they are."""
@@ -379,12 +387,15 @@ def run_round(cfg: TrainConfig) -> dict[str, Any]:
     return finish_round(cfg, outcome, f"the trainer exited with code {code}" if code != 0 else None)
 
 
-class OpenRLHFLauncher:
-    """OpenRLHF 0.11 as a `mentor.training.launcher.Launcher`."""
+class OpenRLHFLauncher(LauncherBase):
+    """OpenRLHF 0.11 as a `mentor.training.launcher.Launcher`: text prompts read as they are (`openrlhf_data_flags`),
+    no setting for chat-template variables, its reward file loaded by path."""
 
     kind: ClassVar[str] = "openrlhf"
+    title: ClassVar[str] = "OpenRLHF 0.11.2"
     Config: ClassVar[type[TrainConfig]] = TrainConfig
     summary: ClassVar[tuple[str, ...]] = ("exit_code", "final_model", "log_file", "duration_s")
+    reward: ClassVar[tuple[str, str, str]] = (str(REWARD_FILE), "reward_func", "file")
 
     def parse(self, data: dict[str, Any], where: str = "round config", strict: bool = True) -> TrainConfig:
         return parse_config(data, where)
@@ -423,6 +434,7 @@ __all__ = [
     "check_reward",
     "dry_run_text",
     "load_config",
+    "openrlhf_data_flags",
     "parse_config",
     "preflight",
     "prompt_limit",

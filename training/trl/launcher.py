@@ -31,23 +31,21 @@ measured with the policy's tokenizer and the round's ``chat_template_kwargs``
 cuts no prompt, so there is no prompt limit to set; a round whose longest prompt
 plus ``max_completion_length`` does not fit the context (``vllm_max_model_length``
 when set, else the model's ``max_position_embeddings``) is refused with the numbers.
+How the processes start (accelerate's flags and checks, the GPUs, dying with mentor) is in
+`mentor.training.trl.processes`; the round's own process is `mentor.training.trl.train`.
 """
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import datetime as _dt
 import difflib
 import importlib.metadata
 import importlib.util
-import io
 import json
 import logging
 import os
 import shlex
-import signal
-import socket
 import subprocess
 import sys
 import time
@@ -62,18 +60,18 @@ from mentor.pipeline.inputs import resolve_inputs
 from mentor.pipeline.io import read_json, scan_dataset, write_json_atomic
 from mentor.pipeline.yaml_io import read_yaml_mapping
 from mentor.training.field_types import check_dataclass_values
-from mentor.training.gpus import GpuDemand, GpuShortage, local_gpus
 from mentor.training.live_hints import LiveHintsConfig
-from mentor.training.launcher import RoundConfig, finish_round, outcome_record, parse_round_config
+from mentor.training.launcher import LauncherBase, RoundConfig, finish_round, outcome_record, parse_round_config
 from mentor.training.prompt_format import check_template_kwargs, trainer_template_kwargs
 from mentor.training.prompt_limits import RESPONSE_DEFAULT, LongestPrompt, model_context, rendered_lengths, require, response_limit
 from mentor.training.reward_check import check_reward_loads
 from mentor.training.rollout_log import ENV_DIR, ENV_RUN, run_glob, run_identity, run_shards
+from mentor.training.trl.processes import (INSTALL, accelerate_argv, check_gpus, check_with_accelerate, die_with_parent,
+                                          gpu_demand, on_gpu, uses_accelerate)
 
 log = logging.getLogger(__name__)
 
 ROUND_FILE = "trl_round.json"
-INSTALL = "pip install 'mentor[trl]'"
 # GRPOConfig fields that mentor sets from the round layout; the config may not set them.
 _OWNED = {"output_dir": "round_dir / train_dir (TRL's checkpoints go to <train>/ckpt)"}
 
@@ -176,17 +174,6 @@ def trl_version() -> str:
         return "(not installed)"
 
 
-def on_gpu() -> bool:
-    """Whether the round's processes will find a GPU here, asked without torch in mentor's interpreter.
-
-    mentor's own environment (a hint node's venv, a CPU torch) says nothing about the trainer's, and torch's
-    ``cuda.is_available()`` would initialise CUDA and poison fork for a hint engine `mentor run` starts
-    after a TRL round. `mentor.training.gpus.local_gpus` reads ``MENTOR_FAKE_GPUS``, else
-    ``CUDA_VISIBLE_DEVICES`` (as CUDA reads it), else ``nvidia-smi``: what accelerate's processes will see.
-    """
-    return local_gpus().total > 0
-
-
 def grpo_kwargs(cfg: TrlTrainConfig) -> dict[str, Any]:
     """The GRPOConfig keyword arguments: mentor's defaults, then the config's own fields."""
     user = cfg.grpo_fields
@@ -271,71 +258,6 @@ def round_spec(cfg: TrlTrainConfig) -> dict[str, Any]:
     }
 
 
-# `accelerate launch` flags mentor sets itself (the field to use instead).
-_ACCELERATE_OWNED = {"num_processes": "num_processes", "config_file": "accelerate_config", "module": "(always -m)",
-                     "m": "(always -m)", "num_cpu_threads_per_process": "cpu_threads"}
-# Flags that pick accelerate's launcher; without one (and without a config file) mentor adds --multi_gpu.
-_LAUNCHER_FLAGS = ("multi_gpu", "use_deepspeed", "use_fsdp", "use_megatron_lm", "tpu", "cpu")
-
-
-def uses_accelerate(cfg: TrlTrainConfig) -> bool:
-    return cfg.num_processes > 1 or cfg.accelerate_config is not None or bool(cfg.accelerate_args)
-
-
-def _accelerate_argv(cfg: TrlTrainConfig, cpu_threads: int | None) -> list[str]:
-    argv = ["--num_processes", str(cfg.num_processes)]
-    if cfg.accelerate_config:
-        argv += ["--config_file", str(Path(cfg.accelerate_config).resolve())]
-    args = {k.lstrip("-").replace("-", "_"): v for k, v in cfg.accelerate_args.items()}
-    for key in args:
-        if key in _ACCELERATE_OWNED:
-            raise ConfigError(f"accelerate_args: --{key} is set by mentor; use {_ACCELERATE_OWNED[key]} instead")
-    # `--cpu` makes accelerate start one plain process whatever --num_processes says; torchrun (--multi_gpu)
-    # starts them all, and on a machine without GPUs TRL's use_cpu makes them a gloo group.
-    if cfg.num_processes > 1 and not cfg.accelerate_config and not any(args.get(f) for f in _LAUNCHER_FLAGS):
-        argv.append("--multi_gpu")
-    if cfg.num_processes > 1 and int(args.get("num_machines", 1) or 1) <= 1 and "main_process_port" not in args:
-        argv += ["--main_process_port", str(_free_port())]  # two rounds on one machine must not share torchrun's 29500
-    if cpu_threads:
-        argv += ["--num_cpu_threads_per_process", str(cpu_threads)]
-    for key, value in args.items():
-        if value is None or value is False:
-            continue
-        argv += [f"--{key}"] if value is True else [f"--{key}", str(value)]
-    return argv
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-def check_with_accelerate(cmd: list[str]) -> None:
-    """`accelerate launch`'s own parser and launch checks on `cmd`'s flags; `ConfigError` with its message."""
-    if cmd[1:3] != ["-m", "accelerate.commands.launch"]:
-        return
-    try:
-        from accelerate.commands import launch as accelerate_launch  # optional (the trl extra)
-    except ImportError as exc:
-        raise ConfigError(f"num_processes > 1 needs the accelerate package ({exc}); {INSTALL}") from None
-    err = io.StringIO()
-    logging.disable(logging.WARNING)  # its "defaults used instead" notice: the launch itself prints it to train.log
-    try:
-        with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
-            args = accelerate_launch.launch_command_parser().parse_args(cmd[3:])
-            check = getattr(accelerate_launch, "_validate_launch_command", None)
-            if check is not None:  # accelerate's own consistency checks (launcher flags, process counts, config file)
-                check(args)
-    except SystemExit:
-        said = [ln for ln in err.getvalue().splitlines() if "error:" in ln]
-        raise ConfigError(f"accelerate launch rejects the command: {said[-1].split('error:', 1)[1].strip() if said else err.getvalue().strip()}") from None
-    except (ValueError, AssertionError, OSError) as exc:
-        raise ConfigError(f"accelerate launch rejects the command: {exc}") from None
-    finally:
-        logging.disable(logging.NOTSET)
-
-
 REWARD_MODULE = "mentor.training.trl.reward"
 
 
@@ -408,7 +330,7 @@ def build_command(cfg: TrlTrainConfig, cpu_threads: int | None = None) -> list[s
     trainer = ["-m", "mentor.training.trl.train", str(cfg.train_path / ROUND_FILE)]
     if not uses_accelerate(cfg):
         return [cfg.python, *trainer]
-    return [cfg.python, "-m", "accelerate.commands.launch", *_accelerate_argv(cfg, cpu_threads), *trainer]
+    return [cfg.python, "-m", "accelerate.commands.launch", *accelerate_argv(cfg, cpu_threads), *trainer]
 
 
 def build_env(cfg: TrlTrainConfig, spec: dict[str, Any]) -> dict[str, str]:
@@ -471,40 +393,6 @@ def live_text(cfg: TrlTrainConfig) -> str:
             f"{live.max_seconds_per_step or 'unlimited'} s per step")
 
 
-def gpu_demand(cfg: TrlTrainConfig, spec: dict[str, Any]):
-    """One GPU per training process on this machine (None on CPU); a vLLM server (vllm_mode server) runs elsewhere."""
-    if spec["grpo"].get("use_cpu"):
-        return None
-
-    machines = int(cfg.accelerate_args.get("num_machines", 1) or 1)
-    per_machine = max(1, cfg.num_processes // machines)
-    return GpuDemand.of_roles("trl", {"trainer processes": per_machine},
-                              detail=f"{per_machine} of {cfg.num_processes} processes on this machine" if machines > 1 else "")
-
-
-def check_gpus(demand) -> None:
-    """accelerate starts the processes on this machine (each machine of a multi-machine run has its own launch)."""
-    supply = local_gpus()
-    why = demand.shortage(supply)
-    if why:
-        have = int(supply.usable)
-        fixes = [f"set num_processes {have}"] if have > 0 else []
-        fixes += ["spread the processes over machines (accelerate_args num_machines, machine_rank, main_process_ip; "
-                  "one `mentor train` per machine)", "set use_cpu: true"]
-        raise GpuShortage(f"{why}: {', or '.join(fixes)}")
-
-
-def _die_with_parent() -> None:
-    """Linux: the trainer gets SIGKILL when mentor dies (kill -9 included), so no orphan keeps
-    writing into the round's log while a rerun starts a new trainer."""
-    try:
-        import ctypes  # here, inside the try: a Python without ctypes just goes without the signal
-
-        ctypes.CDLL(None, use_errno=True).prctl(1, int(signal.SIGKILL))  # PR_SET_PDEATHSIG
-    except Exception:  # not Linux: a kill of mentor alone leaves the trainer running (kill its group)
-        pass
-
-
 def _clear_stale_logs(directory: Path, run: str) -> int:
     """Shards a killed attempt of this round left (this run's identity only: another run sharing the folder
     keeps its log): the rerun logs its rollouts afresh."""
@@ -544,7 +432,7 @@ def run_round(cfg: TrlTrainConfig) -> dict[str, Any]:
         fh.flush()
         try:
             code = subprocess.run(cmd, stdout=fh, stderr=subprocess.STDOUT, env=dict(os.environ) | extra_env, check=False,
-                                  preexec_fn=_die_with_parent if sys.platform.startswith("linux") else None).returncode
+                                  preexec_fn=die_with_parent if sys.platform.startswith("linux") else None).returncode
         except OSError as exc:
             code = 127
             fh.write(f"cannot start {cmd[0]}: {exc}\n".encode())
@@ -562,12 +450,16 @@ def run_round(cfg: TrlTrainConfig) -> dict[str, Any]:
     return finish_round(cfg, outcome, f"the TRL trainer exited with code {code}" if code != 0 or final is None else None)
 
 
-class TrlLauncher:
-    """TRL's GRPOTrainer as a `mentor.training.launcher.Launcher`."""
+class TrlLauncher(LauncherBase):
+    """TRL's GRPOTrainer as a `mentor.training.launcher.Launcher`: a string prompt is a standard (non-conversational)
+    prompt, tokenized as it is; ``chat_template_kwargs`` (a GRPOConfig field) are its template variables."""
 
     kind: ClassVar[str] = "trl"
+    title: ClassVar[str] = "TRL"
     Config: ClassVar[type[TrlTrainConfig]] = TrlTrainConfig
     summary: ClassVar[tuple[str, ...]] = ("exit_code", "final_model", "log_file", "prompts_used", "steps", "duration_s")
+    reward: ClassVar[tuple[str, str, str]] = (REWARD_MODULE, "make_reward", "module")
+    template_kwargs_key: ClassVar[str] = "chat_template_kwargs"
 
     def parse(self, data: dict[str, Any], where: str = "round config", strict: bool = True) -> TrlTrainConfig:
         """`strict`: TRL must be installed here (its GRPOConfig checks the fields); otherwise only mentor's fields

@@ -27,7 +27,8 @@ from mentor.pipeline.io import write_json_atomic
 from mentor.pipeline.policy_template import text_for_tokenizer
 from mentor.training.reward_core import STATS
 from mentor.training.rollout_log import ENV_DIR
-from mentor.training.trl.launcher import TrlTrainConfig, _die_with_parent, training_rows
+from mentor.training.trl.launcher import TrlTrainConfig, training_rows
+from mentor.training.trl.processes import die_with_parent
 from mentor.training.trl.reward import make_reward
 
 
@@ -55,7 +56,7 @@ def main(argv: list[str]) -> int:
     spec_path = Path(argv[0])
     spec = json.loads(spec_path.read_text())
     if os.environ.get("LOCAL_RANK") is not None:  # started by accelerate/torchrun: die with the launcher, as it dies with mentor
-        _die_with_parent()
+        die_with_parent()
     _threads(spec.get("cpu_threads"))
 
     # slow to import (the trainer's libraries): after the argument checks and the parent-death signal
