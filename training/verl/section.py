@@ -33,7 +33,7 @@ class VerlTrainer(BaseModel):
     kind: Literal["verl"]
     config: dict[str, Any] | None = Field(
         None,
-        description="mentor's verl round settings (training/verl/launcher.py VerlTrainConfig: base_model, n_samples_per_prompt, "
+        description="mentor's verl round settings (training/verl/config.py VerlTrainConfig: base_model, n_samples_per_prompt, "
         "n_gpus_per_node, nnodes, overrides of any verl key, ...): mentor builds verl's main_ppo command and merges the model.",
     )
     command: list[str] | str | None = Field(
