@@ -41,7 +41,7 @@ def _file(root: Path, name: str, text: str = "x") -> Path:
 def round_cases() -> list[Case]:
     c = [
         Case("round-kind-a-list", "error", lambda r: _round(r, kind=["verl"]), 2,
-             r"round\.yaml: kind \['verl'\]: give one of openrlhf, verl, trl"),
+             r"round\.yaml: kind \['verl'\]: give one of openrlhf, trl, verl"),
         Case("round-kind-a-mapping", "error", lambda r: _round(r, kind={"name": "verl"}), 2,
              r"round\.yaml: kind \{'name': 'verl'\}: give one of"),
         Case("round-openrlhf-prompts-a-text-file", "error",
