@@ -31,8 +31,7 @@ measured with the policy's tokenizer and the round's ``chat_template_kwargs``
 cuts no prompt, so there is no prompt limit to set; a round whose longest prompt
 plus ``max_completion_length`` does not fit the context (``vllm_max_model_length``
 when set, else the model's ``max_position_embeddings``) is refused with the numbers.
-How the processes start (accelerate's flags and checks, the GPUs, dying with mentor) is in
-`mentor.training.trl.processes`; the round's own process is `mentor.training.trl.train`.
+Starting the processes (accelerate, GPUs, dying with mentor): `trl.processes`; the round's process: `trl.train`.
 """
 
 from __future__ import annotations
