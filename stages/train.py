@@ -3,10 +3,10 @@
 The workflow's ``trainer`` section is this stage's config (`Trainer`, one model per
 kind), and each kind is one branch of `TrainStage.run`:
 
-- ``openrlhf``, ``trl``, ``verl`` with ``config``: one GRPO round of the trainer
-  (`mentor.training.launcher.Launcher`, the same four steps for every kind), its reward
-  function logging every rollout into ``<train>/logs``;
-- ``verl`` with ``command``: the user's own launch, with the round's placeholders;
+- a trainer (a folder of ``training/`` with a launcher, `mentor.training.launcher.trainer_kinds`)
+  with ``config``: one GRPO round of the trainer (its `Launcher`, the same four steps for every
+  kind), its reward function logging every rollout into ``<train>/logs``; a trainer's section may
+  take other forms it runs itself (`LauncherBase.run_section`, e.g. a user's own launch command);
 - ``offline``: no training; the policy answers the round's prompts (`mentor rollout`);
 - ``external``: a trainer mentor does not launch; wait until the round's logs are complete;
 - no trainer, ``initial_rollouts``: existing logs stand in for round 0 (nothing runs).
@@ -22,50 +22,29 @@ from __future__ import annotations
 
 import logging
 import os
-import shlex
-import string
-import subprocess
 import time
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, Union
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from mentor.pipeline.errors import ConfigError, DataError
 from mentor.pipeline.inputs import glob_files
-from mentor.pipeline.io import write_json_atomic
 from mentor.pipeline.llm import BackendSettings, release_engines
 from mentor.pipeline.outdir import Owns
 from mentor.pipeline.stage import Context, Source, Stage, Stats, StatsLayout
 from mentor.stages.rollout import ROLLOUT, SEED_MAX, RolloutConfig
-from mentor.training.launcher import LAUNCHERS, OUTCOME, get_launcher
-from mentor.training.rollout_log import RAY_JOB_CONFIG_ENV, ray_job_config_env, reward_env_vars
+from mentor.training.launcher import OUTCOME, check_placeholders, get_launcher, trainer_kinds
 
 
 log = logging.getLogger(__name__)
 
-# The placeholders each setting may hold (filled per round).
-COMMAND_PLACEHOLDERS = ("prompts", "rollout_dir", "round", "run_dir", "model", "prev_model")
+# The placeholders an external trainer's settings may hold (filled per round).
 EXTERNAL_PLACEHOLDERS = ("round", "run_dir")
 
 
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid")
-
-
-def check_placeholders(text: str, allowed: tuple[str, ...]) -> str:
-    """`text` if every ``{name}`` in it is one of `allowed` (``{{``/``}}`` for literal braces); else a ValueError
-    that names the bad placeholder and the fix (checked when the workflow is loaded, not when the round runs)."""
-    fix = f"use {', '.join('{' + a + '}' for a in allowed)}, or write {{{{ and }}}} for a literal brace"
-    try:
-        fields = [(name, spec, conv) for _, name, spec, conv in string.Formatter().parse(text) if name is not None]
-    except ValueError as exc:
-        raise ValueError(f"{text!r}: malformed placeholder ({exc}); {fix}") from None
-    for name, spec, conv in fields:
-        if name not in allowed or spec or conv:
-            shown = "{" + name + (f"!{conv}" if conv else "") + (f":{spec}" if spec else "") + "}"
-            raise ValueError(f"{text!r}: unknown placeholder {shown}; {fix}")
-    return text
 
 
 class OfflineTrainer(_Strict):
@@ -77,69 +56,6 @@ class OfflineTrainer(_Strict):
         default_factory=RolloutConfig,
         description="`mentor rollout` settings (k, max_tokens, temperature, ...); each round offsets the seed and stamps its round.",
     )
-
-
-class OpenRLHFTrainer(_Strict):
-    """One OpenRLHF GRPO round per mentor round (`mentor train`)."""
-
-    kind: Literal["openrlhf"]
-    config: dict[str, Any] = Field(default_factory=dict, description="The `mentor train` round config (see training/openrlhf_launcher.py).")
-
-
-class TrlTrainer(_Strict):
-    """One TRL GRPO round per mentor round, in its own process (`mentor train` with kind: trl)."""
-
-    kind: Literal["trl"]
-    config: dict[str, Any] = Field(
-        default_factory=dict,
-        description="mentor's TRL round settings (training/trl_launcher.py TrlTrainConfig: base_model, num_generations, "
-        "select, limit, cpu_threads, ...) and any trl.GRPOConfig field (max_steps, max_completion_length, use_vllm, ...).",
-    )
-
-
-class VerlTrainer(_Strict):
-    """A verl GRPO round per mentor round: built by mentor from `config` (`mentor train` with kind: verl), or a user command."""
-
-    kind: Literal["verl"]
-    config: dict[str, Any] | None = Field(
-        None,
-        description="mentor's verl round settings (training/verl_launcher.py VerlTrainConfig: base_model, n_samples_per_prompt, "
-        "n_gpus_per_node, nnodes, overrides of any verl key, ...): mentor builds verl's main_ppo command and merges the model.",
-    )
-    command: list[str] | str | None = Field(
-        None,
-        description="Instead of config, a custom launch; placeholders {prompts} {rollout_dir} {round} {run_dir} {model} {prev_model}. "
-        "mentor sets MENTOR_ROLLOUT_DIR so its verl reward function logs every rollout there.",
-    )
-    model_out: str | None = Field(None, description="With command: where it leaves the round's final model (placeholders allowed).")
-
-    @field_validator("command")
-    @classmethod
-    def _command(cls, v: list[str] | str | None) -> list[str] | str | None:
-        if v is None:
-            return v
-        try:
-            words = v if isinstance(v, list) else shlex.split(v)
-        except ValueError as exc:  # an unclosed quote
-            raise ValueError(f"{v!r}: not a command line ({exc}); close the quote, or give the command as a list") from None
-        if not words or not words[0].strip():
-            raise ValueError("empty: give the launch, e.g. python3 -m verl.trainer.main_ppo data.train_files={prompts} ...")
-        for word in words:
-            check_placeholders(word, COMMAND_PLACEHOLDERS)
-        return v
-
-    @field_validator("model_out")
-    @classmethod
-    def _model_out(cls, v: str | None) -> str | None:
-        return v if v is None else check_placeholders(v, COMMAND_PLACEHOLDERS)
-
-    @model_validator(mode="after")
-    def _one_form(self) -> "VerlTrainer":
-        if (self.config is None) == (self.command is None):
-            raise ValueError("give either config (mentor builds verl's command) or command (your own launch), not both or neither")
-        if self.config is not None and self.model_out is not None:
-            raise ValueError("model_out is for command; with config the model is merged into the round's train/model")
-        return self
 
 
 class ExternalTrainer(_Strict):
@@ -161,8 +77,13 @@ class ExternalTrainer(_Strict):
         return v if v is None else check_placeholders(v, EXTERNAL_PLACEHOLDERS)
 
 
-# The workflow's `trainer` section: one model per kind.
-Trainer = Annotated[OfflineTrainer | OpenRLHFTrainer | TrlTrainer | VerlTrainer | ExternalTrainer, Field(discriminator="kind")]
+def trainer_union() -> Any:
+    """The workflow's `trainer` section: one model per kind, each trainer's from its launcher's declaration."""
+    sections = (OfflineTrainer, *(get_launcher(k).workflow_section() for k in trainer_kinds()), ExternalTrainer)
+    return Annotated[Union[sections], Field(discriminator="kind")]  # noqa: UP007 (a tuple of models)
+
+
+Trainer = trainer_union()
 
 
 def offline_seed(t: OfflineTrainer, r: int) -> int:
@@ -176,8 +97,8 @@ def offline_seed(t: OfflineTrainer, r: int) -> int:
 
 
 def launched(trainer: Any) -> bool:
-    """Whether mentor launches this trainer as a `Launcher` round (OpenRLHF, TRL, verl with ``config``)."""
-    return trainer.kind in LAUNCHERS and getattr(trainer, "config", None) is not None
+    """Whether mentor launches this trainer as a `Launcher` round (a trainer kind with ``config``)."""
+    return trainer.kind in trainer_kinds() and getattr(trainer, "config", None) is not None
 
 
 class TrainConfig(_Strict):
@@ -254,31 +175,13 @@ class TrainStage(Stage):
             outcome = launcher.run_round(round_cfg)
             stats.exit_code, stats.final_model = outcome.get("exit_code"), outcome.get("final_model")
             stats.extra.update({k: outcome.get(k) for k in launcher.summary})
-        elif t.kind == "verl":
-            stats.exit_code, stats.final_model = _verl_command(t, cfg.round, inputs, run_dir, out_dir, logs)
+        elif t.kind in trainer_kinds():  # a form of its section the trainer runs itself (a user's own command)
+            ph = {"prompts": str(inputs.prompts), "rollout_dir": str(logs), "round": str(cfg.round), "run_dir": str(run_dir),
+                  "prev_model": inputs.prev_model or "", "model": inputs.prev_model or ""}
+            stats.exit_code, stats.final_model = get_launcher(t.kind).run_section(t, cfg.round, ph, out_dir)
         else:
             stats.files = _wait_for_logs(t, cfg.round, run_dir)
         return stats
-
-
-def _verl_command(t: VerlTrainer, r: int, inputs: TrainInputs, run_dir: Path, out_dir: Path, logs: Path) -> tuple[int, str | None]:
-    """`trainer: {kind: verl, command: ...}`: the user's own verl command, with the round's placeholders."""
-    ph = {"prompts": str(inputs.prompts), "rollout_dir": str(logs), "round": str(r), "run_dir": str(run_dir),
-          "prev_model": inputs.prev_model or "", "model": inputs.prev_model or ""}
-    cmd = [c.format(**ph) for c in (t.command if isinstance(t.command, list) else shlex.split(t.command))]
-    env = os.environ | {"MENTOR_ROLLOUT_DIR": str(logs), "MENTOR_ROUND": str(r)}
-    # verl's ray.init() merges this job config: the reward workers on every node get the variables too.
-    env |= ray_job_config_env(reward_env_vars(env), env.get(RAY_JOB_CONFIG_ENV))
-    log_file = out_dir / "train.log"
-    with open(log_file, "wb") as fh:
-        rc = subprocess.run(cmd, env=env, stdout=fh, stderr=subprocess.STDOUT).returncode
-    final = t.model_out.format(**ph) if t.model_out else None
-    write_json_atomic({"kind": "verl", "command": cmd, "exit_code": rc, "log": str(log_file), "final_model": final},
-                      out_dir / OUTCOME)
-    if rc != 0:
-        tail = log_file.read_text(errors="replace")[-2000:]
-        raise DataError(f"round {r}: the verl command exited with {rc}; see {log_file}; last lines:\n{tail}")
-    return rc, final
 
 
 # How often a long wait for an external trainer says that it is still waiting, and for what.
@@ -331,5 +234,5 @@ def _duration(seconds: float) -> str:
 STAGE = TRAIN = TrainStage()
 
 
-__all__ = ["STAGE", "TRAIN", "TRAIN_STATS", "ExternalTrainer", "OfflineTrainer", "OpenRLHFTrainer", "TrainConfig",
-           "TrainInputs", "TrainStage", "Trainer", "TrlTrainer", "VerlTrainer", "launched", "offline_seed"]
+__all__ = ["STAGE", "TRAIN", "TRAIN_STATS", "ExternalTrainer", "OfflineTrainer", "TrainConfig", "TrainInputs", "TrainStage",
+           "Trainer", "launched", "offline_seed", "trainer_union"]

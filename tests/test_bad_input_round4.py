@@ -41,7 +41,7 @@ def _file(root: Path, name: str, text: str = "x") -> Path:
 def round_cases() -> list[Case]:
     c = [
         Case("round-kind-a-list", "error", lambda r: _round(r, kind=["verl"]), 2,
-             r"round\.yaml: kind \['verl'\]: give one of openrlhf, verl, trl"),
+             r"round\.yaml: kind \['verl'\]: give one of openrlhf, trl, verl"),
         Case("round-kind-a-mapping", "error", lambda r: _round(r, kind={"name": "verl"}), 2,
              r"round\.yaml: kind \{'name': 'verl'\}: give one of"),
         Case("round-openrlhf-prompts-a-text-file", "error",
@@ -107,7 +107,7 @@ def test_round_config_refused_when_read(case: Case, tmp_path, monkeypatch):
 def test_weights_file_in_the_working_folder_is_not_a_hub_name(tmp_path, monkeypatch):
     """`base_model: model.safetensors` next to the round: a file, not a model (before: passed on as a hub name)."""
     from mentor.pipeline.errors import ConfigError
-    from mentor.training.openrlhf_launcher import parse_config
+    from mentor.training.openrlhf.launcher import parse_config
 
     monkeypatch.chdir(tmp_path)
     _file(tmp_path, "model.safetensors")

@@ -223,7 +223,8 @@ def test_verl_is_refused_text_prompts(text_build, tmp_path, tok_name):
     pytest.importorskip("verl")
     from verl.utils.tokenizer.continuous_token_wiring import create_continuous_token_builder
 
-    from mentor.training.prompt_format import check_readable, openrlhf_data_flags
+    from mentor.training.openrlhf.launcher import openrlhf_data_flags
+    from mentor.training.prompt_format import check_readable
 
     out, _ = text_build
     tok = load_tokenizer(tok_name)
@@ -256,9 +257,9 @@ def test_a_workflow_refuses_text_prompts_for_verl_only(tok_name):
 def test_the_launchers_hand_text_prompts_on_as_text(text_build, tmp_path, tok_name):
     """`mentor train`: OpenRLHF gets the text prompts without --data.apply_chat_template (its PromptDataset then takes
     them verbatim, tests/test_openrlhf_contract.py), sized in the policy's tokens; verl is refused them."""
-    from mentor.training.openrlhf_launcher import TrainConfig, round_command
-    from mentor.training.verl_launcher import parse_config as parse_verl
-    from mentor.training.verl_launcher import train_files
+    from mentor.training.openrlhf.launcher import TrainConfig, round_command
+    from mentor.training.verl.launcher import parse_config as parse_verl
+    from mentor.training.verl.launcher import train_files
 
     out, stats = text_build
     cmd, found = round_command(TrainConfig(round_dir=str(tmp_path / "round-001"), base_model=tok_name, prompts=str(out)),

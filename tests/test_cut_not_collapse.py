@@ -82,7 +82,7 @@ def test_verls_reward_counts_a_response_against_the_limit_the_launcher_set(tmp_p
     monkeypatch.setenv("MENTOR_RUN_ID", "c0ffeec0ffee")
     monkeypatch.setenv("MENTOR_RESPONSE_LIMIT", str(LIMIT))
     monkeypatch.setenv("MENTOR_POLICY_TOKENIZER", str(shared_data / "tokenizers" / "qwen3"))
-    from mentor.training.verl_reward import compute_score
+    from mentor.training.verl.reward import compute_score
 
     from transformers import AutoTokenizer
 
@@ -103,7 +103,7 @@ def test_verls_reward_counts_a_response_against_the_limit_the_launcher_set(tmp_p
 
 def test_verl_launcher_hands_the_limit_and_tokenizer_to_the_reward(tmp_path, shared_data):
     pytest.importorskip("verl")
-    from mentor.training.verl_launcher import build_env, parse_config
+    from mentor.training.verl.launcher import build_env, parse_config
 
     cfg = parse_config({"kind": "verl", "round": 0, "round_dir": str(tmp_path / "round-000"),
                         "base_model": str(shared_data / "tokenizers" / "qwen3"),

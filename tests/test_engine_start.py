@@ -113,7 +113,7 @@ def test_a_user_choice_of_start_method_is_kept(monkeypatch, tmp_path, clean_envi
 def test_trl_round_settings_query_no_cuda(monkeypatch, tmp_path):
     """`mentor run` resolves a TRL round in the process that then starts the next hint engine."""
     pytest.importorskip("trl")
-    from mentor.training.trl_launcher import TrlTrainConfig, grpo_kwargs
+    from mentor.training.trl.launcher import TrlTrainConfig, grpo_kwargs
 
     queries = _record_cuda_queries(monkeypatch)
     monkeypatch.delenv("PYTORCH_NVML_BASED_CUDA_CHECK", raising=False)

@@ -21,9 +21,9 @@ from mentor.cli import cli  # noqa: E402
 from mentor.pipeline.errors import ConfigError  # noqa: E402
 from mentor.pipeline.rundir import RunDir  # noqa: E402
 from mentor.training.gpus import GpuDemand, GpuShortage, GpuSupply, local_gpus  # noqa: E402
-from mentor.training.openrlhf_launcher import TrainConfig, build_command  # noqa: E402
-from mentor.training.openrlhf_check import check_with_openrlhf  # noqa: E402
-from mentor.training.openrlhf_placement import openrlhf_demand, round_demand  # noqa: E402
+from mentor.training.openrlhf.launcher import TrainConfig, build_command  # noqa: E402
+from mentor.training.openrlhf.check import check_with_openrlhf  # noqa: E402
+from mentor.training.openrlhf.placement import openrlhf_demand, round_demand  # noqa: E402
 from mentor.workflows.config import load_workflow, validate_workflow  # noqa: E402
 from mentor.workflows.runner import RunOptions, Runner  # noqa: E402
 

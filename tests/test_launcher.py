@@ -13,7 +13,7 @@ from click.testing import CliRunner
 from mentor.cli import cli
 from mentor.pipeline.errors import ConfigError
 from mentor.training.launcher import TrainError
-from mentor.training.openrlhf_launcher import TrainConfig, build_command, run_round
+from mentor.training.openrlhf.launcher import TrainConfig, build_command, run_round
 
 from fake_trainers import fake_trainer
 
@@ -123,7 +123,7 @@ def test_prompts_over_openrlhfs_limit_raise_it_or_are_refused(tmp_path, fake_pyt
 
     from mentor.data import bundled
     from mentor.stages.build import BUILD, BuildConfig
-    from mentor.training.openrlhf_launcher import round_command
+    from mentor.training.openrlhf.launcher import round_command
     from test_build import make_hints
 
     ids = pl.read_parquet(bundled("humaneval_problems.parquet"))["problem_id"].head(10).to_list()

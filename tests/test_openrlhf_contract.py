@@ -39,7 +39,7 @@ from mentor.data import bundled  # noqa: E402
 from mentor.cli import cli  # noqa: E402
 from mentor.pipeline.io import write_parquet_atomic  # noqa: E402
 from mentor.pipeline.schemas import code_label, prompt_label  # noqa: E402
-from mentor.training.openrlhf_launcher import REWARD_FILE, TrainConfig, build_command  # noqa: E402
+from mentor.training.openrlhf.launcher import REWARD_FILE, TrainConfig, build_command  # noqa: E402
 
 
 def test_installed_version():
@@ -298,7 +298,7 @@ def test_text_prompts_reach_the_policy_token_for_token(tokenizer, tmp_path, monk
     from openrlhf.utils.agent import SingleTurnAgentExecutor
 
     from mentor.stages.build import BUILD, BuildConfig
-    from mentor.training.prompt_format import openrlhf_data_flags
+    from mentor.training.openrlhf.launcher import openrlhf_data_flags
 
     math = pl.read_parquet(bundled("gsm8k_problems.parquet")).row(0, named=True)
     hints = tmp_path / "hints.parquet"

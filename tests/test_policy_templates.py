@@ -203,11 +203,11 @@ def _tokenize_like_trl(tok, prompts: list, kwargs: dict | None = None) -> list[l
 
 @pytest.mark.parametrize("family", ["llama3_1", "deepseek_v3", "qwen3", "r1"])
 def test_one_bos_through_trl_for_text_and_chat_prompts(family, tokenizers, r1_tokenizer, hints, tmp_path):
-    """Text prompts (placement assistant) as `mentor train` hands them to TRL (`trl_train.prompt_rows`), and chat
+    """Text prompts (placement assistant) as `mentor train` hands them to TRL (`trl.train.prompt_rows`), and chat
     prompts (placement after) rendered by TRL itself with the round's kwargs: each row starts with the BOS once
     (none for Qwen3, which has none), and a text row's ids are the text's own tokens."""
-    from mentor.training.trl_launcher import TrlTrainConfig, select_prompts
-    from mentor.training.trl_train import prompt_rows
+    from mentor.training.trl.launcher import TrlTrainConfig, select_prompts
+    from mentor.training.trl.train import prompt_rows
 
     folder = r1_tokenizer if family == "r1" else tokenizers[family]
     tok = load(folder)
@@ -256,7 +256,7 @@ def test_one_bos_through_openrlhf_agent_executor(family, tokenizers, r1_tokenize
     pytest.importorskip("openrlhf")
     from openrlhf.utils.agent import SingleTurnAgentExecutor
 
-    from mentor.training.openrlhf_launcher import REWARD_FILE
+    from mentor.training.openrlhf.launcher import REWARD_FILE
 
     folder = r1_tokenizer if family == "r1" else tokenizers[family]
     tok = load(folder)
@@ -407,11 +407,11 @@ def test_policy_mode_is_read_from_the_template_not_the_name(tokenizers, r1_token
 def test_trainers_are_refused_prompts_built_with_other_template_variables(tokenizers, hints, tmp_path):
     """Prompts built for Qwen3's non-thinking mode: TRL must pass the same ``chat_template_kwargs``, verl the same
     ``data.apply_chat_template_kwargs``; OpenRLHF (no such setting) is refused chat prompts built with them."""
-    from mentor.training.openrlhf_launcher import TrainConfig, prompt_data_flags
-    from mentor.training.trl_launcher import parse_config as parse_trl
-    from mentor.training.trl_launcher import round_spec
-    from mentor.training.verl_launcher import parse_config as parse_verl
-    from mentor.training.verl_launcher import train_files
+    from mentor.training.openrlhf.launcher import TrainConfig, prompt_data_flags
+    from mentor.training.trl.launcher import parse_config as parse_trl
+    from mentor.training.trl.launcher import round_spec
+    from mentor.training.verl.launcher import parse_config as parse_verl
+    from mentor.training.verl.launcher import train_files
 
     off = {"enable_thinking": False}
     msgs = tmp_path / "messages"

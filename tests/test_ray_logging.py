@@ -40,7 +40,7 @@ pytest.importorskip("openrlhf", reason="openrlhf is not installed (mentor setup-
 from mentor.cli import cli  # noqa: E402
 from mentor.data import bundled  # noqa: E402
 from mentor.pipeline.schemas import prompt_label  # noqa: E402
-from mentor.training.openrlhf_launcher import REWARD_FILE, TrainConfig, build_env, preflight, build_command, run_round  # noqa: E402
+from mentor.training.openrlhf.launcher import REWARD_FILE, TrainConfig, build_env, preflight, build_command, run_round  # noqa: E402
 from mentor.pipeline.errors import ConfigError  # noqa: E402
 from mentor.training.rollout_log import RAY_JOB_CONFIG_ENV, RolloutDirUnreachable  # noqa: E402
 

@@ -29,7 +29,7 @@ from mentor.cli import cli
 
 REPO = Path(__file__).resolve().parents[1]
 TRAINING = REPO / "training"
-REWARD_FILES = {"openrlhf": TRAINING / "openrlhf_reward.py", "verl": TRAINING / "verl_reward.py"}
+REWARD_FILES = {"openrlhf": TRAINING / "openrlhf" / "reward.py", "verl": TRAINING / "verl" / "reward.py"}
 
 # A trainer's environment without mentor: every `mentor` import fails, as it would where it is not installed.
 NO_MENTOR = """
@@ -114,7 +114,7 @@ def test_launchers_refuse_a_trainer_python_that_cannot_load_the_reward(kind, tmp
 def _reward_closure() -> list[Path]:
     """The files of every mentor module the three reward entry points import."""
     code = ("import sys, json\n"
-            "import mentor.training.openrlhf_reward, mentor.training.verl_reward, mentor.training.trl_reward\n"
+            "import mentor.training.openrlhf.reward, mentor.training.verl.reward, mentor.training.trl.reward\n"
             "import mentor.training.verify, mentor.training.code_verify\n"
             "print(json.dumps(sorted({m.__file__ for n, m in sys.modules.items() if n.startswith('mentor') and getattr(m, '__file__', None)})))")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, check=True)
@@ -154,7 +154,7 @@ def load(path, name):
     return module
 openrlhf, verl = load(sys.argv[1], "reward_func"), load(sys.argv[2], "custom_module")
 from mentor.pipeline.schemas import prompt_label
-from mentor.training.trl_reward import reward_func as trl
+from mentor.training.trl.reward import reward_func as trl
 case = json.loads(sys.argv[3])
 prompt = "<|im_start|>user\nQ<|im_end|>\n<|im_start|>assistant\n"
 out = {"version": sys.version.split()[0]}

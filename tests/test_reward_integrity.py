@@ -40,7 +40,7 @@ from mentor.data import bundled
 from mentor.pipeline.schemas import code_label, prompt_label
 from mentor.training import sandbox
 from mentor.training.sandbox import launch as sandbox_launch, slots as sandbox_slots
-from mentor.training.openrlhf_launcher import REWARD_FILE
+from mentor.training.openrlhf.launcher import REWARD_FILE
 from mentor.training.verify import verify
 
 TIMEOUT = 3.0
@@ -58,8 +58,8 @@ def _load(path: Path, name: str):
 def entry_points():
     """The three reward paths, loaded the way the trainers load them."""
     openrlhf = _load(REWARD_FILE, "mentor_openrlhf_reward_by_path")
-    verl = _load(REWARD_FILE.with_name("verl_reward.py"), "mentor_verl_reward_by_path")
-    trl = _load(REWARD_FILE.with_name("trl_reward.py"), "mentor_trl_reward_by_path")
+    verl = _load(REWARD_FILE.parent.parent / "verl" / "reward.py", "mentor_verl_reward_by_path")
+    trl = _load(REWARD_FILE.parent.parent / "trl" / "reward.py", "mentor_trl_reward_by_path")
     return openrlhf.reward_func, verl.compute_score, trl.make_reward()
 
 

@@ -149,7 +149,7 @@ def test_settings_travel_in_the_ray_job_config(tmp_path, monkeypatch):
     import pytest
 
     from mentor.pipeline.errors import ConfigError
-    from mentor.training.openrlhf_launcher import TrainConfig, build_env
+    from mentor.training.openrlhf.launcher import TrainConfig, build_env
     from mentor.training.rollout_log import RAY_JOB_CONFIG_ENV, ray_job_config_env, reward_env_vars, run_identity
 
     monkeypatch.setenv("MENTOR_CODE_TIMEOUT", "7")

@@ -39,7 +39,7 @@ def no_thinking_round_dir(tmp_path_factory):
 
 
 def _verl(round_dir, tokenizer, **overrides):
-    from mentor.training.verl_launcher import parse_config
+    from mentor.training.verl.launcher import parse_config
 
     return parse_config({"kind": "verl", "round": 0, "round_dir": str(round_dir), "base_model": str(tokenizer),
                          "n_gpus_per_node": 1, "overrides": {"data.train_batch_size": 100,
@@ -47,7 +47,7 @@ def _verl(round_dir, tokenizer, **overrides):
 
 
 def _composed(out: str):
-    from mentor.training.verl_hydra import compose
+    from mentor.training.verl.hydra import compose
 
     return compose(shlex.split(next(ln for ln in out.splitlines() if "verl.trainer.main_ppo" in ln))[3:])
 
@@ -60,7 +60,7 @@ def test_verls_prompt_limit_holds_what_verl_renders_with_the_rounds_template_kwa
     from transformers import AutoTokenizer
     from verl.utils.tokenizer.continuous_token_wiring import create_continuous_token_builder
 
-    from mentor.training.verl_launcher import dry_run_text
+    from mentor.training.verl.launcher import dry_run_text
 
     tok_dir = shared_data / "tokenizers" / family
     round_dir = no_thinking_round_dir
@@ -84,7 +84,7 @@ def test_verls_prompt_limit_holds_what_verl_renders_with_the_rounds_template_kwa
 @pytest.mark.verl
 def test_verls_response_limit_is_explicit(round_dir, shared_data):
     pytest.importorskip("verl")
-    from mentor.training.verl_launcher import dry_run_text
+    from mentor.training.verl.launcher import dry_run_text
 
     tok = shared_data / "tokenizers" / "qwen3"
     out = dry_run_text(_verl(round_dir, tok))
@@ -116,8 +116,8 @@ def test_openrlhfs_response_limit_is_explicit(tmp_path, round_dir, shared_data):
     """OpenRLHF 0.11.2's own default has no response limit (data.max_len 2048 minus the prompt); mentor sets one,
     and data.max_len holds the longest prompt with its margin and a whole response: as OpenRLHF's parser reads them."""
     pytest.importorskip("openrlhf")
-    from mentor.training.openrlhf_check import check_with_openrlhf
-    from mentor.training.openrlhf_launcher import TrainConfig, round_command
+    from mentor.training.openrlhf.check import check_with_openrlhf
+    from mentor.training.openrlhf.launcher import TrainConfig, round_command
 
     cfg = TrainConfig(round=0, round_dir=str(round_dir), base_model=str(shared_data / "tokenizers" / "llama3_1"))
     cmd, found = round_command(cfg, dry_run=True)
@@ -136,7 +136,7 @@ def test_every_prompt_of_a_trl_round_is_in_a_generation_batch(tmp_path, round_di
     from trl.trainer.utils import RepeatSampler
 
     from mentor.pipeline.errors import ConfigError
-    from mentor.training.trl_launcher import parse_config, prompt_batches, resolve_grpo, training_rows
+    from mentor.training.trl.launcher import parse_config, prompt_batches, resolve_grpo, training_rows
 
     base = {"kind": "trl", "round_dir": str(round_dir), "base_model": str(shared_data / "tokenizers" / "qwen3"),
             "use_cpu": True, "per_device_train_batch_size": 8, "num_generations": 4}
@@ -164,7 +164,7 @@ def test_verl_kwargs_given_key_by_key_must_match_the_build(round_dir, no_thinkin
     are refused before launch, and prompts built with it are taken."""
     pytest.importorskip("verl")
     from mentor.pipeline.errors import ConfigError
-    from mentor.training.verl_launcher import dry_run_text
+    from mentor.training.verl.launcher import dry_run_text
 
     tok = shared_data / "tokenizers" / "qwen3"
     key = {"+data.apply_chat_template_kwargs.enable_thinking": False}

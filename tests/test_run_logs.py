@@ -71,7 +71,7 @@ def test_a_trl_round_keeps_another_runs_shards_in_a_shared_folder(tmp_path, roun
 
 def test_verl_resume_and_restart_touch_this_runs_shards_only(tmp_path):
     pytest.importorskip("verl")
-    from mentor.training.verl_checkpoints import last_checkpoint, prepare_logs
+    from mentor.training.verl.checkpoints import last_checkpoint, prepare_logs
 
     logs, ckpt = tmp_path / "logs", tmp_path / "ckpt"
     (ckpt / "global_step_20" / "actor").mkdir(parents=True)

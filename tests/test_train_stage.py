@@ -23,7 +23,7 @@ from mentor.workflows.runner import RunOptions, Runner
 TRAINER = '''
 import glob, json, os, sys
 import pyarrow.parquet as pq
-from mentor.training.verl_reward import compute_score
+from mentor.training.verl.reward import compute_score
 
 prompts, solved, out = sys.argv[1], set(json.loads(sys.argv[2])), sys.argv[3]
 assert os.environ["MENTOR_ROLLOUT_DIR"], "the round's rollout dir reaches the trainer"

@@ -16,7 +16,7 @@ pytest.importorskip("trl")
 from mentor.cli import cli  # noqa: E402
 from mentor.pipeline.errors import ConfigError, DataError  # noqa: E402
 from mentor.stages.build import BUILD, BuildConfig  # noqa: E402
-from mentor.training.trl_launcher import (  # noqa: E402
+from mentor.training.trl.launcher import (  # noqa: E402
     parse_config,
     resolve_grpo,
     run_round,
@@ -82,7 +82,7 @@ def test_dry_run_prints_the_resolved_grpo_config(tmp_path, round_dir):
     out = res.output
     assert "# prompts: 3 prompt row(s)" in out
     assert "export MENTOR_ROLLOUT_DIR=" in out and "export OMP_NUM_THREADS=1" in out
-    assert "-m mentor.training.trl_train" in out
+    assert "-m mentor.training.trl.train" in out
     resolved = json.loads(out.split("# GRPOConfig as TRL resolved it (every field)\n", 1)[1])
     assert resolved["max_completion_length"] == 64 and resolved["num_generations"] == 4
     assert resolved["bf16"] is False and resolved["use_cpu"] is True and resolved["gradient_checkpointing"] is False
@@ -128,19 +128,19 @@ def test_without_trl_the_error_says_how_to_install(round_dir, monkeypatch):
 
 
 def test_several_processes_launch_through_accelerate(tmp_path, round_dir):
-    from mentor.training.trl_launcher import build_command, check_with_accelerate
+    from mentor.training.trl.launcher import build_command, check_with_accelerate
 
     path = _write(tmp_path, {"kind": "trl", "round_dir": str(round_dir), "num_processes": 4, "per_device_train_batch_size": 4})
     res = CliRunner().invoke(cli, ["train", "--config", path, "--dry-run"], catch_exceptions=False)
     assert res.exit_code == 0, res.output
-    cmd = next(ln for ln in res.output.splitlines() if "mentor.training.trl_train" in ln).split()
+    cmd = next(ln for ln in res.output.splitlines() if "mentor.training.trl.train" in ln).split()
     assert cmd[1:3] == ["-m", "accelerate.commands.launch"]
     # --cpu would make accelerate start one process whatever --num_processes says: torchrun (--multi_gpu) starts all.
     assert cmd[cmd.index("--num_processes") + 1] == "4" and "--multi_gpu" in cmd and "--cpu" not in cmd
-    assert cmd[-3:-1] == ["-m", "mentor.training.trl_train"]
+    assert cmd[-3:-1] == ["-m", "mentor.training.trl.train"]
     assert "# processes: 4 (accelerate launch); GPUs: none (use_cpu)" in res.output
     one = parse_config({"round_dir": str(round_dir)})
-    assert build_command(one)[1:3] == ["-m", "mentor.training.trl_train"]  # one process: no launcher
+    assert build_command(one)[1:3] == ["-m", "mentor.training.trl.train"]  # one process: no launcher
     # A config file picks the launcher itself (DeepSpeed, FSDP ...): passed through, no --multi_gpu added.
     (tmp_path / "zero2.yaml").write_text("distributed_type: DEEPSPEED\nnum_processes: 8\n")
     ds = build_command(parse_config({"round_dir": str(round_dir), "num_processes": 8, "accelerate_config": str(tmp_path / "zero2.yaml")}))
@@ -164,7 +164,7 @@ def test_gpu_processes_are_checked_against_the_gpus(round_dir, monkeypatch):
         run_round(cfg)
     assert not (round_dir / "train").exists()  # refused before anything was written
     monkeypatch.setenv("MENTOR_FAKE_GPUS", "4")
-    from mentor.training.trl_launcher import check_gpus, gpu_demand, round_spec
+    from mentor.training.trl.launcher import check_gpus, gpu_demand, round_spec
 
     check_gpus(gpu_demand(cfg, round_spec(cfg)))  # 4 processes fit 4 GPUs
 
@@ -188,7 +188,7 @@ def test_a_prompt_and_completion_over_the_models_context_is_refused(tmp_path, ro
 def test_a_gpu_round_is_found_by_nvidia_smi_not_by_mentors_torch(round_dir, tmp_path, monkeypatch):
     """mentor's interpreter here has a CPU torch (a hint node's venv); the node has two GPUs (a stand-in
     nvidia-smi listing them, as `nvidia-smi --query-gpu=index` prints): the round trains on them."""
-    from mentor.training.trl_launcher import grpo_kwargs
+    from mentor.training.trl.launcher import grpo_kwargs
 
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()

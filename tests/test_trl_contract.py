@@ -29,7 +29,7 @@ from mentor.cli import cli  # noqa: E402
 from mentor.pipeline.io import write_parquet_atomic  # noqa: E402
 from mentor.pipeline.schemas import prompt_label  # noqa: E402
 from mentor.stages.build import BUILD, BuildConfig  # noqa: E402
-from mentor.training.trl_reward import TrlReward  # noqa: E402
+from mentor.training.trl.reward import TrlReward  # noqa: E402
 
 HINT = "h-contract"
 GOOD_CODE = ("```python\nfrom typing import List\n\ndef has_close_elements(numbers: List[float], threshold: float) -> bool:\n"
@@ -213,7 +213,7 @@ def test_text_prompts_are_conditioned_on_token_for_token(tiny_model, tmp_path, m
     from trl import GRPOConfig, GRPOTrainer
 
     from mentor.data import bundled
-    from mentor.training.trl_launcher import TrlTrainConfig, select_prompts
+    from mentor.training.trl.launcher import TrlTrainConfig, select_prompts
     from test_build import make_hints
 
     math = pl.read_parquet(bundled("gsm8k_problems.parquet")).row(0, named=True)

@@ -27,7 +27,7 @@ from mentor.cli import cli  # noqa: E402
 from mentor.pipeline.errors import ConfigError  # noqa: E402
 from mentor.pipeline.io import write_parquet_atomic  # noqa: E402
 from mentor.stages.build import BUILD, BuildConfig  # noqa: E402
-from mentor.training.trl_launcher import LAUNCHER, grpo_kwargs  # noqa: E402
+from mentor.training.trl.launcher import LAUNCHER, grpo_kwargs  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -87,7 +87,7 @@ def test_grpo_trainer_hints_and_rerolls_collapsed_groups(tiny_model, rows, tmp_p
     from trl import GRPOConfig, GRPOTrainer
 
     from mentor.training.live_hints import LiveHintsConfig
-    from mentor.training.trl_live import LiveReward, LiveRollout
+    from mentor.training.trl.live import LiveReward, LiveRollout
 
     monkeypatch.setenv("TRL_EXPERIMENTAL_SILENCE", "1")
     log_dir = tmp_path / "log"
@@ -146,14 +146,14 @@ def test_a_kill_while_writing_leaves_no_shard(tmp_path):
     """SIGKILL between the temp file and its rename: no shard appears; the next round's start removes the temp file."""
     code = textwrap.dedent(f"""
         import os, signal
-        import mentor.training.trl_live as live
+        import mentor.training.trl.live as live
         os.replace = lambda *a: os.kill(os.getpid(), signal.SIGKILL)
         live.write_shard({str(tmp_path)!r}, [{{"problem_id": "p", "response": "x" * 100000}}] * 50, 3)
     """)
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, timeout=120)
     assert proc.returncode == -9, proc.stderr.decode()[-2000:]
     assert not list(tmp_path.glob("*.jsonl")) and len(list(tmp_path.glob(".trl-live-*.tmp"))) == 1
-    from mentor.training.trl_live import clear_temp_shards
+    from mentor.training.trl.live import clear_temp_shards
 
     assert clear_temp_shards(tmp_path) == 1 and not list(tmp_path.iterdir())
 
@@ -189,7 +189,7 @@ def test_group_pieces_on_build_rows(rows):
     from mentor.pipeline.prompts import INSTRUCTIONS
     from mentor.pipeline.schemas import parse_prompt_label, prompt_label
     from mentor.training.live_hints import LiveHintsConfig, hinted_messages, problem_text
-    from mentor.training.trl_live import label_index, prompt_key
+    from mentor.training.trl.live import label_index, prompt_key
 
     row = rows[0]
     problem = problem_text(row["prompt"], "math", dict(INSTRUCTIONS))
@@ -210,15 +210,15 @@ def test_group_pieces_on_build_rows(rows):
 
 
 def test_live_hints_refused_for_verl_accepted_for_openrlhf(tmp_path):
-    from mentor.training.openrlhf_launcher import LAUNCHER as OPENRLHF
-    from mentor.training.verl_launcher import LAUNCHER as VERL
+    from mentor.training.openrlhf.launcher import LAUNCHER as OPENRLHF
+    from mentor.training.verl.launcher import LAUNCHER as VERL
 
     data = {"round": 1, "round_dir": str(tmp_path), "base_model": "x", "live_hints": _live("http://127.0.0.1:9/v1")}
     # verl's agent loop is not wired: the error names the field and the trainers that run live hints.
     with pytest.raises(ConfigError, match=r"round.yaml: live_hints: .*verl's agent loop is not wired yet: remove live_hints, "
                                           r"or train with kind: trl or kind: openrlhf"):
         VERL.parse(data, "round.yaml", strict=False)
-    assert OPENRLHF.parse(data, "round.yaml").live_hints.backend.base_url == "http://127.0.0.1:9/v1"  # mentor.training.openrlhf_live
+    assert OPENRLHF.parse(data, "round.yaml").live_hints.backend.base_url == "http://127.0.0.1:9/v1"  # mentor.training.openrlhf.live
 
 
 def test_step_budget_problems_and_seconds(rows):

@@ -14,7 +14,7 @@ from click.testing import CliRunner
 
 from mentor.cli import cli
 from mentor.stages.build import BUILD, BuildConfig
-from mentor.training.trl_reward import TrlReward, make_reward, reward_func
+from mentor.training.trl.reward import TrlReward, make_reward, reward_func
 
 EOS, PAD = 2, 0
 

@@ -21,9 +21,9 @@ pytestmark = pytest.mark.verl
 
 from mentor.pipeline.errors import ConfigError  # noqa: E402
 from mentor.stages.build import BUILD, BuildConfig  # noqa: E402
-from mentor.training.verl_batches import pad_path, plan_batches, write_pad  # noqa: E402
-from mentor.training.verl_hydra import compose  # noqa: E402
-from mentor.training.verl_launcher import batch_plan, dry_run_text, parse_config, train_files  # noqa: E402
+from mentor.training.verl.batches import pad_path, plan_batches, write_pad  # noqa: E402
+from mentor.training.verl.hydra import compose  # noqa: E402
+from mentor.training.verl.launcher import batch_plan, dry_run_text, parse_config, train_files  # noqa: E402
 
 
 @pytest.fixture(scope="module")

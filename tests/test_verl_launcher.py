@@ -34,9 +34,9 @@ pytestmark = pytest.mark.verl
 from mentor.cli import cli  # noqa: E402
 from mentor.pipeline.errors import ConfigError  # noqa: E402
 from mentor.stages.build import BUILD, BuildConfig  # noqa: E402
-from mentor.training.verl_checkpoints import prepare_logs  # noqa: E402
-from mentor.training.verl_hydra import compose  # noqa: E402
-from mentor.training.verl_launcher import (  # noqa: E402
+from mentor.training.verl.checkpoints import prepare_logs  # noqa: E402
+from mentor.training.verl.hydra import compose  # noqa: E402
+from mentor.training.verl.launcher import (  # noqa: E402
     build_command,
     dry_run_text,
     parse_config,
@@ -93,7 +93,7 @@ def test_dry_run_checked_by_verls_own_config(tmp_path, round_dir):
     assert "# batches: 1319 prompts, data.train_batch_size=64 (from the overrides), 21 step(s) per epoch" in out
     assert c.algorithm.adv_estimator == "grpo" and c.actor_rollout_ref.rollout.n == 4
     assert c.actor_rollout_ref.model.path == "Qwen/Qwen2.5-1.5B-Instruct"
-    assert c.reward.custom_reward_function.path.endswith("training/verl_reward.py")
+    assert c.reward.custom_reward_function.path.endswith("training/verl/reward.py")
     assert c.reward.custom_reward_function.name == "compute_score"
     assert (c.trainer.n_gpus_per_node, c.trainer.nnodes, c.trainer.total_epochs) == (8, 1, 1)
     assert c.trainer.default_local_dir == str(round_dir.resolve() / "train" / "ckpt")
@@ -214,7 +214,7 @@ def test_no_final_checkpoint_is_refused_and_gpus_checked_before_launch(tmp_path,
 
 def test_gpu_demand_is_read_from_verls_composed_config():
     from mentor.training.gpus import GpuShortage, GpuSupply
-    from mentor.training.verl_hydra import gpu_demand
+    from mentor.training.verl.hydra import gpu_demand
 
     two_nodes = gpu_demand(compose(["trainer.n_gpus_per_node=8", "trainer.nnodes=2"]))
     assert two_nodes.describe() == "16 GPUs (16 shared by actor, rollout, reference: nnodes 2 x n_gpus_per_node 8)"
@@ -239,7 +239,7 @@ def test_rerun_drops_the_rollouts_after_the_last_checkpoint(tmp_path):
     recs = [{"problem_id": f"p{i}", "ts": cut + (i - 2)} for i in range(5)]  # 3 before or at the save, 2 after
     (logs / "verl-0123456789ab-host-1-aa.jsonl").write_text("".join(json.dumps(r) + "\n" for r in recs))
     (logs / "other.jsonl").write_text("{}\n")
-    from mentor.training.verl_checkpoints import last_checkpoint
+    from mentor.training.verl.checkpoints import last_checkpoint
 
     note = prepare_logs(logs, last_checkpoint(ckpt), "0123456789ab")
     assert note == "resuming from checkpoint step 20: dropped 2 rollout record(s) logged after it"

@@ -9,7 +9,7 @@ from click.testing import CliRunner
 
 from mentor.data import bundled
 from mentor.cli import cli
-from mentor.training.verl_reward import compute_score
+from mentor.training.verl.reward import compute_score
 
 
 def _row(domain_file: str, i: int) -> dict:

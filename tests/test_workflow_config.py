@@ -78,8 +78,8 @@ def test_missing_file():
 def test_openrlhf_workflows_parse_with_openrlhfs_own_parser(name, tmp_path):
     """The command each shipped OpenRLHF workflow builds for round 1 is accepted by OpenRLHF 0.11.2's parser."""
     pytest.importorskip("openrlhf")
-    from mentor.training.openrlhf_check import check_with_openrlhf
-    from mentor.training.openrlhf_launcher import TrainConfig, build_command
+    from mentor.training.openrlhf.check import check_with_openrlhf
+    from mentor.training.openrlhf.launcher import TrainConfig, build_command
 
     wf = load_workflow(name)
     cfg = TrainConfig.model_validate(wf.trainer.config).for_round(1, prompts=str(tmp_path / "p"),
@@ -91,7 +91,7 @@ def test_openrlhf_workflows_parse_with_openrlhfs_own_parser(name, tmp_path):
 
 def test_openrlhf_round_after_initial_rollouts_starts_from_base(tmp_path):
     """Round 1 after a round 0 that stood on existing logs (no train/outcome.json) starts from base_model."""
-    from mentor.training.openrlhf_launcher import TrainConfig, actor_model
+    from mentor.training.openrlhf.launcher import TrainConfig, actor_model
 
     wf = load_workflow("deepmath-openrlhf")
     cfg = TrainConfig.model_validate(wf.trainer.config).for_round(1, prompts=str(tmp_path / "p"),

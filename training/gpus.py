@@ -9,7 +9,7 @@ message, so mentor refuses such a round before launching it.
 
 - `GpuDemand`: what one round needs, as `GpuGroup` reservations with the roles
   that share each. `GpuDemand.of_roles` builds one for any trainer; OpenRLHF's
-  comes from its own placement code (`mentor.training.openrlhf_placement`).
+  comes from its own placement code (`mentor.training.openrlhf.placement`).
 - `GpuSupply`: what is there: a Ray cluster's GPU resources (when the trainer
   will connect to an existing cluster), else this machine's devices
   (``MENTOR_FAKE_GPUS`` overrides the count, for tests and login nodes).

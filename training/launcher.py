@@ -1,18 +1,24 @@
 """What every trainer's round shares: the `RoundConfig` base, the `Launcher` protocol, and the registry.
 
-A trainer kind (OpenRLHF, verl, TRL) is one `Launcher`: its round config (a
-`RoundConfig` with the trainer's own fields), and four steps that `mentor train`
-and the workflow runner call the same way for every kind::
+A trainer kind (OpenRLHF, verl, TRL, or a plugin's) is one folder under ``training/``
+whose ``launcher.py`` declares ``LAUNCHER``: a `Launcher` with its round config (a
+`RoundConfig` with the trainer's own fields), and four steps that `mentor train` and the
+workflow runner call the same way for every kind::
 
-    launcher = get_launcher(kind)                  # openrlhf | verl | trl
+    launcher = get_launcher(kind)                  # any of trainer_kinds()
     cfg = launcher.parse(data, where)              # its Config, errors naming the file and key
     cfg = cfg.for_round(r, prompts=..., ...)       # what a workflow decides per round
     launcher.command(cfg), launcher.env(cfg)       # the exact trainer command and its variables
     launcher.check(cfg)                            # every refusal before launch, as text for --dry-run
     launcher.run_round(cfg)                        # launch, wait, record outcome.json
 
-The launchers live in `openrlhf_launcher`, `verl_launcher` and `trl_launcher`; a new
-trainer is one more module with a `LAUNCHER` and one line in `LAUNCHERS`.
+Besides the steps a launcher declares what the rest of mentor asks of a trainer (`LauncherBase`
+gives the defaults): the ``ingest --format`` of its reward's logs (``log_format``), the reward
+entry `mentor doctor` loads with the trainer's Python (``reward``), whether it reads text prompts
+(``text_prompts_refused``), where it takes chat-template variables (``template_kwargs_key``,
+`LauncherBase.template_kwargs`), and its workflow section (``section``; by default
+``{kind, config}``). The kinds are the folders (`mentor.pipeline.plugins`, point ``trainers``,
+``MENTOR_PLUGIN_PATH`` included): nothing lists them by hand.
 
 Every round records ``<round>/train/outcome.json`` (`outcome_record`); round k starts
 from round k-1's final model unless ``actor_model`` is set (`previous_final_model`).
@@ -20,16 +26,19 @@ from round k-1's final model unless ``actor_model`` is set (`previous_final_mode
 
 from __future__ import annotations
 
-import importlib
 import os
+import shlex
+import string
 import sys
 import time
 from collections import deque
 from pathlib import Path
-from typing import Annotated, Any, ClassVar, Protocol
+from collections.abc import Mapping
+from typing import Annotated, Any, ClassVar, Literal, Protocol
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, create_model
 
+from mentor.pipeline import plugins
 from mentor.pipeline.errors import ConfigError, MentorError, config_error
 from mentor.pipeline.io import read_json, write_json_atomic
 from mentor.pipeline.models import resolve_model
@@ -244,7 +253,7 @@ def log_tail(path: Path, n: int = 40) -> str:
 
 def parse_round_config(cls: type[RoundConfig], data: dict[str, Any], where: str) -> RoundConfig:
     """`cls` validated from `data`; `ConfigError` naming `where` and the field."""
-    if "live_hints" in data and "live_hints" not in cls.model_fields:  # trl_live and openrlhf_live; verl's agent loop: not yet
+    if "live_hints" in data and "live_hints" not in cls.model_fields:  # trl/live.py and openrlhf/live.py; verl's agent loop: not yet
         raise ConfigError(f"{where}: live_hints: live hints run in TRL and OpenRLHF rounds (kind: trl or kind: openrlhf); "
                           "verl's agent loop is not wired yet: remove live_hints, or train with kind: trl or kind: openrlhf")
     try:
@@ -258,11 +267,16 @@ def parse_round_config(cls: type[RoundConfig], data: dict[str, Any], where: str)
 
 class Launcher(Protocol):
     """One trainer kind. Its round config is a `RoundConfig`; ``summary`` names the outcome keys a workflow
-    records in its done marker."""
+    records in its done marker; the rest is what `LauncherBase` describes (and gives defaults for)."""
 
     kind: ClassVar[str]
     Config: ClassVar[type[RoundConfig]]
     summary: ClassVar[tuple[str, ...]]
+    name: str
+    log_format: ClassVar[str]
+    reward: ClassVar["RewardEntry | None"]
+    text_prompts_refused: ClassVar[str | None]
+    template_kwargs_key: ClassVar[str | None]
 
     def parse(self, data: dict[str, Any], where: str = "round config", strict: bool = True) -> RoundConfig:
         """The round config from `data`; `strict=False` (a workflow file being loaded) skips checks that need the
@@ -276,28 +290,135 @@ class Launcher(Protocol):
 
     def run_round(self, cfg: RoundConfig) -> dict[str, Any]: ...
 
+    def template_kwargs(self, config: Mapping[str, Any]) -> Any: ...
 
-# kind -> module with LAUNCHER (imported on first use: a round of one kind never imports another's trainer code)
-LAUNCHERS = {"openrlhf": "mentor.training.openrlhf_launcher", "verl": "mentor.training.verl_launcher",
-             "trl": "mentor.training.trl_launcher"}
+    def workflow_section(self) -> type[BaseModel]: ...
+
+    def run_section(self, section: Any, round_: int, placeholders: dict[str, str], out_dir: Path) -> tuple[int, str | None]: ...
+
+
+# A reward entry `mentor doctor` loads with the trainer's Python: (file or module, attribute, "file" | "module").
+RewardEntry = tuple[str, str, Literal["file", "module"]]
+
+
+# What a workflow round hands a trainer section it runs itself (`LauncherBase.run_section`), by name.
+ROUND_PLACEHOLDERS = ("prompts", "rollout_dir", "round", "run_dir", "model", "prev_model")
+
+
+def check_placeholders(text: str, allowed: tuple[str, ...]) -> str:
+    """`text` if every ``{name}`` in it is one of `allowed` (``{{``/``}}`` for literal braces); else a ValueError
+    that names the bad placeholder and the fix (checked when the workflow is loaded, not when the round runs)."""
+    fix = f"use {', '.join('{' + a + '}' for a in allowed)}, or write {{{{ and }}}} for a literal brace"
+    try:
+        fields = [(name, spec, conv) for _, name, spec, conv in string.Formatter().parse(text) if name is not None]
+    except ValueError as exc:
+        raise ValueError(f"{text!r}: malformed placeholder ({exc}); {fix}") from None
+    for name, spec, conv in fields:
+        if name not in allowed or spec or conv:
+            shown = "{" + name + (f"!{conv}" if conv else "") + (f":{spec}" if spec else "") + "}"
+            raise ValueError(f"{text!r}: unknown placeholder {shown}; {fix}")
+    return text
+
+
+class LaunchedSection(BaseModel):
+    """A workflow's ``trainer`` section for a launched kind: ``{kind, config}``, ``config`` its round config."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    kind: str
+    config: dict[str, Any] = Field(default_factory=dict, description="The `mentor train` round config of this kind "
+                                   "(its launcher's Config; round, round_dir and prompts are the workflow's).")
+
+
+class LauncherBase:
+    """What a launcher declares beyond the four steps, with the defaults a new trainer starts from.
+
+    A subclass sets ``kind`` (its folder's name) and ``Config``, and writes `command` and `run_round`;
+    the rest is optional."""
+
+    kind: ClassVar[str]
+    Config: ClassVar[type[RoundConfig]]
+    title: ClassVar[str] = ""  # how messages name it ("OpenRLHF 0.11.2"); default: the kind
+    summary: ClassVar[tuple[str, ...]] = ("exit_code", "final_model", "log_file", "duration_s")
+    log_format: ClassVar[str] = "openrlhf"  # `mentor ingest --format` of what its reward logs (mentor's JSONL records)
+    reward: ClassVar[RewardEntry | None] = None  # what `mentor doctor` loads with the trainer's Python
+    text_prompts_refused: ClassVar[str | None] = None  # why it cannot read text prompts (None: it reads them)
+    template_kwargs_key: ClassVar[str | None] = None  # where its config takes chat-template variables (None: nowhere)
+    section: ClassVar[type[BaseModel] | None] = None  # its workflow section (None: `LaunchedSection` with its kind)
+
+    @property
+    def name(self) -> str:
+        return self.title or self.kind
+
+    def parse(self, data: dict[str, Any], where: str = "round config", strict: bool = True) -> RoundConfig:
+        if "kind" not in self.Config.model_fields:  # the key that picked this launcher (a round.yaml's)
+            data = {k: v for k, v in data.items() if k != "kind"}
+        return parse_round_config(self.Config, data, where)
+
+    def command(self, cfg: RoundConfig) -> list[str]:
+        raise NotImplementedError
+
+    def env(self, cfg: RoundConfig) -> dict[str, str]:
+        return {}
+
+    def check(self, cfg: RoundConfig) -> str:
+        return shlex.join(self.command(cfg))
+
+    def run_round(self, cfg: RoundConfig) -> dict[str, Any]:
+        raise NotImplementedError
+
+    def template_kwargs(self, config: Mapping[str, Any]) -> Any:
+        """The chat-template variables its round config passes (as given: a mapping or JSON text; None: none)."""
+        value: Any = config
+        for part in (self.template_kwargs_key or "").split(".") if self.template_kwargs_key else []:
+            value = value.get(part) if isinstance(value, Mapping) else None
+        return value if self.template_kwargs_key else None
+
+    @classmethod
+    def workflow_section(cls) -> type[BaseModel]:
+        """Its model of a workflow's ``trainer`` section (``kind`` a literal: one arm of the train stage's union)."""
+        if cls.section is not None:
+            return cls.section
+        return create_model(f"{cls.kind.title().replace('_', '')}Trainer", __base__=LaunchedSection,
+                            __doc__=f"One {cls.title or cls.kind} round per mentor round (`mentor train` with kind: {cls.kind}).",
+                            kind=(Literal[cls.kind], ...))  # type: ignore[valid-type]
+
+    def run_section(self, section: Any, round_: int, placeholders: dict[str, str], out_dir: Path) -> tuple[int, str | None]:
+        """A section mentor does not launch as a round (no ``config``, e.g. verl's own command): run it, return
+        (exit code, final model)."""
+        raise ConfigError(f"trainer kind {self.kind}: give trainer.config (the round config)")
+
+
+def trainer_kinds() -> list[str]:
+    """The trainer kinds: the folders of `mentor.training` with a ``launcher.py``, then ``MENTOR_PLUGIN_PATH``'s."""
+    return plugins.names("trainers")
 
 
 def get_launcher(kind: Any) -> Launcher:
-    if not isinstance(kind, str) or kind not in LAUNCHERS:
-        raise ConfigError(f"trainer kind {kind!r}: mentor launches {', '.join(LAUNCHERS)}")
-    return importlib.import_module(LAUNCHERS[kind]).LAUNCHER
+    """The ``LAUNCHER`` of trainer `kind` (imported on first use: a round of one kind never imports another's code)."""
+    kinds = trainer_kinds()
+    if not isinstance(kind, str) or kind not in kinds:
+        raise ConfigError(f"trainer kind {kind!r}: mentor launches {', '.join(kinds)}")
+    return plugins.load("trainers", kind).LAUNCHER
 
 
 def load_round(path: str | os.PathLike) -> tuple[Launcher, RoundConfig]:
     """A `round.yaml`: its launcher (``kind``, default openrlhf) and its config; errors name the file."""
     data = read_yaml_mapping(Path(path), "round settings")
-    kind = "openrlhf" if data.get("kind") is None else data["kind"]
-    if not isinstance(kind, str) or kind not in LAUNCHERS:
-        raise ConfigError(f"{path}: kind {kind!r}: give one of {', '.join(LAUNCHERS)} (a single name; "
-                          "leave it out for openrlhf)")
+    kind = DEFAULT_KIND if data.get("kind") is None else data["kind"]
+    kinds = trainer_kinds()
+    if not isinstance(kind, str) or kind not in kinds:
+        raise ConfigError(f"{path}: kind {kind!r}: give one of {', '.join(kinds)} (a single name; "
+                          f"leave it out for {DEFAULT_KIND})")
     launcher = get_launcher(kind)
     return launcher, launcher.parse(data, str(path))
 
 
-__all__ = ["LAUNCHERS", "Launcher", "ModelRef", "OUTCOME", "RewardFile", "RoundConfig", "TrainError", "get_launcher", "load_round",
-           "local_model_or_name", "log_tail", "prompt_sources_ok", "reward_file_path", "outcome_record", "parse_round_config", "previous_final_model"]
+# A round.yaml without `kind` (they predate the others).
+DEFAULT_KIND = "openrlhf"
+
+
+__all__ = ["DEFAULT_KIND", "LaunchedSection", "Launcher", "LauncherBase", "ModelRef", "OUTCOME", "RewardEntry", "RewardFile",
+           "ROUND_PLACEHOLDERS", "RoundConfig", "TrainError", "check_placeholders", "get_launcher", "load_round", "local_model_or_name", "log_tail",
+           "prompt_sources_ok", "reward_file_path", "outcome_record", "parse_round_config", "previous_final_model",
+           "trainer_kinds"]

@@ -1,7 +1,7 @@
 """Live hints: a group that collapsed inside a training step is hinted and re-rolled in that same step.
 
 Offline (the default) mentor hints what collapsed in a round's logs and the next round trains on the
-hinted prompts. With ``live_hints`` in a round's trainer settings (TRL: `mentor.training.trl_live`),
+hinted prompts. With ``live_hints`` in a round's trainer settings (TRL: `mentor.training.trl.live`),
 each step's groups are generated and scored first; a group whose rewards are all 0 becomes one row
 of the hint stage's COLLAPSED schema (its very rollouts are the failed responses Attribution reads)
 and goes through the same four agents, rules, judge and fallback as offline (`hint_shard`, the hint

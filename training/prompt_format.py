@@ -1,34 +1,27 @@
 """Which trainer reads which prompt shards: chat messages (placements before / after / system) or text
 rendered with the policy's chat template (placement assistant: the hint opens the answer).
 
-- OpenRLHF 0.11.2 reads text prompts as they are without ``--data.apply_chat_template``
-  (`PromptDataset` then takes the ``prompt`` column verbatim and `SingleTurnAgentExecutor`
-  tokenizes it without added special tokens); with the flag it would wrap the text in a new
-  user turn. `openrlhf_data_flags` gives the flags for a round's shards.
-- TRL 1.16's GRPOTrainer reads a string prompt as a standard (non-conversational) prompt:
-  tokenized as it is, no chat template.
-- verl 0.9.1 cannot: `RLHFDataset` hands ``prompt`` on as messages and every agent loop renders
-  them through the Continuous Token builder with ``add_generation_prompt=True``
-  (``verl/utils/tokenizer/continuous_token.py``), which has no open-answer form; a string
-  prompt is not messages. `check_readable` refuses such shards for verl.
+Each trainer says it in its launcher (`mentor.training.launcher.LauncherBase`): whether it reads text
+prompts (``text_prompts_refused``: why not; OpenRLHF 0.11.2 without ``--data.apply_chat_template`` and
+TRL 1.16 read them as they are, verl 0.9.1 cannot) and where its round config takes the chat template's
+variables (``template_kwargs_key``, ``template_kwargs``). mentor's offline rollouts (the train stage's
+``offline`` kind) send text prompts as they are and take ``rollout.chat_template_kwargs``. The tables
+here are built from those declarations.
 
 Template variables (``chat_template_kwargs``: Qwen3's ``enable_thinking``, ...) must be the same in the
 prompts and in the trainer: `mentor build` records its own in the shards' ``manifest.json``
-(placement assistant renders every prompt with them), TRL takes ``chat_template_kwargs`` (a
-``GRPOConfig`` field), verl ``data.apply_chat_template_kwargs``, mentor's offline rollouts
-``rollout.chat_template_kwargs``; OpenRLHF 0.11.2 has no such setting (its ``PromptDataset`` renders
-chat prompts with the template's defaults). `check_template_kwargs` refuses a round whose two
-differ, or chat prompts built with variables for OpenRLHF; a workflow's build takes the trainer's
+(placement assistant renders every prompt with them). `check_template_kwargs` refuses a round whose
+two differ, or chat prompts built with variables for a trainer that has no such setting (it renders
+chat prompts with its template's defaults); a workflow's build takes the trainer's
 (`trainer_template_kwargs`) when it sets none.
 
-The workflow runner and `workflows.config` use these, and so do the launchers (`mentor train`): the
-OpenRLHF one picks its data flags with `openrlhf_data_flags`, the verl one refuses text shards.
+The workflow runner and `workflows.config` use these, and so do the launchers (`mentor train`).
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -36,14 +29,21 @@ from mentor.pipeline.errors import ConfigError
 from mentor.pipeline.inputs import resolve_inputs
 from mentor.pipeline.io import read_parquet_schema
 from mentor.pipeline.schemas import prompts_are_text
+from mentor.training.launcher import get_launcher, trainer_kinds
 
-# Trainers a workflow hands text prompts to (mentor's own offline rollouts send them as they are; mentor's
-# OpenRLHF launch leaves out --data.apply_chat_template for them, `openrlhf_data_flags`).
-TEXT_READERS = ("offline", "trl", "openrlhf")
-# Trainers that need chat messages.
-MESSAGE_ONLY = ("verl",)
-VERL_WHY = ("verl 0.9.1 renders every prompt from chat messages with add_generation_prompt=True (its agent loop's "
-            "Continuous Token builder), so it cannot continue an answer opened with the hint")
+# The train stage's own kind that samples the policy itself: it sends text prompts as they are.
+OFFLINE = "offline"
+OFFLINE_KWARGS_KEY = "rollout.chat_template_kwargs"
+
+
+def text_readers() -> tuple[str, ...]:
+    """The kinds a workflow may hand text prompts to: mentor's offline rollouts and every trainer that reads them."""
+    return (OFFLINE, *(k for k in trainer_kinds() if get_launcher(k).text_prompts_refused is None))
+
+
+def text_prompts_refused(kind: str) -> str | None:
+    """Why a workflow's trainer `kind` cannot be given text prompts (None: it can, or it is not mentor's to say)."""
+    return get_launcher(kind).text_prompts_refused if kind in trainer_kinds() else None
 
 
 def prompt_files_are_text(sources: Sequence[str]) -> bool:
@@ -57,54 +57,56 @@ def prompt_files_are_text(sources: Sequence[str]) -> bool:
 
 
 def check_readable(kind: str, sources: Sequence[str]) -> None:
-    """`ConfigError` when trainer `kind` cannot read these prompt shards (verl and text prompts)."""
-    if kind in MESSAGE_ONLY and prompt_files_are_text(sources):
-        raise ConfigError(f"prompts {', '.join(map(str, sources))}: built with placement assistant (text prompts); {VERL_WHY}. "
-                          "Rebuild them with `mentor build --placement after` (or before/system) for verl")
+    """`ConfigError` when trainer `kind` cannot read these prompt shards (text prompts for one that reads only messages)."""
+    why = text_prompts_refused(kind)
+    if why and prompt_files_are_text(sources):
+        raise ConfigError(f"prompts {', '.join(map(str, sources))}: built with placement assistant (text prompts); {why}. "
+                          f"Rebuild them with `mentor build --placement after` (or before/system) for {kind}")
 
 
-def openrlhf_data_flags(sources: Sequence[str]) -> list[str]:
-    """OpenRLHF's prompt-data flags for these shards: the chat template only for chat-message prompts."""
-    flags = ["--data.input_key", "prompt", "--data.label_key", "label"]
-    return flags if prompt_files_are_text(sources) else [*flags, "--data.apply_chat_template"]
+class _KwargsKeys(Mapping):
+    """kind -> where it takes the template variables (None: it has no such setting), from the launchers."""
+
+    def __iter__(self) -> Iterator[str]:
+        return iter((OFFLINE, *trainer_kinds()))
+
+    def __len__(self) -> int:
+        return 1 + len(trainer_kinds())
+
+    def __getitem__(self, kind: str) -> str | None:
+        if kind == OFFLINE:
+            return OFFLINE_KWARGS_KEY
+        if kind in trainer_kinds():
+            return get_launcher(kind).template_kwargs_key
+        raise KeyError(kind)
 
 
-# Where each trainer takes the template variables (None: it has no such setting).
-TEMPLATE_KWARGS_KEY = {"trl": "chat_template_kwargs", "verl": "overrides.data.apply_chat_template_kwargs",
-                       "offline": "rollout.chat_template_kwargs", "openrlhf": None}
+TEMPLATE_KWARGS_KEY: Mapping[str, str | None] = _KwargsKeys()
 
 
 def trainer_template_kwargs(kind: str, config: Mapping[str, Any] | None) -> dict[str, Any] | None:
     """The template variables a trainer's round config passes to the chat template (None: it sets none)."""
     config = config or {}
-    if kind == "trl":
-        value = config.get("chat_template_kwargs")
-    elif kind == "verl":  # whole, or key by key (+data.apply_chat_template_kwargs.enable_thinking=false)
-        key = "data.apply_chat_template_kwargs"
-        overrides = {str(k).lstrip("+~"): v for k, v in (config.get("overrides") or {}).items()}
-        value = overrides.get(key)
-        keys = {k[len(key) + 1:]: v for k, v in overrides.items() if k.startswith(key + ".")}
-        if keys:
-            if isinstance(value, str):
-                value = _json_mapping(kind, value)
-            value = {**(value or {}), **keys}
-    elif kind == "offline":
+    if kind == OFFLINE:
         value = (config.get("rollout") or {}).get("chat_template_kwargs")
+    elif kind in trainer_kinds():
+        value = get_launcher(kind).template_kwargs(config)
     else:
         return None
     if isinstance(value, str):  # TRL and Hydra take a JSON text too
-        value = _json_mapping(kind, value)
+        value = json_mapping(TEMPLATE_KWARGS_KEY[kind], value)
     if value is not None and not isinstance(value, Mapping):
         raise ConfigError(f"{TEMPLATE_KWARGS_KEY[kind]}: {value!r} is not a mapping of template variables "
                           "(e.g. {enable_thinking: false})")
     return dict(value) if value else None
 
 
-def _json_mapping(kind: str, value: str) -> Any:
+def json_mapping(where: str | None, value: str) -> Any:
+    """Template variables given as JSON text in setting `where`; a `ConfigError` naming it when it is not JSON."""
     try:
         return json.loads(value)
     except ValueError:
-        raise ConfigError(f"{TEMPLATE_KWARGS_KEY[kind]} {value!r}: not a mapping (write e.g. {{enable_thinking: false}})") from None
+        raise ConfigError(f"{where} {value!r}: not a mapping (write e.g. {{enable_thinking: false}})") from None
 
 
 def built_template_kwargs(sources: Sequence[str]) -> dict[str, Any] | None:
@@ -124,16 +126,16 @@ def built_template_kwargs(sources: Sequence[str]) -> dict[str, Any] | None:
 
 def check_template_kwargs(kind: str, sources: Sequence[str], trainer_kwargs: Mapping[str, Any] | None) -> None:
     """`ConfigError` when the prompts were built with other template variables than the trainer passes (one arm
-    would think and the other not), or OpenRLHF gets chat prompts built with variables it cannot pass."""
+    would think and the other not), or a trainer with no such setting gets chat prompts built with variables."""
     built = built_template_kwargs(sources)
     if built is None:
         return
     where = f"prompts {', '.join(map(str, sources))}"
-    if kind == "openrlhf":
+    if kind in trainer_kinds() and get_launcher(kind).template_kwargs_key is None:
         if built and not prompt_files_are_text(sources):
-            raise ConfigError(f"{where}: built with chat_template_kwargs {built}, but OpenRLHF 0.11.2 renders chat prompts "
-                              "with its template's defaults (it has no setting for template variables); build them with "
-                              "placement assistant (mentor renders every prompt with the variables) or without "
+            raise ConfigError(f"{where}: built with chat_template_kwargs {built}, but {get_launcher(kind).name} renders chat "
+                              "prompts with its template's defaults (it has no setting for template variables); build them "
+                              "with placement assistant (mentor renders every prompt with the variables) or without "
                               "chat_template_kwargs")
         return
     mine = dict(trainer_kwargs or {})
@@ -155,11 +157,5 @@ def sampling_template_kwargs(given: Mapping[str, Any], sources: Sequence[Any]) -
                       f"{dict(given)} (--chat-template-kwarg); give the same variables, or none to use the build's")
 
 
-def text_prompts_refused(kind: str) -> str | None:
-    """Why a workflow's trainer `kind` cannot be given text prompts (None: it can, or it is not mentor's to say)."""
-    return {"verl": VERL_WHY}.get(kind)
-
-
-__all__ = ["MESSAGE_ONLY", "TEMPLATE_KWARGS_KEY", "TEXT_READERS", "built_template_kwargs", "check_template_kwargs",
-           "sampling_template_kwargs",
-           "trainer_template_kwargs", "text_prompts_refused", "check_readable", "openrlhf_data_flags", "prompt_files_are_text"]
+__all__ = ["OFFLINE", "TEMPLATE_KWARGS_KEY", "built_template_kwargs", "check_readable", "check_template_kwargs", "json_mapping",
+           "prompt_files_are_text", "sampling_template_kwargs", "text_prompts_refused", "text_readers", "trainer_template_kwargs"]

@@ -9,7 +9,7 @@ launcher runs, before launch and in ``--dry-run``, the trainer's interpreter
 - OpenRLHF and verl load a reward *file* by path (``importlib.util.spec_from_file_location``,
   then ``exec_module``; OpenRLHF's ``SingleTurnAgentExecutor``, verl's
   ``get_custom_reward_fn``) and take a function from it;
-- TRL's round (``mentor.training.trl_train``) imports a *module*.
+- TRL's round (``mentor.training.trl.train``) imports a *module*.
 
 A failure is a `ConfigError` (exit 2) with the interpreter's last line, which for
 mentor's reward files says which Python it was and how to install mentor there.

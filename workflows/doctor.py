@@ -16,8 +16,8 @@ Like ``vllm collect-env`` or ``accelerate env``, but about this loop. Each check
   engine will start its processes (spawn);
 - the hint model fits: its weights per GPU (``--tensor-parallel-size``) against what
   ``--gpu-memory-utilization`` leaves of each GPU, with room for the KV cache;
-- the trainer's Python (``--python``): its version, and that it loads the reward files of
-  OpenRLHF, verl and TRL;
+- the trainer's Python (``--python``): its version, and that it loads every trainer's reward
+  (each launcher's ``reward``: a file by path, as OpenRLHF and verl load it, or a module);
 - the Ray cluster the trainer would join, joined with the trainer's Python (Ray refuses
   another Ray or Python version), and from every node: the rollout-log folder and the reward file;
 - the disk under ``--out`` has room for the shards;
@@ -48,11 +48,10 @@ from mentor.pipeline import backends
 from mentor.pipeline.errors import ConfigError, MentorError
 from mentor.pipeline.llm import GenRequest, make_backend, release_engines
 from mentor.pipeline.models import resolve_model
-from mentor.training.openrlhf_launcher import REWARD_FILE as OPENRLHF_REWARD
+from mentor.training.launcher import get_launcher, trainer_kinds
 from mentor.training.ray_preflight import check_reward_reach, probe_cluster
 from mentor.training.reward_check import check_reward_loads
 from mentor.training.rollout_log import ENV_DIR, RAY_JOB_CONFIG_ENV, check_rollout_reach, ray_job_config_env
-from mentor.training.verl_launcher import REWARD_FILE as VERL_REWARD
 from mentor.workflows.doctor_node import (
     OK,
     PROBE_TIMEOUT_S,
@@ -309,13 +308,19 @@ def check_reward(opts: DoctorOptions) -> Check:
         return Check("reward files", SKIP, "hint node")
     python = opts.python or sys.executable
     env = dict(os.environ)
+    loaded = []
     try:
-        check_reward_loads(python, OPENRLHF_REWARD, "reward_func", env)
-        check_reward_loads(python, VERL_REWARD, "compute_score", env)
-        check_reward_loads(python, "mentor.training.trl_reward", "make_reward", env, kind="module")
+        for kind, (target, attribute, how) in trainer_rewards().items():
+            check_reward_loads(python, target, attribute, env, kind=how)
+            loaded.append(kind)
     except ConfigError as exc:
         return Check("reward files", PROBLEM, str(exc), "in that environment: pip install 'mentor[reward]'")
-    return Check("reward files", OK, f"{python} loads the OpenRLHF and verl reward files and the TRL reward")
+    return Check("reward files", OK, f"{python} loads the reward of every trainer ({', '.join(loaded)})")
+
+
+def trainer_rewards() -> dict[str, tuple[str, str, str]]:
+    """kind -> the reward entry its launcher declares (a file by path, or a module), for the trainers that declare one."""
+    return {k: get_launcher(k).reward for k in trainer_kinds() if get_launcher(k).reward is not None}
 
 
 def check_ray(opts: DoctorOptions) -> Check:
@@ -330,10 +335,11 @@ def check_ray(opts: DoctorOptions) -> Check:
     env = dict(os.environ) | {ENV_DIR: str(directory)}
     env |= ray_job_config_env({ENV_DIR: str(directory)}, env.get(RAY_JOB_CONFIG_ENV))
     try:
-        cluster = probe_cluster(env, init="plain", python=opts.python, timeout_s=120,
-                                reward=(str(OPENRLHF_REWARD), "reward_func"))
+        reward = next(((t, a) for t, a, how in trainer_rewards().values() if how == "file"), None)
+        cluster = probe_cluster(env, init="plain", python=opts.python, timeout_s=120, reward=reward)
         hosts = check_rollout_reach(cluster, directory)
-        check_reward_reach(cluster, OPENRLHF_REWARD)
+        if reward:
+            check_reward_reach(cluster, Path(reward[0]))
     except ConfigError as exc:
         return Check("Ray", PROBLEM, str(exc))
     finally:

@@ -181,7 +181,7 @@ def check_env_settings() -> Check:
     return Check("settings", OK, f"{len(found)} set, every engine and trainer started from here inherits them: {listing}")
 
 
-# accelerate launch flags mentor passes itself on a TRL round (training/trl_launcher.py); the default config's values
+# accelerate launch flags mentor passes itself on a TRL round (training/trl/launcher.py); the default config's values
 # for them do not apply.
 MENTOR_ACCELERATE_FLAGS = ("num_processes", "num_cpu_threads_per_process", "main_process_port", "multi_gpu")
 

@@ -2,7 +2,7 @@
 
 Each round is a loop over the round's stages (`mentor.stages.ROUND_STAGES`), in order:
 
-    train (OpenRLHF / TRL / verl / offline rollout / wait for an external trainer)
+    train (a trainer's round, training/<kind>/ / offline rollout / wait for an external trainer)
       -> ingest -> mine (with earlier rounds as history) -> hint -> build
 
 each a `Stage` the runner calls the same way (``_<stage>_job`` says what it reads),
@@ -43,8 +43,8 @@ from mentor.stages.build import BUILD_STATS, BuildConfig
 from mentor.stages.build_base import load_base, validate_base
 from mentor.stages.build_render import DEFAULT_PLACEMENT
 from mentor.stages.train import launched, offline_seed
-from mentor.training.launcher import get_launcher
-from mentor.training.prompt_format import TEXT_READERS
+from mentor.training.launcher import get_launcher, trainer_kinds
+from mentor.training.prompt_format import text_readers
 from mentor.workflows.config import Workflow, check_sections, workflow_template_kwargs
 
 log = logging.getLogger(__name__)
@@ -236,7 +236,8 @@ class Runner:
     def _ingest_config(self, r: int) -> dict:
         if r == 0 and self.wf.initial_rollouts is not None:
             return {"format": self.wf.initial_rollouts.format, "map": self.wf.initial_rollouts.map, "round": r}
-        fmt = {"offline": "canonical", "openrlhf": "openrlhf", "trl": "openrlhf", "verl": "openrlhf"}.get(self.wf.trainer.kind)
+        kind = self.wf.trainer.kind  # offline: mentor's own rollouts; a trainer: the format its reward logs in
+        fmt = "canonical" if kind == "offline" else get_launcher(kind).log_format if kind in trainer_kinds() else None
         return {"format": fmt or self.wf.trainer.format, "round": r}
 
     def _ingest_job(self, r: int, tokens: dict[str, str]) -> "_Job":
@@ -274,7 +275,7 @@ class Runner:
         tok = b.get("tokenizer") or trainer_policy(self.wf.trainer)
         if tok:
             b["tokenizer"] = tok
-        if self.wf.trainer.kind not in TEXT_READERS and b.get("placement") is None and b.get("template") is None:
+        if self.wf.trainer.kind not in text_readers() and b.get("placement") is None and b.get("template") is None:
             b["placement"] = DEFAULT_PLACEMENT
         if "chat_template_kwargs" not in b:  # the trainer's template variables render (and count) the prompts too
             theirs = workflow_template_kwargs(self.wf.trainer)

@@ -11,9 +11,9 @@ from mentor.training.launcher import load_round
 
 @click.command()
 @click.option("--config", "config_path", required=True, type=click.Path(dir_okay=False),
-              help="The round's round.yaml: `kind` picks the trainer (openrlhf, the default: training/openrlhf_launcher.py "
-                   "TrainConfig; trl: training/trl_launcher.py TrlTrainConfig + GRPOConfig fields; verl: "
-                   "training/verl_launcher.py VerlTrainConfig + verl overrides).")
+              help="The round's round.yaml: `kind` picks the trainer (openrlhf, the default: training/openrlhf/launcher.py "
+                   "TrainConfig; trl: training/trl/launcher.py TrlTrainConfig + GRPOConfig fields; verl: "
+                   "training/verl/config.py VerlTrainConfig + verl overrides).")
 @click.option("--dry-run", is_flag=True,
               help="Check the round and print the exact trainer command and environment, run nothing: the trainer's own "
                    "checks (OpenRLHF's launch code, verl's Hydra config and validate_config, TRL's GRPOConfig), the GPUs "

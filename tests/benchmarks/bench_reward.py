@@ -63,7 +63,7 @@ def main() -> None:
 
     from mentor.data import bundled
     from mentor.pipeline.schemas import code_label, prompt_label
-    from mentor.training import openrlhf_reward
+    from mentor.training.openrlhf import reward as openrlhf_reward
     from mentor.training.sandbox import run_python
     from mentor.training.verify import math_pool, verify
 

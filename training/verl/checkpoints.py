@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 from mentor.training.rollout_log import run_shards
 
 if TYPE_CHECKING:
-    from mentor.training.verl_launcher import VerlTrainConfig
+    from mentor.training.verl.config import VerlTrainConfig
 
 LATEST = "latest_checkpointed_iteration.txt"
 

@@ -7,7 +7,7 @@ The command (flags as OpenRLHF 0.11.2's ``train_ppo_ray`` parser spells them)::
       --data.prompt_dataset <the round's prompt shards>
       --data.input_key prompt --data.label_key label --data.apply_chat_template (messages; not for text prompts)
       --reward.remote_url <mentor's reward file>
-        (with live_hints: --train.agent_func_path <training/openrlhf_live.py>, mentor.training.openrlhf_live)
+        (with live_hints: --train.agent_func_path <training/openrlhf/live.py>, mentor.training.openrlhf.live)
       --algo.advantage.estimator group_norm --rollout.n_samples_per_prompt 4
       --ckpt.path <round>/train/ckpt --ckpt.output_dir <round>/train/model
       --train.num_episodes 1
@@ -37,7 +37,7 @@ outcome.json) and uses a fresh ``--ckpt.path``: a loaded DeepSpeed checkpoint
 would restore the dataloader position of the old prompt file.
 
 OpenRLHF's own launch checks on the command (`mentor train --dry-run`) are in
-`openrlhf_check`, the GPUs a round reserves in `openrlhf_placement`.
+`openrlhf.check`, the GPUs a round reserves in `openrlhf.placement`.
 """
 
 from __future__ import annotations
@@ -59,10 +59,10 @@ from mentor.pipeline.io import write_json_atomic
 from mentor.pipeline.yaml_io import read_yaml_mapping
 from mentor.training.gpus import cluster_supply, local_gpus
 from mentor.training.live_hints import LiveHintsConfig
-from mentor.training.launcher import ModelRef, RewardFile, RoundConfig, finish_round, outcome_record, parse_round_config
-from mentor.training.openrlhf_check import check_with_openrlhf
-from mentor.training.openrlhf_placement import round_demand
-from mentor.training.prompt_format import check_template_kwargs, openrlhf_data_flags
+from mentor.training.launcher import LauncherBase, ModelRef, RewardFile, RoundConfig, finish_round, outcome_record, parse_round_config
+from mentor.training.openrlhf.check import check_with_openrlhf
+from mentor.training.openrlhf.placement import round_demand
+from mentor.training.prompt_format import check_template_kwargs, prompt_files_are_text
 from mentor.training.prompt_limits import LongestPrompt, longest_prompt, require, response_limit
 from mentor.training.ray_preflight import check_reward_reach, probe_cluster
 from mentor.training.reward_check import check_reward_loads
@@ -80,8 +80,8 @@ from mentor.training.rollout_log import (
 
 log = logging.getLogger(__name__)
 
-REWARD_FILE = Path(__file__).resolve().parent / "openrlhf_reward.py"
-LIVE_FILE = Path(__file__).resolve().parent / "openrlhf_live.py"  # --train.agent_func_path of a round with live_hints
+REWARD_FILE = Path(__file__).resolve().parent / "reward.py"
+LIVE_FILE = Path(__file__).resolve().parent / "live.py"  # --train.agent_func_path of a round with live_hints
 
 
 class TrainConfig(RoundConfig):
@@ -91,7 +91,7 @@ class TrainConfig(RoundConfig):
 
     kind: Literal["openrlhf"] = Field("openrlhf", description="Selects the OpenRLHF trainer (the default kind of a round.yaml).")
     base_model: ModelRef = Field(description="HF name or path of the base policy (round 0's actor).")
-    reward_file: RewardFile | None = Field(None, description="Reward file for --reward.remote_url (default: mentor's openrlhf_reward.py).")
+    reward_file: RewardFile | None = Field(None, description="Reward file for --reward.remote_url (default: mentor's openrlhf/reward.py).")
     n_samples_per_prompt: int = Field(4, ge=2, description="GRPO group size (--rollout.n_samples_per_prompt).")
     advantage_estimator: str = Field("group_norm", description="--algo.advantage.estimator (group_norm = GRPO).")
     num_nodes: int = Field(1, ge=1, description="Nodes for the actor and reference models.")
@@ -105,7 +105,7 @@ class TrainConfig(RoundConfig):
         "true = bare flag, false/null = omitted, a list = several values.",
     )
     live_hints: LiveHintsConfig | None = Field(
-        None, description="Hint and re-roll a group that collapses inside the step (mentor.training.openrlhf_live: an agent "
+        None, description="Hint and re-roll a group that collapses inside the step (mentor.training.openrlhf.live: an agent "
         "executor, --train.agent_func_path, on every vLLM engine); None: offline hints only.")
     preflight: bool = Field(
         True,
@@ -256,6 +256,14 @@ def round_command(cfg: TrainConfig, dry_run: bool = False) -> tuple[list[str], L
     return build_command(cfg, limit), found
 
 
+def openrlhf_data_flags(sources: list[str]) -> list[str]:
+    """OpenRLHF's prompt-data flags for these shards: the chat template only for chat-message prompts (0.11.2's
+    `PromptDataset` takes a text ``prompt`` verbatim without ``--data.apply_chat_template``; with it, it would wrap
+    the text in a new user turn)."""
+    flags = ["--data.input_key", "prompt", "--data.label_key", "label"]
+    return flags if prompt_files_are_text(sources) else [*flags, "--data.apply_chat_template"]
+
+
 def prompt_data_flags(cfg: TrainConfig) -> list[str]:
     """``--data.*`` flags for the round's shards: OpenRLHF's chat template for message prompts only; text prompts
     (placement assistant, rendered by `mentor build` with the policy's template) are read as they are."""
@@ -315,7 +323,7 @@ def build_env(cfg: TrainConfig) -> dict[str, str]:
     local cluster and on one started by ``ray start`` alike.
     """
     env = {ENV_DIR: str(cfg.rollout_dir.resolve()), ENV_ROUND: str(cfg.round), ENV_RUN: run_identity(cfg.train_path)}
-    if cfg.live_hints is not None:  # what mentor.training.openrlhf_live reads in every engine actor
+    if cfg.live_hints is not None:  # what mentor.training.openrlhf.live reads in every engine actor
         env.update({"MENTOR_LIVE_HINTS": cfg.live_hints.model_dump_json(), "MENTOR_LIVE_PROMPTS": cfg.prompt_dataset,
                     "MENTOR_LIVE_GROUP_SIZE": str(cfg.n_samples_per_prompt),
                     "MENTOR_LIVE_TEMPERATURE": str(_temperatures({k.removeprefix("--"): v for k, v in cfg.extra_args.items()})[0])})
@@ -348,7 +356,7 @@ def live_text(cfg: TrainConfig) -> str:
     if live is None:
         return "off (offline hints only)"
     b = live.backend
-    return (f"on: agent executor {LIVE_FILE.name}, hint engine {b.backend} {b.model or 'embedded'}"
+    return (f"on: agent executor {LIVE_FILE.parent.name}/{LIVE_FILE.name}, hint engine {b.backend} {b.model or 'embedded'}"
             f"{' at ' + b.base_url if b.base_url else ''}, placement {live.placement}, at most "
             f"{live.max_problems_per_step or 'every'} group(s) and {live.max_seconds_per_step or 'unlimited'} s per step "
             "and vLLM engine")
@@ -427,12 +435,15 @@ def run_round(cfg: TrainConfig) -> dict[str, Any]:
     return finish_round(cfg, outcome, f"the trainer exited with code {code}" if code != 0 else None)
 
 
-class OpenRLHFLauncher:
-    """OpenRLHF 0.11 as a `mentor.training.launcher.Launcher`."""
+class OpenRLHFLauncher(LauncherBase):
+    """OpenRLHF 0.11 as a `mentor.training.launcher.Launcher`: text prompts read as they are (`openrlhf_data_flags`),
+    no setting for chat-template variables, its reward file loaded by path."""
 
     kind: ClassVar[str] = "openrlhf"
+    title: ClassVar[str] = "OpenRLHF 0.11.2"
     Config: ClassVar[type[TrainConfig]] = TrainConfig
     summary: ClassVar[tuple[str, ...]] = ("exit_code", "final_model", "log_file", "duration_s")
+    reward: ClassVar[tuple[str, str, str]] = (str(REWARD_FILE), "reward_func", "file")
 
     def parse(self, data: dict[str, Any], where: str = "round config", strict: bool = True) -> TrainConfig:
         return parse_config(data, where)
@@ -472,6 +483,7 @@ __all__ = [
     "check_reward",
     "dry_run_text",
     "load_config",
+    "openrlhf_data_flags",
     "parse_config",
     "live_text",
     "preflight",

@@ -36,7 +36,7 @@ import logging
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-log = logging.getLogger("mentor.training.trl_reward")
+log = logging.getLogger("mentor.training.trl.reward")
 
 from mentor.training.reward_core import STATS, count, score_and_log, target_from_label
 

@@ -6,7 +6,7 @@ The command is verl's own entry point with Hydra overrides built from the round:
       algorithm.adv_estimator=grpo actor_rollout_ref.rollout.n=4
       data.train_files=[<every part-*.parquet of the round's prompts>] data.val_files=[<the first one>]
       actor_rollout_ref.model.path=<previous round's final model | base model in round 0>
-      reward.custom_reward_function.path=<mentor's verl_reward.py> reward.custom_reward_function.name=compute_score
+      reward.custom_reward_function.path=<mentor's verl/reward.py> reward.custom_reward_function.name=compute_score
       trainer.n_gpus_per_node=N trainer.nnodes=M trainer.default_local_dir=<train>/ckpt
       data.max_prompt_length=<the round's longest prompt, in the policy's tokens, plus a margin>
       data.max_response_length=<the round's own, else 4096> data.train_batch_size=<every prompt trains>
@@ -35,7 +35,7 @@ verl's 512; the reward file counts a response against it (``truncated`` in the l
 Every prompt trains: verl's dataloader drops the last incomplete batch (``drop_last=True``),
 so mentor sizes ``data.train_batch_size`` (when the overrides leave it unset) and repeats a
 few rows to make whole batches; a round with fewer prompts than the batch it sets is refused
-(`mentor.training.verl_batches`).
+(`mentor.training.verl.batches`).
 
 Checks before launch (and all of ``--dry-run``): the overrides are composed with
 verl's packaged ``ppo_trainer`` config by Hydra, as ``main_ppo``'s own
@@ -45,7 +45,7 @@ verl's packaged ``ppo_trainer`` config by Hydra, as ``main_ppo``'s own
 No GPU is needed for that. The GPUs the composed config reserves (verl's
 resource pools: ``n_gpus_per_node`` on each of ``nnodes`` nodes, plus a reward
 model pool when enabled) are compared with the Ray cluster or this machine.
-Hydra's override syntax, the compose and the GPU count are in `verl_hydra`.
+Hydra's override syntax, the compose and the GPU count are in `verl.hydra`.
 
 After training: verl saves checkpoints under ``<train>/ckpt/global_step_N/actor``
 (FSDP shards). mentor runs verl's own model merger on the last one
@@ -58,38 +58,32 @@ checkpoint are dropped from the log (they are scored again); with no checkpoint
 yet, the attempt's log shards are removed. Only this run's shards: they carry its
 identity (``MENTOR_RUN_ID``, `mentor.training.rollout_log.run_identity` of the round's
 train folder), so another run sharing ``rollout_log_dir`` keeps its log. Checkpoints, the merge and the log
-on resume are in `verl_checkpoints`.
+on resume are in `verl.checkpoints`; the round config and its overrides in `verl.config`, verl's and Ray's
+verdicts before launch in `verl.check`, the workflow section (a user's own command too) in `verl.section`.
 """
 
 from __future__ import annotations
 
-import contextlib
 import datetime as _dt
 import importlib.metadata
 import importlib.util
-import io
-import json
 import logging
 import os
-import re
 import shlex
 import subprocess
 import time
-import warnings
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, ClassVar, Literal
+from typing import Any, ClassVar
 
-from pydantic import ConfigDict, Field
+from pydantic import BaseModel
 
 from mentor.pipeline.errors import ConfigError
 from mentor.pipeline.inputs import resolve_inputs
 from mentor.pipeline.io import write_json_atomic
-from mentor.pipeline.yaml_io import read_yaml_mapping
-from mentor.training.gpus import cluster_supply, local_gpus
-from mentor.training.launcher import RewardFile, RoundConfig, finish_round, outcome_record, parse_round_config
-from mentor.training.prompt_format import check_readable, check_template_kwargs, trainer_template_kwargs
+from mentor.training.launcher import LauncherBase, finish_round, outcome_record
+from mentor.training.prompt_format import check_readable, check_template_kwargs, json_mapping, trainer_template_kwargs
 from mentor.training.prompt_limits import LongestPrompt, longest_prompt, refuse, require, response_limit
-from mentor.training.ray_preflight import check_reward_reach, probe_cluster
 from mentor.training.reward_check import check_reward_loads
 from mentor.training.rollout_log import (
     ENV_DIR,
@@ -97,126 +91,27 @@ from mentor.training.rollout_log import (
     ENV_RESPONSE_LIMIT,
     ENV_RUN,
     RAY_JOB_CONFIG_ENV,
-    REWARD_ENV_PREFIX,
-    check_rollout_reach,
     ray_job_config_env,
     run_glob,
     run_identity,
 )
-from mentor.training.verl_batches import BatchPlan, count_rows, pad_path, plan_batches, write_pad
-from mentor.training.verl_checkpoints import LATEST, last_checkpoint, merge_backend, merge_checkpoint, merge_command, prepare_logs
-from mentor.training.field_types import check_override_types
-from mentor.training.verl_hydra import (
-    INSTALL,
-    compose,
+from mentor.training.verl.batches import BatchPlan, count_rows, pad_path, plan_batches, write_pad
+from mentor.training.verl.checkpoints import LATEST, last_checkpoint, merge_backend, merge_checkpoint, merge_command, prepare_logs
+from mentor.training.verl.config import DEFAULTS, VerlTrainConfig, load_config, parse_config, user_overrides
+from mentor.training.verl.check import check_ray_init, check_with_verl, preflight
+from mentor.training.verl.section import TEXT_WHY, VerlTrainer, run_command
+from mentor.training.verl.hydra import (
     gpu_demand,
     hydra_unquote,
     hydra_value,
-    one_line,
-    packaged_config,
-    typed_overrides,
     verl_config_dir,
 )
 
 log = logging.getLogger(__name__)
 
 MAIN = "verl.trainer.main_ppo"
-REWARD_FILE = Path(__file__).resolve().parent / "verl_reward.py"
+REWARD_FILE = Path(__file__).resolve().parent / "reward.py"
 ENV_ROUND = "MENTOR_ROUND"
-ENV_VARS_KEY = "ray_kwargs.ray_init.runtime_env.env_vars"
-
-# verl keys mentor sets from the round; `overrides` may not set them (the field to use instead).
-_OWNED = {
-    "data.train_files": "prompts",
-    "actor_rollout_ref.model.path": "base_model / actor_model",
-    "actor_rollout_ref.rollout.n": "n_samples_per_prompt",
-    "algorithm.adv_estimator": "adv_estimator",
-    "reward.custom_reward_function.path": "reward_file",
-    "reward.custom_reward_function.name": "reward_function",
-    "trainer.n_gpus_per_node": "n_gpus_per_node",
-    "trainer.nnodes": "nnodes",
-    "trainer.default_local_dir": "round_dir / train_dir (checkpoints go to <train>/ckpt)",
-}
-# mentor's defaults on top of verl's (any of them can be overridden).
-DEFAULTS: dict[str, Any] = {
-    "actor_rollout_ref.rollout.name": "vllm",
-    "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu": 4,
-    "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu": 4,
-    "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu": 4,
-    # One epoch: every row of the round once (verl_batches makes whole batches, so its drop_last skips none).
-    "trainer.total_epochs": 1,
-    "trainer.save_freq": 20,  # > 0: verl then also saves the last step, which the merger turns into the round's model
-    "trainer.max_actor_ckpt_to_keep": 1,
-    "trainer.val_before_train": False,
-    "trainer.logger": ["console"],
-    "trainer.project_name": "mentor",
-}
-_KEY = re.compile(r"(\+\+|\+|~)?([A-Za-z_][\w\-]*(?:\.[\w\-@]+)*)")
-
-
-class VerlTrainConfig(RoundConfig):
-    """One verl GRPO round (`round.yaml` with ``kind: verl``)."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    kind: Literal["verl"] = Field("verl", description="Selects the verl trainer in a round.yaml (workflows give it as trainer.kind).")
-    n_samples_per_prompt: int = Field(4, ge=2, description="GRPO group size (actor_rollout_ref.rollout.n).")
-    adv_estimator: str = Field("grpo", description="algorithm.adv_estimator (grpo; verl also has rloo, reinforce_plus_plus, ...).")
-    n_gpus_per_node: int = Field(1, ge=1, description="trainer.n_gpus_per_node (verl's default is 8).")
-    nnodes: int = Field(1, ge=1, description="trainer.nnodes.")
-    reward_file: RewardFile | None = Field(None, description="reward.custom_reward_function.path (default: mentor's verl_reward.py).")
-    reward_function: str = Field("compute_score", description="reward.custom_reward_function.name.")
-    overrides: dict[str, Any] = Field(
-        default_factory=dict,
-        description="Any other verl setting as a dotted key, e.g. {'data.train_batch_size': 256, "
-        "'actor_rollout_ref.actor.optim.lr': 1e-6}; '+key' adds a key verl's config lacks, '~key' removes one (value null).",
-    )
-    merge_model: bool = Field(True, description="Merge the last checkpoint into <train>/model with verl's model merger (the next round's model).")
-    env: dict[str, str] = Field(default_factory=dict, description="Extra environment variables for the trainer (MENTOR_* ones reach the reward workers too).")
-    preflight: bool = Field(True, description="Before launch, refuse a round the GPUs cannot place or whose rollout log dir the Ray workers cannot reach.")
-
-    @property
-    def ckpt_path(self) -> Path:
-        return self.train_path / "ckpt"
-
-
-
-def parse_config(data: dict[str, Any], where: str = "round config") -> VerlTrainConfig:
-    """Validate mentor's fields and the override keys; `ConfigError` names the field."""
-    cfg = parse_round_config(VerlTrainConfig, data, where)
-    try:
-        given = _user_overrides(cfg.overrides)
-    except ConfigError as exc:
-        raise ConfigError(f"{where}: {exc}") from None
-    check_override_values(cfg.overrides, given, where)
-    save_freq = next((v for k, v in cfg.overrides.items() if k.lstrip("+~") == "trainer.save_freq"), None)
-    if cfg.merge_model and save_freq is not None and not _positive(save_freq):
-        raise ConfigError(f"{where}: overrides.trainer.save_freq {save_freq!r}: must be > 0: verl saves the last step only "
-                          "then, and the round's model is merged from it (or set merge_model: false)")
-    return cfg
-
-
-def check_override_values(overrides: dict[str, Any], given: list[str], where: str) -> None:
-    """The overrides' values against the types of verl's own config (its packaged defaults), where verl and
-    Hydra are installed here; without them the dry run says the config check did not run."""
-    if not given or importlib.util.find_spec("verl") is None or importlib.util.find_spec("hydra") is None:
-        return
-    typed = typed_overrides(given)
-    plain = {str(k).lstrip("+~"): v for k, v in overrides.items()}
-    check_override_types(plain, packaged_config(), typed, where)
-
-
-def _positive(value: Any) -> bool:
-    try:
-        return int(str(value)) > 0
-    except ValueError:
-        return True  # not a number: verl's own config check says what is wrong with it
-
-
-def load_config(path: str | os.PathLike) -> VerlTrainConfig:
-    path = Path(path)
-    return parse_config(read_yaml_mapping(path, "round settings"), str(path))
-
 
 def verl_version() -> str:
     try:
@@ -246,25 +141,6 @@ def train_files(cfg: VerlTrainConfig) -> list[str]:
     check_readable("verl", files)  # text prompts (placement assistant): verl renders every prompt from messages
     check_template_kwargs("verl", files, template_kwargs(cfg) or None)
     return files
-
-
-def _user_overrides(overrides: dict[str, Any]) -> list[str]:
-    out = []
-    for key, value in overrides.items():
-        m = _KEY.fullmatch(str(key))
-        if not m:
-            raise ConfigError(f"overrides: {key!r} is not a dotted verl key (e.g. data.train_batch_size, +new.key, ~old.key)")
-        prefix, name = m.group(1) or "", m.group(2)
-        if name in _OWNED:
-            raise ConfigError(f"overrides: {name} is set by mentor; use {_OWNED[name]} instead")
-        if name.startswith(f"{ENV_VARS_KEY}.{REWARD_ENV_PREFIX}"):
-            raise ConfigError(f"overrides: {name}: set it under env instead (MENTOR_* variables reach the Ray workers "
-                              f"through the job's runtime env, and Ray refuses a variable set in both)")
-        if prefix == "~":
-            out.append(f"~{name}" if value is None else f"~{name}={hydra_value(value)}")
-        else:
-            out.append(f"{prefix}{name}={hydra_value(value)}")
-    return out
 
 
 def reward_env(cfg: VerlTrainConfig) -> dict[str, str]:
@@ -308,7 +184,7 @@ def prompt_limit(cfg: VerlTrainConfig, dry_run: bool = False) -> tuple[int | Non
 
 
 def batch_plan(cfg: VerlTrainConfig) -> BatchPlan:
-    """How verl's dataloader batches the round (`mentor.training.verl_batches`); refuses a round smaller than its batch."""
+    """How verl's dataloader batches the round (`mentor.training.verl.batches`); refuses a round smaller than its batch."""
     return plan_batches(count_rows(train_files(cfg)), cfg.overrides, cfg.n_gpus_per_node * cfg.nnodes)
 
 
@@ -341,7 +217,7 @@ def build_overrides(cfg: VerlTrainConfig, max_prompt_length: int | None = None, 
     limit = [f"{PROMPT_LIMIT}={max_prompt_length}"] if max_prompt_length is not None and PROMPT_LIMIT not in user else []
     limit += [f"{RESPONSE_LIMIT}={response_length(cfg)[0]}"] if RESPONSE_LIMIT not in user else []
     batches = plan.overrides() if plan is not None else []
-    return owned + limit + batches + defaults + _user_overrides(cfg.overrides)
+    return owned + limit + batches + defaults + user_overrides(cfg.overrides)
 
 
 def build_command(cfg: VerlTrainConfig, max_prompt_length: int | None = None, plan: BatchPlan | None = None) -> list[str]:
@@ -361,58 +237,6 @@ def build_env(cfg: VerlTrainConfig) -> dict[str, str]:
     env = reward_env(cfg)
     return env | ray_job_config_env(env, cfg.env.get(RAY_JOB_CONFIG_ENV, os.environ.get(RAY_JOB_CONFIG_ENV))) | \
         {k: v for k, v in cfg.env.items() if k != RAY_JOB_CONFIG_ENV}
-
-
-@contextlib.contextmanager
-def _environ(env: dict[str, str]):
-    saved = dict(os.environ)
-    os.environ.clear()
-    os.environ.update(env)
-    try:
-        yield
-    finally:
-        os.environ.clear()
-        os.environ.update(saved)
-
-
-def ray_init_runtime_env(composed, env: dict[str, str]) -> dict[str, Any]:
-    """The runtime env verl's ``run_ppo`` hands to ``ray.init`` for `composed` in a driver whose environment is
-    `env`: verl's ``get_ppo_ray_runtime_env`` (which drops the variables the driver already has), then
-    ``ray_kwargs.ray_init.runtime_env`` over it, as ``run_ppo`` merges them."""
-    from omegaconf import OmegaConf  # optional: verl's config library
-    from verl.trainer.constants_ppo import get_ppo_ray_runtime_env  # verl: optional and slow to import
-
-    with _environ(env):
-        default = get_ppo_ray_runtime_env(composed)
-    if OmegaConf.select(composed, "transfer_queue.enable"):
-        default.setdefault("env_vars", {})["TRANSFER_QUEUE_ENABLE"] = "1"
-    given = OmegaConf.select(composed, "ray_kwargs.ray_init.runtime_env") or {}
-    return OmegaConf.to_container(OmegaConf.merge(default, given), resolve=True)
-
-
-def check_ray_init(composed, env: dict[str, str]) -> str | None:
-    """Refuse a round whose ``ray.init`` Ray would reject: the job's runtime env (``RAY_JOB_CONFIG_JSON_ENV_VAR``)
-    and verl's runtime env merged by Ray's own ``_merge_runtime_env``. Returns a note when it cannot check."""
-    if not env.get(RAY_JOB_CONFIG_ENV):
-        return None
-    try:
-        from ray.runtime_env.runtime_env import _merge_runtime_env  # Ray: optional and slow to import
-    except ImportError as exc:
-        return f"the runtime env merge of ray.init was not checked ({exc})"
-    try:
-        driver = ray_init_runtime_env(composed, env)
-    except ImportError as exc:
-        return f"the runtime env merge of ray.init was not checked ({exc})"
-    job = (json.loads(env[RAY_JOB_CONFIG_ENV]).get("runtime_env") or {})
-    if _merge_runtime_env(job, driver, override=env.get("RAY_OVERRIDE_JOB_RUNTIME_ENV") == "1") is None:
-        fields = sorted((set(job) & set(driver)) - {"env_vars"})
-        keys = sorted(set(job.get("env_vars") or {}) & set(driver.get("env_vars") or {}))
-        raise ConfigError(
-            f"ray.init in verl's run_ppo would refuse this round: the job's runtime env ({RAY_JOB_CONFIG_ENV}) and "
-            f"verl's runtime env (ray_kwargs.ray_init.runtime_env and verl's defaults) both set "
-            f"{', '.join([*fields, *keys])}; set each in one of them only, or RAY_OVERRIDE_JOB_RUNTIME_ENV=1 "
-            "to let verl's win")
-    return None
 
 
 # --------------------------------------------------------------------------- checks before launch
@@ -437,69 +261,10 @@ def _expected(cfg: VerlTrainConfig, cmd: list[str], plan: BatchPlan | None = Non
     }
 
 
-def check_with_verl(cfg: VerlTrainConfig, cmd: list[str], plan: BatchPlan | None = None) -> tuple[Any, list[str]]:
-    """Compose `cmd`'s overrides with verl's packaged config, read the round's values back, run verl's
-    ``validate_config``; returns (the composed config, the notes verl printed). `ConfigError` on a rejection."""
-    from omegaconf import OmegaConf  # optional: verl's config library
-
-    composed = compose(cmd[3:])
-    for key, want in _expected(cfg, cmd, plan).items():
-        got = OmegaConf.select(composed, key)
-        got = OmegaConf.to_container(got, resolve=True) if OmegaConf.is_config(got) else got
-        if isinstance(want, dict):
-            got = {k: v for k, v in (got or {}).items() if k in want}
-        if got != want:
-            raise ConfigError(f"verl's config reads {key} as {got!r}, not {want!r}; rename the path or report this")
-    out, err = io.StringIO(), io.StringIO()
-    logging.disable(logging.WARNING)  # verl's import warns that this machine has no GPU: not the round's business
-    try:
-        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err), warnings.catch_warnings(record=True) as caught:
-            warnings.simplefilter("always")
-            # verl: optional and slow to import; imported here so that its warnings and prints are caught
-            from verl.trainer.ppo.utils import need_critic, need_reference_policy
-            from verl.utils.config import validate_config  # likewise
-            from verl.utils.device import auto_set_device  # likewise
-
-            auto_set_device(composed)
-            validate_config(config=composed, use_reference_policy=need_reference_policy(composed),
-                            use_critic=need_critic(composed))
-    except ImportError as exc:
-        notes = [f"verl's validate_config did not run: {exc} (the Hydra compose did); {INSTALL}"]
-        return composed, notes
-    except Exception as exc:  # AssertionError, ValueError, Hydra's InstantiationException around them
-        raise ConfigError(f"verl's validate_config rejects the round: {one_line(exc)}") from None
-    finally:
-        logging.disable(logging.NOTSET)
-    notes = [ln.strip() for ln in (out.getvalue() + err.getvalue()).splitlines() if ln.strip()]
-    notes += sorted({str(w.message) for w in caught})
-    return composed, notes
-
-
-def preflight(cfg: VerlTrainConfig, composed, extra_env: dict[str, str]) -> dict[str, Any]:
-    """Refuse a round the GPUs cannot place, or whose rollout log dir the Ray workers cannot reach."""
-    demand = gpu_demand(composed) if composed is not None else None
-    env = dict(os.environ) | extra_env
-    try:  # join as verl's run_ppo does: its runtime env, which Ray merges with the job's
-        runtime_env = ray_init_runtime_env(composed, env) if composed is not None else None
-    except ImportError:
-        runtime_env = None
-    reward = str(Path(cfg.reward_file).resolve()) if cfg.reward_file else str(REWARD_FILE)
-    cluster = probe_cluster(env, init="plain", python=cfg.python, runtime_env=runtime_env,
-                            reward=(reward, cfg.reward_function))
-    supply = cluster_supply(cluster) if cluster else local_gpus()
-    if demand is not None:
-        demand.check(supply)
-    hosts = check_rollout_reach(cluster, cfg.rollout_dir)
-    check_reward_reach(cluster, reward)  # verl's reward-loop workers load it by path on any node
-    return {"gpus_needed": demand.total if demand else None, "gpus_detail": demand.describe() if demand else None,
-            "gpus_there": supply.total, "gpus_where": supply.where, "ray_cluster": cluster.get("address") if cluster else None,
-            "rollout_dir_checked_on": hosts}
-
-
 def _checked(cfg: VerlTrainConfig, cmd: list[str], plan: BatchPlan | None = None) -> tuple[Any, list[str]]:
-    """`check_with_verl`, or (None, a note) when verl is not installed in mentor's environment."""
+    """`check_with_verl` on the round's overrides, or (None, a note) when verl is not installed in mentor's environment."""
     try:
-        return check_with_verl(cfg, cmd, plan)
+        return check_with_verl(cmd[3:], _expected(cfg, cmd, plan))
     except ConfigError as exc:
         if "not installed" not in str(exc):
             raise
@@ -549,7 +314,8 @@ def run_round(cfg: VerlTrainConfig) -> dict[str, Any]:
     if composed is not None:
         notes += [n for n in [check_ray_init(composed, dict(os.environ) | extra_env)] if n]
     notes.append(check_reward(cfg, dict(os.environ) | extra_env))
-    checked = preflight(cfg, composed, extra_env) if cfg.preflight else None
+    reward = str(Path(cfg.reward_file).resolve()) if cfg.reward_file else str(REWARD_FILE)
+    checked = preflight(cfg, composed, extra_env, reward) if cfg.preflight else None
     cfg.train_path.mkdir(parents=True, exist_ok=True)
     cfg.rollout_dir.mkdir(parents=True, exist_ok=True)
     write_pad(train_files(cfg), plan, pad_path(cfg.train_path))
@@ -591,12 +357,33 @@ def run_round(cfg: VerlTrainConfig) -> dict[str, Any]:
     return finish_round(cfg, outcome, failed)
 
 
-class VerlLauncher:
-    """verl's ``main_ppo`` and model merger as a `mentor.training.launcher.Launcher`."""
+class VerlLauncher(LauncherBase):
+    """verl's ``main_ppo`` and model merger as a `mentor.training.launcher.Launcher`; its workflow section also takes
+    the user's own command (`mentor.training.verl.section`). verl reads chat messages only (`TEXT_WHY`) and takes
+    template variables as ``data.apply_chat_template_kwargs``."""
 
     kind: ClassVar[str] = "verl"
+    title: ClassVar[str] = "verl 0.9.1"
     Config: ClassVar[type[VerlTrainConfig]] = VerlTrainConfig
     summary: ClassVar[tuple[str, ...]] = ("exit_code", "final_model", "log_file", "checkpoint", "steps", "duration_s")
+    reward: ClassVar[tuple[str, str, str]] = (str(REWARD_FILE), "compute_score", "file")
+    text_prompts_refused: ClassVar[str] = TEXT_WHY
+    template_kwargs_key: ClassVar[str] = "overrides.data.apply_chat_template_kwargs"
+    section: ClassVar[type[BaseModel]] = VerlTrainer
+
+    def template_kwargs(self, config: Mapping[str, Any]) -> Any:
+        """Whole, or key by key (``+data.apply_chat_template_kwargs.enable_thinking=false``)."""
+        key = "data.apply_chat_template_kwargs"
+        overrides = {str(k).lstrip("+~"): v for k, v in (config.get("overrides") or {}).items()}
+        value = overrides.get(key)
+        keys = {k[len(key) + 1:]: v for k, v in overrides.items() if k.startswith(key + ".")}
+        if keys:
+            if isinstance(value, str):
+                value = json_mapping(self.template_kwargs_key, value)
+            value = {**(value or {}), **keys}
+        return value
+
+    run_section = staticmethod(run_command)
 
     def parse(self, data: dict[str, Any], where: str = "round config", strict: bool = True) -> VerlTrainConfig:
         return parse_config({k: v for k, v in data.items() if k != "kind"} | {"kind": "verl"}, where)

@@ -69,7 +69,7 @@ except ImportError as exc:
     raise ImportError(f"{__file__}: mentor or openrlhf is not importable in the trainer's Python ({sys.version.split()[0]}, "
                       f"{sys.executable}): {exc}; install both there: pip install 'mentor[reward]' openrlhf") from exc
 
-log = logging.getLogger("mentor.training.openrlhf_live")
+log = logging.getLogger("mentor.training.openrlhf.live")
 if not log.handlers:  # nothing configures logging in an engine actor: OpenRLHF's own handler (INFO, to the trainer's log)
     log = init_logger(log.name)
 

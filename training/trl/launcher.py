@@ -1,6 +1,6 @@
 """`mentor train` for ``kind: trl``: one TRL GRPO round from a `round.yaml`.
 
-The round runs in its own process (``python -m mentor.training.trl_train
+The round runs in its own process (``python -m mentor.training.trl.train
 <train>/trl_round.json``): the thread settings must be in place before torch is
 imported, a vLLM engine the runner used for hints must not share the process,
 and a killed trainer takes nothing else down. With ``num_processes`` > 1 (or an
@@ -31,23 +31,20 @@ measured with the policy's tokenizer and the round's ``chat_template_kwargs``
 cuts no prompt, so there is no prompt limit to set; a round whose longest prompt
 plus ``max_completion_length`` does not fit the context (``vllm_max_model_length``
 when set, else the model's ``max_position_embeddings``) is refused with the numbers.
+Starting the processes (accelerate, GPUs, dying with mentor): `trl.processes`; the round's process: `trl.train`.
 """
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import datetime as _dt
 import difflib
 import importlib.metadata
 import importlib.util
-import io
 import json
 import logging
 import os
 import shlex
-import signal
-import socket
 import subprocess
 import sys
 import time
@@ -62,18 +59,18 @@ from mentor.pipeline.inputs import resolve_inputs
 from mentor.pipeline.io import read_json, scan_dataset, write_json_atomic
 from mentor.pipeline.yaml_io import read_yaml_mapping
 from mentor.training.field_types import check_dataclass_values
-from mentor.training.gpus import GpuDemand, GpuShortage, local_gpus
 from mentor.training.live_hints import LiveHintsConfig
-from mentor.training.launcher import RoundConfig, finish_round, outcome_record, parse_round_config
+from mentor.training.launcher import LauncherBase, RoundConfig, finish_round, outcome_record, parse_round_config
 from mentor.training.prompt_format import check_template_kwargs, trainer_template_kwargs
 from mentor.training.prompt_limits import RESPONSE_DEFAULT, LongestPrompt, model_context, rendered_lengths, require, response_limit
 from mentor.training.reward_check import check_reward_loads
 from mentor.training.rollout_log import ENV_DIR, ENV_RUN, run_glob, run_identity, run_shards
+from mentor.training.trl.processes import (INSTALL, accelerate_argv, check_gpus, check_with_accelerate, die_with_parent,
+                                          gpu_demand, on_gpu, uses_accelerate)
 
 log = logging.getLogger(__name__)
 
 ROUND_FILE = "trl_round.json"
-INSTALL = "pip install 'mentor[trl]'"
 # GRPOConfig fields that mentor sets from the round layout; the config may not set them.
 _OWNED = {"output_dir": "round_dir / train_dir (TRL's checkpoints go to <train>/ckpt)"}
 
@@ -106,7 +103,7 @@ class TrlTrainConfig(RoundConfig):
     )
 
     live_hints: LiveHintsConfig | None = Field(
-        None, description="Hint and re-roll the groups that collapse inside each training step (mentor.training.trl_live); "
+        None, description="Hint and re-roll the groups that collapse inside each training step (mentor.training.trl.live); "
         "none = offline hints only (the default)."
     )
 
@@ -174,17 +171,6 @@ def trl_version() -> str:
         return importlib.metadata.version("trl")
     except Exception:
         return "(not installed)"
-
-
-def on_gpu() -> bool:
-    """Whether the round's processes will find a GPU here, asked without torch in mentor's interpreter.
-
-    mentor's own environment (a hint node's venv, a CPU torch) says nothing about the trainer's, and torch's
-    ``cuda.is_available()`` would initialise CUDA and poison fork for a hint engine `mentor run` starts
-    after a TRL round. `mentor.training.gpus.local_gpus` reads ``MENTOR_FAKE_GPUS``, else
-    ``CUDA_VISIBLE_DEVICES`` (as CUDA reads it), else ``nvidia-smi``: what accelerate's processes will see.
-    """
-    return local_gpus().total > 0
 
 
 def grpo_kwargs(cfg: TrlTrainConfig) -> dict[str, Any]:
@@ -271,76 +257,11 @@ def round_spec(cfg: TrlTrainConfig) -> dict[str, Any]:
     }
 
 
-# `accelerate launch` flags mentor sets itself (the field to use instead).
-_ACCELERATE_OWNED = {"num_processes": "num_processes", "config_file": "accelerate_config", "module": "(always -m)",
-                     "m": "(always -m)", "num_cpu_threads_per_process": "cpu_threads"}
-# Flags that pick accelerate's launcher; without one (and without a config file) mentor adds --multi_gpu.
-_LAUNCHER_FLAGS = ("multi_gpu", "use_deepspeed", "use_fsdp", "use_megatron_lm", "tpu", "cpu")
-
-
-def uses_accelerate(cfg: TrlTrainConfig) -> bool:
-    return cfg.num_processes > 1 or cfg.accelerate_config is not None or bool(cfg.accelerate_args)
-
-
-def _accelerate_argv(cfg: TrlTrainConfig, cpu_threads: int | None) -> list[str]:
-    argv = ["--num_processes", str(cfg.num_processes)]
-    if cfg.accelerate_config:
-        argv += ["--config_file", str(Path(cfg.accelerate_config).resolve())]
-    args = {k.lstrip("-").replace("-", "_"): v for k, v in cfg.accelerate_args.items()}
-    for key in args:
-        if key in _ACCELERATE_OWNED:
-            raise ConfigError(f"accelerate_args: --{key} is set by mentor; use {_ACCELERATE_OWNED[key]} instead")
-    # `--cpu` makes accelerate start one plain process whatever --num_processes says; torchrun (--multi_gpu)
-    # starts them all, and on a machine without GPUs TRL's use_cpu makes them a gloo group.
-    if cfg.num_processes > 1 and not cfg.accelerate_config and not any(args.get(f) for f in _LAUNCHER_FLAGS):
-        argv.append("--multi_gpu")
-    if cfg.num_processes > 1 and int(args.get("num_machines", 1) or 1) <= 1 and "main_process_port" not in args:
-        argv += ["--main_process_port", str(_free_port())]  # two rounds on one machine must not share torchrun's 29500
-    if cpu_threads:
-        argv += ["--num_cpu_threads_per_process", str(cpu_threads)]
-    for key, value in args.items():
-        if value is None or value is False:
-            continue
-        argv += [f"--{key}"] if value is True else [f"--{key}", str(value)]
-    return argv
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-def check_with_accelerate(cmd: list[str]) -> None:
-    """`accelerate launch`'s own parser and launch checks on `cmd`'s flags; `ConfigError` with its message."""
-    if cmd[1:3] != ["-m", "accelerate.commands.launch"]:
-        return
-    try:
-        from accelerate.commands import launch as accelerate_launch  # optional (the trl extra)
-    except ImportError as exc:
-        raise ConfigError(f"num_processes > 1 needs the accelerate package ({exc}); {INSTALL}") from None
-    err = io.StringIO()
-    logging.disable(logging.WARNING)  # its "defaults used instead" notice: the launch itself prints it to train.log
-    try:
-        with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
-            args = accelerate_launch.launch_command_parser().parse_args(cmd[3:])
-            check = getattr(accelerate_launch, "_validate_launch_command", None)
-            if check is not None:  # accelerate's own consistency checks (launcher flags, process counts, config file)
-                check(args)
-    except SystemExit:
-        said = [ln for ln in err.getvalue().splitlines() if "error:" in ln]
-        raise ConfigError(f"accelerate launch rejects the command: {said[-1].split('error:', 1)[1].strip() if said else err.getvalue().strip()}") from None
-    except (ValueError, AssertionError, OSError) as exc:
-        raise ConfigError(f"accelerate launch rejects the command: {exc}") from None
-    finally:
-        logging.disable(logging.NOTSET)
-
-
-REWARD_MODULE = "mentor.training.trl_reward"
+REWARD_MODULE = "mentor.training.trl.reward"
 
 
 def check_reward(cfg: TrlTrainConfig, env: dict[str, str]) -> str:
-    """The trainer's Python imports mentor's TRL reward, as the round's process (`trl_train`) will."""
+    """The trainer's Python imports mentor's TRL reward, as the round's process (`trl.train`) will."""
     return check_reward_loads(cfg.python, REWARD_MODULE, "make_reward", env, kind="module")
 
 
@@ -378,7 +299,7 @@ def check_prompt_room(cfg: TrlTrainConfig, spec: dict[str, Any], rows: pl.DataFr
 def prompt_batches(cfg: TrlTrainConfig, args: Any, prompts: int) -> tuple[int, int, str]:
     """(prompts per generation batch, rows to repeat, a line for the dry run). TRL 1.16's ``RepeatSampler`` takes the
     shuffled prompts in chunks of ``generation_batch_size // num_generations`` and drops an incomplete last chunk, so
-    the round's first rows are repeated to whole chunks (`trl_train` adds them); fewer prompts than a chunk is refused."""
+    the round's first rows are repeated to whole chunks (`trl.train` adds them); fewer prompts than a chunk is refused."""
     if cfg.grpo_fields.get("generation_batch_size") is not None:
         per = int(args.generation_batch_size) // int(args.num_generations)
         how = f"generation_batch_size {args.generation_batch_size} / num_generations {args.num_generations}"
@@ -405,10 +326,10 @@ def response_text(cfg: TrlTrainConfig) -> str:
 
 def build_command(cfg: TrlTrainConfig, cpu_threads: int | None = None) -> list[str]:
     """The trainer command: one process, or `accelerate launch` starting `num_processes` of them."""
-    trainer = ["-m", "mentor.training.trl_train", str(cfg.train_path / ROUND_FILE)]
+    trainer = ["-m", "mentor.training.trl.train", str(cfg.train_path / ROUND_FILE)]
     if not uses_accelerate(cfg):
         return [cfg.python, *trainer]
-    return [cfg.python, "-m", "accelerate.commands.launch", *_accelerate_argv(cfg, cpu_threads), *trainer]
+    return [cfg.python, "-m", "accelerate.commands.launch", *accelerate_argv(cfg, cpu_threads), *trainer]
 
 
 def build_env(cfg: TrlTrainConfig, spec: dict[str, Any]) -> dict[str, str]:
@@ -471,40 +392,6 @@ def live_text(cfg: TrlTrainConfig) -> str:
             f"{live.max_seconds_per_step or 'unlimited'} s per step")
 
 
-def gpu_demand(cfg: TrlTrainConfig, spec: dict[str, Any]):
-    """One GPU per training process on this machine (None on CPU); a vLLM server (vllm_mode server) runs elsewhere."""
-    if spec["grpo"].get("use_cpu"):
-        return None
-
-    machines = int(cfg.accelerate_args.get("num_machines", 1) or 1)
-    per_machine = max(1, cfg.num_processes // machines)
-    return GpuDemand.of_roles("trl", {"trainer processes": per_machine},
-                              detail=f"{per_machine} of {cfg.num_processes} processes on this machine" if machines > 1 else "")
-
-
-def check_gpus(demand) -> None:
-    """accelerate starts the processes on this machine (each machine of a multi-machine run has its own launch)."""
-    supply = local_gpus()
-    why = demand.shortage(supply)
-    if why:
-        have = int(supply.usable)
-        fixes = [f"set num_processes {have}"] if have > 0 else []
-        fixes += ["spread the processes over machines (accelerate_args num_machines, machine_rank, main_process_ip; "
-                  "one `mentor train` per machine)", "set use_cpu: true"]
-        raise GpuShortage(f"{why}: {', or '.join(fixes)}")
-
-
-def _die_with_parent() -> None:
-    """Linux: the trainer gets SIGKILL when mentor dies (kill -9 included), so no orphan keeps
-    writing into the round's log while a rerun starts a new trainer."""
-    try:
-        import ctypes  # here, inside the try: a Python without ctypes just goes without the signal
-
-        ctypes.CDLL(None, use_errno=True).prctl(1, int(signal.SIGKILL))  # PR_SET_PDEATHSIG
-    except Exception:  # not Linux: a kill of mentor alone leaves the trainer running (kill its group)
-        pass
-
-
 def _clear_stale_logs(directory: Path, run: str) -> int:
     """Shards a killed attempt of this round left (this run's identity only: another run sharing the folder
     keeps its log): the rerun logs its rollouts afresh."""
@@ -544,7 +431,7 @@ def run_round(cfg: TrlTrainConfig) -> dict[str, Any]:
         fh.flush()
         try:
             code = subprocess.run(cmd, stdout=fh, stderr=subprocess.STDOUT, env=dict(os.environ) | extra_env, check=False,
-                                  preexec_fn=_die_with_parent if sys.platform.startswith("linux") else None).returncode
+                                  preexec_fn=die_with_parent if sys.platform.startswith("linux") else None).returncode
         except OSError as exc:
             code = 127
             fh.write(f"cannot start {cmd[0]}: {exc}\n".encode())
@@ -562,12 +449,16 @@ def run_round(cfg: TrlTrainConfig) -> dict[str, Any]:
     return finish_round(cfg, outcome, f"the TRL trainer exited with code {code}" if code != 0 or final is None else None)
 
 
-class TrlLauncher:
-    """TRL's GRPOTrainer as a `mentor.training.launcher.Launcher`."""
+class TrlLauncher(LauncherBase):
+    """TRL's GRPOTrainer as a `mentor.training.launcher.Launcher`: a string prompt is a standard (non-conversational)
+    prompt, tokenized as it is; ``chat_template_kwargs`` (a GRPOConfig field) are its template variables."""
 
     kind: ClassVar[str] = "trl"
+    title: ClassVar[str] = "TRL"
     Config: ClassVar[type[TrlTrainConfig]] = TrlTrainConfig
     summary: ClassVar[tuple[str, ...]] = ("exit_code", "final_model", "log_file", "prompts_used", "steps", "duration_s")
+    reward: ClassVar[tuple[str, str, str]] = (REWARD_MODULE, "make_reward", "module")
+    template_kwargs_key: ClassVar[str] = "chat_template_kwargs"
 
     def parse(self, data: dict[str, Any], where: str = "round config", strict: bool = True) -> TrlTrainConfig:
         """`strict`: TRL must be installed here (its GRPOConfig checks the fields); otherwise only mentor's fields

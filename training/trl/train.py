@@ -1,6 +1,6 @@
-"""The TRL trainer process of one round: ``python -m mentor.training.trl_train <train>/trl_round.json``.
+"""The TRL trainer process of one round: ``python -m mentor.training.trl.train <train>/trl_round.json``.
 
-`mentor.training.trl_launcher.run_round` writes the round file and starts this
+`mentor.training.trl.launcher.run_round` writes the round file and starts this
 module with ``MENTOR_ROLLOUT_DIR`` (and, on CPU, ``OMP_NUM_THREADS``) set: as
 one process, or as each of the ``num_processes`` processes ``accelerate launch``
 starts (torchrun; TRL's trainer then runs data parallel over them, each process
@@ -27,8 +27,9 @@ from mentor.pipeline.io import write_json_atomic
 from mentor.pipeline.policy_template import text_for_tokenizer
 from mentor.training.reward_core import STATS
 from mentor.training.rollout_log import ENV_DIR
-from mentor.training.trl_launcher import TrlTrainConfig, _die_with_parent, training_rows
-from mentor.training.trl_reward import make_reward
+from mentor.training.trl.launcher import TrlTrainConfig, training_rows
+from mentor.training.trl.processes import die_with_parent
+from mentor.training.trl.reward import make_reward
 
 
 def _threads(n: int | None) -> None:
@@ -50,12 +51,12 @@ def prompt_rows(cfg: TrlTrainConfig, tokenizer: Any, pad_rows: int = 0) -> list[
 def main(argv: list[str]) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     if len(argv) != 1:
-        print("usage: python -m mentor.training.trl_train TRAIN_DIR/trl_round.json", file=sys.stderr)
+        print("usage: python -m mentor.training.trl.train TRAIN_DIR/trl_round.json", file=sys.stderr)
         return 2
     spec_path = Path(argv[0])
     spec = json.loads(spec_path.read_text())
     if os.environ.get("LOCAL_RANK") is not None:  # started by accelerate/torchrun: die with the launcher, as it dies with mentor
-        _die_with_parent()
+        die_with_parent()
     _threads(spec.get("cpu_threads"))
 
     # slow to import (the trainer's libraries): after the argument checks and the parent-death signal
@@ -69,8 +70,8 @@ def main(argv: list[str]) -> int:
     dataset = Dataset.from_list(rows)  # columns prompt (chat messages, or text) and label (mentor's JSON label)
     args = GRPOConfig(**spec["grpo"])
     live = None
-    if cfg.live_hints is not None:  # hint and re-roll collapsed groups inside the step (mentor.training.trl_live)
-        from mentor.training.trl_live import LiveReward, LiveRollout
+    if cfg.live_hints is not None:  # hint and re-roll collapsed groups inside the step (mentor.training.trl.live)
+        from mentor.training.trl.live import LiveReward, LiveRollout
 
         os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")  # rollout_func is experimental in TRL 1.16: mentor pins it
         live = LiveRollout(cfg.live_hints, rows, tokenizer, os.environ.get(ENV_DIR))

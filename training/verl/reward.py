@@ -29,7 +29,7 @@ import json
 import logging
 import sys
 
-log = logging.getLogger("mentor.training.verl_reward")
+log = logging.getLogger("mentor.training.verl.reward")
 
 try:
     # module level, in a try: where the trainer's Python lacks mentor, the load fails below naming the fix

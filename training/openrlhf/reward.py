@@ -31,7 +31,7 @@ from __future__ import annotations
 import logging
 import sys
 
-log = logging.getLogger("mentor.training.openrlhf_reward")
+log = logging.getLogger("mentor.training.openrlhf.reward")
 
 try:
     # module level, in a try: where the trainer's Python lacks mentor, the load fails below naming the fix

@@ -1,7 +1,7 @@
 """The GPUs an OpenRLHF 0.11 round reserves, read from OpenRLHF's own placement code.
 
 `openrlhf_demand(args)` runs, on the arguments OpenRLHF's launch code parsed
-(`mentor.training.openrlhf_check.check_with_openrlhf`), the installed source of
+(`mentor.training.openrlhf.check.check_with_openrlhf`), the installed source of
 
 - ``openrlhf.cli.train_ppo_ray.train`` up to the trainer's start (the colocation
   branches, its placement groups, which models exist: no reference model when
@@ -32,7 +32,7 @@ from typing import Any
 
 from mentor.pipeline.errors import ConfigError
 from mentor.training.gpus import GpuDemand, GpuGroup
-from mentor.training.openrlhf_check import check_with_openrlhf
+from mentor.training.openrlhf.check import check_with_openrlhf
 
 # OpenRLHF's actor classes -> the role names mentor reports.
 ROLES = {

@@ -3,7 +3,7 @@
 ``openrlhf.cli.train_ppo_ray`` imports ray at the top and builds its parser inside
 ``if __name__ == "__main__"``, so it cannot be imported on a CPU machine; its
 statements are read from the installed source and executed as they are
-(`check_with_openrlhf`). `openrlhf_placement` then reads the
+(`check_with_openrlhf`). `openrlhf.placement` then reads the
 GPUs a round reserves from the arguments this returns.
 """
 

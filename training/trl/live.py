@@ -49,7 +49,7 @@ from mentor.training.live_hints import (LiveHintsConfig, collapsed_row, hint_gro
                                         solutions_for)
 from mentor.training.reward_core import count, target_from_label
 from mentor.training.rollout_log import make_record
-from mentor.training.trl_reward import TrlReward
+from mentor.training.trl.reward import TrlReward
 from mentor.training.verify import verify
 
 log = logging.getLogger(__name__)

@@ -1,0 +1,1 @@
+"""The verl trainer: its launcher (`LAUNCHER`), reward file, batches, checkpoints and Hydra config."""
