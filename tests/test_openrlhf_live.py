@@ -243,7 +243,7 @@ def test_dry_run_with_live_hints_parses_with_openrlhf(tmp_path, shards, policy_m
 
     import yaml
 
-    from mentor.training.openrlhf_check import check_with_openrlhf
+    from mentor.training.openrlhf.check import check_with_openrlhf
 
     shard_dir, _ = shards
     path = tmp_path / "round.yaml"
