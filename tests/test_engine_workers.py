@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from mentor.cli import cli
+from mentor.workflows.cli import cli
 from mentor.pipeline import llm, vllm_backend
 from mentor.pipeline.errors import ConfigError
 from mentor.pipeline.executor import check_engine_workers

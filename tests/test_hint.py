@@ -11,7 +11,7 @@ import pyarrow.parquet as pq
 import pytest
 from click.testing import CliRunner
 
-from mentor.cli import cli
+from mentor.workflows.cli import cli
 from mentor.pipeline.errors import ConfigError
 from mentor.pipeline.llm import BackendSpec, FakeBackend, GenRequest, GenResult
 from mentor.pipeline.schemas import HINTS, check_schema

@@ -11,7 +11,7 @@ import pyarrow.parquet as pq
 import pytest
 from click.testing import CliRunner
 
-from mentor.cli import cli
+from mentor.workflows.cli import cli
 from mentor.pipeline.ids import text_id
 from mentor.stages.ingest_formats import GSM8K_MODELS
 from mentor.stages.mine import MineConfig, mine

@@ -118,7 +118,7 @@ def test_run_stage_is_what_the_command_runs(tmp_path):
     """`mentor mine` and `run_stage(stage("mine"), ...)` on the bundled real rollouts: the same outputs."""
     from click.testing import CliRunner
 
-    from mentor.cli import cli
+    from mentor.workflows.cli import cli
     from mentor.data import bundled
     from mentor.pipeline.stage import Context, Stats, run_stage
     from mentor.stages import stage

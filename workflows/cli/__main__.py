@@ -1,5 +1,5 @@
-"""``python -m mentor.cli``: the `mentor` command."""
+"""``python -m mentor.workflows.cli``: the `mentor` command."""
 
-from mentor.cli import main
+from mentor.workflows.cli import main
 
 main()

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import click
 
-from mentor.cli.options import executor_options
+from mentor.workflows.cli.options import executor_options
 from mentor.pipeline.executor import dask_client
 from mentor.pipeline.models import check_model
 from mentor.stages import ROUND_STAGES

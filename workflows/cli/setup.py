@@ -10,7 +10,7 @@ import sys
 
 import click
 
-from mentor.cli.options import FiniteFloatRange
+from mentor.workflows.cli.options import FiniteFloatRange
 from mentor.pipeline.errors import ConfigError, MentorError
 from mentor.pipeline.models import (
     EMBEDDED_DIST,
