@@ -55,7 +55,7 @@ from mentor.pipeline.inputs import outside_output, resolve_inputs
 from mentor.pipeline.io import check_dataset_files, parquet_writer_atomic, read_parquet_schema, to_table
 from mentor.pipeline.outdir import Owns
 from mentor.pipeline.schemas import COLLAPSED
-from mentor.pipeline.stage import Context, Source, Stage, Stats, StatsLayout
+from mentor.pipeline.stage import Context, Round, RoundJob, Source, Stage, Stats, StatsLayout
 from mentor.stages.solutions import load_solutions
 
 log = logging.getLogger(__name__)
@@ -536,6 +536,22 @@ class MineStage(Stage):
     Config = MineConfig
     owns = Owns(("collapsed.parquet", CUT_FILE, "stats.json"))
     summary = ("collapsed", "problems")
+    round_dir, round_order = "collapsed", 30
+    status_columns = {"rows": ("collapsed",), "problems": ("problems",), "collapse_rate": ("collapse_rate",),
+                      "cut": ("cut",), "cut_share": ("cut_share",)}
+
+    def round_job(self, rnd: Round) -> RoundJob:
+        """The round's rollouts, with earlier rounds' collapsed and hints outputs as history (their tokens upstream)."""
+        history, tokens = [], []
+        for j in range(rnd.index):
+            for sd, name in ((rnd.run_dir.stage(j, self), "collapsed.parquet"), (rnd.run_dir.stage(j, "hint"), "hints.parquet")):
+                key = sd.done_key()
+                if (sd.path / name).exists() and key:
+                    history.append(str(sd.path / name))
+                    tokens.append(rnd.token(sd, key))
+        wf = rnd.workflow
+        return RoundJob(wf.mine, {"sources": [str(rnd.run_dir.stage(rnd.index, "ingest").path)], "history": history},
+                        wf.mine, Context(executor=rnd.executor()), upstream=[rnd.tokens["ingest"], *tokens])
 
     def plan(self, inputs: MineInputs, cfg: MineConfig, out_dir: Path) -> MineInputs:
         sources = [str(f) for f in outside_output(resolve_inputs(inputs.sources), inputs.sources, out_dir)]

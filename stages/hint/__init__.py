@@ -41,7 +41,7 @@ from mentor.pipeline.llm import Backend, describe_backend
 from mentor.pipeline.outdir import Owns
 from mentor.pipeline.schemas import HINTS, SCHEMA_VERSION, conform
 from mentor.pipeline.shards import Shard, ShardPlan, ShardResult
-from mentor.pipeline.stage import Context, Source, Stage, Stats
+from mentor.pipeline.stage import Context, Round, RoundJob, Source, Stage, Stats
 from mentor.stages.hint import agents
 from mentor.stages.hint.config import HintConfig
 from mentor.stages.hint.judge_check import checked_config, stats_view
@@ -131,6 +131,15 @@ class HintStage(Stage):
     staged = False
     needs_engine = True
     summary = ("problems", "accepted", "repaired", "fallback", "engine_calls")
+    round_dir, round_order = "hints", 40
+    status_columns = {"rows": ("problems",), "accepted": ("accepted",), "repaired": ("repaired",), "fallback": ("fallback",)}
+
+    def round_job(self, rnd: Round) -> RoundJob:
+        h = rnd.workflow.hint
+        # On a GPU cluster each hint task needs the workers' GPU resource (one engine per worker).
+        ctx = Context(executor=rnd.executor(h.worker_resources), backend=h.backend.spec(), progress=rnd.progress)
+        inputs = {"collapsed": [str(rnd.run_dir.stage(rnd.index, "mine").path / "collapsed.parquet")], "sample": h.sample}
+        return RoundJob(h.model_dump(exclude={"worker_resources"}), inputs, h.config, ctx, upstream=[rnd.tokens["mine"]])
 
     def plan(self, inputs: HintInputs, cfg: HintConfig, out_dir: Path) -> HintInputs:
         if inputs.sample is not None and inputs.sample < 1:

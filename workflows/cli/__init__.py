@@ -38,6 +38,7 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
     "run": ("mentor.workflows.cli.run", "run", "Run a round-by-round workflow (train -> ingest -> mine -> hint -> build); resumable."),
     "status": ("mentor.workflows.cli.run", "status", "Show a run directory's state per round and stage: done/running/interrupted/failed/pending, counts, errors."),
     "demo": ("mentor.workflows.cli.run", "demo", "One round on the bundled real GSM8K rollouts with a CPU model (mentor run gsm8k-demo)."),
+    "stage": ("mentor.workflows.cli.stage", "stage", "Run any stage, built-in or a plugin's (MENTOR_PLUGIN_PATH), from its declaration: --input/--set KEY=VALUE."),
     "inspect": ("mentor.workflows.cli.report", "inspect", "Summarise rollouts, collapsed, hints, prompts, rescue outputs or a run directory."),
 }
 

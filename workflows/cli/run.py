@@ -13,9 +13,9 @@ import click
 from mentor.workflows.cli.options import executor_options
 from mentor.pipeline.executor import dask_client
 from mentor.pipeline.models import check_model
-from mentor.stages import ROUND_STAGES
+from mentor.stages import round_names
 
-STAGE_CHOICE = click.Choice(ROUND_STAGES)
+STAGE_CHOICE = click.Choice(round_names())  # the round stages, from their declarations
 
 
 def _run(workflow: str, run_dir: str | None, rounds: int | None, from_stage: str | None, only: str | None,
