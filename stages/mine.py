@@ -55,9 +55,8 @@ from mentor.pipeline.errors import ConfigError, DataError
 from mentor.pipeline.executor import LOCAL, Executor
 from mentor.pipeline.faults import fault_point
 from mentor.pipeline.inputs import outside_output, resolve_inputs
-from mentor.pipeline.io import check_dataset_files, parquet_writer_atomic, read_parquet_schema, to_table
+from mentor.pipeline.io import check_dataset_files, parquet_writer_atomic, read_parquet_schema
 from mentor.pipeline.outdir import Owns
-from mentor.pipeline.schemas import COLLAPSED
 from mentor.pipeline.stage import Context, Round, RoundJob, Source, Stage, Stats, StatsLayout
 from mentor.stages.mine_config import MineConfig
 from mentor.stages.mine_history import apply_history, history_frames
@@ -428,15 +427,6 @@ def _chunks(files: list[str], collapsed: pl.DataFrame, cfg: MineConfig, history,
             del chunk
 
 
-def mine(sources: Sequence[str], cfg: MineConfig, history: Sequence[str] = (),
-         executor: Executor = LOCAL) -> tuple[pl.DataFrame, Stats]:
-    """The whole collapsed set in memory (schema: collapsed), sorted by problem_id, and the stats."""
-    mined = mine_iter(sources, cfg, history, executor)
-    parts = [pl.from_arrow(to_table(c, "collapsed")) for c in mined.chunks]
-    df = pl.concat(parts) if parts else pl.from_arrow(COLLAPSED.empty_table())
-    return df.sort("problem_id"), mined.stats
-
-
 class MineInputs(BaseModel):
     """What `mentor mine` reads: canonical rollout shards, and earlier rounds' collapsed/hints files."""
 
@@ -496,5 +486,5 @@ class MineStage(Stage):
 STAGE = MINE = MineStage()
 
 
-__all__ = ["MINE", "MINE_STATS", "STAGE", "MineConfig", "MineInputs", "MineStage", "count_part", "failed_shard", "mine", "mine_iter",
+__all__ = ["MINE", "MINE_STATS", "STAGE", "MineConfig", "MineInputs", "MineStage", "count_part", "failed_shard", "mine_iter",
            "truncate_keep_end"]

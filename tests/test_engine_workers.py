@@ -26,7 +26,8 @@ distributed = pytest.importorskip("distributed")
 @pytest.fixture()
 def collapsed(tmp_path) -> Path:
     from mentor.data import bundled
-    from mentor.stages.mine import MineConfig, mine
+    from mentor.stages.mine import MineConfig
+    from mine_lib import mine
 
     path = tmp_path / "c.parquet"
     mine([str(bundled("gsm8k_rollouts.parquet"))], MineConfig())[0].head(4).write_parquet(path)

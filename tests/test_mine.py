@@ -13,7 +13,8 @@ from click.testing import CliRunner
 
 from mentor.workflows.cli import cli
 from mentor.pipeline.schemas import COLLAPSED
-from mentor.stages.mine import MineConfig, mine, truncate_keep_end
+from mentor.stages.mine import MineConfig, truncate_keep_end
+from mine_lib import mine
 
 
 def run(*args: str):
