@@ -271,7 +271,8 @@ class Stage:
     # entries it reads, the first present wins).
     round_dir: ClassVar[str | None] = None
     round_order: ClassVar[int | None] = None
-    feeds_next_round: ClassVar[bool] = False  # its folder is what the next round's trainer trains on (build)
+    feeds_next_round: ClassVar[bool] = False  # its folder is what the next round's trainer trains on (build; and
+    # then ``base_job(rnd)``, like `round_job`, makes what round 0 trains on without logs: the unhinted base prompts)
     status_columns: ClassVar[Mapping[str, tuple[str, ...]]] = {}
 
     def round_job(self, rnd: "Round") -> "RoundJob":

@@ -252,6 +252,11 @@ class BuildStage(Stage):
                           "round": rnd.index + 1}
         return RoundJob(settings, {}, cfg, upstream=[rnd.tokens["hint"], rnd.base_token])
 
+    def base_job(self, rnd: Round) -> RoundJob:
+        """The base set's unhinted prompts: what round 0 trains on when no logs stand in for it."""
+        cfg = BuildConfig.model_validate(rnd.build_settings() | {"base": str(rnd.problems_path), "hints": [], "round": 0})
+        return RoundJob(cfg.model_dump(exclude={"base"}), {}, cfg, upstream=[rnd.base_token])
+
     def run(self, inputs: BuildInputs, cfg: BuildConfig, out_dir: Path, ctx: Context) -> Stats:
         stats = BUILD_STATS(mode=cfg.mode, seed=cfg.seed, prompt_tokenizer=cfg.tokenizer)
         stats.chat_template_kwargs = dict(cfg.chat_template_kwargs)

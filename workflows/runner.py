@@ -19,8 +19,9 @@ Each stage is called through the driver (`mentor.pipeline.stage.run_stage` with 
 it gets the run's executor (this process, or the dask cluster of ``--workers`` /
 ``--scheduler``), writes its outputs and stats.json; the driver writes the done marker with
 a few of the counts. What is not a stage stays here: the base problems (read once), the
-base set's unhinted prompts round 0 trains on, and build's defaults from the trainer
-(`Runner.build_settings`).
+workflow-wide checks before the first round (the trainer's config, the offline seeds), and
+build's defaults from the trainer (`Runner.build_settings`). The base set's unhinted prompts
+round 0 trains on without logs come from the stage that feeds the next round (`Stage.base_job`).
 """
 
 from __future__ import annotations
@@ -40,8 +41,7 @@ from mentor.pipeline.io import atomic_path, config_hash, read_json, write_parque
 from mentor.pipeline.rundir import RunDir, StageDir, inputs_key, stage_key
 from mentor.pipeline.stage import RoundJob, Stage, read_done, run_stage, write_done
 from mentor.stages import round_names, round_stages
-from mentor.stages import stage as stage_by_name
-from mentor.stages.build import BUILD_STATS, BuildConfig
+from mentor.stages.build import BUILD_STATS
 from mentor.stages.build_base import load_base, validate_base
 from mentor.stages.build_render import DEFAULT_PLACEMENT
 from mentor.stages.train import launched, offline_seed
@@ -168,13 +168,15 @@ class Runner:
         files = resolve_inputs(self.initial_sources(), suffixes=(".parquet", ".jsonl", ".json", ".jsonl.gz"))
         return "initial:" + inputs_key(files)
 
-    def base_prompts(self, base_token: str) -> tuple[Path, str]:
-        """Unhinted prompts of the base set: what round 0's trainer trains on without initial logs."""
+    def base_prompts(self) -> tuple[Path, str]:
+        """Unhinted prompts of the base set: what round 0's trainer trains on without initial logs (made by the
+        stage that makes what the next round trains on, ``feeds_next_round``: `Stage.base_job`)."""
         sd = self.rd.base_prompts()
-        cfg = BuildConfig.model_validate(self.build_settings() | {"base": str(self.problems_path), "hints": [], "round": 0})
-        key = stage_key("base-prompts", cfg.model_dump(exclude={"base"}), [base_token])
+        feeder = next(s for s in round_stages() if s.feeds_next_round)
+        job = feeder.base_job(_Round(self, 0, {}))
+        key = stage_key("base-prompts", job.key, job.upstream)
         if not sd.is_done(key):
-            run_stage(stage_by_name("build"), {}, cfg, sd.path, key=key)
+            run_stage(feeder, job.inputs, job.cfg, sd.path, job.ctx, key=key)
         return sd.path, self.token(sd, key)
 
     def build_settings(self) -> dict:
@@ -230,7 +232,7 @@ class _Round:
         return self.runner.initial_token()
 
     def prompts(self) -> tuple[Path, str]:
-        return self.runner._next_prompts or self.runner.base_prompts(self.runner._base_token)
+        return self.runner._next_prompts or self.runner.base_prompts()
 
     def build_settings(self) -> dict:
         return self.runner.build_settings()
