@@ -4,7 +4,7 @@ mentor's extension points are packages whose members each declare one thing:
 
 | point | package | a member is | it declares |
 | --- | --- | --- | --- |
-| ``stages`` | `mentor.stages` | a module | ``STAGE`` |
+| ``stages`` | `mentor.stages` | a module or package (hint) | ``STAGE`` (other modules are a stage's parts) |
 | ``agents`` | `mentor.stages.hint.agents` | a module (its templates beside it) | ``AGENT`` |
 | ``rules`` | `mentor.stages.rules` | a module | rules, by `RuleRegistry.add` |
 | ``backends`` | `mentor.pipeline.backends` | a module | ``BACKEND`` |
@@ -67,7 +67,7 @@ def _members(folder: Path, marker: str | None) -> list[str]:
     if marker is not None:
         return sorted(d.name for d in folder.iterdir() if d.is_dir() and d.name.isidentifier()
                       and not d.name.startswith("_") and (d / marker).is_file())
-    return sorted(i.name for i in pkgutil.iter_modules([str(folder)]) if not i.ispkg and not i.name.startswith("_"))
+    return sorted(i.name for i in pkgutil.iter_modules([str(folder)]) if not i.name.startswith("_"))  # modules, packages
 
 
 def _builtin_names(point: str) -> list[str]:

@@ -4,8 +4,9 @@
       workflow.yaml                 the resolved workflow, as run
       base-prompts/                 unhinted prompts for round 0 (when no initial logs)
       round-000/
-        train/ rollouts/ collapsed/ hints/ prompts/     written by the stages train, ingest,
-                                                        mine, hint, build; each with stats.json
+        train/ rollouts/ collapsed/ hints/ prompts/     written by the round stages train, ingest,
+                                                        mine, hint, build (each declares its folder,
+                                                        ``Stage.round_dir``; `mentor.stages.stage_dirs`); each with stats.json
         <dir>/_done/<key>.done      written last, after every output is in place
         <dir>/_running.json         while the stage runs (pid, start time)
         <dir>/_failed.json          the last error, until the stage succeeds
@@ -16,7 +17,8 @@ NNN+1's trainer trains on.
 A stage's key hashes its config and the keys of the stages it reads from (or
 the content of external input files), so a changed config re-runs that stage
 and, through the chain of keys, everything after it, never what came before.
-Markers are written after the outputs; a run killed at any moment leaves at
+The driver (`mentor.pipeline.stage.run_stage` with a key) keeps this bookkeeping for every
+stage. Markers are written after the outputs; a run killed at any moment leaves at
 most temporary files (``.*.tmp``, cleaned on the next start) and no marker.
 """
 
@@ -28,12 +30,18 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from mentor.pipeline import plugins
 from mentor.pipeline.io import config_hash, files_hash, read_json, write_json_atomic
 from mentor.pipeline.outdir import pid_alive
 from mentor.pipeline.stage import STATS_FILE, write_done
 
-# Each stage writes into the folder named after the dataset it produces.
-STAGE_DIRS = {"train": "train", "ingest": "rollouts", "mine": "collapsed", "hint": "hints", "build": "prompts"}
+
+
+def outputs_fingerprint(path: Path) -> str:
+    """Content fingerprint of a stage's data outputs (Parquet and JSONL files, not bookkeeping)."""
+    files = sorted(path.rglob("*")) if path.exists() else []
+    return files_hash((str(f.relative_to(path)), f) for f in files if f.is_file() and f.suffix in (".parquet", ".jsonl")
+                      and not any(part.startswith(("_", ".")) for part in f.relative_to(path).parts))
 
 
 def round_name(r: int) -> str:
@@ -139,8 +147,11 @@ class RunDir:
     def round_dir(self, r: int) -> Path:
         return self.path / round_name(r)
 
-    def stage(self, r: int, stage: str) -> StageDir:
-        return StageDir(self.round_dir(r) / STAGE_DIRS[stage], stage)
+    def stage(self, r: int, stage: Any) -> StageDir:
+        """Round `r`'s folder of `stage` (a `Stage`, or a stage's name)."""
+        if isinstance(stage, str):
+            stage = plugins.load("stages", stage).STAGE
+        return StageDir(self.round_dir(r) / stage.round_dir, stage.name)
 
     def base_prompts(self) -> StageDir:
         return StageDir(self.path / "base-prompts", "build")

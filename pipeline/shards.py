@@ -22,7 +22,7 @@ changed while finished ones are reused. A shard is (re)computed as: its old
 marker removed, the Parquet written atomically, then the marker, then the
 fault point ``<stage>.after_shard``; so a run killed anywhere (kill -9) leaves
 every shard either done or to be redone, never read half-written or under an
-earlier run's marker.
+earlier run's marker. `ShardPlan.complete` is the one loop a stage runs its shards with.
 """
 
 from __future__ import annotations
@@ -84,6 +84,18 @@ class ShardResult:
     record: dict[str, Any]
     reused: bool
     ran: dict[str, Any] | None = None
+
+
+@dataclass
+class Completed:
+    """What `ShardPlan.complete` did: the results this run computed (with where and when each ran), how many reused."""
+
+    computed: list[ShardResult]
+    reused: int
+
+    @property
+    def runs(self) -> list[dict[str, Any]]:
+        return [r.ran for r in self.computed]
 
 
 # compute(shard, *args) -> (the shard's rows, what its marker records besides index and rows)
@@ -152,6 +164,22 @@ class ShardPlan:
             else:
                 yield s, next(computed)
 
+    def complete(self, compute: Compute, *args: Any, executor: Executor = LOCAL,
+                 each: Callable[[Shard, ShardResult], None] | None = None) -> "Completed":
+        """The one resume loop of every sharded stage: each shard done (a done one's marker reused, the others
+        computed through `executor`), `each(shard, result)` told in shard order (to merge counters, move a bar),
+        then what earlier runs left removed (`finish`). Returns which shards this run computed."""
+        done = Completed(computed=[], reused=0)
+        for shard, res in self.run(compute, *args, executor=executor):
+            if each is not None:
+                each(shard, res)
+            if res.reused:
+                done.reused += 1
+            else:
+                done.computed.append(res)
+        self.finish()
+        return done
+
     def finish(self) -> None:
         """Remove what earlier runs left that is not part of this one; call once every shard is done."""
         keep = {s.path.name for s in self.shards}
@@ -162,4 +190,4 @@ class ShardPlan:
                     f.unlink()
 
 
-__all__ = ["DONE", "Shard", "ShardPlan", "ShardResult", "compute_shard", "rows_hash"]
+__all__ = ["DONE", "Completed", "Shard", "ShardPlan", "ShardResult", "compute_shard", "rows_hash"]

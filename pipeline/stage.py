@@ -15,8 +15,10 @@ stage the same way::
     stats = MINE({"sources": [...]}, cfg, out_dir)        # the same: a stage is callable
 
 (`mentor.stages.stage(name)` looks a stage up by name.) The CLI prints
-``stats.as_dict()``; the workflow runner records a done marker (`write_done`)
-with the stage's ``summary`` counters once the stage returned. Everything about
+``stats.as_dict()``; given a resume key (the workflow runner's), the driver also writes
+the folder's done marker with the stage's ``summary`` counters once the stage returned.
+A round stage declares its place in a workflow round (``round_dir``, ``round_order``,
+``round_job``, ``status_columns``), so the runner and `mentor status` know no stage by name. Everything about
 a run is a plain file: ``stats.json`` (`write_stats`) beside the outputs,
 ``_done/<key>.done`` markers.
 
@@ -36,12 +38,13 @@ from collections import Counter
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any, ClassVar
+from typing import TYPE_CHECKING, Annotated, Any, ClassVar, Protocol
 
 from pydantic import BaseModel, BeforeValidator, ValidationError
 
-from mentor.pipeline.errors import config_error
+from mentor.pipeline.errors import MentorError, config_error
 from mentor.pipeline.executor import LOCAL, Executor
+from mentor.pipeline.faults import fault_point
 from mentor.pipeline.io import read_json, write_json_atomic
 from mentor.pipeline.llm import release_engines
 from mentor.pipeline.outdir import Owns, check_output_dir, staged_output_dir
@@ -263,6 +266,26 @@ class Stage:
     staged: ClassVar[bool] = True
     needs_engine: ClassVar[bool] = False
     summary: ClassVar[tuple[str, ...]] = ()
+    # In a workflow round (`mentor run`): the folder it writes in ``round-NNN/`` (None: not a round stage),
+    # its place in the round (ascending), and the columns `mentor status` shows (column -> the stats.json
+    # entries it reads, the first present wins).
+    round_dir: ClassVar[str | None] = None
+    round_order: ClassVar[int | None] = None
+    feeds_next_round: ClassVar[bool] = False  # its folder is what the next round's trainer trains on (build; and
+    # then ``base_job(rnd)``, like `round_job`, makes what round 0 trains on without logs: the unhinted base prompts)
+    status_columns: ClassVar[Mapping[str, tuple[str, ...]]] = {}
+
+    def round_job(self, rnd: "Round") -> "RoundJob":
+        """What this stage reads in round ``rnd.index`` of a run: its resume key's config and upstream tokens, the
+        inputs, config and context `run_stage` gets (a round stage declares it)."""
+        raise NotImplementedError(f"the {self.name} stage is not a round stage (no round_job)")
+
+    def status(self, folder: Any) -> dict[str, Any]:
+        """The `mentor status` columns of this stage's folder in a round (a `mentor.pipeline.rundir.StageDir`;
+        default: `status_columns` from its stats.json)."""
+        stats = folder.stats()
+        return {col: next((stats[k] for k in keys if stats.get(k) is not None), None)
+                for col, keys in self.status_columns.items()}
 
     def plan(self, inputs: Any, cfg: Any, out_dir: Path) -> Any:
         return inputs
@@ -278,11 +301,66 @@ class Stage:
         return f"<stage {self.name}>"
 
 
+@dataclass
+class RoundJob:
+    """One stage of a round as the stage declares it (`Stage.round_job`): what its resume key hashes (``key``: its
+    config; ``upstream``: the tokens of what it reads, so a change there re-runs it) and what `run_stage` gets."""
+
+    key: Any
+    inputs: Mapping[str, Any]
+    cfg: Any
+    ctx: Context = field(default_factory=Context)
+    upstream: list[str] = field(default_factory=list)
+
+
+class Round(Protocol):
+    """What the workflow runner tells a round stage (`Stage.round_job`) about the round it runs in."""
+
+    index: int  # the round
+    workflow: Any  # the run's workflow (`mentor.workflows.config.Workflow`)
+    run_dir: Any  # the run directory (`mentor.pipeline.rundir.RunDir`)
+    tokens: Mapping[str, str]  # the tokens (resume key + output fingerprint) of this round's earlier stages
+    base_token: str  # the token of the base problems
+    problems_path: Path  # the base problems, as one PROBLEMS Parquet in the run directory
+    progress: bool
+
+    def executor(self, resources: Any = None) -> Executor: ...
+    def token(self, folder: Any, key: str) -> str: ...
+    def initial_sources(self) -> list[str]: ...
+    def initial_token(self) -> str: ...
+    def prompts(self) -> tuple[Path, str]: ...  # what this round's trainer trains on, with its token
+    def build_settings(self) -> dict: ...
+
+
 def run_stage(stage: Stage, inputs: BaseModel | Mapping[str, Any], cfg: BaseModel | Mapping[str, Any],
-              out_dir: str | Path, ctx: Context | None = None) -> Stats:
+              out_dir: str | Path, ctx: Context | None = None, key: str | None = None) -> Stats:
     """Run `stage` the one way every caller does: models validated (a mapping is parsed), the stage's
     checks (`Stage.plan`), its output all or nothing (``stage.staged``) or resumable, stats.json
-    written, engines released; `Stats` back."""
+    written, engines released; `Stats` back.
+
+    With a resume `key` (the workflow runner's), the driver also keeps the folder's bookkeeping
+    (`mentor.pipeline.rundir.StageDir`): older done markers and a killed run's temporaries removed and
+    ``_running.json`` written before the stage starts, ``_failed.json`` when it fails, and last, after
+    every output, the done marker ``_done/<key>.done`` with the stage's `summary` counters and the
+    fingerprint of its data outputs."""
+    if key is None:
+        return _run(stage, inputs, cfg, Path(out_dir), ctx)
+    from mentor.pipeline.rundir import StageDir, outputs_fingerprint  # (rundir builds on this module)
+
+    folder = StageDir(Path(out_dir), stage.name)
+    folder.begin(key)
+    try:
+        stats = _run(stage, inputs, cfg, folder.path, ctx)
+    except BaseException as exc:
+        folder.fail(str(exc) if isinstance(exc, MentorError) else f"{type(exc).__name__}: {exc}")
+        raise
+    fault_point(f"{stage.name}.before_marker")
+    folder.finish(key, counts(stats, stage.summary) | {"fingerprint": outputs_fingerprint(folder.path)})
+    return stats
+
+
+def _run(stage: Stage, inputs: BaseModel | Mapping[str, Any], cfg: BaseModel | Mapping[str, Any],
+         out_dir: Path, ctx: Context | None) -> Stats:
     try:
         if not isinstance(inputs, stage.Inputs):
             inputs = stage.Inputs.model_validate(inputs if isinstance(inputs, Mapping) else inputs.model_dump())
@@ -291,7 +369,6 @@ def run_stage(stage: Stage, inputs: BaseModel | Mapping[str, Any], cfg: BaseMode
     except ValidationError as exc:  # one line naming the field, as a workflow file's or a command's error does
         raise config_error(exc, f"{stage.name} settings") from exc
     ctx = ctx or Context()
-    out_dir = Path(out_dir)
     try:
         if stage.staged:
             check_output_dir(out_dir)  # before any work: a folder that cannot be replaced is refused first
@@ -309,5 +386,5 @@ def run_stage(stage: Stage, inputs: BaseModel | Mapping[str, Any], cfg: BaseMode
     return stats
 
 
-__all__ = ["STATS_FILE", "Context", "Source", "Stage", "Stats", "StatsLayout", "counts", "read_done", "run_stage",
+__all__ = ["STATS_FILE", "Context", "Round", "RoundJob", "Source", "Stage", "Stats", "StatsLayout", "counts", "read_done", "run_stage",
            "write_done", "write_stats"]

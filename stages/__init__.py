@@ -1,25 +1,64 @@
-"""One module per stage: ingest, mine, hint, build, rollout, rescue, train; `stage(name)` looks one up.
+"""The stages: each module of this folder (or of a plugin folder's ``stages/``) that declares ``STAGE`` is one.
 
-Each module defines one `mentor.pipeline.stage.Stage` subclass and its instance,
-``STAGE`` (also by its name: ``MINE``, ``HINT``, ...). Modules are imported on first
-use, so asking for ``mine`` does not import the engine seam.
+A stage module defines one `mentor.pipeline.stage.Stage` subclass and its instance,
+``STAGE`` (also by its name: ``MINE``, ``HINT``, ...); the other modules here
+(``build_base``, ``ingest_formats``, ``solutions``, ...) are a stage's parts. The
+lists are read from the declarations (`mentor.pipeline.plugins`), never written by
+hand: `names()` finds the stage modules by their top-level ``STAGE =`` without
+importing any (asking for ``mine`` does not import the engine seam), and
+`round_stages()` is the stages that declare a place in a workflow round
+(``Stage.round_order``), in order.
 """
 
 from __future__ import annotations
 
-import importlib
+import ast
+import importlib.util
+from functools import cache
+from pathlib import Path
 from typing import TYPE_CHECKING
+
+from mentor.pipeline import plugins
 
 if TYPE_CHECKING:
     from mentor.pipeline.stage import Stage
 
-NAMES = ("ingest", "mine", "hint", "build", "rollout", "rescue", "train")
-# A round of a workflow, in order: the trainer (train: `mentor.training`'s launchers), then four of the stages above.
-ROUND_STAGES = ("train", "ingest", "mine", "hint", "build")
+
+@cache
+def _declares_stage(origin: str, mtime: float) -> bool:
+    tree = ast.parse(Path(origin).read_text(encoding="utf-8"), origin)
+    return any(isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id == "STAGE" for t in node.targets)
+               for node in tree.body)
+
+
+def names() -> tuple[str, ...]:
+    """The stages by name: the built-in ones, then plugins (`mentor.pipeline.plugins`)."""
+    out = []
+    for name in plugins.names("stages"):
+        spec = importlib.util.find_spec(plugins.module_name("stages", name))
+        if spec is not None and spec.origin and _declares_stage(spec.origin, Path(spec.origin).stat().st_mtime):
+            out.append(name)
+    return tuple(out)
 
 
 def stage(name: str) -> "Stage":
-    """The stage called `name` (one of `NAMES`)."""
-    if name not in NAMES:
-        raise KeyError(f"no stage {name!r} (stages: {', '.join(NAMES)})")
-    return importlib.import_module(f"mentor.stages.{name}").STAGE
+    """The stage called `name` (one of `names()`)."""
+    known = names()
+    if name not in known:
+        raise KeyError(f"no stage {name!r} (stages: {', '.join(known)})")
+    return plugins.load("stages", name).STAGE
+
+
+def round_stages() -> tuple["Stage", ...]:
+    """The stages of a workflow round, in order (built-in: train -> ingest -> mine -> hint -> build)."""
+    found = [stage(n) for n in names()]
+    return tuple(sorted((s for s in found if s.round_order is not None), key=lambda s: (s.round_order, s.name)))
+
+
+def round_names() -> tuple[str, ...]:
+    return tuple(s.name for s in round_stages())
+
+
+def stage_dirs() -> dict[str, str]:
+    """Round stage -> its folder in a run's ``round-NNN/`` (``Stage.round_dir``: the dataset it produces)."""
+    return {st.name: st.round_dir for st in round_stages()}

@@ -70,7 +70,7 @@ from mentor.pipeline.outdir import Owns
 from mentor.pipeline.policy_template import policy_mode
 from mentor.pipeline.prompts import HINT_TEMPLATE, INSTRUCTIONS, PLACEHOLDER_RE, PLAIN_TEMPLATE, answer_template, load_tokenizer
 from mentor.pipeline.schemas import DOMAINS, HINT_STATUSES, SCHEMA_VERSION
-from mentor.pipeline.stage import Context, Stage, Stats, StatsLayout
+from mentor.pipeline.stage import Context, Round, RoundJob, Stage, Stats, StatsLayout
 from mentor.stages.build_base import PROBLEM_COLUMNS, load_base, load_hints, validate_base
 from mentor.stages.build_guard import screen_control_tokens
 from mentor.stages.build_render import DEFAULT_PLACEMENT, PLACEMENTS, TEXT_PLACEMENTS, prepare_rows, resolve_placement
@@ -241,6 +241,21 @@ class BuildStage(Stage):
     Config = BuildConfig
     owns = Owns(("manifest.json", "stats.json", "README.md"), shards=True)
     summary = ("rows", "hinted_rows")
+    round_dir, round_order = "prompts", 50
+    feeds_next_round = True  # the next round's trainer trains on these prompts
+    status_columns = {"rows": ("rows",), "hinted": ("hinted_rows", "hinted")}
+
+    def round_job(self, rnd: Round) -> RoundJob:
+        hints = rnd.run_dir.stage(rnd.index, "hint").path / "hints.parquet"
+        settings = rnd.build_settings()
+        cfg = settings | {"base": str(rnd.problems_path), "hints": [str(hints)] if hints.exists() else [],
+                          "round": rnd.index + 1}
+        return RoundJob(settings, {}, cfg, upstream=[rnd.tokens["hint"], rnd.base_token])
+
+    def base_job(self, rnd: Round) -> RoundJob:
+        """The base set's unhinted prompts: what round 0 trains on when no logs stand in for it."""
+        cfg = BuildConfig.model_validate(rnd.build_settings() | {"base": str(rnd.problems_path), "hints": [], "round": 0})
+        return RoundJob(cfg.model_dump(exclude={"base"}), {}, cfg, upstream=[rnd.base_token])
 
     def run(self, inputs: BuildInputs, cfg: BuildConfig, out_dir: Path, ctx: Context) -> Stats:
         stats = BUILD_STATS(mode=cfg.mode, seed=cfg.seed, prompt_tokenizer=cfg.tokenizer)

@@ -22,9 +22,9 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from mentor.pipeline.errors import DataError
 from mentor.pipeline.inputs import outside_output, resolve_inputs
-from mentor.pipeline.io import write_parquet_atomic
+from mentor.pipeline.io import read_json, write_parquet_atomic
 from mentor.pipeline.outdir import Owns
-from mentor.pipeline.stage import Context, Source, Stage, Stats, StatsLayout
+from mentor.pipeline.stage import Context, Round, RoundJob, Source, Stage, Stats, StatsLayout
 from mentor.pipeline.schemas import DOMAINS, SCHEMA_VERSION, conform
 from mentor.stages.ingest_formats import (
     INT32_MAX,
@@ -168,6 +168,28 @@ class IngestStage(Stage):
     Config = IngestConfig
     owns = Owns(("stats.json",), shards=True)
     summary = ("rollouts", "problems")
+    round_dir, round_order = "rollouts", 20
+    status_columns = {"rows": ("rollouts",), "problems": ("problems",)}
+
+    def round_job(self, rnd: Round) -> RoundJob:
+        wf, r = rnd.workflow, rnd.index
+        if r == 0 and wf.initial_rollouts is not None:
+            key = {"format": wf.initial_rollouts.format, "map": wf.initial_rollouts.map, "round": r}
+            sources = rnd.initial_sources()
+        else:
+            from mentor.training.launcher import get_launcher, trainer_kinds  # not for a bare `mentor ingest`
+
+            kind = wf.trainer.kind  # offline: mentor's own rollouts; a trainer: the format its reward logs in
+            fmt = "canonical" if kind == "offline" else get_launcher(kind).log_format if kind in trainer_kinds() else None
+            key = {"format": fmt or wf.trainer.format, "round": r}
+            train = rnd.run_dir.stage(r, "train")
+            if wf.trainer.kind == "external":  # the files the train stage waited for (its marker)
+                sources = read_json(train.done_dir / f"{train.done_key()}.done")["files"]
+            else:
+                sources = [str(train.path / "logs")]
+        cfg = {"format": key["format"], "round": r, "domain": wf.domain, "mapping": key.get("map") or {},
+               "problems": str(rnd.problems_path)}
+        return RoundJob(key, {"sources": sources}, cfg, upstream=[rnd.tokens["train"], rnd.base_token])
 
     def plan(self, inputs: IngestInputs, cfg: IngestConfig, out_dir: Path) -> IngestInputs:
         """The column mapping checked; the log files, outside `out_dir`."""

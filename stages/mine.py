@@ -33,6 +33,9 @@ valid rollouts were cut failed mostly at the limit: pass 1 sets it apart (counte
 ``mentor status`` and ``mentor inspect`` say. ``collapsed`` still counts every problem
 whose rollouts all failed (the collapse rate); ``collapsed - cut`` go on to be hinted.
 Rollouts without a ``truncated`` value count as not cut.
+
+Its settings are `mentor.stages.mine_config`; earlier rounds (``--history``: streaks, previous
+hints) are `mentor.stages.mine_history`.
 """
 
 from __future__ import annotations
@@ -46,50 +49,20 @@ from pathlib import Path
 import polars as pl
 import pyarrow as pa
 import pyarrow.parquet as pq
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field
 
 from mentor.pipeline.errors import ConfigError, DataError
 from mentor.pipeline.executor import LOCAL, Executor
 from mentor.pipeline.faults import fault_point
 from mentor.pipeline.inputs import outside_output, resolve_inputs
-from mentor.pipeline.io import check_dataset_files, parquet_writer_atomic, read_parquet_schema, to_table
+from mentor.pipeline.io import check_dataset_files, parquet_writer_atomic, read_parquet_schema
 from mentor.pipeline.outdir import Owns
-from mentor.pipeline.schemas import COLLAPSED
-from mentor.pipeline.stage import Context, Source, Stage, Stats, StatsLayout
+from mentor.pipeline.stage import Context, Round, RoundJob, Source, Stage, Stats, StatsLayout
+from mentor.stages.mine_config import MineConfig
+from mentor.stages.mine_history import apply_history, history_frames
 from mentor.stages.solutions import load_solutions
 
 log = logging.getLogger(__name__)
-
-
-class MineConfig(BaseModel):
-    """Settings of `mentor mine` (also the `mine:` section of a workflow)."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    correct_col: str = Field("correct", description="Column holding raw correctness in [0, 1]. Never a shaped reward.")
-    threshold: float = Field(0.0, ge=0.0, lt=1.0, description="A rollout counts as failed when correctness <= threshold.")
-    min_rollouts: int = Field(2, ge=1, le=2**31 - 1, description="Problems with fewer valid rollouts are not judged.")
-    k_failed: int = Field(2, ge=0, le=10_000, description="Failed responses kept per collapsed problem (deduplicated).")
-    failed_budget_chars: int = Field(
-        2000, ge=64, le=2**31 - 1, description="Each kept failed response is cut to this many characters, keeping mostly its end."
-    )
-    cut_share: float = Field(
-        0.5, ge=0.0, le=1.0, description="A collapsed problem is set apart as cut at the response limit (not hinted, counted "
-        "in `cut`) when more than this share of its valid rollouts were cut (truncated); the fix is a longer response limit. "
-        "1.0: never set apart (hint every collapsed problem)."
-    )
-    solutions: str | None = Field(
-        None, description="Reference solutions carried into the collapsed set (its solution column, which the hint agents "
-        "read): a Parquet or JSONL file with problem_id and solution, e.g. a base set with a solution column; default: the "
-        "bundled GSM8K, MATH-500 and HumanEval solutions, by problem id."
-    )
-
-    @field_validator("correct_col")
-    @classmethod
-    def _not_reward(cls, v: str) -> str:
-        if v == "reward":
-            raise ValueError("'reward' may be shaped; mine on raw correctness (e.g. 'correct' or 'acc')")
-        return v
 
 
 QUARANTINE_REASONS = (
@@ -372,57 +345,6 @@ class _Assembler:
         )
 
 
-# --------------------------------------------------------------------------- history
-
-
-def history_frames(paths: Sequence[str]) -> tuple[pl.DataFrame | None, pl.DataFrame | None]:
-    """Split `--history` inputs into earlier collapsed sets and earlier hints (by their columns)."""
-    collapsed, hints = [], []
-    for p in resolve_inputs(paths):
-        names = set(read_parquet_schema(p).names)
-        if {"hint", "hint_id", "status"} <= names:
-            hints.append(pl.read_parquet(p, columns=["problem_id", "round", "hint"]))
-        elif {"n_rollouts", "failed", "streak"} <= names:
-            collapsed.append(pl.read_parquet(p, columns=["problem_id", "round", "streak"]))
-        else:
-            raise DataError(f"{p}: --history takes earlier collapsed.parquet or hints.parquet files; found columns {sorted(names)[:10]}")
-    c = pl.concat(collapsed).with_columns(pl.col("round").cast(pl.Int32), pl.col("streak").cast(pl.Int32)) if collapsed else None
-    h = pl.concat(hints).with_columns(pl.col("round").cast(pl.Int32)) if hints else None
-    return c, h
-
-
-def apply_history(df: pl.DataFrame, history: tuple[pl.DataFrame | None, pl.DataFrame | None]) -> pl.DataFrame:
-    """Fill `streak` (consecutive rounds collapsed, this one included) and `previous_hints`.
-
-    `history` is what `history_frames` read from the `--history` files.
-    """
-    df = df.with_columns(streak=pl.lit(1, pl.Int32), previous_hints=pl.lit([], dtype=pl.List(pl.String)))
-    prev_c, prev_h = history
-    if prev_c is not None:
-        # The streak continues only from the round right before this one.
-        prev = prev_c.select("problem_id", (pl.col("round") + 1).alias("round"), pl.col("streak").alias("_prev"))
-        df = (
-            df.join(prev, on=["problem_id", "round"], how="left")
-            .with_columns(streak=(pl.col("_prev").fill_null(0) + 1).cast(pl.Int32))
-            .drop("_prev")
-        )
-    if prev_h is not None:
-        hints = (
-            df.select("problem_id", pl.col("round").alias("_now"))
-            .join(prev_h, on="problem_id")
-            .filter(pl.col("round") < pl.col("_now"))
-            .sort("problem_id", "round")
-            .group_by("problem_id", maintain_order=True)
-            .agg(pl.col("hint").alias("_hints"))
-        )
-        df = (
-            df.join(hints, on="problem_id", how="left")
-            .with_columns(previous_hints=pl.col("_hints").fill_null(pl.lit([], dtype=pl.List(pl.String))))
-            .drop("_hints")
-        )
-    return df
-
-
 # --------------------------------------------------------------------------- driver
 
 
@@ -505,15 +427,6 @@ def _chunks(files: list[str], collapsed: pl.DataFrame, cfg: MineConfig, history,
             del chunk
 
 
-def mine(sources: Sequence[str], cfg: MineConfig, history: Sequence[str] = (),
-         executor: Executor = LOCAL) -> tuple[pl.DataFrame, Stats]:
-    """The whole collapsed set in memory (schema: collapsed), sorted by problem_id, and the stats."""
-    mined = mine_iter(sources, cfg, history, executor)
-    parts = [pl.from_arrow(to_table(c, "collapsed")) for c in mined.chunks]
-    df = pl.concat(parts) if parts else pl.from_arrow(COLLAPSED.empty_table())
-    return df.sort("problem_id"), mined.stats
-
-
 class MineInputs(BaseModel):
     """What `mentor mine` reads: canonical rollout shards, and earlier rounds' collapsed/hints files."""
 
@@ -536,6 +449,21 @@ class MineStage(Stage):
     Config = MineConfig
     owns = Owns(("collapsed.parquet", CUT_FILE, "stats.json"))
     summary = ("collapsed", "problems")
+    round_dir, round_order = "collapsed", 30
+    status_columns = {"rows": ("collapsed",), "problems": ("problems",), "collapse_rate": ("collapse_rate",),
+                      "cut": ("cut",), "cut_share": ("cut_share",)}
+
+    def round_job(self, rnd: Round) -> RoundJob:
+        """The round's rollouts, with earlier rounds' collapsed and hints outputs as history (their tokens upstream)."""
+        history, tokens = [], []
+        for j in range(rnd.index):
+            for sd, name in ((rnd.run_dir.stage(j, self), "collapsed.parquet"), (rnd.run_dir.stage(j, "hint"), "hints.parquet")):
+                key = sd.done_key()
+                if (sd.path / name).exists() and key:
+                    history.append(str(sd.path / name))
+                    tokens.append(rnd.token(sd, key))
+        return RoundJob(rnd.workflow.mine, {"sources": [str(rnd.run_dir.stage(rnd.index, "ingest").path)], "history": history},
+                        rnd.workflow.mine, Context(executor=rnd.executor()), upstream=[rnd.tokens["ingest"], *tokens])
 
     def plan(self, inputs: MineInputs, cfg: MineConfig, out_dir: Path) -> MineInputs:
         sources = [str(f) for f in outside_output(resolve_inputs(inputs.sources), inputs.sources, out_dir)]
@@ -558,5 +486,5 @@ class MineStage(Stage):
 STAGE = MINE = MineStage()
 
 
-__all__ = ["MINE", "MINE_STATS", "STAGE", "MineConfig", "MineInputs", "MineStage", "count_part", "failed_shard", "mine", "mine_iter",
+__all__ = ["MINE", "MINE_STATS", "STAGE", "MineConfig", "MineInputs", "MineStage", "count_part", "failed_shard", "mine_iter",
            "truncate_keep_end"]

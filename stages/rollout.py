@@ -30,7 +30,6 @@ samples only the rest. Seeds depend on a prompt's position in the whole set
 
 from __future__ import annotations
 
-import json
 import logging
 import threading
 import time
@@ -47,28 +46,24 @@ import pyarrow as pa
 from pydantic import BaseModel, ConfigDict, Field
 from tqdm.auto import tqdm
 
-from mentor.data import BUNDLED_SETS, bundled
 from mentor.pipeline.backends import kind as backend_kind
 from mentor.pipeline.backends import kinds as backend_kinds
 from mentor.pipeline.errors import ConfigError, DataError, EngineError
-from mentor.pipeline.inputs import resolve_inputs
-from mentor.pipeline.io import read_dataset, read_parquet_schema
 from mentor.pipeline.llm import Backend, GenRequest, OnDone, describe_backend
 from mentor.pipeline.outdir import Owns
 from mentor.pipeline.prompts import INSTRUCTIONS, answer_template
-from mentor.pipeline.schemas import ROLLOUTS, SCHEMA_VERSION, check_schema, parse_prompt_label
+from mentor.pipeline.schemas import ROLLOUTS, SCHEMA_VERSION
 from mentor.pipeline.shards import Shard, ShardPlan
 from mentor.pipeline.stage import Context, Source, Stage, Stats, StatsLayout
+from mentor.stages.rollout_prompts import PromptItem, is_dataset, load_prompt_items, resolve_sources
 from mentor.stages.build_render import (
     DEFAULT_PLACEMENT,
     PLACEMENTS,
     TEXT_PLACEMENTS,
     hint_template,
-    prompt_messages,
     resolve_placement,
 )
 from mentor.training.prompt_format import sampling_template_kwargs
-from mentor.training.verify import reference_of
 
 log = logging.getLogger(__name__)
 
@@ -150,96 +145,6 @@ def policy_tokenizer(backend: Any) -> str | None:
     if kind not in backend_kinds():  # a backend object of the caller's own
         return None
     return backend_kind(kind).tokenizer(getattr(backend, "model", None))
-
-
-@dataclass
-class PromptItem:
-    """One prompt to sample: what is sent, and what the rollouts are verified and filed under."""
-
-    messages: list[dict]  # the chat (text prompts: what was rendered, or nothing when only the text is known)
-    domain: str
-    reference: str | None  # domain-form label
-    problem_id: str
-    hint_id: str | None
-    round: int
-    problem: str | None  # original text without hint, when known
-    arm: str = "plain"  # rescue: the arm this prompt belongs to
-    arm_index: int = 0
-    prompt: str | None = None  # the prompt rendered with the policy's chat template (text placements): sent as it is
-
-
-# --------------------------------------------------------------------------- reading prompts
-
-
-def resolve_sources(sources: Sequence[str]) -> list[Path]:
-    """Files, folders and globs (as every stage), plus the bundled set names."""
-    paths: list[Path] = []
-    for s in sources:
-        if str(s) in BUNDLED_SETS and not Path(s).exists():
-            paths.append(bundled(BUNDLED_SETS[str(s)]))
-        else:
-            paths.extend(resolve_inputs([s]))
-    return paths
-
-
-def is_dataset(paths: list[Path], dataset: str) -> bool:
-    return all(not check_schema(read_parquet_schema(p), dataset) for p in paths)
-
-
-def load_prompt_items(sources: Sequence[str], cfg: RolloutConfig) -> list[PromptItem]:
-    """PROMPTS shards, a PROBLEMS dataset or a bundled set name -> prompt items (in file order)."""
-    paths = resolve_sources(sources)
-    if is_dataset(paths, "prompts"):
-        df = read_dataset(paths, "prompts")
-        if cfg.limit:
-            df = df.head(cfg.limit)
-        items = []
-        for i, row in enumerate(df.iter_rows(named=True)):
-            try:
-                label = parse_prompt_label(row["label"])
-            except (TypeError, ValueError) as exc:
-                raise DataError(f"{', '.join(map(str, paths))}: row {i}: column 'label' is not a mentor prompt label ({exc}); rebuild the prompts with mentor build") from exc
-            domain = label.get("domain") or row["ability"]
-            # The code reference keeps every key of the code label ("setup" included: trusted helpers of the tests).
-            ref = json.dumps(reference_of({**label, "domain": "code"}), sort_keys=True) if domain == "code" else label.get("answer")
-            text = row["prompt"] if isinstance(row["prompt"], str) else None  # rendered by build: sent as it is
-            items.append(
-                PromptItem(
-                    messages=[] if text is not None else [{"role": m["role"], "content": m["content"]} for m in row["prompt"]],
-                    domain=domain,
-                    reference=ref,
-                    problem_id=str(label.get("problem_id") or row["problem_id"]),
-                    hint_id=label.get("hint_id"),
-                    round=cfg.round if cfg.round is not None else int(label.get("round") or row["round"] or 0),
-                    problem=None,
-                    prompt=text,
-                )
-            )
-        return items
-    if is_dataset(paths, "problems"):
-        df = read_dataset(paths, "problems")
-        if cfg.limit:
-            df = df.head(cfg.limit)
-        plain = prompt_messages([{"problem": r["problem"], "hint": None, "domain": r["domain"]} for r in df.iter_rows(named=True)],
-                                instructions=cfg.instructions)
-        return [
-            PromptItem(
-                messages=msgs,
-                domain=r["domain"],
-                reference=r["label"],
-                problem_id=r["problem_id"],
-                hint_id=None,
-                round=cfg.round or 0,
-                problem=r["problem"],
-            )
-            for r, msgs in zip(df.iter_rows(named=True), plain)
-        ]
-    found = ", ".join(read_parquet_schema(paths[0]).names[:10])
-    raise DataError(
-        f"{paths[0]}: neither prompt shards (mentor build) nor a problems dataset (found columns: {found}); "
-        "pass the output of `mentor build`, a problems Parquet with problem_id, domain, problem, label, data_source, "
-        "or a bundled set name (gsm8k, math500, humaneval)"
-    )
 
 
 # --------------------------------------------------------------------------- sampling + verifying
@@ -438,20 +343,22 @@ def run_shards(
     plan = ShardPlan(parts_dir, stage, items, cfg.shard_size, dataset="rollouts", view=_items_view, by_position=True,
                      config={"stage": stage, "sampling": cfg.semantic(), "backend": describe_backend(backend), "schema": SCHEMA_VERSION})
     out = ShardRun(rows=[])
+
+    def each(shard, res):
+        rows = pl.read_parquet(shard.path).to_dicts()
+        bar.update(len(out.rows) + len(rows) - bar.n)  # a reused shard, or what the backend did not tell
+        out.rows.extend(rows)
+        out.shards += 1
+        out.prompt_tokens += res.record["prompt_tokens"]
+        out.completion_tokens += res.record["completion_tokens"]
+        out.model = out.model or res.record.get("model")
+        if not res.reused:
+            out.computed += 1
+            out.engine_calls += 1
+            bar.set_postfix_str(f"{shard.index + 1}/{shard.total} shards", refresh=True)
+
     with tqdm(total=len(items) * cfg.k, desc=stage, unit="rollout", disable=not progress, dynamic_ncols=True) as bar:
-        for shard, res in plan.run(_sample_shard, cfg, _Engine(backend), seed_fn, bar):
-            rows = pl.read_parquet(shard.path).to_dicts()
-            bar.update(len(out.rows) + len(rows) - bar.n)  # a reused shard, or what the backend did not tell
-            out.rows.extend(rows)
-            out.shards += 1
-            out.prompt_tokens += res.record["prompt_tokens"]
-            out.completion_tokens += res.record["completion_tokens"]
-            out.model = out.model or res.record.get("model")
-            if not res.reused:
-                out.computed += 1
-                out.engine_calls += 1
-                bar.set_postfix_str(f"{shard.index + 1}/{shard.total} shards", refresh=True)
-    plan.finish()  # shards of an earlier, larger run are not part of this output
+        plan.complete(_sample_shard, cfg, _Engine(backend), seed_fn, bar, each=each)  # shards of an earlier run removed
     return out
 
 

@@ -32,7 +32,7 @@ from mentor.pipeline.errors import ConfigError, DataError
 from mentor.pipeline.inputs import glob_files
 from mentor.pipeline.llm import BackendSettings, release_engines
 from mentor.pipeline.outdir import Owns
-from mentor.pipeline.stage import Context, Source, Stage, Stats, StatsLayout
+from mentor.pipeline.stage import Context, Round, RoundJob, Source, Stage, Stats, StatsLayout
 from mentor.stages.rollout import ROLLOUT, SEED_MAX, RolloutConfig
 from mentor.training.launcher import OUTCOME, check_placeholders, get_launcher, trainer_kinds
 
@@ -143,6 +143,31 @@ class TrainStage(Stage):
     staged = False  # a trainer resumes from its own checkpoints; its folder is never swapped
     needs_engine = True  # offline generates; every trainer needs the GPUs' memory free
     summary = ("kind", "rollouts", "exit_code", "final_model", "files")
+    round_dir, round_order = "train", 10
+
+    def round_job(self, rnd: Round) -> RoundJob:
+        wf = rnd.workflow
+        if rnd.index == 0 and wf.initial_rollouts is not None:
+            # Existing logs stand in for round 0's training: recorded, nothing launched.
+            return RoundJob({"initial_rollouts": wf.initial_rollouts.model_dump()}, {},
+                            {"round": 0, "initial_rollouts": rnd.initial_sources()}, upstream=[rnd.initial_token()])
+        # The prompts of the round before, or (no round built any yet) the base set's unhinted prompts.
+        prompts, token = rnd.prompts()
+        inputs = {"prompts": str(prompts), "run_dir": str(rnd.run_dir.path), "prev_model": self._prev_model(rnd)}
+        return RoundJob(wf.trainer.model_dump(mode="json"), inputs, {"round": rnd.index, "trainer": wf.trainer},
+                        Context(executor=rnd.executor()), upstream=[token])
+
+    def _prev_model(self, rnd: Round) -> str | None:
+        """The last model an earlier round trained (None: none did; the round starts from the base model)."""
+        for j in range(rnd.index - 1, -1, -1):
+            model = rnd.run_dir.stage(j, self).outcome().get("final_model")
+            if model:
+                return model
+        return None
+
+    def status(self, folder: Any) -> dict:
+        o = folder.outcome()
+        return {"exit_code": o.get("exit_code"), "final_model": o.get("final_model")} if o else {}
 
     def plan(self, inputs: TrainInputs, cfg: TrainConfig, out_dir: Path) -> TrainInputs:
         t = cfg.trainer

@@ -19,7 +19,7 @@ from pathlib import Path
 
 from click.testing import CliRunner, Result
 
-from mentor.cli import cli
+from mentor.workflows.cli import cli
 
 KINDS = ("error", "quarantine", "handled")
 

@@ -75,7 +75,7 @@ def main() -> int:
         run("fork after mentor's check", [sys.executable, "-c", FORK, "mentor"]),
         run("fork after torch.cuda.is_available (control)", [sys.executable, "-c", FORK, "torch"]),
         run("dask engine workers' GPUs", [sys.executable, "-c", DASK]),
-        run("mentor doctor", [sys.executable, "-m", "mentor.cli", "doctor", "--no-engine", "--json", "--out", "/tmp"]),
+        run("mentor doctor", [sys.executable, "-m", "mentor.workflows.cli", "doctor", "--no-engine", "--json", "--out", "/tmp"]),
     ]
     for r in results:
         print(json.dumps(r), flush=True)

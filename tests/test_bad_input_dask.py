@@ -45,7 +45,8 @@ def _mine(where: str | None, *extra: str):
 def _hint(where: str, *extra: str):
     def make(root: Path) -> list[str]:
         from mentor.data import bundled
-        from mentor.stages.mine import MineConfig, mine
+        from mentor.stages.mine import MineConfig
+        from mine_lib import mine
 
         mine([str(bundled("gsm8k_rollouts.parquet"))], MineConfig())[0].head(4).write_parquet(root / "c.parquet")
         return ["hint", str(root / "c.parquet"), "--out", str(root / "out"), "--backend", "fake", "--no-progress",

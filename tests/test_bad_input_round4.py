@@ -314,7 +314,7 @@ def test_status_into_a_closed_pipe_ends_quietly(tmp_path):
 
     (tmp_path / "wf.yaml").write_text(yaml.safe_dump(workflow(tmp_path)))
     assert invoke(["run", str(tmp_path / "wf.yaml"), "--run-dir", str(tmp_path / "run")]).exit_code == 0
-    proc = subprocess.Popen([sys.executable, "-m", "mentor.cli", "status", str(tmp_path / "run")],
+    proc = subprocess.Popen([sys.executable, "-m", "mentor.workflows.cli", "status", str(tmp_path / "run")],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     proc.stdout.close()  # closed before mentor writes its table (its imports take a while)
     err = proc.stderr.read().decode()

@@ -36,7 +36,8 @@ def _server(chat=ok_chat, models=None) -> FakeServer:
 
 def _collapsed() -> pl.DataFrame:
     from mentor.data import bundled
-    from mentor.stages.mine import MineConfig, mine
+    from mentor.stages.mine import MineConfig
+    from mine_lib import mine
 
     df, _ = mine([str(bundled("gsm8k_rollouts.parquet"))], MineConfig())
     return df.head(6)

@@ -14,7 +14,7 @@ import polars as pl
 import pytest
 from click.testing import CliRunner
 
-from mentor.cli import cli
+from mentor.workflows.cli import cli
 from mentor.pipeline.errors import ConfigError
 from mentor.pipeline.prompts import ANSWER_TEMPLATES, DEFAULT_ANSWER, INSTRUCTIONS, load_tokenizer, render_prompt
 from mentor.stages.build import BUILD, BuildConfig

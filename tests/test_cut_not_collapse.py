@@ -15,7 +15,7 @@ import polars as pl
 import pytest
 from click.testing import CliRunner
 
-from mentor.cli import cli
+from mentor.workflows.cli import cli
 from mentor.data import bundled
 
 LIMIT = 160  # tokens: about a third of these GSM8K solutions are longer

@@ -25,7 +25,7 @@ def test_demo_runs_one_round_on_real_rollouts(tmp_path):
     pytest.importorskip("vllm")
     run_dir = tmp_path / "demo"
     env = dict(os.environ, HF_HUB_OFFLINE="1")
-    cmd = [sys.executable, "-m", "mentor.cli", "demo", "--run-dir", str(run_dir), "--sample", "2"]
+    cmd = [sys.executable, "-m", "mentor.workflows.cli", "demo", "--run-dir", str(run_dir), "--sample", "2"]
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=3000)
     assert proc.returncode == 0, proc.stderr[-4000:]
     stats = json.loads((run_dir / "round-000/collapsed/stats.json").read_text())
@@ -68,7 +68,7 @@ def test_demo_runs_one_round_on_real_rollouts(tmp_path):
     assert shown_prompt == "\n".join(sent.splitlines())  # the prompt as the policy sees it, opened answer included
     from click.testing import CliRunner
 
-    from mentor.cli import cli
+    from mentor.workflows.cli import cli
 
     res = CliRunner().invoke(cli, trace_cmd[1:])
     assert res.exit_code == 0 and "trace:" in res.output and "generation" in res.output, res.output

@@ -147,7 +147,7 @@ def real_disk(tmp_path_factory):
 def _in_namespace(disk: Path, argv: list[str], setup: str = "", size: str = "64k", read_only: bool = False) -> tuple[int, str, str]:
     """Run `mentor argv` with `disk` a fresh tmpfs of `size` (made read-only after `setup`); returns (rc, stderr, listing)."""
     disk.mkdir(exist_ok=True)
-    cli = shlex.join([sys.executable, "-m", "mentor.cli", *argv])
+    cli = shlex.join([sys.executable, "-m", "mentor.workflows.cli", *argv])
     d = shlex.quote(str(disk))
     script = (f"mount -t tmpfs -o size={size} none {d} && {setup} "
               + (f"mount -o remount,ro {d} && " if read_only else "")

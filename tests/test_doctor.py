@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from mentor.cli import cli
+from mentor.workflows.cli import cli
 from mentor.workflows import doctor
 
 # What the driver's nvidia-smi prints for the calls doctor makes (--query-gpu=FIELDS, -L, the banner), for two

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from mentor.cli import cli
+from mentor.workflows.cli import cli
 from mentor.pipeline import llm
 from mentor.pipeline.backends import _vllm_engine as vllm_backend
 from mentor.pipeline.errors import ConfigError
@@ -27,7 +27,8 @@ distributed = pytest.importorskip("distributed")
 @pytest.fixture()
 def collapsed(tmp_path) -> Path:
     from mentor.data import bundled
-    from mentor.stages.mine import MineConfig, mine
+    from mentor.stages.mine import MineConfig
+    from mine_lib import mine
 
     path = tmp_path / "c.parquet"
     mine([str(bundled("gsm8k_rollouts.parquet"))], MineConfig())[0].head(4).write_parquet(path)

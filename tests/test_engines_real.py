@@ -44,7 +44,7 @@ def _env() -> dict[str, str]:
 
 
 def _mentor(*args: str, timeout: int = 1200) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "mentor.cli", *args], capture_output=True, text=True, timeout=timeout, env=_env())
+    return subprocess.run([sys.executable, "-m", "mentor.workflows.cli", *args], capture_output=True, text=True, timeout=timeout, env=_env())
 
 
 @pytest.fixture(scope="module")
@@ -100,7 +100,7 @@ class Server:
 
     def start(self, timeout: float = 600) -> None:
         fh = open(self.log, "ab")
-        self.proc = subprocess.Popen([sys.executable, "-m", "mentor.cli", "serve", "--port", str(self.port)],
+        self.proc = subprocess.Popen([sys.executable, "-m", "mentor.workflows.cli", "serve", "--port", str(self.port)],
                                      stdout=fh, stderr=subprocess.STDOUT, env=_env(), start_new_session=True)
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
@@ -135,7 +135,7 @@ def test_hint_through_vllm_serve_survives_a_server_restart(server, gsm8k_collaps
     out = tmp_path / "hints"
     args = ["hint", str(gsm8k_collapsed), "--out", str(out), "--sample", "8", "--shard-size", "2", "--backend", "openai",
             "--base-url", server.url, "--model", "smollm2-135m", "--config", str(config), "--no-progress"]
-    run = subprocess.Popen([sys.executable, "-m", "mentor.cli", *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+    run = subprocess.Popen([sys.executable, "-m", "mentor.workflows.cli", *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                            text=True, env=_env())
     try:
         deadline = time.monotonic() + 900

@@ -83,7 +83,7 @@ def plugin_env(tmp_path_factory) -> dict[str, str]:
 
 
 def mentor(env: dict[str, str], *args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "mentor.cli", *args], env=env, capture_output=True, text=True, timeout=600)
+    return subprocess.run([sys.executable, "-m", "mentor.workflows.cli", *args], env=env, capture_output=True, text=True, timeout=600)
 
 
 def test_toy_agent_and_rule_run_through_mentor_hint(plugin_env, gsm8k_collapsed, tmp_path):

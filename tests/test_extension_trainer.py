@@ -91,7 +91,7 @@ def plugin(tmp_path_factory) -> dict:
 
 
 def _mentor(args: list[str], env: dict) -> subprocess.CompletedProcess:
-    code = "import sys; from mentor.cli import main; sys.argv = ['mentor', *sys.argv[1:]]; main()"
+    code = "import sys; from mentor.workflows.cli import main; sys.argv = ['mentor', *sys.argv[1:]]; main()"
     return subprocess.run([sys.executable, "-c", code, *args], env=env, capture_output=True, text=True, timeout=600)
 
 

@@ -17,7 +17,7 @@ from click.testing import CliRunner
 
 pytest.importorskip("openrlhf", reason="openrlhf is not installed (mentor setup-cpu --openrlhf)")
 
-from mentor.cli import cli  # noqa: E402
+from mentor.workflows.cli import cli  # noqa: E402
 from mentor.pipeline.errors import ConfigError  # noqa: E402
 from mentor.pipeline.rundir import RunDir  # noqa: E402
 from mentor.training.gpus import GpuDemand, GpuShortage, GpuSupply, local_gpus  # noqa: E402

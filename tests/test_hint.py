@@ -11,7 +11,7 @@ import pyarrow.parquet as pq
 import pytest
 from click.testing import CliRunner
 
-from mentor.cli import cli
+from mentor.workflows.cli import cli
 from mentor.pipeline.errors import ConfigError
 from mentor.pipeline.backends.fake import FakeBackend
 from mentor.pipeline.llm import BackendSpec, GenRequest, GenResult

@@ -8,7 +8,7 @@ import polars as pl
 import pytest
 from click.testing import CliRunner
 
-from mentor.cli import cli
+from mentor.workflows.cli import cli
 from mentor.stages.rules import RuleLimits, check
 
 

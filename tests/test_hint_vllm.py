@@ -19,7 +19,7 @@ import pyarrow.parquet as pq
 import pytest
 from click.testing import CliRunner
 
-from mentor.cli import cli
+from mentor.workflows.cli import cli
 from mentor.pipeline.schemas import check_schema
 
 pytestmark = pytest.mark.vllm
@@ -36,7 +36,7 @@ hint:
 
 def _mentor(*args: str, timeout: int = 1500) -> subprocess.CompletedProcess:
     env = dict(os.environ, HF_HUB_OFFLINE="1", VLLM_CPU_KVCACHE_SPACE=os.environ.get("VLLM_CPU_KVCACHE_SPACE", "1"))
-    return subprocess.run([sys.executable, "-m", "mentor.cli", *args], capture_output=True, text=True,
+    return subprocess.run([sys.executable, "-m", "mentor.workflows.cli", *args], capture_output=True, text=True,
                           timeout=timeout, env=env)
 
 

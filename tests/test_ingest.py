@@ -11,10 +11,11 @@ import pyarrow.parquet as pq
 import pytest
 from click.testing import CliRunner
 
-from mentor.cli import cli
+from mentor.workflows.cli import cli
 from mentor.pipeline.ids import text_id
 from mentor.stages.ingest_formats import GSM8K_MODELS
-from mentor.stages.mine import MineConfig, mine
+from mentor.stages.mine import MineConfig
+from mine_lib import mine
 
 
 def run(*args: str):

@@ -12,7 +12,7 @@ import pyarrow.parquet as pq
 import pytest
 from click.testing import CliRunner
 
-from mentor.cli import cli
+from mentor.workflows.cli import cli
 from mentor.pipeline.errors import ConfigError, DataError
 from mentor.pipeline.io import write_json_atomic, write_parquet_atomic
 from mentor.pipeline.schemas import conform

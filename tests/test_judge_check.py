@@ -18,7 +18,7 @@ import pyarrow.parquet as pq
 import pytest
 from click.testing import CliRunner
 
-from mentor.cli import cli
+from mentor.workflows.cli import cli
 from mentor.pipeline.errors import ConfigError, DataError, EngineError
 from mentor.pipeline.backends.fake import FakeBackend
 from mentor.pipeline.llm import GenRequest

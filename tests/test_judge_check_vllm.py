@@ -31,7 +31,7 @@ def test_the_judge_is_checked_and_the_run_follows_the_verdict(gsm8k_collapsed, t
     pytest.importorskip("vllm")
     (tmp_path / "hint.yaml").write_text(CONFIG)
     env = dict(os.environ, HF_HUB_OFFLINE="1", VLLM_CPU_KVCACHE_SPACE=os.environ.get("VLLM_CPU_KVCACHE_SPACE", "1"))
-    r = subprocess.run([sys.executable, "-m", "mentor.cli", "hint", str(gsm8k_collapsed), "--out", str(tmp_path / "h"),
+    r = subprocess.run([sys.executable, "-m", "mentor.workflows.cli", "hint", str(gsm8k_collapsed), "--out", str(tmp_path / "h"),
                         "--sample", "2", "--config", str(tmp_path / "hint.yaml"), "--no-progress"],
                        capture_output=True, text=True, timeout=1500, env=env)
     assert r.returncode == 0, r.stderr[-4000:]

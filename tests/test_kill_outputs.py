@@ -28,7 +28,7 @@ KILLS = 10
 
 
 def _cli(args: list[str], env: dict | None = None, prelude: str = "") -> subprocess.Popen:
-    code = prelude + "from mentor.cli import main; main()"
+    code = prelude + "from mentor.workflows.cli import main; main()"
     return subprocess.Popen([sys.executable, "-c", code, *args], env=dict(os.environ, **(env or {})),
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
 

@@ -10,7 +10,7 @@ import pytest
 import yaml
 from click.testing import CliRunner
 
-from mentor.cli import cli
+from mentor.workflows.cli import cli
 from mentor.pipeline.errors import ConfigError
 from mentor.training.launcher import TrainError
 from mentor.training.openrlhf.launcher import TrainConfig, build_command, run_round

@@ -171,8 +171,8 @@ def test_embedded_gguf_is_found_without_importing_the_package():
 def test_setup_cpu_runs_only_what_is_missing(monkeypatch):
     from click.testing import CliRunner
 
-    from mentor.cli import setup as cmd_setup
-    from mentor.cli import cli
+    from mentor.workflows.cli import setup as cmd_setup
+    from mentor.workflows.cli import cli
 
     installed = {"torchvision", "triton"}
     monkeypatch.setattr(cmd_setup, "installed", lambda d: d in installed)

@@ -11,9 +11,10 @@ import pyarrow.parquet as pq
 import pytest
 from click.testing import CliRunner
 
-from mentor.cli import cli
+from mentor.workflows.cli import cli
 from mentor.pipeline.schemas import COLLAPSED
-from mentor.stages.mine import MineConfig, mine, truncate_keep_end
+from mentor.stages.mine import MineConfig, truncate_keep_end
+from mine_lib import mine
 
 
 def run(*args: str):

@@ -36,7 +36,7 @@ pytestmark = pytest.mark.openrlhf
 from importlib.metadata import version  # noqa: E402
 
 from mentor.data import bundled  # noqa: E402
-from mentor.cli import cli  # noqa: E402
+from mentor.workflows.cli import cli  # noqa: E402
 from mentor.pipeline.io import write_parquet_atomic  # noqa: E402
 from mentor.pipeline.schemas import code_label, prompt_label  # noqa: E402
 from mentor.training.openrlhf.launcher import REWARD_FILE, TrainConfig, build_command  # noqa: E402

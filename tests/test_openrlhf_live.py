@@ -25,7 +25,7 @@ from fake_openai_server import FakeServer
 openrlhf = pytest.importorskip("openrlhf")
 pytestmark = pytest.mark.openrlhf
 
-from mentor.cli import cli  # noqa: E402
+from mentor.workflows.cli import cli  # noqa: E402
 from mentor.pipeline.errors import ConfigError  # noqa: E402
 from mentor.pipeline.schemas import parse_prompt_label  # noqa: E402
 from mentor.stages.build import BUILD, BuildConfig  # noqa: E402

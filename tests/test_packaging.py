@@ -9,7 +9,7 @@ from pathlib import Path
 
 from click.testing import CliRunner
 
-from mentor.cli import COMMANDS, cli
+from mentor.workflows.cli import COMMANDS, cli
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -34,14 +34,14 @@ def test_wheel_maps_folders_into_the_mentor_namespace(tmp_path):
     names = zipfile.ZipFile(wheel).namelist()
     tops = {n.split("/")[0] for n in names}
     assert tops <= {"mentor", f"{wheel.name.split('-')[0]}-{wheel.name.split('-')[1]}.dist-info"}, tops
-    for pkg in ("cli", "pipeline", "stages", "training", "workflows", "data"):
+    for pkg in ("pipeline", "stages", "training", "workflows", "workflows/cli", "data"):
         assert f"mentor/{pkg}/__init__.py" in names
     # A subpackage ships only when pyproject's [tool.setuptools] packages lists it.
     for top in ("stages", "training", "workflows"):
         for init in (REPO / top).glob("*/__init__.py"):
             assert f"mentor/{top}/{init.parent.name}/__init__.py" in names, f"{init.parent} missing from the wheel"
-    # The command line is its own package beside the core, not a part of mentor.pipeline.
-    assert "mentor/cli/__main__.py" in names and not any(n.startswith("mentor/pipeline/cli") for n in names)
+    # The tree is the import path: the command line is workflows/cli/, mentor.workflows.cli (not in the core).
+    assert "mentor/workflows/cli/__main__.py" in names and not any(n.startswith(("mentor/pipeline/cli", "mentor/cli/")) for n in names)
     assert "mentor/data/gsm8k_rollouts.parquet" in names
     # The hint agents' prompts ship beside the agents (a wheel without them cannot hint).
     templates = sorted(p.name for p in (REPO / "stages" / "hint" / "agents").glob("*.txt"))
@@ -62,10 +62,10 @@ def test_generic_names_not_importable_outside_the_repo(tmp_path):
 def test_help_imports_no_stage_and_no_engine(tmp_path):
     """`mentor --help` lists the commands without importing a command module, a stage, polars or vLLM."""
     code = (
-        "import sys; from mentor.cli import cli\n"
+        "import sys; from mentor.workflows.cli import cli\n"
         "try:\n    cli(['--help'], standalone_mode=False)\nexcept SystemExit:\n    pass\n"
         "print([m for m in sys.modules if m.split('.')[0] in ('polars', 'pyarrow', 'vllm', 'torch', 'distributed')"
-        " or m.startswith(('mentor.stages', 'mentor.cli.'))])"
+        " or m.startswith(('mentor.stages', 'mentor.workflows.cli.'))])"
     )
     out = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, check=True)
     assert out.stdout.strip().splitlines()[-1] == "[]"

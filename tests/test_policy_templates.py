@@ -30,7 +30,7 @@ import polars as pl
 import pytest
 from click.testing import CliRunner
 
-from mentor.cli import cli
+from mentor.workflows.cli import cli
 from mentor.data import bundled
 from mentor.pipeline.errors import ConfigError
 from mentor.pipeline.policy_template import policy_mode, render_prompt

@@ -37,7 +37,7 @@ except ImportError:  # pragma: no cover - ray is in the test extra
     pytest.skip("ray is not installed (pip install ray: part of the test extra)", allow_module_level=True)
 pytest.importorskip("openrlhf", reason="openrlhf is not installed (mentor setup-cpu --openrlhf)")
 
-from mentor.cli import cli  # noqa: E402
+from mentor.workflows.cli import cli  # noqa: E402
 from mentor.data import bundled  # noqa: E402
 from mentor.pipeline.schemas import prompt_label  # noqa: E402
 from mentor.training.openrlhf.launcher import REWARD_FILE, TrainConfig, build_env, preflight, build_command, run_round  # noqa: E402

@@ -25,7 +25,7 @@ import pytest
 import yaml
 from click.testing import CliRunner
 
-from mentor.cli import cli
+from mentor.workflows.cli import cli
 
 REPO = Path(__file__).resolve().parents[1]
 TRAINING = REPO / "training"

@@ -11,7 +11,7 @@ import pytest
 from click.testing import CliRunner
 
 from mentor.data import bundled
-from mentor.cli import cli
+from mentor.workflows.cli import cli
 from mentor.pipeline.errors import DataError
 from mentor.pipeline.io import read_dataset, write_parquet_atomic
 from mentor.pipeline.backends.fake import FakeBackend

@@ -15,7 +15,7 @@ from pathlib import Path
 import polars as pl
 from click.testing import CliRunner
 
-from mentor.cli import cli
+from mentor.workflows.cli import cli
 from mentor.training.rollout_log import (
     CONFIG_NAME,
     ENV_DIR,

@@ -16,7 +16,7 @@ import pytest
 import yaml
 from click.testing import CliRunner
 
-from mentor.cli import cli
+from mentor.workflows.cli import cli
 from mentor.stages.build import BUILD, BuildConfig
 from mentor.training.prompt_limits import RESPONSE_DEFAULT, prompt_room
 

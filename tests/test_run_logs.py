@@ -17,7 +17,7 @@ import yaml
 from click.testing import CliRunner
 
 from fake_trainers import fake_trainer
-from mentor.cli import cli
+from mentor.workflows.cli import cli
 from mentor.stages.build import BUILD, BuildConfig
 from mentor.training.rollout_log import ENV_RUN, RolloutLog, run_identity, run_shards
 

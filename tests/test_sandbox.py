@@ -330,7 +330,7 @@ def test_probe_facts_are_json():
 def test_setup_sandbox_reports_layers(monkeypatch):
     from click.testing import CliRunner
 
-    from mentor.cli import cli
+    from mentor.workflows.cli import cli
 
     res = CliRunner().invoke(cli, ["setup-sandbox", "--no-install"])
     assert res.exit_code == 0, res.output
@@ -346,7 +346,7 @@ def test_setup_sandbox_reports_layers(monkeypatch):
 
 
 def test_setup_sandbox_install_plan(monkeypatch):
-    from mentor.cli import setup as cmd_setup
+    from mentor.workflows.cli import setup as cmd_setup
 
     monkeypatch.setattr(cmd_setup.shutil, "which", lambda name: "/usr/bin/bwrap" if name == "bwrap" else None)
     assert cmd_setup.install_commands() == []  # already there

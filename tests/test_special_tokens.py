@@ -14,7 +14,7 @@ import polars as pl
 import pytest
 from click.testing import CliRunner
 
-from mentor.cli import cli
+from mentor.workflows.cli import cli
 from mentor.pipeline.errors import DataError
 from mentor.pipeline.prompts import load_tokenizer
 from mentor.stages.build import BUILD, BuildConfig

@@ -13,7 +13,7 @@ from click.testing import CliRunner
 
 pytest.importorskip("trl")
 
-from mentor.cli import cli  # noqa: E402
+from mentor.workflows.cli import cli  # noqa: E402
 from mentor.pipeline.errors import ConfigError, DataError  # noqa: E402
 from mentor.stages.build import BUILD, BuildConfig  # noqa: E402
 from mentor.training.trl.launcher import (  # noqa: E402

@@ -25,7 +25,7 @@ from tiny_model import make_trainable_llama
 trl = pytest.importorskip("trl")
 pytestmark = pytest.mark.trl
 
-from mentor.cli import cli  # noqa: E402
+from mentor.workflows.cli import cli  # noqa: E402
 from mentor.pipeline.io import write_parquet_atomic  # noqa: E402
 from mentor.pipeline.schemas import prompt_label  # noqa: E402
 from mentor.stages.build import BUILD, BuildConfig  # noqa: E402

@@ -12,7 +12,7 @@ import polars as pl
 import pytest
 from click.testing import CliRunner
 
-from mentor.cli import cli
+from mentor.workflows.cli import cli
 from mentor.stages.build import BUILD, BuildConfig
 from mentor.training.trl.reward import TrlReward, make_reward, reward_func
 

@@ -31,7 +31,7 @@ pytest.importorskip("hydra")
 pytest.importorskip("verl")
 pytestmark = pytest.mark.verl
 
-from mentor.cli import cli  # noqa: E402
+from mentor.workflows.cli import cli  # noqa: E402
 from mentor.pipeline.errors import ConfigError  # noqa: E402
 from mentor.stages.build import BUILD, BuildConfig  # noqa: E402
 from mentor.training.verl.checkpoints import prepare_logs  # noqa: E402

@@ -8,7 +8,7 @@ import polars as pl
 from click.testing import CliRunner
 
 from mentor.data import bundled
-from mentor.cli import cli
+from mentor.workflows.cli import cli
 from mentor.training.verl.reward import compute_score
 
 

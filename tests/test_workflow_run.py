@@ -24,7 +24,7 @@ import yaml
 from click.testing import CliRunner
 
 from mentor.data import bundled
-from mentor.cli import cli
+from mentor.workflows.cli import cli
 from mentor.workflows.config import validate_workflow
 from mentor.workflows.runner import RunOptions, Runner, run_status
 
@@ -241,7 +241,7 @@ def _all_parquet_readable(run_dir: Path) -> None:
 def test_sigkill_and_resume_gives_the_same_outputs(setup, reference_run, tmp_path, point):
     ref_dir, _ = reference_run
     run_dir = tmp_path / "run"
-    cmd = [sys.executable, "-m", "mentor.cli", "run", str(setup["dir"] / "wf.yaml"), "--run-dir", str(run_dir)]
+    cmd = [sys.executable, "-m", "mentor.workflows.cli", "run", str(setup["dir"] / "wf.yaml"), "--run-dir", str(run_dir)]
     env = os.environ | {"PYTHONPATH": str(setup["dir"]) + os.pathsep + os.environ.get("PYTHONPATH", ""),
                         "MENTOR_FAULT": point, "MENTOR_FAULT_SKIP": "1" if point == "hint.after_shard" else "0"}
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True)

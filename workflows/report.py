@@ -28,6 +28,7 @@ import polars as pl
 from mentor.pipeline.errors import ConfigError, DataError
 from mentor.pipeline.inputs import resolve_inputs
 from mentor.pipeline.io import read_parquet_schema, scan_dataset
+from mentor.stages import stage_dirs
 from mentor.workflows.report_datasets import (
     STATUS_ORDER,
     hint_run_extras,
@@ -99,9 +100,9 @@ def detect(path: str | Path) -> str:
 
 
 # A round folder holds each dataset in the folder named after it (rollouts/, collapsed/,
-# hints/, prompts/: `rundir.STAGE_DIRS`); any other folder holding the dataset is the last
-# resort (never rescue/, whose rollouts/ are the rescue re-rolls, nor train/).
-ROUND_DATASETS = ("rollouts", "collapsed", "hints", "prompts")
+# hints/, prompts/: each round stage's ``round_dir``, `mentor.stages.stage_dirs`); any other folder
+# holding the dataset is the last resort (never rescue/, whose rollouts/ are the rescue
+# re-rolls, nor another stage's folder).
 
 
 def _files_of(folder: Path, dataset: str) -> list[Path]:
@@ -119,7 +120,7 @@ def _round_dataset(round_dir: Path, dataset: str) -> tuple[Path | None, list[Pat
     files = _files_of(round_dir / dataset, dataset)
     if files:
         return round_dir / dataset, files
-    known = {*ROUND_DATASETS, "rescue", "train"}
+    known = {*stage_dirs().values(), "rescue"}
     for child in sorted(round_dir.iterdir()):
         if child.is_dir() and child.name not in known and not child.name.startswith(("_", ".")):
             files = _files_of(child, dataset)

@@ -42,8 +42,8 @@ from mentor.pipeline.io import read_table, write_parquet_atomic
 from mentor.pipeline.llm import Backend, describe_backend
 from mentor.pipeline.outdir import Owns
 from mentor.pipeline.schemas import HINTS, SCHEMA_VERSION, conform
-from mentor.pipeline.shards import Shard, ShardPlan, ShardResult
-from mentor.pipeline.stage import Context, Source, Stage, Stats
+from mentor.pipeline.shards import Shard, ShardPlan
+from mentor.pipeline.stage import Context, Round, RoundJob, Source, Stage, Stats
 from mentor.stages.hint.prompt_templates import Templates
 from mentor.stages.hint.config import HintConfig
 from mentor.stages.hint.judge_check import checked_config, stats_view
@@ -133,6 +133,15 @@ class HintStage(Stage):
     staged = False
     needs_engine = True
     summary = ("problems", "accepted", "repaired", "fallback", "engine_calls")
+    round_dir, round_order = "hints", 40
+    status_columns = {"rows": ("problems",), "accepted": ("accepted",), "repaired": ("repaired",), "fallback": ("fallback",)}
+
+    def round_job(self, rnd: Round) -> RoundJob:
+        h = rnd.workflow.hint
+        # On a GPU cluster each hint task needs the workers' GPU resource (one engine per worker).
+        ctx = Context(executor=rnd.executor(h.worker_resources), backend=h.backend.spec(), progress=rnd.progress)
+        inputs = {"collapsed": [str(rnd.run_dir.stage(rnd.index, "mine").path / "collapsed.parquet")], "sample": h.sample}
+        return RoundJob(h.model_dump(exclude={"worker_resources"}), inputs, h.config, ctx, upstream=[rnd.tokens["mine"]])
 
     def plan(self, inputs: HintInputs, cfg: HintConfig, out_dir: Path) -> HintInputs:
         if inputs.sample is not None and inputs.sample < 1:
@@ -160,20 +169,18 @@ class HintStage(Stage):
                              owns_folder=True, config={"hint": cfg.semantic(), "prompt_version": templates.version,
                                                        "backend": describe_backend(backend_factory), "schema": SCHEMA_VERSION})
             stats = HintStats()
-            computed: list[ShardResult] = []
-            finished = 0
+
+            def each(shard, res):
+                stats.merge(res.record["stats"])
+                bar.update(shard.start + len(shard.items) - bar.n)  # what the ticker could not show (a shard done earlier, or run elsewhere)
+
             with _Ticker(bar) as ticker:
-                for shard, res in plan.run(_hint_task, cfg, backend_factory, ticker, executor=executor):
-                    stats.merge(res.record["stats"])
-                    if not res.reused:
-                        computed.append(res)
-                    finished += len(shard.items)
-                    bar.update(finished - bar.n)  # what the ticker could not show (a shard done earlier, or run elsewhere)
+                done = plan.complete(_hint_task, cfg, backend_factory, ticker, executor=executor, each=each)
+        computed = done.computed
         run_calls = sum(r.record["stats"]["engine_calls"] for r in computed)
         parts = [conform(pq.read_table(s.path), "hints") for s in plan.shards]  # shards written before the vouch column too
         hints = pa.concat_tables(parts) if parts else HINTS.empty_table()
         write_parquet_atomic(hints, out_dir / "hints.parquet", dataset="hints")
-        plan.finish()  # shards of an earlier input or config are not part of this output (a killed run never gets here)
         if judge_report is not None and not judge_report.get("reused"):
             run_calls += judge_report.get("engine_calls", 0)
         stats.extra.update({

@@ -34,11 +34,16 @@ from types import SimpleNamespace
 
 
 def collapsed_rows() -> list[dict]:
-    from mentor.data import bundled
-    from mentor.stages.mine import MineConfig, mine
+    from pathlib import Path
 
-    df, _ = mine([str(bundled("gsm8k_rollouts.parquet"))], MineConfig())
-    return df.to_dicts()
+    import polars as pl
+
+    from mentor.data import bundled
+    from mentor.stages.mine import MINE
+
+    with tempfile.TemporaryDirectory() as d:
+        MINE({"sources": [str(bundled("gsm8k_rollouts.parquet"))]}, {}, Path(d) / "c")
+        return pl.read_parquet(Path(d) / "c" / "collapsed.parquet").sort("problem_id").to_dicts()
 
 
 def bench_orchestration(base: list[dict], n: int) -> dict:

@@ -126,7 +126,7 @@ def main() -> None:
     base = Path(args.dir)
     paths = generate(base / "rollouts", args.rows, args.shards)
     files = [str(p) for p in paths]
-    mentor = [sys.executable, "-m", "mentor.cli", "mine", str(base / "rollouts"), "--out", str(base / "collapsed")]
+    mentor = [sys.executable, "-m", "mentor.workflows.cli", "mine", str(base / "rollouts"), "--out", str(base / "collapsed")]
     load = os.getloadavg()[0]
     # Mine runs first, so RUSAGE_CHILDREN's max is mine's own peak.
     mine_s, mine_cpu, mine_rss, _ = timed(mentor)

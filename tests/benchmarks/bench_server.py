@@ -62,7 +62,7 @@ def timed_hint(src: Path, out: Path, spec, sample: int, skip: int = 0) -> tuple[
 
 
 def start_server(model: str | None, port: int, log: Path) -> subprocess.Popen:
-    cmd = [sys.executable, "-m", "mentor.cli", "serve", "--port", str(port)] + (["--model", model] if model else [])
+    cmd = [sys.executable, "-m", "mentor.workflows.cli", "serve", "--port", str(port)] + (["--model", model] if model else [])
     proc = subprocess.Popen(cmd, stdout=open(log, "ab"), stderr=subprocess.STDOUT, start_new_session=True,
                             env=dict(os.environ, HF_HUB_OFFLINE="1", VLLM_SERVER_DEV_MODE="1"))  # dev mode: /reset_prefix_cache
     deadline = time.monotonic() + 900

@@ -7,7 +7,7 @@ import logging
 
 import click
 
-from mentor.cli.options import config_from_options, config_options, executor_options, parse_map
+from mentor.workflows.cli.options import config_from_options, config_options, executor_options, parse_map
 from mentor.pipeline.executor import open_executor
 from mentor.pipeline.stage import Context, run_stage
 from mentor.stages import stage

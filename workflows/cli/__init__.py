@@ -1,6 +1,6 @@
 """The `mentor` click group.
 
-Commands live in small modules grouped by what a user does (``mentor.cli.data``:
+Commands live in small modules grouped by what a user does (``mentor.workflows.cli.data``:
 ingest, mine; ``.hint``: hint and its checks; ``.build``; ``.train``; ``.evaluate``:
 rollout, rescue; ``.run``: workflows; ``.report``: inspect; ``.setup``: the
 machine and servers), thin layers over the stages, imported only
@@ -22,23 +22,24 @@ from mentor.pipeline.errors import MentorError
 
 # name -> (module, attribute, one-line help). Keep the help in step with the command.
 COMMANDS: dict[str, tuple[str, str, str]] = {
-    "ingest": ("mentor.cli.data", "ingest", "Convert rollout logs (canonical, verl, openrlhf, gsm8k-example, jsonl) into canonical rollout shards."),
-    "mine": ("mentor.cli.data", "mine", "Find collapsed problems (every rollout wrong) with a few failed responses."),
-    "hint": ("mentor.cli.hint", "hint", "Hint collapsed problems with four LLM agents on vLLM (attribution, generation, judgment, repair)."),
-    "check-hint": ("mentor.cli.hint", "check_hint", "Run the hint rules (answer leak, full solution, ...) on one hint; exit 1 when it fails."),
-    "check-judge": ("mentor.cli.hint", "check_judge", "Score the LLM judge on known-good and known-bad hints; exit 1 when it cannot tell them apart."),
-    "serve": ("mentor.cli.setup", "serve", "Start `vllm serve` for a model with mentor's engine settings (an OpenAI-compatible server for --backend openai)."),
-    "doctor": ("mentor.cli.setup", "doctor", "Check this node before the first round: driver/CUDA/torch, GPUs, vLLM, the hint model, reward files, Ray, disk."),
-    "setup-cpu": ("mentor.cli.setup", "setup_cpu", "Prepare a CPU machine for vLLM and convert the embedded SmolLM2 demo model."),
-    "setup-sandbox": ("mentor.cli.setup", "setup_sandbox", "Install bubblewrap (apt) where possible and print the code sandbox's layers."),
-    "train": ("mentor.cli.train", "train", "Run one GRPO round (OpenRLHF, verl or TRL) from round.yaml (--dry-run prints the command)."),
-    "rollout": ("mentor.cli.evaluate", "rollout", "Sample k responses per prompt with vLLM, verify them, write canonical rollouts."),
-    "rescue": ("mentor.cli.evaluate", "rescue", "Re-roll collapsed problems with and without their hints; report the rescue rate."),
-    "build": ("mentor.cli.build", "build", "Build the next round's prompt shards (base problems + hints) for OpenRLHF, verl and TRL."),
-    "run": ("mentor.cli.run", "run", "Run a round-by-round workflow (train -> ingest -> mine -> hint -> build); resumable."),
-    "status": ("mentor.cli.run", "status", "Show a run directory's state per round and stage: done/running/interrupted/failed/pending, counts, errors."),
-    "demo": ("mentor.cli.run", "demo", "One round on the bundled real GSM8K rollouts with a CPU model (mentor run gsm8k-demo)."),
-    "inspect": ("mentor.cli.report", "inspect", "Summarise rollouts, collapsed, hints, prompts, rescue outputs or a run directory."),
+    "ingest": ("mentor.workflows.cli.data", "ingest", "Convert rollout logs (canonical, verl, openrlhf, gsm8k-example, jsonl) into canonical rollout shards."),
+    "mine": ("mentor.workflows.cli.data", "mine", "Find collapsed problems (every rollout wrong) with a few failed responses."),
+    "hint": ("mentor.workflows.cli.hint", "hint", "Hint collapsed problems with four LLM agents on vLLM (attribution, generation, judgment, repair)."),
+    "check-hint": ("mentor.workflows.cli.hint", "check_hint", "Run the hint rules (answer leak, full solution, ...) on one hint; exit 1 when it fails."),
+    "check-judge": ("mentor.workflows.cli.hint", "check_judge", "Score the LLM judge on known-good and known-bad hints; exit 1 when it cannot tell them apart."),
+    "serve": ("mentor.workflows.cli.setup", "serve", "Start `vllm serve` for a model with mentor's engine settings (an OpenAI-compatible server for --backend openai)."),
+    "doctor": ("mentor.workflows.cli.setup", "doctor", "Check this node before the first round: driver/CUDA/torch, GPUs, vLLM, the hint model, reward files, Ray, disk."),
+    "setup-cpu": ("mentor.workflows.cli.setup", "setup_cpu", "Prepare a CPU machine for vLLM and convert the embedded SmolLM2 demo model."),
+    "setup-sandbox": ("mentor.workflows.cli.setup", "setup_sandbox", "Install bubblewrap (apt) where possible and print the code sandbox's layers."),
+    "train": ("mentor.workflows.cli.train", "train", "Run one GRPO round (OpenRLHF, verl or TRL) from round.yaml (--dry-run prints the command)."),
+    "rollout": ("mentor.workflows.cli.evaluate", "rollout", "Sample k responses per prompt with vLLM, verify them, write canonical rollouts."),
+    "rescue": ("mentor.workflows.cli.evaluate", "rescue", "Re-roll collapsed problems with and without their hints; report the rescue rate."),
+    "build": ("mentor.workflows.cli.build", "build", "Build the next round's prompt shards (base problems + hints) for OpenRLHF, verl and TRL."),
+    "run": ("mentor.workflows.cli.run", "run", "Run a round-by-round workflow (train -> ingest -> mine -> hint -> build); resumable."),
+    "status": ("mentor.workflows.cli.run", "status", "Show a run directory's state per round and stage: done/running/interrupted/failed/pending, counts, errors."),
+    "demo": ("mentor.workflows.cli.run", "demo", "One round on the bundled real GSM8K rollouts with a CPU model (mentor run gsm8k-demo)."),
+    "stage": ("mentor.workflows.cli.stage", "stage", "Run any stage, built-in or a plugin's (MENTOR_PLUGIN_PATH), from its declaration: --input/--set KEY=VALUE."),
+    "inspect": ("mentor.workflows.cli.report", "inspect", "Summarise rollouts, collapsed, hints, prompts, rescue outputs or a run directory."),
 }
 
 

@@ -10,7 +10,7 @@ import sys
 
 import click
 
-from mentor.cli.options import BackendChoice, FiniteFloatRange
+from mentor.workflows.cli.options import BackendChoice, FiniteFloatRange
 from mentor.pipeline.errors import ConfigError, MentorError
 from mentor.pipeline.models import (
     EMBEDDED_DIST,

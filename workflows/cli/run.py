@@ -10,12 +10,29 @@ from pathlib import Path
 
 import click
 
-from mentor.cli.options import executor_options
+from mentor.workflows.cli.options import executor_options
 from mentor.pipeline.executor import dask_client
 from mentor.pipeline.models import check_model
-from mentor.stages import ROUND_STAGES
+from mentor.stages import round_names
 
-STAGE_CHOICE = click.Choice(ROUND_STAGES)
+
+
+class _RoundStageChoice(click.Choice):
+    """One of the round stages, read from their declarations when asked (plugins included: MENTOR_PLUGIN_PATH)."""
+
+    def __init__(self) -> None:
+        super().__init__(())
+
+    @property
+    def choices(self):
+        return round_names()
+
+    @choices.setter
+    def choices(self, value) -> None:  # (click.Choice.__init__ sets it)
+        pass
+
+
+STAGE_CHOICE = _RoundStageChoice()
 
 
 def _run(workflow: str, run_dir: str | None, rounds: int | None, from_stage: str | None, only: str | None,

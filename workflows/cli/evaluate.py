@@ -8,7 +8,7 @@ import sys
 
 import click
 
-from mentor.cli.options import (backend_option, backend_spec, config_from_options, config_options, engine_flags, engine_options,
+from mentor.workflows.cli.options import (backend_option, backend_spec, config_from_options, config_options, engine_flags, engine_options,
                                 parse_template_kwargs, server_options, template_kwargs_option)
 from mentor.pipeline.stage import Context, run_stage
 from mentor.stages import stage

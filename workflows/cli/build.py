@@ -8,7 +8,7 @@ from pathlib import Path
 
 import click
 
-from mentor.cli.options import config_from_options, config_options, parse_map, parse_template_kwargs, template_kwargs_option
+from mentor.workflows.cli.options import config_from_options, config_options, parse_map, parse_template_kwargs, template_kwargs_option
 from mentor.pipeline.errors import ConfigError
 from mentor.pipeline.prompts import INSTRUCTIONS
 from mentor.pipeline.stage import run_stage

@@ -7,7 +7,7 @@ import sys
 
 import click
 
-from mentor.cli.options import (backend_option, backend_spec, config_options, engine_flags, engine_options, executor_options,
+from mentor.workflows.cli.options import (backend_option, backend_spec, config_options, engine_flags, engine_options, executor_options,
                                 server_options)
 from mentor.pipeline.errors import ConfigError
 from mentor.pipeline.executor import open_executor
