@@ -82,3 +82,11 @@ def test_trl_step_metrics_are_read_from_train_log(bench, tmp_path):
     assert [s["step_time"] for s in steps] == [261.0, 269.6]
     assert [s["mentor/live_hint_seconds"] for s in steps] == [117.2, 114.8]
     assert steps[0]["frac_reward_zero_std"] == 0.5 and "mentor/live_reroll_seconds" not in steps[1]
+
+
+def test_first_pass_pairing_compares_the_responses_of_each_step(bench):
+    off = group("p-a", "A?", [0, 0, 0, 0], 0) + group("p-a", "A?", [0, 0, 0, 0], 1)
+    live = (group("p-a", "A?", [0, 0, 0, 0], 0, "hinted")
+            + group("p-a", "A? Hint: halve it.", [1, 0, 0, 0], 0, "rerolled", rerolled=True)  # not a first pass
+            + [r | {"response": "Another draw."} for r in group("p-a", "A?", [0, 0, 0, 0], 1, "collapsed_over_budget")])
+    assert bench.same_first_pass(off, live) == {0: True, 1: False}

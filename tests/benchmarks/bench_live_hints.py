@@ -1,7 +1,7 @@
 """Do live hints restore the GRPO signal? Two TRL rounds on the same prompts and seed, without and with live hints.
 
     python tests/benchmarks/bench_live_hints.py [--policy qwen2.5-coder-0.5b] [--hinter MODEL] [--problems N]
-        [--prompts-per-step 4] [--steps 3] [--group-size 4] [--max-completion-length 192] [--cpu-threads 2]
+        [--prompts-per-step 4] [--steps 3] [--group-size 4] [--max-completion-length 192] [--cpu-threads 1]
         [--seed 0] [--placement after] [--port 18124] [--work DIR] [--out FILE]
 
 The quantity the method restores is the share of groups with a non-zero advantage: a group whose
@@ -27,7 +27,8 @@ per step, with and without live hints, and the seconds live hints add to a step.
    and ``mentor/live_reroll_seconds`` beside it; TRL's own ``frac_reward_zero_std`` is printed as a check.
 
 One JSON line per mode and step, then a ``summary`` line: the mean share per mode, the live round's share on
-its own first pass (the same generations, before any hint), and the added seconds per step (mean live
+its own first pass (its generations before any hint; ``same_first_pass_as_off`` says where they equal the off
+round's: at step 0 with the same seed, not after a re-roll has drawn from the sampler's random state), and the added seconds per step (mean live
 ``step_time`` minus mean off ``step_time``). Lines go to stdout and to ``--out`` (written under a temporary
 name, then renamed).
 
@@ -54,6 +55,7 @@ import signal
 import subprocess
 import sys
 import time
+import urllib.error
 import urllib.request
 from collections import defaultdict
 from pathlib import Path
@@ -110,6 +112,20 @@ def advantage_share(records: Iterable[dict[str, Any]], group_size: int, keep=tra
         live = sum(1 for g in groups if max(g) != min(g))
         out[step] = {"groups": len(groups), "nonzero_adv": live, "share": round(live / len(groups), 4)}
     return out
+
+
+def same_first_pass(off: Iterable[dict[str, Any]], live: Iterable[dict[str, Any]]) -> dict[int, bool]:
+    """step -> whether the live round's first generation equals the off round's (same problems, same responses).
+    True at step 0 with the same seed; later steps differ once a re-roll has drawn from the sampler's random state."""
+    def responses(records):
+        out: dict[int, dict[str, list[str]]] = defaultdict(lambda: defaultdict(list))
+        for rec in records:
+            if first_pass(rec):
+                out[int(rec.get("step") or 0)][rec["problem_id"]].append(rec["response"])
+        return {step: {pid: sorted(rs) for pid, rs in by.items()} for step, by in out.items()}
+
+    a, b = responses(off), responses(live)
+    return {step: a.get(step) == b.get(step) for step in sorted(set(a) | set(b))}
 
 
 def logged_steps(train_log: str | os.PathLike) -> list[dict[str, Any]]:
@@ -207,8 +223,10 @@ def finished(root: Path) -> bool:
 def start_server(args: argparse.Namespace, log: Path) -> subprocess.Popen:
     cmd = [sys.executable, "-m", "mentor.cli", "serve", "--model", args.hinter, "--served-model-name", args.hinter,
            "--port", str(args.port), "--max-model-len", "4096"]
-    proc = subprocess.Popen(cmd, stdout=open(log, "ab"), stderr=subprocess.STDOUT, start_new_session=True)
     url = f"http://127.0.0.1:{args.port}/v1/models"
+    if answers(url):
+        raise SystemExit(f"--port {args.port}: a server already answers there; stop it or pick another --port")
+    proc = subprocess.Popen(cmd, stdout=open(log, "ab"), stderr=subprocess.STDOUT, start_new_session=True)
     for _ in range(360):
         if proc.poll() is not None:
             raise SystemExit(f"the hint server exited ({proc.returncode}); see {log}")
@@ -219,6 +237,17 @@ def start_server(args: argparse.Namespace, log: Path) -> subprocess.Popen:
             time.sleep(5)
     stop_server(proc)
     raise SystemExit(f"the hint server did not come up in 30 minutes; see {log}")
+
+
+def answers(url: str) -> bool:
+    """Whether anything answers HTTP at `url` (an error status is an answer too)."""
+    try:
+        with urllib.request.urlopen(url, timeout=5):
+            return True
+    except urllib.error.HTTPError:
+        return True
+    except OSError:
+        return False
 
 
 def stop_server(proc: subprocess.Popen) -> None:
@@ -319,9 +348,13 @@ def run(args: argparse.Namespace) -> list[dict[str, Any]]:
     (work / "settings.json").write_text(json.dumps(vars(args), indent=1, sort_keys=True) + "\n")
     prompts = build_prompts(args, work)
     lines: list[dict[str, Any]] = []
+    dirs = {mode: run_round(args, work, prompts, policy, mode) for mode in MODES}
     for mode in MODES:
-        round_dir = run_round(args, work, prompts, policy, mode)
-        lines += mode_lines(mode, round_dir, args.group_size)
+        lines += mode_lines(mode, dirs[mode], args.group_size)
+    same = same_first_pass(*(read_records(dirs[m] / "rollouts" / "log") for m in MODES))
+    for line in lines:
+        if line["mode"] == "live":
+            line["same_first_pass_as_off"] = same.get(line["step"], False)
     lines.append(summary(lines, args))
     out = Path(args.out) if args.out else work / "results.jsonl"
     tmp = out.with_name(f".{out.name}.tmp")
@@ -350,7 +383,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--steps", type=int, default=3, help="Training steps per round (default 3).")
     p.add_argument("--group-size", type=int, default=4, help="Completions per prompt, num_generations (default 4).")
     p.add_argument("--max-completion-length", type=int, default=192, help="Completion tokens (default 192).")
-    p.add_argument("--cpu-threads", type=int, default=2, help="torch threads of the trainer (default 2).")
+    p.add_argument("--cpu-threads", type=int, default=1, help="torch threads of the trainer (default 1, mentor's TRL default: "
+                   "fastest on a shared 2-core machine, and the hint server shares the cores in the live round).")
     p.add_argument("--hint-max-tokens", type=int, default=256, help="Tokens per hint agent call (judgment: half).")
     p.add_argument("--placement", default="after", choices=("before", "after", "system", "assistant"),
                    help="Where the live hint goes (default after).")
@@ -377,4 +411,6 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
 
 if __name__ == "__main__":
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    # SIGTERM unwinds like Ctrl-C: the running `mentor train` is killed and the hint server stopped (finally blocks).
+    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
     run(parse_args(sys.argv[1:]))
