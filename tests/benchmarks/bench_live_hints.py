@@ -206,7 +206,7 @@ def round_yaml(args: argparse.Namespace, root: Path, prompts: Path, policy: str,
         cfg["live_hints"] = {
             "backend": {"backend": "openai", "base_url": f"http://127.0.0.1:{args.port}/v1", "model": args.hinter},
             "max_problems_per_step": args.prompts_per_step, "placement": args.placement,
-            # One generation per group, no judge, no repair round: what one step can afford on a CPU.
+            # One attempt per agent (no refinement, no retry), no LLM judge: what one step can afford on a CPU.
             "hint": {"max_refine": 0, "max_retry": 0, "llm_judge": False, "max_tokens": per},
         }
     return json.dumps(cfg, indent=1) + "\n"  # JSON is YAML
