@@ -1,0 +1,92 @@
+"""The live-hints benchmark's reading of a round (the rounds themselves are run by hand: tests/benchmarks/bench_live_hints.py)."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from pathlib import Path
+
+import pytest
+
+from mentor.training.rollout_log import check_record, make_record
+
+BENCH = Path(__file__).parent / "benchmarks" / "bench_live_hints.py"
+# Two lines as TRL 1.16 writes them to train.log (a progress bar, then the logged metrics; values as text).
+TRAIN_LOG = (
+    " 50%|#####     | 1/2 [04:22<04:22, 262.09s/it]   {'loss': '-1.49e-08', 'reward': '0.125', "
+    "'frac_reward_zero_std': '0.5', 'mentor/live_hint_seconds': '117.2', 'mentor/live_reroll_seconds': '26.68', "
+    "'step_time': '261', 'epoch': '1'}\n"
+    "2026-12-07 03:27:55,059 INFO mentor.training.trl_live: live hints step 1: 2 group(s)\n"
+    "100%|##########| 2/2 [08:52<00:00, 267.11s/it]   {'loss': '0', 'frac_reward_zero_std': '1', "
+    "'mentor/live_hint_seconds': '114.8', 'step_time': '269.6', 'epoch': '2'}\n"
+)
+
+
+@pytest.fixture(scope="module")
+def bench():
+    spec = importlib.util.spec_from_file_location("bench_live_hints", BENCH)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def group(pid: str, prompt: str, rewards: list[float], step: int, status: str | None = None, rerolled: bool = False):
+    out = []
+    for r in rewards:
+        rec = make_record(problem_id=pid, round_=1, domain="math", prompt=prompt, response="The answer is 3.",
+                          correct=r, reward=r, step=step, trainer="trl")
+        if status is not None:
+            rec |= {"live_status": status, "live_rerolled": rerolled}
+        check_record(rec)
+        out.append(rec)
+    return out
+
+
+def write(folder: Path, name: str, records: list[dict]) -> None:
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / name).write_text("".join(json.dumps(r) + "\n" for r in records))
+
+
+def test_offline_share_counts_groups_whose_rewards_differ(bench, tmp_path):
+    log = tmp_path / "log"
+    write(log, "trl-a.jsonl", group("p-a", "A?", [0, 0, 0, 0], 0) + group("p-b", "B?", [1, 0, 0, 0], 0)
+          + group("p-a", "A?", [1, 1, 1, 1], 1))  # all right: a reward, but no advantage
+    write(log, "trl-b.jsonl", group("p-b", "B?", [0, 1, 0, 1], 1)
+          + group("p-c", "C?", [0, 0, 1, 0, 0, 0, 0, 0], 1))  # one problem drawn twice in a step: two groups
+    write(log, ".trl-live-tmp.jsonl", group("p-z", "Z?", [1, 0, 1, 0], 0))  # a killed step's temp shard: not read
+    shares = bench.advantage_share(bench.read_records(log), 4)
+    assert shares == {0: {"groups": 2, "nonzero_adv": 1, "share": 0.5},
+                      1: {"groups": 4, "nonzero_adv": 2, "share": 0.5}}
+
+
+def test_live_share_is_on_what_was_trained_and_first_pass_on_the_first_generation(bench, tmp_path):
+    log = tmp_path / "log"
+    write(log, "trl-live-s0.jsonl",
+          group("p-b", "B?", [0, 1, 0, 0], 0, "scored")
+          + group("p-c", "C?", [0, 0, 0, 0], 0, "collapsed_over_budget")
+          + group("p-a", "A?", [0, 0, 0, 0], 0, "hinted")  # the replaced first pass: not trained on
+          + group("p-a", "A? Hint: count the legs.", [1, 0, 0, 0], 0, "rerolled", rerolled=True))
+    records = bench.read_records(log)
+    assert bench.advantage_share(records, 4) == {0: {"groups": 3, "nonzero_adv": 2, "share": 0.6667}}
+    assert bench.advantage_share(records, 4, keep=bench.first_pass) == {0: {"groups": 3, "nonzero_adv": 1, "share": 0.3333}}
+
+
+def test_a_group_of_another_size_is_refused(bench, tmp_path):
+    with pytest.raises(SystemExit, match="not a whole number of groups of 4"):
+        bench.advantage_share(group("p-a", "A?", [0, 1, 0], 0), 4)
+
+
+def test_trl_step_metrics_are_read_from_train_log(bench, tmp_path):
+    (tmp_path / "train.log").write_text(TRAIN_LOG)
+    steps = bench.logged_steps(tmp_path / "train.log")
+    assert [s["step_time"] for s in steps] == [261.0, 269.6]
+    assert [s["mentor/live_hint_seconds"] for s in steps] == [117.2, 114.8]
+    assert steps[0]["frac_reward_zero_std"] == 0.5 and "mentor/live_reroll_seconds" not in steps[1]
+
+
+def test_first_pass_pairing_compares_the_responses_of_each_step(bench):
+    off = group("p-a", "A?", [0, 0, 0, 0], 0) + group("p-a", "A?", [0, 0, 0, 0], 1)
+    live = (group("p-a", "A?", [0, 0, 0, 0], 0, "hinted")
+            + group("p-a", "A? Hint: halve it.", [1, 0, 0, 0], 0, "rerolled", rerolled=True)  # not a first pass
+            + [r | {"response": "Another draw."} for r in group("p-a", "A?", [0, 0, 0, 0], 1, "collapsed_over_budget")])
+    assert bench.same_first_pass(off, live) == {0: True, 1: False}
