@@ -115,13 +115,16 @@ def workflow_template_kwargs(trainer: Any) -> dict[str, Any] | None:
 
 def check_template_kwargs_match(wf: Workflow, build: BuildConfig) -> None:
     """build.chat_template_kwargs and the trainer's must agree (the build takes the trainer's when it sets none);
-    OpenRLHF cannot pass any to chat prompts."""
+    a trainer with no setting for them (OpenRLHF 0.11.2) cannot pass any to chat prompts."""
     if "chat_template_kwargs" not in wf.build:
         return
     theirs = workflow_template_kwargs(wf.trainer)
     mine = build.chat_template_kwargs
-    if wf.trainer.kind == "openrlhf" and mine and (build.placement not in (None, *TEXT_PLACEMENTS) or build.template):
-        raise ConfigError(f"build.chat_template_kwargs {mine}: OpenRLHF 0.11.2 renders chat prompts with its template's "
+    no_setting = TEMPLATE_KWARGS_KEY.get(wf.trainer.kind, "") is None  # a trainer that passes no template variables
+    if no_setting and mine and (build.placement not in (None, *TEXT_PLACEMENTS) or build.template):
+        from mentor.training.launcher import get_launcher
+
+        raise ConfigError(f"build.chat_template_kwargs {mine}: {get_launcher(wf.trainer.kind).name} renders chat prompts with its template's "
                           "defaults (it has no setting for template variables); use build.placement assistant (mentor "
                           "renders every prompt with the variables) or drop build.chat_template_kwargs")
     if theirs is not None and theirs != mine:
