@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import os
 from pathlib import Path
 
@@ -52,6 +53,53 @@ def policy_model() -> str:
     from mentor.pipeline.models import ensure_embedded_model
 
     return str(ensure_embedded_model())
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    """The embedded SmolLM2's tokenizer (a real chat template); skips where the model package is missing."""
+    from transformers import AutoTokenizer
+
+    from mentor.pipeline.models import ensure_embedded_model
+
+    try:
+        path = ensure_embedded_model()
+    except Exception as exc:  # the model package is part of the cpu extra
+        pytest.skip(f"embedded model unavailable: {exc}")
+    return AutoTokenizer.from_pretrained(str(path))
+
+
+@pytest.fixture(scope="module")
+def trainable_llama(tmp_path_factory) -> str:
+    """A 2-layer random Llama with the embedded SmolLM2's tokenizer (tests/tiny_model.py): real shapes, seconds per step."""
+    from tiny_model import make_trainable_llama
+
+    try:
+        out = make_trainable_llama(tmp_path_factory.mktemp("tiny-llama"))
+    except Exception as exc:  # the embedded model's package is part of the cpu extra
+        pytest.skip(f"embedded model unavailable: {exc}")
+    return str(out)
+
+
+@pytest.fixture
+def one_thread():
+    """torch on one thread for the test (on a shared 2-core machine, 1 thread is the fast setting for a tiny model)."""
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+@pytest.fixture(scope="module")
+def bench(request):
+    """The benchmark script the test module names in ``BENCH`` (tests/benchmarks/), loaded by path as a module."""
+    path = request.module.BENCH
+    spec = importlib.util.spec_from_file_location(path.stem, path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
 
 
 @pytest.fixture(scope="session")

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 from pathlib import Path
 
@@ -20,14 +19,6 @@ TRAIN_LOG = (
     "100%|##########| 2/2 [08:52<00:00, 267.11s/it]   {'loss': '0', 'frac_reward_zero_std': '1', "
     "'mentor/live_hint_seconds': '114.8', 'step_time': '269.6', 'epoch': '2'}\n"
 )
-
-
-@pytest.fixture(scope="module")
-def bench():
-    spec = importlib.util.spec_from_file_location("bench_live_hints", BENCH)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
 
 
 def group(pid: str, prompt: str, rewards: list[float], step: int, status: str | None = None, rerolled: bool = False):

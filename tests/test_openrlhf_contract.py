@@ -49,19 +49,6 @@ def test_installed_version():
 # --------------------------------------------------------------------------- reward file
 
 
-@pytest.fixture(scope="module")
-def tokenizer():
-    from transformers import AutoTokenizer
-
-    from mentor.pipeline.models import ensure_embedded_model
-
-    try:
-        path = ensure_embedded_model()
-    except Exception as exc:  # the model package is part of the cpu extra
-        pytest.skip(f"embedded model unavailable: {exc}")
-    return AutoTokenizer.from_pretrained(str(path))
-
-
 def _prompt_rows() -> list[dict]:
     math = pl.read_parquet(bundled("math500_problems.parquet")).filter(pl.col("label") == r"\frac{14}{3}").row(0, named=True)
     code = pl.read_parquet(bundled("humaneval_problems.parquet")).row(0, named=True)

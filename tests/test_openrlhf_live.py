@@ -21,6 +21,7 @@ import pytest
 from click.testing import CliRunner
 
 from fake_openai_server import FakeServer
+from live_lib import by_status, check_rerolls, ingest_and_mine
 
 openrlhf = pytest.importorskip("openrlhf")
 pytestmark = pytest.mark.openrlhf
@@ -36,19 +37,6 @@ N = 4
 
 def _live(url: str, **over) -> dict:
     return {"backend": {"backend": "openai", "base_url": url, "model": "m"}, "hint": {"max_refine": 0, "max_retry": 0}} | over
-
-
-@pytest.fixture(scope="module")
-def tokenizer():
-    from transformers import AutoTokenizer
-
-    from mentor.pipeline.models import ensure_embedded_model
-
-    try:
-        path = ensure_embedded_model()
-    except Exception as exc:  # the model package is part of the cpu extra
-        pytest.skip(f"embedded model unavailable: {exc}")
-    return AutoTokenizer.from_pretrained(str(path))
 
 
 @pytest.fixture(scope="module")
@@ -179,25 +167,15 @@ def test_agent_executor_hints_and_rerolls_collapsed_groups(tokenizer, shards, tm
         assert group[0]["prompt"].endswith("<|im_start|>assistant\n") and plain[0][0] not in group[0]["prompt"]
 
     recs = _records(log_dir)
-    by: dict[str, list[dict]] = {}
-    for r in recs:
-        by.setdefault(r["live_status"], []).append(r)
+    by = by_status(recs)
     assert {k: len(v) for k, v in by.items()} == {"scored": 4, "hinted": 8, "rerolled": 8, "collapsed_over_budget": 8,
                                                    "collapsed_eval": 8}
-    assert all(r["live_rerolled"] for r in by["rerolled"]) and not any(r["live_rerolled"] for r in by["hinted"])
-    for r in by["rerolled"]:
-        assert r["hint_id"] == r["live_hint_id"] and r["live_hint"] in r["prompt"] and "Hint: " in r["prompt"]
-        assert r["live_hint_status"] in ("accepted", "repaired", "fallback") and r["problem"] not in (None, "")
-        assert r["live_hint"] not in r["problem"] and r["trainer"] == "openrlhf"
+    check_rerolls(by)
+    assert all(r["trainer"] == "openrlhf" for r in by["rerolled"])
     assert sorted({r["step"] for r in recs}) == [0, 1, 2] and not any("Hint: " in r["prompt"] for r in by["hinted"])
 
-    res = CliRunner().invoke(cli, ["ingest", str(log_dir), "--format", "openrlhf", "--out", str(tmp_path / "ro"),
-                                   "--problems", "gsm8k"], catch_exceptions=False)
-    assert res.exit_code == 0, res.output
-    df = pl.read_parquet(tmp_path / "ro" / "*.parquet")
+    df = ingest_and_mine(log_dir, tmp_path, "--format", "openrlhf")
     assert df.height == 36 and df.filter(pl.col("hint_id").is_not_null()).height == 8
-    res = CliRunner().invoke(cli, ["mine", str(tmp_path / "ro"), "--out", str(tmp_path / "mined")], catch_exceptions=False)
-    assert res.exit_code == 0, res.output
 
 
 def test_agent_executor_needs_the_round_settings(monkeypatch):

@@ -42,6 +42,7 @@ from test_reward_integrity import (  # noqa: F401 - fixtures used by name
     tasks,
     warm,
 )
+from test_sandbox import ERRNO_OF  # the probes' head: a syscall by number and the errno it ends with
 
 from mentor.training import sandbox
 from mentor.training.sandbox import seccomp as sandbox_seccomp
@@ -218,15 +219,7 @@ def test_no_bits_through_host_counters_between_concurrent_samples(channel, entry
 # The neighbours, each a call that must fail: errno per call (0: it worked).
 HOST_IDS = r"""
 import ctypes, os, socket, struct
-libc = ctypes.CDLL(None, use_errno=True)
-NR = %r
-def errno_of(f):
-    try:
-        r = f()
-    except OSError as e:
-        return e.errno
-    return ctypes.get_errno() if isinstance(r, int) and r < 0 else 0
-def sock(*a):
+""" + ERRNO_OF + r"""def sock(*a):
     socket.socket(*a).close()
 buf = ctypes.create_string_buffer(4096)
 ns = os.open("/proc/self/ns/mnt", os.O_RDONLY)

@@ -20,8 +20,6 @@ import pytest
 import yaml
 from click.testing import CliRunner
 
-from tiny_model import make_trainable_llama
-
 trl = pytest.importorskip("trl")
 pytestmark = pytest.mark.trl
 
@@ -38,16 +36,6 @@ BAD_CODE = "```python\ndef has_close_elements(numbers, threshold):\n    return F
 
 
 @pytest.fixture(scope="module")
-def tiny_model(tmp_path_factory):
-    """A 2-layer random Llama with the embedded SmolLM2's tokenizer: real shapes, seconds per step."""
-    try:
-        out = make_trainable_llama(tmp_path_factory.mktemp("tiny-llama"))
-    except Exception as exc:  # the embedded model's package is part of the cpu extra
-        pytest.skip(f"embedded model unavailable: {exc}")
-    return str(out)
-
-
-@pytest.fixture(scope="module")
 def rows(tmp_path_factory) -> list[dict]:
     """Row 0 of `mentor build` on GSM8K (its label given a hint id) and on HumanEval, round 1."""
     out = []
@@ -59,16 +47,6 @@ def rows(tmp_path_factory) -> list[dict]:
     out[0]["label"] = prompt_label("math", lab["answer"], lab["problem_id"], HINT, 1)
     out[0]["hint_id"] = HINT
     return out
-
-
-@pytest.fixture
-def one_thread():
-    import torch
-
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)  # TRL on a shared 2-core machine: 1 thread is the fast setting
-    yield
-    torch.set_num_threads(before)
 
 
 class Spy(TrlReward):
@@ -91,19 +69,19 @@ def _ingest_and_mine(tmp_path, log_dir, name):
     return pl.read_parquet(tmp_path / f"{name}-ro" / "*.parquet"), pl.read_parquet(tmp_path / f"{name}-mined" / "collapsed.parquet")
 
 
-def test_grpo_trainer_calls_mentor_reward(tiny_model, rows, tmp_path, monkeypatch, one_thread):
+def test_grpo_trainer_calls_mentor_reward(trainable_llama, rows, tmp_path, monkeypatch, one_thread):
     from datasets import Dataset
     from transformers import AutoTokenizer
     from trl import GRPOConfig, GRPOTrainer
 
     monkeypatch.setenv("MENTOR_ROLLOUT_DIR", str(tmp_path / "log"))
-    tok = AutoTokenizer.from_pretrained(tiny_model)
+    tok = AutoTokenizer.from_pretrained(trainable_llama)
     args = GRPOConfig(output_dir=str(tmp_path / "ckpt"), use_cpu=True, bf16=False, gradient_checkpointing=False, num_generations=4,
                       per_device_train_batch_size=8, max_completion_length=16, max_steps=1, report_to="none",
                       save_strategy="no", logging_steps=1, seed=0)
     spy = Spy(tokenizer=tok, max_completion_length=args.max_completion_length)
     data = Dataset.from_list([{"prompt": r["prompt"], "label": r["label"]} for r in rows])
-    trainer = GRPOTrainer(model=tiny_model, reward_funcs=[spy], args=args, train_dataset=data, processing_class=tok)
+    trainer = GRPOTrainer(model=trainable_llama, reward_funcs=[spy], args=args, train_dataset=data, processing_class=tok)
     trainer.train()
 
     assert len(spy.calls) == 1
@@ -145,7 +123,7 @@ def test_grpo_trainer_calls_mentor_reward(tiny_model, rows, tmp_path, monkeypatc
     assert df2.height == 8 and df2["correct"].sum() == 4 and collapsed2.height == 0
 
 
-def test_mentor_train_kind_trl_one_step(tiny_model, rows, tmp_path):
+def test_mentor_train_kind_trl_one_step(trainable_llama, rows, tmp_path):
     round_dir = tmp_path / "run" / "round-001"
     prompts = round_dir / "prompts"
     write_parquet_atomic(pl.DataFrame(rows), prompts / "part-00000.parquet", dataset="prompts")
@@ -156,7 +134,7 @@ def test_mentor_train_kind_trl_one_step(tiny_model, rows, tmp_path):
     run = run_identity(round_dir / "train")
     (logs / f"trl-{run}-stale-1-abc.jsonl").write_text('{"left": "by a killed attempt of this round"}\n')
     (logs / "trl-0123456789ab-other-2-abc.jsonl").write_text('{"left": "by another run sharing the folder"}\n')
-    cfg = {"kind": "trl", "round": 1, "round_dir": str(round_dir), "actor_model": tiny_model, "rollout_log_dir": str(logs),
+    cfg = {"kind": "trl", "round": 1, "round_dir": str(round_dir), "actor_model": trainable_llama, "rollout_log_dir": str(logs),
            "select": "hinted", "max_steps": 1, "per_device_train_batch_size": 4, "max_completion_length": 16,
            "save_strategy": "no", "logging_steps": 1}
     (tmp_path / "round.yaml").write_text(yaml.safe_dump(cfg))
@@ -175,12 +153,12 @@ def test_mentor_train_kind_trl_one_step(tiny_model, rows, tmp_path):
     assert len(recs) == 4 and {r["hint_id"] for r in recs} == {HINT} and {r["trainer"] for r in recs} == {"trl"}
 
 
-def test_mentor_train_kind_trl_two_processes(tiny_model, rows, tmp_path):
+def test_mentor_train_kind_trl_two_processes(trainable_llama, rows, tmp_path):
     """`num_processes: 2`: accelerate launch starts two CPU processes (torchrun, gloo) through one GRPO step."""
     round_dir = tmp_path / "run" / "round-001"
     write_parquet_atomic(pl.DataFrame(rows), round_dir / "prompts" / "part-00000.parquet", dataset="prompts")
     logs = round_dir / "train" / "logs"
-    cfg = {"kind": "trl", "round": 1, "round_dir": str(round_dir), "actor_model": tiny_model, "rollout_log_dir": str(logs),
+    cfg = {"kind": "trl", "round": 1, "round_dir": str(round_dir), "actor_model": trainable_llama, "rollout_log_dir": str(logs),
            "num_processes": 2, "max_steps": 1, "per_device_train_batch_size": 4, "max_completion_length": 16,
            "save_strategy": "no", "logging_steps": 1}
     (tmp_path / "round.yaml").write_text(yaml.safe_dump(cfg))
@@ -202,7 +180,7 @@ def test_mentor_train_kind_trl_two_processes(tiny_model, rows, tmp_path):
     assert "process 1: done" in log
 
 
-def test_text_prompts_are_conditioned_on_token_for_token(tiny_model, tmp_path, monkeypatch, one_thread):
+def test_text_prompts_are_conditioned_on_token_for_token(trainable_llama, tmp_path, monkeypatch, one_thread):
     """Placement assistant: TRL's GRPOTrainer takes build's text prompts as string prompts (no chat template): the
     ids it generates from are the chat template's ids of the open answer, and one GRPO step later the reward got
     the text, scored the continuation and logged the prompt as sent. `mentor train`'s row reader keeps them text."""
@@ -220,10 +198,10 @@ def test_text_prompts_are_conditioned_on_token_for_token(tiny_model, tmp_path, m
     hint = "Find the eggs left after breakfast and baking first."
     make_hints([{"problem_id": math["problem_id"], "hint": hint, "hint_id": HINT}], tmp_path / "hints.parquet")
     out = tmp_path / "prompts"
-    BUILD({}, BuildConfig(base="gsm8k", hints=[str(tmp_path / "hints.parquet")], tokenizer=tiny_model, answer_template="bare",
+    BUILD({}, BuildConfig(base="gsm8k", hints=[str(tmp_path / "hints.parquet")], tokenizer=trainable_llama, answer_template="bare",
                       round=1), out)
-    tok = AutoTokenizer.from_pretrained(tiny_model)
-    cfg = TrlTrainConfig(round=1, round_dir=str(tmp_path / "r"), actor_model=tiny_model, prompts=str(out), select="hinted")
+    tok = AutoTokenizer.from_pretrained(trainable_llama)
+    cfg = TrlTrainConfig(round=1, round_dir=str(tmp_path / "r"), actor_model=trainable_llama, prompts=str(out), select="hinted")
     rows = select_prompts(cfg).to_dicts()
     assert len(rows) == 1 and isinstance(rows[0]["prompt"], str)
     chat = [{"role": "user", "content": f"{math['problem']}\n\nPlease reason step by step, and put your final answer within \\boxed{{}}."},
@@ -239,7 +217,7 @@ def test_text_prompts_are_conditioned_on_token_for_token(tiny_model, tmp_path, m
                       per_device_train_batch_size=4, max_completion_length=8, max_steps=1, report_to="none",
                       save_strategy="no", logging_steps=1, seed=0)
     spy = Spy(tokenizer=tok, max_completion_length=args.max_completion_length)
-    trainer = GRPOTrainer(model=tiny_model, reward_funcs=[spy], args=args, train_dataset=Dataset.from_list(rows), processing_class=tok)
+    trainer = GRPOTrainer(model=trainable_llama, reward_funcs=[spy], args=args, train_dataset=Dataset.from_list(rows), processing_class=tok)
     trainer.train()
     (call,) = spy.calls
     assert call["prompts"] == [rows[0]["prompt"]] * 4 and all(isinstance(c, str) for c in call["completions"])

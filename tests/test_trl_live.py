@@ -18,7 +18,7 @@ import yaml
 from click.testing import CliRunner
 
 from fake_openai_server import FakeServer
-from tiny_model import make_trainable_llama
+from live_lib import by_status, check_rerolls, ingest_and_mine
 
 trl = pytest.importorskip("trl")
 pytestmark = pytest.mark.trl
@@ -31,30 +31,11 @@ from mentor.training.trl.launcher import LAUNCHER, grpo_kwargs  # noqa: E402
 
 
 @pytest.fixture(scope="module")
-def tiny_model(tmp_path_factory):
-    try:
-        out = make_trainable_llama(tmp_path_factory.mktemp("tiny-llama"))
-    except Exception as exc:  # the embedded model's package is part of the cpu extra
-        pytest.skip(f"embedded model unavailable: {exc}")
-    return str(out)
-
-
-@pytest.fixture(scope="module")
 def rows(tmp_path_factory) -> list[dict]:
     """The first two GSM8K rows as `mentor build` writes them (round 1, unhinted)."""
     d = tmp_path_factory.mktemp("gsm8k") / "prompts"
     BUILD({}, BuildConfig(base="gsm8k", round=1), d)
     return pl.read_parquet(d / "*.parquet").head(2).to_dicts()
-
-
-@pytest.fixture
-def one_thread():
-    import torch
-
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
 
 
 def _live(url: str, **over) -> dict:
@@ -81,7 +62,7 @@ def _records(directory) -> list[dict]:
     return [json.loads(line) for f in sorted(directory.glob("trl-*.jsonl")) for line in f.read_text().splitlines()]
 
 
-def test_grpo_trainer_hints_and_rerolls_collapsed_groups(tiny_model, rows, tmp_path, monkeypatch, one_thread):
+def test_grpo_trainer_hints_and_rerolls_collapsed_groups(trainable_llama, rows, tmp_path, monkeypatch, one_thread):
     from datasets import Dataset
     from transformers import AutoTokenizer
     from trl import GRPOConfig, GRPOTrainer
@@ -91,14 +72,14 @@ def test_grpo_trainer_hints_and_rerolls_collapsed_groups(tiny_model, rows, tmp_p
 
     monkeypatch.setenv("TRL_EXPERIMENTAL_SILENCE", "1")
     log_dir = tmp_path / "log"
-    tok = AutoTokenizer.from_pretrained(tiny_model)
+    tok = AutoTokenizer.from_pretrained(trainable_llama)
     args = GRPOConfig(output_dir=str(tmp_path / "ckpt"), use_cpu=True, bf16=False, gradient_checkpointing=False, num_generations=4,
                       per_device_train_batch_size=8, max_completion_length=8, max_steps=2, report_to="none",
                       save_strategy="no", logging_steps=1, seed=0)
     data = Dataset.from_list([{"prompt": r["prompt"], "label": r["label"]} for r in rows])
     with FakeServer() as server:
         live = LiveRollout(LiveHintsConfig.model_validate(_live(server.url, max_problems_per_step=1)), rows, tok, log_dir)
-        trainer = GRPOTrainer(model=tiny_model, reward_funcs=[LiveReward()], args=args, train_dataset=data, processing_class=tok,
+        trainer = GRPOTrainer(model=trainable_llama, reward_funcs=[LiveReward()], args=args, train_dataset=data, processing_class=tok,
                               rollout_func=live)
         trained: list[dict] = []
         score = trainer._generate_and_score_completions
@@ -121,25 +102,16 @@ def test_grpo_trainer_hints_and_rerolls_collapsed_groups(tiny_model, rows, tmp_p
 
     recs = _records(log_dir)
     assert not list(log_dir.glob(".*.tmp"))
-    by = {}
-    for r in recs:
-        by.setdefault(r["live_status"], []).append(r)
+    by = by_status(recs)
     assert {k: len(v) for k, v in by.items()} == {"collapsed_over_budget": 8, "hinted": 8, "rerolled": 8}
-    assert all(r["live_rerolled"] for r in by["rerolled"]) and not any(r["live_rerolled"] for r in by["hinted"])
-    for r in by["rerolled"]:
-        assert r["hint_id"] == r["live_hint_id"] and r["live_hint"] in r["prompt"] and "Hint: " in r["prompt"]
-        assert r["live_hint_status"] in ("accepted", "repaired", "fallback") and r["problem"] not in (None, "")
-        assert r["live_hint"] not in r["problem"] and r["step"] in (0, 1)
+    check_rerolls(by)
+    assert all(r["step"] in (0, 1) for r in by["rerolled"])
     assert {r["prompt"] for r in by["hinted"]} <= {r["prompt"] for r in by["collapsed_over_budget"]} | set(
         r["prompt"] for r in by["hinted"]) and not any("Hint: " in r["prompt"] for r in by["hinted"])
 
     # mentor ingest / mine read the live round like any other.
-    res = CliRunner().invoke(cli, ["ingest", str(log_dir), "--out", str(tmp_path / "ro"), "--problems", "gsm8k"], catch_exceptions=False)
-    assert res.exit_code == 0, res.output
-    df = pl.read_parquet(tmp_path / "ro" / "*.parquet")
+    df = ingest_and_mine(log_dir, tmp_path)
     assert df.height == 24 and df.filter(pl.col("hint_id").is_not_null()).height == 8
-    res = CliRunner().invoke(cli, ["mine", str(tmp_path / "ro"), "--out", str(tmp_path / "mined")], catch_exceptions=False)
-    assert res.exit_code == 0, res.output
 
 
 def test_a_kill_while_writing_leaves_no_shard(tmp_path):
@@ -158,13 +130,13 @@ def test_a_kill_while_writing_leaves_no_shard(tmp_path):
     assert clear_temp_shards(tmp_path) == 1 and not list(tmp_path.iterdir())
 
 
-def test_mentor_train_with_live_hints(tiny_model, rows, tmp_path):
+def test_mentor_train_with_live_hints(trainable_llama, rows, tmp_path):
     """`mentor train` (kind trl, live_hints): the trainer process hints through the server; outcome and log show it."""
     round_dir = tmp_path / "run" / "round-001"
     write_parquet_atomic(pl.DataFrame(rows), round_dir / "prompts" / "part-00000.parquet", dataset="prompts")
     logs = round_dir / "train" / "logs"
     with FakeServer() as server:
-        cfg = {"kind": "trl", "round": 1, "round_dir": str(round_dir), "actor_model": tiny_model, "rollout_log_dir": str(logs),
+        cfg = {"kind": "trl", "round": 1, "round_dir": str(round_dir), "actor_model": trainable_llama, "rollout_log_dir": str(logs),
                "max_steps": 1, "per_device_train_batch_size": 8, "max_completion_length": 8, "save_strategy": "no",
                "logging_steps": 1, "live_hints": _live(server.url)}
         (tmp_path / "round.yaml").write_text(yaml.safe_dump(cfg))

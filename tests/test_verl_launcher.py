@@ -25,8 +25,6 @@ import pytest
 import yaml
 from click.testing import CliRunner
 
-from tiny_model import make_trainable_llama
-
 pytest.importorskip("hydra")
 pytest.importorskip("verl")
 pytestmark = pytest.mark.verl
@@ -45,16 +43,6 @@ from mentor.training.verl.launcher import (  # noqa: E402
 from mentor.workflows.config import validate_workflow  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
-
-
-@pytest.fixture(scope="module")
-def tiny_model(tmp_path_factory) -> Path:
-    """A 2-layer random Llama with the embedded SmolLM2's tokenizer and chat template."""
-    try:
-        out = make_trainable_llama(tmp_path_factory.mktemp("tiny-llama"))
-    except Exception as exc:  # the embedded model's package is part of the cpu extra
-        pytest.skip(f"embedded model unavailable: {exc}")
-    return out
 
 
 @pytest.fixture(scope="module")
@@ -108,7 +96,7 @@ def test_dry_run_checked_by_verls_own_config(tmp_path, round_dir):
     assert "verl.model_merger merge --backend fsdp" in out
 
 
-def test_the_prompt_limit_holds_the_longest_hinted_prompt(tmp_path, tiny_model):
+def test_the_prompt_limit_holds_the_longest_hinted_prompt(tmp_path, trainable_llama):
     """verl cuts prompts over data.max_prompt_length (512 unless set); a hinted LiveCodeBench-sized prompt is longer."""
     from transformers import AutoTokenizer
 
@@ -121,20 +109,20 @@ def test_the_prompt_limit_holds_the_longest_hinted_prompt(tmp_path, tiny_model):
     make_hints([{"problem_id": i, "hint": "Consider every branch of the input before you return. " * 40}
                 for i in ids.head(20).to_list()], hints)
     BUILD({}, BuildConfig(base="humaneval", hints=[str(hints)], round=1), d / "prompts")
-    tok = AutoTokenizer.from_pretrained(tiny_model)
+    tok = AutoTokenizer.from_pretrained(trainable_llama)
     prompts = pl.read_parquet(d / "prompts" / "*.parquet")["prompt"].to_list()
     want = max(len(tok(tok.apply_chat_template(p, tokenize=False, add_generation_prompt=True), add_special_tokens=False)
                    ["input_ids"]) for p in prompts)
     assert want > 512  # verl's default would have cut these
-    cfg = parse_config(_base(d, base_model=str(tiny_model), round=0))
+    cfg = parse_config(_base(d, base_model=str(trainable_llama), round=0))
     out = dry_run_text(cfg)
     cmd = shlex.split(next(ln for ln in out.splitlines() if "verl.trainer.main_ppo" in ln))
     from mentor.training.prompt_limits import prompt_room
 
     assert compose(cmd[3:]).data.max_prompt_length == prompt_room(want) > want  # what main_ppo's own Hydra reads, with the margin
-    assert f"# longest prompt: {want} tokens ({tiny_model}, {len(prompts)} prompts, measured)" in out
+    assert f"# longest prompt: {want} tokens ({trainable_llama}, {len(prompts)} prompts, measured)" in out
     # A limit the user set below it: refused with both numbers, before anything starts.
-    low = parse_config(_base(d, base_model=str(tiny_model), overrides={"data.max_prompt_length": 512, "data.train_batch_size": 64,
+    low = parse_config(_base(d, base_model=str(trainable_llama), overrides={"data.max_prompt_length": 512, "data.train_batch_size": 64,
                                                                        "actor_rollout_ref.actor.ppo_mini_batch_size": 32}))
     with pytest.raises(ConfigError, match=rf"longest prompt is {want} tokens .* over data.max_prompt_length=512"):
         dry_run_text(low)
@@ -197,14 +185,14 @@ def test_a_runtime_env_ray_would_not_merge_is_refused_before_launch(tmp_path, ro
     assert job["runtime_env"]["env_vars"]["NCCL_DEBUG"] == "INFO" and "MENTOR_ROLLOUT_DIR" in job["runtime_env"]["env_vars"]
 
 
-def test_no_final_checkpoint_is_refused_and_gpus_checked_before_launch(tmp_path, round_dir, monkeypatch, tiny_model):
+def test_no_final_checkpoint_is_refused_and_gpus_checked_before_launch(tmp_path, round_dir, monkeypatch, trainable_llama):
     with pytest.raises(ConfigError, match=r"overrides\.trainer\.save_freq -1: must be > 0"):  # refused on load (dry runs too)
         parse_config(_base(round_dir, overrides={"trainer.save_freq": -1, "data.train_batch_size": 64,
                                                  "actor_rollout_ref.actor.ppo_mini_batch_size": 32}))
     monkeypatch.setenv("MENTOR_FAKE_GPUS", "4")
     monkeypatch.delenv("RAY_ADDRESS", raising=False)
     with pytest.raises(ConfigError, match=r"this round needs 8 GPUs .*MENTOR_FAKE_GPUS=4\) has 4"):
-        run_round(parse_config(_base(round_dir, base_model=str(tiny_model))))
+        run_round(parse_config(_base(round_dir, base_model=str(trainable_llama))))
     # A round whose prompts cannot be measured in the policy's tokens (its tokenizer is not here) is refused.
     with pytest.raises(ConfigError, match="could not be measured in the policy's tokens"):
         run_round(parse_config(_base(round_dir)))
@@ -274,7 +262,7 @@ def _standin_python(tmp_path: Path) -> str:
     return str(exe)
 
 
-def test_workflow_round_trains_with_verl_and_merges_the_model(tmp_path, tiny_model, monkeypatch):
+def test_workflow_round_trains_with_verl_and_merges_the_model(tmp_path, trainable_llama, monkeypatch):
     from mentor.data import bundled
     from mentor.workflows.runner import RunOptions, Runner
 
@@ -290,7 +278,7 @@ def test_workflow_round_trains_with_verl_and_merges_the_model(tmp_path, tiny_mod
     wf = validate_workflow({
         "name": "verl-rounds", "base": str(tmp_path / "problems.parquet"), "rounds": 2,
         "initial_rollouts": {"source": [str(tmp_path / "r0.parquet")], "format": "canonical"},
-        "trainer": {"kind": "verl", "config": {"base_model": str(tiny_model), "python": _standin_python(tmp_path),
+        "trainer": {"kind": "verl", "config": {"base_model": str(trainable_llama), "python": _standin_python(tmp_path),
                                                "overrides": {"data.train_batch_size": 4, "actor_rollout_ref.actor.ppo_mini_batch_size": 4}}},
         "hint": {"backend": {"backend": "fake", "options": {"script": "wf_verl_fakes:hinter"}}},
     })
@@ -300,7 +288,7 @@ def test_workflow_round_trains_with_verl_and_merges_the_model(tmp_path, tiny_mod
     train = run_dir / "round-001" / "train"
     outcome = json.loads((train / "outcome.json").read_text())
     assert outcome["kind"] == "verl" and outcome["exit_code"] == 0 and outcome["steps"] == 1
-    assert outcome["actor_model"] == str(tiny_model)  # round 0 stood on existing logs: round 1 starts from the base model
+    assert outcome["actor_model"] == str(trainable_llama)  # round 0 stood on existing logs: round 1 starts from the base model
     assert outcome["checkpoint"] == str(train / "ckpt" / "global_step_1" / "actor")
     assert outcome["merge_command"][1:5] == ["-m", "verl.model_merger", "merge", "--backend"]
     seen = json.loads((train / "ckpt" / "standin.json").read_text())
@@ -316,7 +304,7 @@ def test_workflow_round_trains_with_verl_and_merges_the_model(tmp_path, tiny_mod
     # verl's own config got the round's prompt limit: the longest prompt in the policy's tokens.
     from transformers import AutoTokenizer
 
-    tok = AutoTokenizer.from_pretrained(tiny_model)
+    tok = AutoTokenizer.from_pretrained(trainable_llama)
     prompts = pl.read_parquet(run_dir / "round-000" / "prompts" / "*.parquet")["prompt"].to_list()
     from mentor.training.prompt_limits import prompt_room
 
@@ -333,7 +321,7 @@ def test_workflow_round_trains_with_verl_and_merges_the_model(tmp_path, tiny_mod
     final = Path(outcome["final_model"])
     assert final == train / "model" and not (train / ".model.tmp").exists()
     merged = AutoModelForCausalLM.from_pretrained(final).state_dict()
-    original = AutoModelForCausalLM.from_pretrained(tiny_model).state_dict()
+    original = AutoModelForCausalLM.from_pretrained(trainable_llama).state_dict()
     assert merged.keys() == original.keys()
     assert all(torch.equal(merged[k], original[k].to(torch.bfloat16)) for k in original)
     assert AutoTokenizer.from_pretrained(final).apply_chat_template([{"role": "user", "content": "hi"}], tokenize=False)
