@@ -15,6 +15,8 @@ group (`collapsed_row`), the budgeted hint call (`hint_groups`) and the hinted p
 
 from __future__ import annotations
 
+import json
+import logging
 import time
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -22,11 +24,16 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from mentor.pipeline.llm import Backend, BackendSettings
+from mentor.pipeline.schemas import parse_prompt_label
 from mentor.pipeline.prompts import INSTRUCTION_SEPARATOR, INSTRUCTIONS
 from mentor.stages.build_render import DEFAULT_PLACEMENT, PLACEMENTS, prompt_messages
 from mentor.stages.hint.config import HintConfig
 from mentor.stages.hint.machine import HintStats, hint_shard
 from mentor.stages.solutions import load_solutions, with_solutions
+from mentor.training.reward_core import count, target_from_label
+from mentor.training.verify import verify
+
+log = logging.getLogger(__name__)
 
 
 class LiveHintsConfig(BaseModel):
@@ -71,6 +78,40 @@ class LiveHintsConfig(BaseModel):
     def hint_config(self) -> HintConfig:
         """The hint stage's settings for the live agents: the configured ones, the judge check and vouching off."""
         return HintConfig.model_validate(self.hint | {"judge_check": {"enabled": False}, "vouch": None})
+
+
+def live_score(label: Any, prompt: str, response: str) -> float:
+    """The response's correctness (1.0 or 0.0) against the reference its label names, counted as the offline
+    reward counts (``scored``, ``correct``, ``verify_error``)."""
+    target = target_from_label(label, prompt)
+    try:
+        correct = float(verify(target.domain, response, target.reference)) if target.reference is not None else 0.0
+    except Exception:  # verify() guards itself; the last line of defence, as the offline reward
+        log.exception("live hints: verification failed for %s", target.problem_id)
+        count("verify_error")
+        correct = 0.0
+    count("scored")
+    count("correct", int(correct > 0))
+    return correct
+
+
+def live_text(live: LiveHintsConfig | None, head: str = "", tail: str = "") -> str:
+    """One line for a dry run: off, or the hint engine, placement and per-step budget (`head`, `tail` around them)."""
+    if live is None:
+        return "off (offline hints only)"
+    b = live.backend
+    return (f"on: {head}hint engine {b.backend} {b.model or 'embedded'}{' at ' + b.base_url if b.base_url else ''}, "
+            f"placement {live.placement}, at most {live.max_problems_per_step or 'every'} group(s) and "
+            f"{live.max_seconds_per_step or 'unlimited'} s per step{tail}")
+
+
+def with_hint_id(label: str | None, hint_id: str) -> str | None:
+    """The row's label with the live hint's id, so the re-rolls are logged (and mined) as hinted rollouts."""
+    try:
+        obj = parse_prompt_label(label)
+    except (TypeError, ValueError):  # None, or not a mentor prompt label: kept as it is
+        return label
+    return json.dumps(obj | {"hint_id": hint_id}, sort_keys=True, ensure_ascii=False, separators=(",", ":"))
 
 
 # --------------------------------------------------------------------------- a group as a collapsed problem

@@ -58,7 +58,7 @@ from mentor.pipeline.inputs import resolve_inputs
 from mentor.pipeline.io import write_json_atomic
 from mentor.pipeline.yaml_io import read_yaml_mapping
 from mentor.training.gpus import cluster_supply, local_gpus
-from mentor.training.live_hints import LiveHintsConfig
+from mentor.training.live_hints import LiveHintsConfig, live_text
 from mentor.training.launcher import LauncherBase, ModelRef, RewardFile, RoundConfig, finish_round, outcome_record, parse_round_config
 from mentor.training.openrlhf.check import check_with_openrlhf
 from mentor.training.openrlhf.placement import round_demand
@@ -342,24 +342,14 @@ def dry_run_text(cfg: TrainConfig, args: Any = None, planned: tuple[list[str], L
     cmd, found = planned or round_command(cfg, dry_run=True)
     env = build_env(cfg)
     lines = ["# environment"] + [f"export {k}={shlex.quote(v)}" for k, v in env.items()] + ["# command", shlex.join(cmd)]
+    live = live_text(cfg.live_hints, f"agent executor {LIVE_FILE.parent.name}/{LIVE_FILE.name}, ", " and vLLM engine")
     lines += [f"# longest prompt: {found.describe()}", f"# response limit: {response_tokens(cfg)[1]}",
-              f"# checked: {check_reward(cfg, dict(os.environ) | env)}", f"# live hints: {live_text(cfg)}"]
+              f"# checked: {check_reward(cfg, dict(os.environ) | env)}", f"# live hints: {live}"]
     if args is not None:
         demand = round_demand(cmd, args)
         lines.append(f"# GPUs: this round needs {demand.describe()} (not checked against a cluster in a dry run)")
         lines += [f"#   or with {name}: {gpus:g}" for name, gpus in demand.fixes]
     return "\n".join(lines)
-
-
-def live_text(cfg: TrainConfig) -> str:
-    live = cfg.live_hints
-    if live is None:
-        return "off (offline hints only)"
-    b = live.backend
-    return (f"on: agent executor {LIVE_FILE.parent.name}/{LIVE_FILE.name}, hint engine {b.backend} {b.model or 'embedded'}"
-            f"{' at ' + b.base_url if b.base_url else ''}, placement {live.placement}, at most "
-            f"{live.max_problems_per_step or 'every'} group(s) and {live.max_seconds_per_step or 'unlimited'} s per step "
-            "and vLLM engine")
 
 
 def preflight(cfg: TrainConfig, cmd: list[str], extra_env: dict[str, str]) -> dict[str, Any]:
@@ -485,7 +475,6 @@ __all__ = [
     "load_config",
     "openrlhf_data_flags",
     "parse_config",
-    "live_text",
     "preflight",
     "prompt_limit",
     "reward_target",

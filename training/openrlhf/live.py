@@ -59,12 +59,10 @@ try:  # module level, in a try: loaded by path in the trainer's Python, the load
 
     from mentor.pipeline.errors import ConfigError, EngineError
     from mentor.pipeline.policy_template import render_prompt
-    from mentor.pipeline.schemas import parse_prompt_label
     from mentor.training.live_hints import (LiveHintsConfig, collapsed_row, hint_groups, hinted_messages, problem_text,
-                                            solutions_for)
-    from mentor.training.reward_core import count, target_from_label
+                                            live_score, solutions_for, with_hint_id)
+    from mentor.training.reward_core import target_from_label
     from mentor.training.rollout_log import ENV_DIR, make_record, rollout_log
-    from mentor.training.verify import verify
 except ImportError as exc:
     raise ImportError(f"{__file__}: mentor or openrlhf is not importable in the trainer's Python ({sys.version.split()[0]}, "
                       f"{sys.executable}): {exc}; install both there: pip install 'mentor[reward]' openrlhf") from exc
@@ -123,15 +121,6 @@ def prompt_index(spec: str) -> dict[str, Any]:
         for row in pl.read_parquet(f, columns=["prompt", "label"]).iter_rows(named=True):
             out.setdefault(row["label"], row["prompt"])
     return out
-
-
-def with_hint_id(label: str | None, hint_id: str) -> str | None:
-    """The row's label with the live hint's id, so the re-rolls are logged (and mined) as hinted rollouts."""
-    try:
-        obj = parse_prompt_label(label)
-    except (TypeError, ValueError):
-        return label
-    return json.dumps(obj | {"hint_id": hint_id}, sort_keys=True, ensure_ascii=False, separators=(",", ":"))
 
 
 # --------------------------------------------------------------------------- groups and steps
@@ -301,24 +290,12 @@ class AgentExecutor(AgentExecutorBase):
                 logprobs.append(got.logprob if got is not None else 0.0)
         response = hf_tokenizer.decode(action, skip_special_tokens=True)
         truncated = out.finish_reason == "length"
-        reward = await asyncio.to_thread(self._score, label, prompt, response)
+        reward = await asyncio.to_thread(live_score, label, prompt, response)
         return {"prompt": prompt, "label": label, "images": None, "mm_train_inputs": None,
                 "observation_tokens": ids + action, "action_ranges": [(len(ids), len(ids) + len(action))],
                 "rollout_log_probs": logprobs, "truncated": truncated, "reward": reward, "scores": min(1.0, max(0.0, reward)),
                 "extra_logs": {"mentor_correct": reward, "mentor_live_rerolled": 0.0, "mentor_live_hint_seconds": 0.0},
                 "response": response, "problem": problem}
-
-    def _score(self, label: Any, prompt: str, response: str) -> float:
-        target = target_from_label(label, prompt)
-        try:
-            correct = float(verify(target.domain, response, target.reference)) if target.reference is not None else 0.0
-        except Exception:  # verify() guards itself; the last line of defence, as the offline reward
-            log.exception("live hints: verification failed for %s", target.problem_id)
-            count("verify_error")
-            correct = 0.0
-        count("scored")
-        count("correct", int(correct > 0))
-        return correct
 
     # -- the group
 

@@ -59,7 +59,7 @@ from mentor.pipeline.inputs import resolve_inputs
 from mentor.pipeline.io import read_json, scan_dataset, write_json_atomic
 from mentor.pipeline.yaml_io import read_yaml_mapping
 from mentor.training.field_types import check_dataclass_values
-from mentor.training.live_hints import LiveHintsConfig
+from mentor.training.live_hints import LiveHintsConfig, live_text
 from mentor.training.launcher import LauncherBase, RoundConfig, finish_round, outcome_record, parse_round_config
 from mentor.training.prompt_format import check_template_kwargs, trainer_template_kwargs
 from mentor.training.prompt_limits import RESPONSE_DEFAULT, LongestPrompt, model_context, rendered_lengths, require, response_limit
@@ -369,7 +369,7 @@ def dry_run_text(cfg: TrlTrainConfig) -> str:
         f"# batches: {batches}",
         f"# checked: {check_reward(cfg, dict(os.environ) | build_env(cfg, spec))}",
         f"# final model: {spec['final_model']}",
-        f"# live hints: {live_text(cfg)}",
+        f"# live hints: {live_text(cfg.live_hints)}",
         "# environment",
         *(f"export {k}={shlex.quote(v)}" for k, v in build_env(cfg, spec).items()),
         "# command",
@@ -380,16 +380,6 @@ def dry_run_text(cfg: TrlTrainConfig) -> str:
         json.dumps(resolved, indent=2, sort_keys=True, default=str),
     ]
     return "\n".join(lines)
-
-
-def live_text(cfg: TrlTrainConfig) -> str:
-    live = cfg.live_hints
-    if live is None:
-        return "off (offline hints only)"
-    b = live.backend
-    return (f"on: hint engine {b.backend} {b.model or 'embedded'}{' at ' + b.base_url if b.base_url else ''}, "
-            f"placement {live.placement}, at most {live.max_problems_per_step or 'every'} group(s) and "
-            f"{live.max_seconds_per_step or 'unlimited'} s per step")
 
 
 def _clear_stale_logs(directory: Path, run: str) -> int:

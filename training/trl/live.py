@@ -46,11 +46,10 @@ from mentor.pipeline.llm import Backend
 from mentor.pipeline.prompts import render_prompt
 from mentor.pipeline.schemas import parse_prompt_label
 from mentor.training.live_hints import (LiveHintsConfig, collapsed_row, hint_groups, hinted_messages, problem_text,
-                                        solutions_for)
+                                        live_score, solutions_for, with_hint_id)
 from mentor.training.reward_core import count, target_from_label
 from mentor.training.rollout_log import make_record
 from mentor.training.trl.reward import TrlReward
-from mentor.training.verify import verify
 
 log = logging.getLogger(__name__)
 
@@ -201,7 +200,7 @@ class LiveRollout:
                         for i in range(a, b)]
             ids, text = self.hinted_prompt(trainer, row, hint["hint"], prompts[a])
             new_ids, new_lp = trainer._generate_single_turn([ids] * (b - a), None, {}, g)
-            label = _with_hint_id(labels[a], hint["hint_id"])
+            label = with_hint_id(labels[a], hint["hint_id"])
             for j, i in enumerate(range(a, b)):
                 prompt_ids[i], completion_ids[i] = list(ids), list(new_ids[j])
                 if logprobs is not None:
@@ -245,16 +244,7 @@ class LiveRollout:
         return self.tokenizer.decode(ids, skip_special_tokens=True)
 
     def score(self, label: str | None, prompt: str, ids: list[int], problem: str | None = None) -> float:
-        target = target_from_label(label, prompt)
-        try:
-            correct = float(verify(target.domain, self.decode(ids), target.reference)) if target.reference is not None else 0.0
-        except Exception:  # verify() guards itself; the last line of defence, as the offline reward
-            log.exception("live hints: verification failed for %s", target.problem_id)
-            count("verify_error")
-            correct = 0.0
-        count("scored")
-        count("correct", int(correct > 0))
-        return correct
+        return live_score(label, prompt, self.decode(ids))
 
     def record(self, label: str | None, prompt: str, ids: list[int], reward: float, step: int, status: str,
                hint: dict[str, Any] | None, rerolled: bool, problem: str | None = None) -> dict[str, Any]:
@@ -293,17 +283,6 @@ def _groups(prompts: list[Any], g: int) -> list[tuple[int, int]]:
         if any(prompt_key(p) != first for p in prompts[a + 1:b]):
             raise RuntimeError("live hints: a group's prompts differ; TRL did not hand over whole groups in a row")
     return out
-
-
-def _with_hint_id(label: str | None, hint_id: str) -> str | None:
-    """The row's label with the live hint's id, so the re-rolls are logged (and mined) as hinted rollouts."""
-    if label is None:
-        return None
-    try:
-        obj = parse_prompt_label(label)
-    except (TypeError, ValueError):
-        return label
-    return json.dumps(obj | {"hint_id": hint_id}, sort_keys=True, ensure_ascii=False, separators=(",", ":"))
 
 
 class LiveReward:
