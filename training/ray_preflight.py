@@ -29,7 +29,6 @@ import os
 import platform
 import re
 import socket
-import subprocess
 import sys
 import uuid
 from importlib.util import find_spec
@@ -37,6 +36,7 @@ from pathlib import Path
 from typing import Any
 
 from mentor.pipeline.errors import ConfigError
+from mentor.training.reward_check import run_trainer_python
 from mentor.training.rollout_log import ENV_DIR, PROBE_PREFIX
 
 DEFAULT_TIMEOUT_S = 180.0
@@ -72,14 +72,9 @@ def probe_cluster(env: dict[str, str], init: str = "openrlhf", python: str | Non
         cmd += ["--runtime-env", json.dumps(runtime_env)]
     if reward is not None:
         cmd += ["--reward", str(reward[0]), str(reward[1])]
-    try:
-        proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout_s, check=False)
-    except OSError as exc:
-        raise ConfigError(f"python {python}: cannot run it to check the Ray cluster ({exc.strerror or exc}); set python "
-                          "to the interpreter of the trainer's environment") from None
-    except subprocess.TimeoutExpired:
-        raise ConfigError(f"the Ray cluster check did not finish in {timeout_s:.0f}s (RAY_ADDRESS={address or 'unset'}); "
-                          "is the cluster up (`ray status`)?") from None
+    proc = run_trainer_python(cmd, env, timeout_s, " to check the Ray cluster",
+                              f"the Ray cluster check did not finish in {timeout_s:.0f}s (RAY_ADDRESS={address or 'unset'}); "
+                              "is the cluster up (`ray status`)?")
     lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("{")]
     if proc.returncode != 0 or not lines:
         tail = (proc.stderr.strip().splitlines() or ["(no output)"])[-1]

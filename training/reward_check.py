@@ -36,6 +36,19 @@ _LOAD = {
 }
 
 
+def run_trainer_python(cmd: list[str], env: dict[str, str] | None, timeout_s: float, purpose: str,
+                       timeout_message: str) -> subprocess.CompletedProcess:
+    """Run `cmd` (``cmd[0]``: the trainer's Python; `purpose`: what for, e.g. " to check the Ray cluster"), its output
+    captured as text; a ConfigError when it cannot start (naming the fix) or runs past `timeout_s` (`timeout_message`)."""
+    try:
+        return subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout_s, check=False)
+    except OSError as exc:
+        raise ConfigError(f"python {cmd[0]}: cannot run it{purpose} ({exc.strerror or exc}); set python to the "
+                          "interpreter of the trainer's environment") from None
+    except subprocess.TimeoutExpired:
+        raise ConfigError(timeout_message) from None
+
+
 def check_reward_loads(python: str, target: str | Path, attribute: str, env: dict[str, str], kind: str = "file",
                        timeout_s: float = TIMEOUT_S) -> str:
     """Load `target` (a reward file, or a module name with ``kind="module"``) and its `attribute` with `python`.
@@ -44,13 +57,8 @@ def check_reward_loads(python: str, target: str | Path, attribute: str, env: dic
     """
     what = f"{target}:{attribute}" if kind == "file" else f"{target}.{attribute}"
     cmd = [python, "-c", _LOAD[kind], str(target), attribute]
-    try:
-        proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout_s, check=False)
-    except OSError as exc:
-        raise ConfigError(f"python {python}: cannot run it ({exc.strerror or exc}); set python to the interpreter of "
-                          "the trainer's environment") from None
-    except subprocess.TimeoutExpired:
-        raise ConfigError(f"the trainer's Python ({python}) did not load the reward {what} within {timeout_s:.0f}s") from None
+    proc = run_trainer_python(cmd, env, timeout_s, "",
+                              f"the trainer's Python ({python}) did not load the reward {what} within {timeout_s:.0f}s")
     if proc.returncode != 0:
         lines = [ln.strip() for ln in proc.stderr.splitlines() if ln.strip()]
         raise ConfigError(f"the trainer's Python ({python}) cannot load the reward {what}, so the round would not score: "
