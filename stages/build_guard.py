@@ -17,7 +17,7 @@ Both are warnings, and errors with ``--strict``.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import polars as pl
 
@@ -39,30 +39,38 @@ def _examples(frame: pl.DataFrame, column: str, tokens: Sequence[str]) -> str:
     return f"{describe_tokens(found)}; e.g. problem_id {ids}"
 
 
+def _screen(frame: pl.DataFrame, column: str, tokens: Sequence[str], stats: Stats, strict: bool,
+            count: Callable[[int], None], message: Callable[[int, str], str]) -> pl.DataFrame:
+    """`frame` without the rows whose `column` carries a chat-control token: counted (`count`) and warned about
+    (`message` of their number and the tokens found); `strict`: a DataError instead."""
+    bad = frame.filter(carries_control_token(column, tokens))
+    if not bad.height:
+        return frame
+    msg = message(bad.height, _examples(bad, column, tokens))
+    if strict:
+        raise DataError(msg + " (--strict)")
+    count(bad.height)
+    stats.warn(msg)
+    return frame.filter(~carries_control_token(column, tokens))
+
+
 def screen_control_tokens(problems: pl.DataFrame, hints: pl.DataFrame, tokens: Sequence[str], stats: Stats,
                           strict: bool, where: str) -> tuple[pl.DataFrame, pl.DataFrame]:
     """`problems` and `hints` without the rows whose problem / hint text carries a chat-control token, counted
     (``base_dropped`` reason ``special_token``, ``hints_special_token``) and warned about; `strict`: a DataError."""
-    bad = problems.filter(carries_control_token("problem", tokens))
-    if bad.height:
-        msg = (f"{where}: {bad.height} base problem(s) dropped (special_token): the problem text carries the chat-control "
-               f"token(s) {_examples(bad, 'problem', tokens)}, which would open chat turns in the prompt; "
-               "remove the tokens from the problem text")
-        if strict:
-            raise DataError(msg + " (--strict)")
-        stats.add("base_dropped", bad.height, reason="special_token")
-        stats.warn(msg)
-        problems = problems.filter(~carries_control_token("problem", tokens))
-        if problems.height == 0:
-            raise DataError(f"{where}: no usable base problems ({dict(stats.base_dropped)})")
-    bad = hints.filter(carries_control_token("hint", tokens))
-    if bad.height:
-        msg = (f"{bad.height} hint(s) not used (special_token): the hint text carries the chat-control token(s) "
-               f"{_examples(bad, 'hint', tokens)}, which would open chat turns in the prompt; those problems get "
-               "their unhinted prompt (`mentor check-hint --tokenizer` shows the tokens; re-hint them)")
-        if strict:
-            raise DataError(msg + " (--strict)")
-        stats.hints_special_token = bad.height
-        stats.warn(msg)
-        hints = hints.filter(~carries_control_token("hint", tokens))
-    return problems, hints
+    def drop_base(n: int) -> None:
+        stats.add("base_dropped", n, reason="special_token")
+
+    def drop_hints(n: int) -> None:
+        stats.hints_special_token = n
+
+    kept = _screen(problems, "problem", tokens, stats, strict, drop_base, lambda n, found: (
+        f"{where}: {n} base problem(s) dropped (special_token): the problem text carries the chat-control "
+        f"token(s) {found}, which would open chat turns in the prompt; remove the tokens from the problem text"))
+    if kept.height == 0 and problems.height:
+        raise DataError(f"{where}: no usable base problems ({dict(stats.base_dropped)})")
+    hints = _screen(hints, "hint", tokens, stats, strict, drop_hints, lambda n, found: (
+        f"{n} hint(s) not used (special_token): the hint text carries the chat-control token(s) {found}, which would "
+        "open chat turns in the prompt; those problems get their unhinted prompt (`mentor check-hint --tokenizer` shows "
+        "the tokens; re-hint them)"))
+    return kept, hints
