@@ -97,7 +97,7 @@ class Backend(Protocol):
 class CountingBackend:
     """Base class: checks the one-result-per-request contract and keeps the counters.
 
-    Subclasses implement `_generate`. `calls` counts engine calls (an empty
+    Subclasses implement `_generate` (a batch), or `_answer` (one request at a time). `calls` counts engine calls (an empty
     request list is not a call). `on_done(n)`, when given, is told as requests
     finish (n of them at a time) while the call runs, for progress bars; a
     backend that cannot tell reports them all at the end. ``concurrent``: the
@@ -117,8 +117,15 @@ class CountingBackend:
         self.prompt_tokens = 0
         self.completion_tokens = 0
 
-    def _generate(self, requests: Sequence[GenRequest], on_done: OnDone | None) -> list[GenResult]:  # pragma: no cover
+    def _answer(self, request: GenRequest) -> GenResult:  # pragma: no cover
         raise NotImplementedError
+
+    def _generate(self, requests: Sequence[GenRequest], on_done: OnDone | None) -> list[GenResult]:
+        """`_answer` each request in turn; all are reported done at the end."""
+        out = [self._answer(req) for req in requests]
+        if on_done is not None:
+            on_done(len(out))
+        return out
 
     def generate(self, requests: Sequence[GenRequest], on_done: OnDone | None = None) -> list[GenResult]:
         if not requests:

@@ -42,15 +42,10 @@ def _value(name, prop):
 class ToyBackend(CountingBackend):
     name = "toy"
 
-    def _generate(self, requests, on_done):
-        out = []
-        for req in requests:
-            props = (req.json_schema or {}).get("properties", {})
-            text = json.dumps({k: _value(k, p) for k, p in props.items()}) if req.json_schema else "toy says 42"
-            out.append(GenResult(req.id, text, "stop", 1, len(text) // 4))
-        if on_done is not None:
-            on_done(len(out))
-        return out
+    def _answer(self, req):
+        props = (req.json_schema or {}).get("properties", {})
+        text = json.dumps({k: _value(k, p) for k, p in props.items()}) if req.json_schema else "toy says 42"
+        return GenResult(req.id, text, "stop", 1, len(text) // 4)
 
 
 class Toy(BackendKind):

@@ -44,23 +44,19 @@ class FakeBackend(CountingBackend):
     def _generate(self, requests: Sequence[GenRequest], on_done: OnDone | None) -> list[GenResult]:
         if self.record:
             self.log.append(list(requests))
-        out = []
-        script = self.script
-        for req in requests:
-            ans = script(req)
-            if isinstance(ans, GenResult):
-                out.append(GenResult(req.id, ans.text, ans.finish_reason, ans.prompt_tokens, ans.completion_tokens, ans.error))
-                continue
-            text = str(ans)
-            ct = _approx_tokens(text)
-            finish = "stop"
-            if ct > req.max_tokens:
-                text, ct, finish = text[: req.max_tokens * 4], req.max_tokens, "length"
-            pt = _approx_tokens(req.prompt) if req.prompt is not None else sum(_approx_tokens(m.get("content", "")) for m in req.messages)
-            out.append(GenResult(req.id, text, finish, pt, ct))
-        if on_done is not None:
-            on_done(len(out))
-        return out
+        return super()._generate(requests, on_done)
+
+    def _answer(self, req: GenRequest) -> GenResult:
+        ans = self.script(req)
+        if isinstance(ans, GenResult):
+            return GenResult(req.id, ans.text, ans.finish_reason, ans.prompt_tokens, ans.completion_tokens, ans.error)
+        text = str(ans)
+        ct = _approx_tokens(text)
+        finish = "stop"
+        if ct > req.max_tokens:
+            text, ct, finish = text[: req.max_tokens * 4], req.max_tokens, "length"
+        pt = _approx_tokens(req.prompt) if req.prompt is not None else sum(_approx_tokens(m.get("content", "")) for m in req.messages)
+        return GenResult(req.id, text, finish, pt, ct)
 
 
 class Fake(BackendKind):
