@@ -14,76 +14,17 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
-import textwrap
-from pathlib import Path
 
 import pyarrow.parquet as pq
 import pytest
+from toy_plugins import FOCUS, mentor, write_plugins
 
-TOY_AGENT = '''
-"""A toy analysis agent: names the one thing the student should focus on."""
-from mentor.stages.hint.agent import Agent, Switch, object_schema, text_field
-
-FOCUS = "toy focus on the units"
-
-
-class ToyFocus(Agent):
-    name = "toy_focus"
-    role = "analysis"  # after attribution, before generation
-    switch = Switch("toy_focus", "Run the toy focus agent.")
-    max_tokens_default, max_tokens_help = 64, "max_tokens of a toy_focus call."
-    state = {"focus": lambda: None}
-    counters = ("toy_focus_used",)
-    fake = '{"focus": "%s"}' % FOCUS
-
-    def messages(self, s, cfg, t):
-        return [{"role": "system", "content": "Name the one thing to focus on, as JSON {\\"focus\\": ...}."},
-                {"role": "user", "content": s.row["problem"]}]
-
-    def schema(self, cfg, limits):
-        return object_schema({"focus": text_field(60)})
-
-    def fields(self, obj, cfg):
-        return {"focus": obj["focus"]} if isinstance(obj.get("focus"), str) and obj["focus"].strip() else None
-
-    def consume(self, p, res, parsed, m):
-        if parsed is not None:
-            p.focus = parsed["focus"]
-            m.st.toy_focus_used += 1
-            p.keywords = [*p.keywords, parsed["focus"]]
-        m.transition(p, "analysed")
-
-
-AGENT = ToyFocus()
-'''
-
-TOY_RULE = '''
-"""A toy rule: a hint may not say "exactly"."""
-from mentor.stages.rules.registry import RuleRegistry
-
-
-@RuleRegistry.add("toy_exactly", "the hint says 'exactly'; say it without that word")
-def toy_exactly(text, ctx):
-    return "exactly" in text.lower()
-'''
-
-FOCUS = "toy focus on the units"
 
 
 @pytest.fixture(scope="module")
 def plugin_env(tmp_path_factory) -> dict[str, str]:
-    root = tmp_path_factory.mktemp("plugins")
-    (root / "agents").mkdir()
-    (root / "rules").mkdir()
-    (root / "agents" / "toy_focus.py").write_text(textwrap.dedent(TOY_AGENT))
-    (root / "rules" / "toy_exactly.py").write_text(textwrap.dedent(TOY_RULE))
+    root = write_plugins(tmp_path_factory.mktemp("plugins"), "agent", "rule")
     return {**os.environ, "MENTOR_PLUGIN_PATH": str(root)}
-
-
-def mentor(env: dict[str, str], *args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "mentor.workflows.cli", *args], env=env, capture_output=True, text=True, timeout=600)
 
 
 def test_toy_agent_and_rule_run_through_mentor_hint(plugin_env, gsm8k_collapsed, tmp_path):

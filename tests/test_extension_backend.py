@@ -10,63 +10,18 @@ import polars as pl
 import pytest
 import yaml
 from click.testing import CliRunner
+from toy_plugins import BACKEND_HINT, write_plugins
 
 from mentor.workflows.cli import cli
 from mentor.data import bundled
 from mentor.pipeline import plugins
 
-TOY = '''
-"""A toy backend: every answer comes from one canned rule (the JSON schema's fields, filled in by name and type)."""
-
-import json
-
-from mentor.pipeline.backends import BackendKind
-from mentor.pipeline.llm import CountingBackend, GenResult
-
-HINT = "Toy hint: name the quantity the question asks for, with its unit, before computing anything."
-CANNED = {"hint": HINT, "error": "The attempts answer a different quantity than the one asked.",
-          "feedback": "Specific and answer-free."}
-
-
-def _value(name, prop):
-    kind = prop.get("type")
-    if kind == "array":
-        return ["the quantity asked"]
-    if kind in ("integer", "number"):
-        return prop.get("maximum", 1)
-    if kind == "boolean":
-        return True
-    return CANNED.get(name, "toy")
-
-
-class ToyBackend(CountingBackend):
-    name = "toy"
-
-    def _answer(self, req):
-        props = (req.json_schema or {}).get("properties", {})
-        text = json.dumps({k: _value(k, p) for k, p in props.items()}) if req.json_schema else "toy says 42"
-        return GenResult(req.id, text, "stop", 1, len(text) // 4)
-
-
-class Toy(BackendKind):
-    name = "toy"
-    what = "a canned rule"
-    help = "answers every request by one canned rule (a plugin)"
-
-    def make(self, model, options):
-        return ToyBackend(model or "toy")
-
-
-BACKEND = Toy()
-'''
 
 
 @pytest.fixture()
 def toy(tmp_path, monkeypatch):
     """The plugin folder: one file, backends/toy.py."""
-    folder = tmp_path / "plugins"
-    (folder / "backends").mkdir(parents=True)
-    (folder / "backends" / "toy.py").write_text(TOY)
+    folder = write_plugins(tmp_path / "plugins", "backend")
     monkeypatch.setenv(plugins.PLUGIN_PATH_ENV, str(folder))
     return folder
 
@@ -89,7 +44,7 @@ def test_mentor_hint_with_the_toy(toy, gsm8k_collapsed, tmp_path):
     assert stats["problems"] == 6
     hints = pl.read_parquet(out / "hints.parquet")
     assert hints.height == 6 and set(hints["status"]) == {"accepted"}
-    assert set(hints["hint"]) == {"Toy hint: name the quantity the question asks for, with its unit, before computing anything."}
+    assert set(hints["hint"]) == {BACKEND_HINT}
     assert json.loads((out / "stats.json").read_text())["backend"]["kind"] == "toy"
 
 
@@ -112,8 +67,7 @@ def test_a_workflow_round_hints_and_rolls_out_with_the_toy(toy, tmp_path):
     assert r.exit_code == 0, r.output
     hints = pl.concat([pl.read_parquet(p) for p in sorted(run_dir.rglob("hints.parquet"))])
     toys = hints.filter(pl.col("status") != "fallback")  # round 1 may not repeat round 0's hint: a fallback there
-    assert toys.height >= 4 and set(toys["hint"]) == {
-        "Toy hint: name the quantity the question asks for, with its unit, before computing anything."}
+    assert toys.height >= 4 and set(toys["hint"]) == {BACKEND_HINT}
     answered = [p for p in run_dir.rglob("*.parquet") if "rollouts" in p.parts and "response" in pl.read_parquet_schema(p)]
     assert answered and any("toy says 42" in set(pl.read_parquet(p)["response"]) for p in answered)
 

@@ -1,6 +1,6 @@
 """A stage is added as one new file: a toy stage in a plugin folder runs through `mentor stage` and a `mentor run` round.
 
-The toy (``<plugin folder>/stages/toy.py`` on ``MENTOR_PLUGIN_PATH``, nothing else) reads the
+The toy (``<plugin folder>/stages/toy.py`` on ``MENTOR_PLUGIN_PATH``, nothing else; tests/toy_plugins.py) reads the
 round's collapsed problems and writes one line per problem; it declares its folder in a round,
 its place (after build), what it reads from the round (`Stage.round_job`) and its status
 columns. The runner, `mentor status`, `--only`/`--from-stage` and the driver's done markers
@@ -16,63 +16,16 @@ import polars as pl
 import pytest
 import yaml
 from click.testing import CliRunner
+from toy_plugins import write_plugins
 
 from mentor.data import bundled
 from mentor.workflows.cli import cli
 
-TOY = '''
-"""A toy stage: one line per collapsed problem (the whole stage is this file)."""
-import json
-
-import polars as pl
-from pydantic import BaseModel, ConfigDict
-
-from mentor.pipeline.outdir import Owns
-from mentor.pipeline.stage import RoundJob, Stage, StatsLayout
-
-TOY_STATS = StatsLayout(counters=("problems",), logger=__name__)
-
-
-class ToyInputs(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-    collapsed: list[str]
-
-
-class ToyConfig(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-    label: str = "toy"
-
-
-class ToyStage(Stage):
-    name = "toy"
-    Inputs = ToyInputs
-    Config = ToyConfig
-    owns = Owns(("toy.jsonl", "stats.json"))
-    summary = ("problems",)
-    round_dir, round_order = "toys", 60
-    status_columns = {"rows": ("problems",)}
-
-    def run(self, inputs, cfg, out_dir, ctx):
-        stats = TOY_STATS()
-        ids = pl.read_parquet(inputs.collapsed)["problem_id"].to_list()
-        (out_dir / "toy.jsonl").write_text("".join(json.dumps({"problem_id": i, "label": cfg.label}) + "\\n" for i in ids))
-        stats.problems = len(ids)
-        return stats
-
-    def round_job(self, rnd):
-        collapsed = rnd.run_dir.stage(rnd.index, "mine").path / "collapsed.parquet"
-        return RoundJob({"label": "round"}, {"collapsed": [str(collapsed)]}, {"label": "round"}, upstream=[rnd.tokens["mine"]])
-
-
-STAGE = ToyStage()
-'''
 
 
 @pytest.fixture
 def plugin(tmp_path, monkeypatch):
-    folder = tmp_path / "plugins"
-    (folder / "stages").mkdir(parents=True)
-    (folder / "stages" / "toy.py").write_text(TOY)
+    folder = write_plugins(tmp_path / "plugins", "stage")
     monkeypatch.setenv("MENTOR_PLUGIN_PATH", str(folder))
     return folder
 
