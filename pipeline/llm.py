@@ -97,8 +97,8 @@ class Backend(Protocol):
 class CountingBackend:
     """Base class: checks the one-result-per-request contract and keeps the counters.
 
-    Subclasses implement `_generate` (a batch), or `_answer` (one request at a time). `calls` counts engine calls (an empty
-    request list is not a call). `on_done(n)`, when given, is told as requests
+    Subclasses implement `_generate` (a batch), or `_answer` (one request at a time). `calls` counts
+    engine calls (an empty request list is not a call). `on_done(n)`, when given, is told as requests
     finish (n of them at a time) while the call runs, for progress bars; a
     backend that cannot tell reports them all at the end. ``concurrent``: the
     backend takes many `generate` calls at once from threads (a server does; an

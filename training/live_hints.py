@@ -24,8 +24,8 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from mentor.pipeline.llm import Backend, BackendSettings
-from mentor.pipeline.schemas import parse_prompt_label
 from mentor.pipeline.prompts import INSTRUCTION_SEPARATOR, INSTRUCTIONS
+from mentor.pipeline.schemas import parse_prompt_label
 from mentor.stages.build_render import DEFAULT_PLACEMENT, PLACEMENTS, prompt_messages
 from mentor.stages.hint.config import HintConfig
 from mentor.stages.hint.machine import HintStats, hint_shard
