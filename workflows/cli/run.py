@@ -15,6 +15,12 @@ from mentor.pipeline.executor import dask_client
 from mentor.pipeline.models import check_model
 from mentor.stages import round_names
 
+# Its commands: name -> the line `mentor --help` shows (read without importing this module; keep it in step).
+COMMANDS = {
+    "run": "Run a round-by-round workflow (train -> ingest -> mine -> hint -> build); resumable.",
+    "status": "Show a run directory's state per round and stage: done/running/interrupted/failed/pending, counts, errors.",
+    "demo": "One round on the bundled real GSM8K rollouts with a CPU model (mentor run gsm8k-demo).",
+}
 
 
 class _RoundStageChoice(click.Choice):
