@@ -42,7 +42,10 @@ class ToyStage(Stage):
     owns = Owns(("toy.jsonl", "stats.json"))
     summary = ("problems",)
     round_dir, round_order = "toys", 60
-    status_columns = {"rows": ("problems",)}
+    status_columns = {"rows": ("problems",), "toy_labelled": ("problems",)}
+
+    def status_note(self, row):
+        return f"round {row['round']}: the toy labelled {row['toy_labelled']} problems" if row.get("toy_labelled") else None
 
     def run(self, inputs, cfg, out_dir, ctx):
         stats = TOY_STATS()
