@@ -9,11 +9,15 @@ mentor's extension points are packages whose members each declare one thing:
 | ``rules`` | `mentor.stages.rules` | a module | rules, by `RuleRegistry.add` |
 | ``backends`` | `mentor.pipeline.backends` | a module | ``BACKEND`` |
 | ``trainers`` | `mentor.training` | a folder with a ``launcher.py`` | ``LAUNCHER`` (in ``launcher.py``) |
+| ``commands`` | `mentor.workflows.cli` | a module | ``COMMANDS`` (its click commands' names and help) |
 
 `names(point)` lists the members by file name without importing any (asking for
-one stage does not import the engine seam); `load(point, name)` imports one. A
-central list (the stage folders, the ``--backend`` choices, the trainers) is
-built from these, never written by hand.
+one stage does not import the engine seam); `declared(point, name, attr)` reads
+what a member assigns to a top-level name without importing it (``mentor --help``
+lists the commands this way); `load(point, name)` imports one. A central list (the
+stage folders, the ``--backend`` choices, the trainers, the commands) is built from
+these, never written by hand. A plugin file that does not parse or import is a
+`ConfigError` naming the file, the line and the exception, not a traceback.
 
 **Plugins.** A folder named in ``MENTOR_PLUGIN_PATH`` (``os.pathsep``-separated)
 adds members: ``<folder>/<point>/<name>.py`` (a trainer: ``<folder>/trainers/<name>/launcher.py``)
@@ -26,6 +30,7 @@ never members.
 
 from __future__ import annotations
 
+import ast
 import importlib
 import importlib.abc
 import importlib.machinery
@@ -33,10 +38,12 @@ import importlib.util
 import os
 import pkgutil
 import sys
+import traceback
+from functools import lru_cache
 from pathlib import Path
 from types import ModuleType
 
-from mentor.pipeline.errors import ConfigError
+from mentor.pipeline.errors import ConfigError, MentorError
 
 PLUGIN_PATH_ENV = "MENTOR_PLUGIN_PATH"
 PLUGIN_PACKAGE = "mentor.plugins"
@@ -47,6 +54,7 @@ POINTS: dict[str, tuple[str, str | None]] = {
     "rules": ("mentor.stages.rules", None),
     "backends": ("mentor.pipeline.backends", None),
     "trainers": ("mentor.training", "launcher.py"),
+    "commands": ("mentor.workflows.cli", None),
 }
 
 
@@ -109,11 +117,83 @@ def module_name(point: str, name: str) -> str:
 
 
 def load(point: str, name: str) -> ModuleType:
-    """Import the member `name` of `point` (a KeyError naming the members if there is none)."""
+    """Import the member `name` of `point` (a KeyError naming the members if there is none).
+
+    A plugin that fails to import (a syntax error, a missing module, an exception at import) is a
+    `ConfigError` naming its file and line, the point and the exception."""
     known = names(point)
     if name not in known:
         raise KeyError(f"no {point[:-1]} {name!r} ({point}: {', '.join(known)})")
-    return importlib.import_module(module_name(point, name))
+    module = module_name(point, name)
+    try:
+        return importlib.import_module(module)
+    except MentorError:
+        raise
+    except Exception as exc:
+        if name not in _plugin_names(point):
+            raise  # a built-in member that fails to import is mentor's bug
+        raise _broken(point, name, exc) from exc
+
+
+def source(point: str, name: str) -> Path | None:
+    """The file of member `name` of `point` (a package's ``__init__.py``, a trainer's ``launcher.py``), found
+    without importing it (and whatever an earlier plugin path left in ``sys.modules``)."""
+    package, marker = _point(point)
+    plugin = _plugin_names(point).get(name)
+    if plugin is not None:
+        folders = [plugin / point]
+    else:
+        spec = importlib.util.find_spec(package)
+        folders = [Path(loc) for loc in (spec.submodule_search_locations or [])] if spec else []
+    for folder in folders:
+        for path in ((folder / name / marker,) if marker else (folder / f"{name}.py", folder / name / "__init__.py")):
+            if path.is_file():
+                return path
+    return None
+
+
+def declared(point: str, name: str, attr: str) -> ast.expr | None:
+    """The expression member `name` of `point` assigns to the top-level name `attr`, read without importing
+    the member (None where it assigns none; the last assignment wins). A plugin that does not parse is a
+    `ConfigError` naming its file and line."""
+    path = source(point, name)
+    if path is None:
+        return None
+    try:
+        tree = _parse(str(path), path.read_bytes())
+    except SyntaxError as exc:
+        if name not in _plugin_names(point):
+            raise
+        raise _broken(point, name, exc) from exc
+    found = None
+    for node in tree.body:
+        if isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id == attr for t in node.targets):
+            found = node.value
+        elif isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name) and node.target.id == attr:
+            found = node.value
+    return found
+
+
+@lru_cache(maxsize=256)
+def _parse(path: str, text: bytes) -> ast.Module:  # by content: a file rewritten within one mtime tick is new
+    return ast.parse(text, path)
+
+
+def _broken(point: str, name: str, exc: BaseException) -> ConfigError:
+    """The one-line error for plugin `name` of `point` that does not parse or import: ``file:line: ...; the fix``."""
+    base = _plugin_names(point)[name]
+    where = source(point, name) or base / point / name
+    line = None
+    if isinstance(exc, SyntaxError) and exc.filename:
+        where, line = Path(exc.filename), exc.lineno
+    else:  # the deepest frame in the plugin's folder: where the import failed
+        for frame in traceback.extract_tb(exc.__traceback__):
+            if Path(frame.filename).is_relative_to(base):
+                where, line = Path(frame.filename), frame.lineno
+    what = (exc.msg if isinstance(exc, SyntaxError) else str(exc)).strip().split("\n")[0]
+    return ConfigError(f"{where}{f':{line}' if line else ''}: the {point} plugin {name!r} ({PLUGIN_PATH_ENV}) fails to "
+                       f"import: {type(exc).__name__}: {what}; fix the file, or remove it or its folder from "
+                       f"{PLUGIN_PATH_ENV}")
 
 
 class _PluginFinder(importlib.abc.MetaPathFinder):
@@ -151,4 +231,4 @@ def install_finder() -> None:
         sys.meta_path.append(_PluginFinder())
 
 
-__all__ = ["PLUGIN_PATH_ENV", "POINTS", "install_finder", "load", "module_name", "names", "plugin_dirs"]
+__all__ = ["PLUGIN_PATH_ENV", "POINTS", "declared", "install_finder", "load", "module_name", "names", "plugin_dirs", "source"]

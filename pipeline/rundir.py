@@ -153,8 +153,9 @@ class RunDir:
             stage = plugins.load("stages", stage).STAGE
         return StageDir(self.round_dir(r) / stage.round_dir, stage.name)
 
-    def base_prompts(self) -> StageDir:
-        return StageDir(self.path / "base-prompts", "build")
+    def base_prompts(self, stage: Any) -> StageDir:
+        """The run's unhinted base prompts, made by `stage` (the one that ``feeds_next_round``: its ``base_job``)."""
+        return StageDir(self.path / "base-prompts", stage.name)
 
     def rounds(self) -> list[int]:
         """The rounds that have a folder (``round-NNN``, as `round_name` writes them), in order."""

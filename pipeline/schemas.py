@@ -175,8 +175,9 @@ SCHEMAS: dict[str, pa.Schema] = {
     "problems": PROBLEMS,
 }
 
-# The JSONL record our OpenRLHF / verl reward files append per rollout.
+# The JSONL record every trainer's reward file (OpenRLHF, verl, TRL) appends per rollout.
 # Required keys first; `ingest --format openrlhf` reads exactly these.
+RECORDS_FORMAT = "openrlhf"  # their `ingest --format` (a format name, after the first trainer that wrote them; kept)
 OPENRLHF_RECORD_FIELDS: dict[str, type | tuple[type, ...]] = {
     "v": int,  # record format version (== int(SCHEMA_VERSION))
     "problem_id": str,

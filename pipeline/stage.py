@@ -287,6 +287,11 @@ class Stage:
         return {col: next((stats[k] for k in keys if stats.get(k) is not None), None)
                 for col, keys in self.status_columns.items()}
 
+    def status_note(self, row: Mapping[str, Any]) -> str | None:
+        """A line `mentor status` prints below its table for this stage's `row` (``round``, ``state`` and its
+        `status` columns), or None."""
+        return None
+
     def plan(self, inputs: Any, cfg: Any, out_dir: Path) -> Any:
         return inputs
 

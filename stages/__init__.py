@@ -12,10 +12,6 @@ importing any (asking for ``mine`` does not import the engine seam), and
 
 from __future__ import annotations
 
-import ast
-import importlib.util
-from functools import cache
-from pathlib import Path
 from typing import TYPE_CHECKING
 
 from mentor.pipeline import plugins
@@ -24,21 +20,9 @@ if TYPE_CHECKING:
     from mentor.pipeline.stage import Stage
 
 
-@cache
-def _declares_stage(origin: str, mtime: float) -> bool:
-    tree = ast.parse(Path(origin).read_text(encoding="utf-8"), origin)
-    return any(isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id == "STAGE" for t in node.targets)
-               for node in tree.body)
-
-
 def names() -> tuple[str, ...]:
     """The stages by name: the built-in ones, then plugins (`mentor.pipeline.plugins`)."""
-    out = []
-    for name in plugins.names("stages"):
-        spec = importlib.util.find_spec(plugins.module_name("stages", name))
-        if spec is not None and spec.origin and _declares_stage(spec.origin, Path(spec.origin).stat().st_mtime):
-            out.append(name)
-    return tuple(out)
+    return tuple(name for name in plugins.names("stages") if plugins.declared("stages", name, "STAGE") is not None)
 
 
 def stage(name: str) -> "Stage":

@@ -25,7 +25,7 @@ from mentor.pipeline.inputs import outside_output, resolve_inputs
 from mentor.pipeline.io import read_json, write_parquet_atomic
 from mentor.pipeline.outdir import Owns
 from mentor.pipeline.stage import Context, Round, RoundJob, Source, Stage, Stats, StatsLayout
-from mentor.pipeline.schemas import DOMAINS, SCHEMA_VERSION, conform
+from mentor.pipeline.schemas import DOMAINS, RECORDS_FORMAT, SCHEMA_VERSION, conform
 from mentor.stages.ingest_formats import (
     INT32_MAX,
     check_mapping,
@@ -41,7 +41,7 @@ from mentor.stages.ingest_problems import ProblemRecovery, problem_texts, run_ba
 
 log = logging.getLogger(__name__)
 
-FORMATS = ("auto", "canonical", "verl", "openrlhf", "gsm8k-example", "jsonl")
+FORMATS = ("auto", "canonical", "verl", RECORDS_FORMAT, "gsm8k-example", "jsonl")
 DEFAULT_MAX_RESPONSE_BYTES = 1 << 20  # responses above this are clipped (head + tail kept)
 
 
@@ -222,7 +222,7 @@ class IngestStage(Stage):
             stats.files += 1
             if kind != "canonical":
                 check_not_empty(path)
-            if kind in ("verl", "openrlhf", "gsm8k-example") and path.suffix == ".parquet":
+            if kind in ("verl", RECORDS_FORMAT, "gsm8k-example") and path.suffix == ".parquet":
                 raise DataError(f"{path}: a Parquet file, but --format {kind} logs are JSONL; "
                                 "pass --format jsonl with --map canonical=column (e.g. --map prompt=input --map response=output)")
             if kind == "canonical":
@@ -231,7 +231,7 @@ class IngestStage(Stage):
                 table = read_gsm8k_example(path, default_round, domain, stats)
             elif kind == "verl":
                 table = read_verl(path, default_round, domain, stats, verl_counter)
-            elif kind == "openrlhf":
+            elif kind == RECORDS_FORMAT:
                 table = read_openrlhf(path, round_, domain, stats, openrlhf_counter)
             else:
                 table = read_jsonl_mapped(path, default_round, domain, mapping, stats)

@@ -32,7 +32,7 @@ import pyarrow as pa
 from mentor.pipeline.errors import ConfigError, DataError
 from mentor.pipeline.ids import text_id
 from mentor.pipeline.io import read_parquet_schema
-from mentor.pipeline.schemas import OPENRLHF_RECORD_FIELDS, ROLLOUTS, check_schema, conform
+from mentor.pipeline.schemas import OPENRLHF_RECORD_FIELDS, RECORDS_FORMAT, ROLLOUTS, check_schema, conform
 from mentor.pipeline.stage import Stats
 
 GSM8K_MODELS = ("6b_finetuning", "6b_verification", "175b_finetuning", "175b_verification")
@@ -142,7 +142,7 @@ def _sniff_keys(keys: set[str], path: Path) -> str:
     if {"input", "output", "score"} <= keys:
         return "verl"
     if set(OPENRLHF_RECORD_FIELDS) <= keys:
-        return "openrlhf"
+        return RECORDS_FORMAT
     raise ConfigError(
         f"{path}: cannot tell the format from its columns ({', '.join(sorted(keys)[:12])}); "
         "pass --format jsonl with --map canonical=column (e.g. --map correct=is_right)"

@@ -20,6 +20,7 @@ from mentor.pipeline.errors import ConfigError
 from mentor.pipeline.ids import text_id
 from mentor.pipeline.io import read_dataset
 from mentor.pipeline.prompts import HINT_PREFIX, INSTRUCTION_SEPARATOR, INSTRUCTIONS
+from mentor.pipeline.schemas import RECORDS_FORMAT
 from mentor.pipeline.stage import Stats
 
 log = logging.getLogger("mentor.stages.ingest")  # the stage's logger: `mentor ingest` quiets it as one
@@ -85,7 +86,7 @@ class ProblemRecovery:
         prompts = table.column("prompt").to_pylist()
         hint_ids = table.column("hint_id").to_pylist()
         # Only mentor's own records carry hint_id; verl's and mapped logs' ids may come from the prompt itself.
-        ours = kind == "openrlhf"
+        ours = kind == RECORDS_FORMAT
         out = []
         for pid, cur, prompt, hid in zip(pids, current, prompts, hint_ids):
             if cur is None:

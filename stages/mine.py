@@ -465,6 +465,15 @@ class MineStage(Stage):
         return RoundJob(rnd.workflow.mine, {"sources": [str(rnd.run_dir.stage(rnd.index, "ingest").path)], "history": history},
                         rnd.workflow.mine, Context(executor=rnd.executor()), upstream=[rnd.tokens["ingest"], *tokens])
 
+    def status_note(self, row) -> str | None:
+        cut, share = row.get("cut"), row.get("cut_share")
+        if not (isinstance(cut, int) and cut > 0):
+            return None
+        share = f"{share:.4f}" if isinstance(share, float) else "-" if share is None else share
+        return (f"round {row['round']}: {cut} of {row.get('rows')} collapsed problems ({share}) failed mostly at the "
+                "response limit and are not hinted; raise the round's response limit (verl data.max_response_length, "
+                "TRL max_completion_length, OpenRLHF rollout.max_new_tokens)")
+
     def plan(self, inputs: MineInputs, cfg: MineConfig, out_dir: Path) -> MineInputs:
         sources = [str(f) for f in outside_output(resolve_inputs(inputs.sources), inputs.sources, out_dir)]
         return inputs.model_copy(update={"sources": sources})

@@ -32,6 +32,7 @@ from mentor.pipeline.errors import ConfigError, DataError
 from mentor.pipeline.inputs import glob_files
 from mentor.pipeline.llm import BackendSettings, release_engines
 from mentor.pipeline.outdir import Owns
+from mentor.pipeline.schemas import RECORDS_FORMAT
 from mentor.pipeline.stage import Context, Round, RoundJob, Source, Stage, Stats, StatsLayout
 from mentor.stages.rollout import ROLLOUT, SEED_MAX, RolloutConfig
 from mentor.training.launcher import OUTCOME, check_placeholders, get_launcher, trainer_kinds
@@ -63,7 +64,7 @@ class ExternalTrainer(_Strict):
 
     kind: Literal["external"]
     rollouts: str = Field(description="Glob of the round's logs; placeholders {round} {run_dir}.")
-    format: str = Field("openrlhf", description="ingest --format of those logs.")
+    format: str = Field(RECORDS_FORMAT, description="ingest --format of those logs.")
     sentinel: str | None = Field(None, description="A file whose appearance says the logs are complete (placeholders allowed).")
     settle_s: float = Field(10.0, ge=0, description="Without a sentinel: the logs are complete once unchanged this long.")
     timeout_s: float = Field(86400.0, gt=0, description="Give up waiting after this long.")

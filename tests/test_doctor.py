@@ -276,3 +276,23 @@ def test_tensor_parallel_on_a_cpu_node_is_a_problem(tmp_path, monkeypatch):
     assert code == 1
     got = checks["hint model"]
     assert got["status"] == "problem" and "--tensor-parallel-size 4 on a node without a GPU visible" in got["detail"]
+
+
+def test_a_trainer_declares_what_doctor_checks_on_the_node(tmp_path, monkeypatch):
+    """TRL's accelerate-config check is its launcher's `node_checks`; a plugin trainer's check runs the same way."""
+    from mentor.pipeline import plugins
+
+    folder = tmp_path / "plugins" / "trainers" / "node_toy"
+    folder.mkdir(parents=True)
+    (folder / "launcher.py").write_text(
+        "from mentor.training.launcher import LauncherBase, RoundConfig\n\n\n"
+        "class NodeToy(LauncherBase):\n    kind = 'node_toy'\n    Config = RoundConfig\n\n"
+        "    def node_checks(self):\n"
+        "        return {'toy scratch': lambda: ('no /scratch on this node', 'mount /scratch before a node_toy round')}\n\n\n"
+        "LAUNCHER = NodeToy()\n")
+    monkeypatch.setenv(plugins.PLUGIN_PATH_ENV, str(tmp_path / "plugins"))
+    code, checks = _checks(["--no-engine", "--role", "hint", "--out", str(tmp_path)])
+    assert code == 1
+    assert list(checks)[9:13] == ["reward files", "accelerate config", "toy scratch", "Ray"]
+    assert checks["toy scratch"] == {"name": "toy scratch", "status": "problem", "detail": "no /scratch on this node",
+                                     "fix": "mount /scratch before a node_toy round"}

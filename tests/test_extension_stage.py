@@ -83,7 +83,12 @@ def test_toy_stage_runs_in_a_mentor_run_round(plugin, tmp_path):
     rows = json.loads(res.output)
     toy = [r for r in rows if r["stage"] == "toy"]
     assert [r["stage"] for r in rows] == ["train", "ingest", "mine", "hint", "build", "toy"]
-    assert toy == [{"round": 0, "stage": "toy", "state": "done", "rows": len(collapsed)}]
+    assert toy == [{"round": 0, "stage": "toy", "state": "done", "rows": len(collapsed), "toy_labelled": len(collapsed)}]
+    res = CliRunner().invoke(cli, ["status", str(run_dir)])  # the table: its declared column, and its note below
+    assert res.exit_code == 0, res.output
+    header = res.output.splitlines()[0].split()
+    assert header[:3] == ["round", "stage", "state"] and header[-1] == "toy_labelled" and "collapse_rate" in header
+    assert f"round 0: the toy labelled {len(collapsed)} problems" in res.output.splitlines()
 
     # Resumes like any stage: a rerun skips it; --only re-runs just it (its done marker renewed).
     before = markers[0].stat().st_mtime_ns

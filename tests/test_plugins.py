@@ -8,9 +8,11 @@ import subprocess
 import sys
 
 import pytest
+from click.testing import CliRunner
 
 from mentor.pipeline import plugins
 from mentor.pipeline.errors import ConfigError
+from mentor.workflows.cli import cli
 
 
 @pytest.fixture
@@ -55,3 +57,42 @@ def test_what_a_plugin_declares_pickles_into_another_process(plugin_dir):
                          input=pickle.dumps(thing), capture_output=True, env=os.environ.copy(), timeout=120)
     assert out.returncode == 0, out.stderr.decode()
     assert out.stdout.decode().strip() == "7"
+
+
+# A plugin that does not parse or import: (point, its file, its source, the line named, the exception, a mentor command)
+BROKEN = [
+    ("stages", "stages/broken_stage.py", "import json\n\nSTAGE = (1,\n", 3, "SyntaxError: '(' was never closed",
+     ["stage", "broken_stage", "--out", "{tmp}/o"]),
+    ("stages", "stages/raising_stage.py", '"""A stage."""\nraise RuntimeError("no settings here")\nSTAGE = None\n', 2,
+     "RuntimeError: no settings here", ["stage", "raising_stage", "--out", "{tmp}/o"]),
+    ("backends", "backends/broken_backend.py", '"""A backend."""\nimport no_such_module_xyz\nBACKEND = None\n', 2,
+     "ModuleNotFoundError: No module named 'no_such_module_xyz'",
+     ["hint", "{tmp}/c.parquet", "--out", "{tmp}/h", "--backend", "broken_backend"]),
+    ("backends", "backends/syntax_backend.py", "BACKEND = [\n", 1, "SyntaxError: '[' was never closed",
+     ["rollout", "{tmp}/p", "--out", "{tmp}/r", "--backend", "syntax_backend"]),
+    ("rules", "rules/broken_rule.py", "x = 1\nraise ValueError('a rule that cannot load')\n", 2,
+     "ValueError: a rule that cannot load", ["check-hint", "Name the quantity asked for first.", "--answer", "3"]),
+    ("trainers", "trainers/broken_trainer/launcher.py", "LAUNCHER = None\n1 / 0\n", 2, "ZeroDivisionError: division by zero",
+     ["train", "--config", "{tmp}/round.yaml", "--dry-run"]),
+    ("commands", "commands/broken_command.py", 'COMMANDS = {"broken-command": "x"}\nimport no_such_module_xyz\n', 2,
+     "ModuleNotFoundError: No module named 'no_such_module_xyz'", ["broken-command"]),
+]
+
+
+@pytest.mark.parametrize(("point", "file", "source", "line", "exception", "args"), BROKEN,
+                         ids=[f"{b[0]}-{b[1].split('/')[1].removesuffix('.py')}" for b in BROKEN])
+def test_a_plugin_that_does_not_import_is_one_config_error(tmp_path, monkeypatch, point, file, source, line, exception,
+                                                           args):
+    """Through `mentor`: exit 2 and one line naming the file and line, the point, the exception and the fix."""
+    folder = tmp_path / "plugins"
+    (folder / file).parent.mkdir(parents=True)
+    (folder / file).write_text(source)
+    (tmp_path / "round.yaml").write_text("kind: broken_trainer\n")
+    monkeypatch.setenv(plugins.PLUGIN_PATH_ENV, str(folder))
+    res = CliRunner().invoke(cli, [a.format(tmp=tmp_path) for a in args])
+    assert res.exit_code == 2, res.output
+    assert "Traceback" not in res.output and not isinstance(res.exception, (SyntaxError, ImportError))
+    assert res.output.strip().splitlines()[-1] == (
+        f"Error: {folder / file}:{line}: the {point} plugin {file.split('/')[1].removesuffix('.py')!r} "
+        f"({plugins.PLUGIN_PATH_ENV}) fails to import: {exception}; fix the file, or remove it or its folder from "
+        f"{plugins.PLUGIN_PATH_ENV}")

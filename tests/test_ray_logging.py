@@ -58,9 +58,10 @@ open(os.path.join(out, "started"), "w").write(os.environ.get("RAY_ADDRESS", ""))
 DRIVER = r"""
 import json, sys
 import ray
-from mentor.training.ray_preflight import _openrlhf_init
+from mentor.training.openrlhf.launcher import RAY_INIT
+from mentor.training.ray_preflight import run_ray_init_of
 
-assert _openrlhf_init(), "OpenRLHF's train() has no ray.init statement"
+assert run_ray_init_of(RAY_INIT), "OpenRLHF's train() has no ray.init statement"
 
 @ray.remote(num_cpus=0)
 class Engine:  # where OpenRLHF's RolloutRayActor runs the reward function

@@ -182,7 +182,7 @@ def test_linear_cleaning_gives_what_the_regexes_gave():
     """On 20,000 random strings of token pieces and fences, the linear scans agree with the old regexes."""
     import random
 
-    from mentor.training.code_verify import _SPECIAL_TOKEN, _fenced_blocks, strip_trailing_tokens
+    from mentor.training.code_verify import SPECIAL_TOKEN, _fenced_blocks, strip_trailing_tokens
     from mentor.training.reward_core import END_TOKEN
 
     rng = random.Random(34)
@@ -192,7 +192,7 @@ def test_linear_cleaning_gives_what_the_regexes_gave():
     for _ in range(20000):
         t = "".join(rng.choice(pieces) for _ in range(rng.randrange(12)))
         assert strip_trailing_tokens(t, END_TOKEN, starts="<") == (OLD_END_TOKENS.sub("", t), bool(OLD_END_TOKENS.search(t))), t
-        assert strip_trailing_tokens(t, _SPECIAL_TOKEN)[0] == OLD_SPECIAL_TOKENS.sub("", t), t
+        assert strip_trailing_tokens(t, SPECIAL_TOKEN)[0] == OLD_SPECIAL_TOKENS.sub("", t), t
         f = "".join(rng.choice(fences) for _ in range(rng.randrange(14)))
         assert _fenced_blocks(f) == OLD_FENCE.findall(f), f
 

@@ -1,8 +1,8 @@
 """The toy plugins of the extension tests, each ONE file of a ``MENTOR_PLUGIN_PATH`` folder (issue 60).
 
 A stage (``stages/toy.py``), an agent (``agents/toy_focus.py``), a rule (``rules/toy_exactly.py``), a backend
-(``backends/toy.py``) and a trainer (``trainers/toy/launcher.py``): `write_plugins` lays any of them into a
-folder, `mentor` runs a command in its own process with that folder on the plugin path (the path is read
+(``backends/toy.py``), a trainer (``trainers/toy/launcher.py``) and a command (``commands/toy_count.py``):
+`write_plugins` lays any of them into a folder, `mentor` runs a command in its own process with that folder on the plugin path (the path is read
 when mentor starts). The toy backend's canned hint says "exactly", which the toy rule rejects.
 """
 
@@ -42,7 +42,10 @@ class ToyStage(Stage):
     owns = Owns(("toy.jsonl", "stats.json"))
     summary = ("problems",)
     round_dir, round_order = "toys", 60
-    status_columns = {"rows": ("problems",)}
+    status_columns = {"rows": ("problems",), "toy_labelled": ("problems",)}
+
+    def status_note(self, row):
+        return f"round {row['round']}: the toy labelled {row['toy_labelled']} problems" if row.get("toy_labelled") else None
 
     def run(self, inputs, cfg, out_dir, ctx):
         stats = TOY_STATS()
@@ -205,6 +208,22 @@ class ToyLauncher(LauncherBase):
 LAUNCHER = ToyLauncher()
 '''
 
+TOY_COMMAND = '''
+"""A toy command, `mentor toy-count`: the problems of collapsed datasets (the whole command is this file)."""
+import click
+
+COMMANDS = {"toy-count": "Count the problems of collapsed datasets (a toy command from one plugin file)."}
+
+
+@click.command("toy-count")
+@click.argument("collapsed", nargs=-1, required=True)
+def toy_count(collapsed):
+    """Print how many problems the COLLAPSED datasets hold."""
+    import polars as pl
+
+    click.echo(sum(pl.read_parquet(path).height for path in collapsed))
+'''
+
 FOCUS = "toy focus on the units"  # the toy agent's answer on the fake backend (its ``fake``)
 BACKEND_HINT = "Toy hint: name exactly the quantity the question asks for, with its unit, before computing anything."
 
@@ -215,6 +234,7 @@ PLUGINS = {
     "rule": ("rules/toy_exactly.py", TOY_RULE),
     "backend": ("backends/toy.py", TOY_BACKEND),
     "trainer": ("trainers/toy/launcher.py", TOY_TRAINER),
+    "command": ("commands/toy_count.py", TOY_COMMAND),
 }
 
 

@@ -90,7 +90,7 @@ from mentor.training.sandbox.process import SandboxProcess, parse_message
 log = logging.getLogger(__name__)
 
 # One special token a decoded response may end with (each starts with "<" or "[" and holds no other "<").
-_SPECIAL_TOKEN = re.compile(r"<\|[^|<>]{1,40}\|>|</s>|<eos>|<end_of_turn>|\[/?INST\]")
+SPECIAL_TOKEN = re.compile(r"<\|[^|<>]{1,40}\|>|</s>|<eos>|<end_of_turn>|\[/?INST\]")
 _LANG = re.compile(r"[ \t]*([A-Za-z0-9_+-]*)")
 # Imports HumanEval prompts (and most graders) provide; a response that writes
 # only the function still runs. The tester gets them too, before the setup.
@@ -142,7 +142,7 @@ def _fenced_blocks(text: str) -> list[tuple[str, str]]:
 
 def extract_code(response: str) -> str:
     """The code in a response: the last python (or untagged) fenced block, else the whole text."""
-    text, _ = strip_trailing_tokens(response or "", _SPECIAL_TOKEN)
+    text, _ = strip_trailing_tokens(response or "", SPECIAL_TOKEN)
     blocks = _fenced_blocks(text)
     if not blocks and "```" in text:
         # An unterminated fence (truncated response): take what follows it.
@@ -384,6 +384,7 @@ __all__ = [
     "CodeOutcome",
     "CodeRunner",
     "LocalSandboxRunner",
+    "SPECIAL_TOKEN",
     "code_runner",
     "default_limits",
     "extract_code",

@@ -14,7 +14,8 @@ workflow runner call the same way for every kind::
 
 Besides the steps a launcher declares what the rest of mentor asks of a trainer (`LauncherBase`
 gives the defaults): the ``ingest --format`` of its reward's logs (``log_format``), the reward
-entry `mentor doctor` loads with the trainer's Python (``reward``), whether it reads text prompts
+entry `mentor doctor` loads with the trainer's Python (``reward``), what doctor checks on a node for it
+(``node_checks``), whether it reads text prompts
 (``text_prompts_refused``), where it takes chat-template variables (``template_kwargs_key``,
 `LauncherBase.template_kwargs`), and its workflow section (``section``; by default
 ``{kind, config}``). The kinds are the folders (`mentor.pipeline.plugins`, point ``trainers``,
@@ -33,7 +34,7 @@ import sys
 import time
 from collections import deque
 from pathlib import Path
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Annotated, Any, ClassVar, Literal, Protocol
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, create_model
@@ -42,6 +43,7 @@ from mentor.pipeline import plugins
 from mentor.pipeline.errors import ConfigError, MentorError, config_error
 from mentor.pipeline.io import read_json, write_json_atomic
 from mentor.pipeline.models import resolve_model
+from mentor.pipeline.schemas import RECORDS_FORMAT
 from mentor.pipeline.yaml_io import read_yaml_mapping
 
 OUTCOME = "outcome.json"
@@ -340,7 +342,7 @@ class LauncherBase:
     Config: ClassVar[type[RoundConfig]]
     title: ClassVar[str] = ""  # how messages name it ("OpenRLHF 0.11.2"); default: the kind
     summary: ClassVar[tuple[str, ...]] = ("exit_code", "final_model", "log_file", "duration_s")
-    log_format: ClassVar[str] = "openrlhf"  # `mentor ingest --format` of what its reward logs (mentor's JSONL records)
+    log_format: ClassVar[str] = RECORDS_FORMAT  # `mentor ingest --format` of what its reward logs (mentor's JSONL records)
     reward: ClassVar[RewardEntry | None] = None  # what `mentor doctor` loads with the trainer's Python
     text_prompts_refused: ClassVar[str | None] = None  # why it cannot read text prompts (None: it reads them)
     template_kwargs_key: ClassVar[str | None] = None  # where its config takes chat-template variables (None: nowhere)
@@ -349,6 +351,11 @@ class LauncherBase:
     @property
     def name(self) -> str:
         return self.title or self.kind
+
+    def node_checks(self) -> dict[str, Callable[[], tuple[str, str | None]]]:
+        """What ``mentor doctor`` checks on a node for its rounds: check name -> a function returning
+        ``(detail, fix)`` (a fix: a problem; None: ok). Default: nothing."""
+        return {}
 
     def parse(self, data: dict[str, Any], where: str = "round config", strict: bool = True) -> RoundConfig:
         if "kind" not in self.Config.model_fields:  # the key that picked this launcher (a round.yaml's)

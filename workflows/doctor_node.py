@@ -1,6 +1,6 @@
 """`mentor doctor`'s reading of the node itself: GPUs (through ``nvidia-smi``, bounded), ``CUDA_VISIBLE_DEVICES``
-read the way CUDA reads it, ``/dev/shm``, the ``NCCL_*`` / ``VLLM_*`` settings, accelerate's default config, and
-the trainer's Python version.
+read the way CUDA reads it, ``/dev/shm``, the ``NCCL_*`` / ``VLLM_*`` settings and the trainer's Python version
+(what one trainer needs of the node is its launcher's, `LauncherBase.node_checks`).
 
 Each probe has a deadline (``--timeout``): an ``nvidia-smi`` that fails, hangs or prints ``[N/A]`` is a problem
 named as such, never "a CPU node". Nothing here imports torch or touches CUDA.
@@ -181,44 +181,6 @@ def check_env_settings() -> Check:
     return Check("settings", OK, f"{len(found)} set, every engine and trainer started from here inherits them: {listing}")
 
 
-# accelerate launch flags mentor passes itself on a TRL round (training/trl/launcher.py); the default config's values
-# for them do not apply.
-MENTOR_ACCELERATE_FLAGS = ("num_processes", "num_cpu_threads_per_process", "main_process_port", "multi_gpu")
-
-
-def accelerate_default_config() -> Path:
-    """Where ``accelerate launch`` looks for its default config (accelerate's ``commands/config/config_args.py``)."""
-    home = os.environ.get("HF_HOME", os.path.join(os.environ.get("XDG_CACHE_HOME", "~/.cache"), "huggingface"))
-    return Path(os.path.expanduser(home)) / "accelerate" / "default_config.yaml"
-
-
-def check_accelerate_config() -> Check:
-    """accelerate merges its default config into every ``accelerate launch`` without ``--config_file``: mentor's
-    TRL rounds with several processes (or accelerate_args) included. Say what it sets."""
-    path = accelerate_default_config()
-    if not path.is_file():
-        return Check("accelerate config", OK, f"none at {path}: TRL rounds launch with mentor's flags only")
-    import yaml  # a mentor dependency
-
-    try:
-        data = yaml.safe_load(path.read_text())
-    except (OSError, UnicodeDecodeError, yaml.YAMLError) as exc:  # accelerate launch would fail on it the same way
-        return Check("accelerate config", PROBLEM, f"{path} cannot be read ({str(exc).splitlines()[0]})",
-                     "fix or remove it (`accelerate config`)")
-    if not isinstance(data, dict):
-        return Check("accelerate config", PROBLEM, f"{path} is not a mapping", "fix or remove it (`accelerate config`)")
-    applies = {k: v for k, v in data.items() if k not in MENTOR_ACCELERATE_FLAGS and v not in (None, {}, [])}
-    overridden = [k for k in MENTOR_ACCELERATE_FLAGS if k in data]
-    listing = ", ".join(f"{k}: {v}" for k, v in sorted(applies.items())) or "nothing"
-    detail = f"{path} is merged into every TRL round mentor launches through accelerate (num_processes > 1, " \
-             f"accelerate_args): it sets {listing}"
-    if overridden:
-        detail += f"; mentor's own flags win for {', '.join(overridden)}"
-    if "distributed_type" in applies:
-        detail += " (its distributed_type only where mentor passes no --multi_gpu: one process, or accelerate_args)"
-    return Check("accelerate config", OK, detail)
-
-
 def python_version(python: str, timeout: float = PROBE_TIMEOUT_S) -> tuple[tuple[int, ...] | None, str]:
     """(major, minor, micro) of the interpreter `python` (any Python, 2 included), or None and why not."""
     code = "import sys; sys.stdout.write('%d.%d.%d' % tuple(sys.version_info[:3]))"
@@ -249,5 +211,4 @@ def check_trainer_python(python: str | None, timeout: float = PROBE_TIMEOUT_S) -
     return Check("trainer Python", OK, f"{python} is Python {text}")
 
 
-__all__ = ["Check", "Gpu", "NodeGpus", "PROBE_TIMEOUT_S", "accelerate_default_config", "check_accelerate_config",
-           "check_env_settings", "check_shm", "check_trainer_python", "python_version", "read_gpus"]
+__all__ = ["Check", "Gpu", "NodeGpus", "PROBE_TIMEOUT_S", "check_env_settings", "check_shm", "check_trainer_python", "python_version", "read_gpus"]

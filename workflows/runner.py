@@ -172,8 +172,8 @@ class Runner:
     def base_prompts(self) -> tuple[Path, str]:
         """Unhinted prompts of the base set: what round 0's trainer trains on without initial logs (made by the
         stage that makes what the next round trains on, ``feeds_next_round``: `Stage.base_job`)."""
-        sd = self.rd.base_prompts()
         feeder = next(s for s in round_stages() if s.feeds_next_round)
+        sd = self.rd.base_prompts(feeder)
         job = feeder.base_job(_Round(self, 0, {}))
         key = stage_key("base-prompts", job.key, job.upstream)
         if not sd.is_done(key):

@@ -82,6 +82,7 @@ log = logging.getLogger(__name__)
 
 REWARD_FILE = Path(__file__).resolve().parent / "reward.py"
 LIVE_FILE = Path(__file__).resolve().parent / "live.py"  # --train.agent_func_path of a round with live_hints
+RAY_INIT = "openrlhf.cli.train_ppo_ray:train"  # the driver whose own ray.init statement the preflight joins with
 
 
 class TrainConfig(RoundConfig):
@@ -378,7 +379,7 @@ def preflight(cfg: TrainConfig, cmd: list[str], extra_env: dict[str, str]) -> di
     path, attribute = reward_target(cfg)
     reward = str(path)
     # The trainer's own Python joins (Ray refuses another Ray or Python version), and every node loads the reward file.
-    cluster = probe_cluster(env, init="openrlhf", python=cfg.python, reward=(reward, attribute))
+    cluster = probe_cluster(env, init=RAY_INIT, python=cfg.python, reward=(reward, attribute))
     supply = cluster_supply(cluster) if cluster else local_gpus()
     if demand is not None:
         demand.check(supply)

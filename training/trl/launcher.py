@@ -48,6 +48,7 @@ import shlex
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, ClassVar, Literal
 
@@ -65,6 +66,7 @@ from mentor.training.prompt_format import check_template_kwargs, trainer_templat
 from mentor.training.prompt_limits import RESPONSE_DEFAULT, LongestPrompt, model_context, rendered_lengths, require, response_limit
 from mentor.training.reward_check import check_reward_loads
 from mentor.training.rollout_log import ENV_DIR, ENV_RUN, run_glob, run_identity, run_shards
+from mentor.training.trl.doctor import check_accelerate_config
 from mentor.training.trl.processes import (INSTALL, accelerate_argv, check_gpus, check_with_accelerate, die_with_parent,
                                           gpu_demand, on_gpu, uses_accelerate)
 
@@ -465,6 +467,9 @@ class TrlLauncher(LauncherBase):
 
     check = staticmethod(dry_run_text)  # the dry run's text: what the round would run, checked
     run_round = staticmethod(run_round)
+
+    def node_checks(self) -> dict[str, Callable[[], tuple[str, str | None]]]:
+        return {"accelerate config": check_accelerate_config}
 
 
 LAUNCHER = TrlLauncher()

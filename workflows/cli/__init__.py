@@ -3,55 +3,70 @@
 Commands live in small modules grouped by what a user does (``mentor.workflows.cli.data``:
 ingest, mine; ``.hint``: hint and its checks; ``.build``; ``.train``; ``.evaluate``:
 rollout, rescue; ``.run``: workflows; ``.report``: inspect; ``.setup``: the
-machine and servers), thin layers over the stages, imported only
-when invoked, so ``mentor --help`` stays fast and a user who only mines logs
-never imports an inference engine.
+machine and servers; ``.stage``: any stage), thin layers over the stages. Each module
+declares its commands in a top-level ``COMMANDS`` that `commands()` reads without
+importing it; a module is imported only when one of its commands is invoked, so
+``mentor --help`` stays fast and a user who only mines logs never imports an inference engine.
 """
 
 from __future__ import annotations
 
+import ast
 import errno
-import importlib
 import logging
 import sys
 import traceback
 
 import click
 
-from mentor.pipeline.errors import MentorError
+from mentor.pipeline import plugins
+from mentor.pipeline.errors import ConfigError, MentorError
 
-# name -> (module, attribute, one-line help). Keep the help in step with the command.
-COMMANDS: dict[str, tuple[str, str, str]] = {
-    "ingest": ("mentor.workflows.cli.data", "ingest", "Convert rollout logs (canonical, verl, openrlhf, gsm8k-example, jsonl) into canonical rollout shards."),
-    "mine": ("mentor.workflows.cli.data", "mine", "Find collapsed problems (every rollout wrong) with a few failed responses."),
-    "hint": ("mentor.workflows.cli.hint", "hint", "Hint collapsed problems with four LLM agents on vLLM (attribution, generation, judgment, repair)."),
-    "check-hint": ("mentor.workflows.cli.hint", "check_hint", "Run the hint rules (answer leak, full solution, ...) on one hint; exit 1 when it fails."),
-    "check-judge": ("mentor.workflows.cli.hint", "check_judge", "Score the LLM judge on known-good and known-bad hints; exit 1 when it cannot tell them apart."),
-    "serve": ("mentor.workflows.cli.setup", "serve", "Start `vllm serve` for a model with mentor's engine settings (an OpenAI-compatible server for --backend openai)."),
-    "doctor": ("mentor.workflows.cli.setup", "doctor", "Check this node before the first round: driver/CUDA/torch, GPUs, vLLM, the hint model, reward files, Ray, disk."),
-    "setup-cpu": ("mentor.workflows.cli.setup", "setup_cpu", "Prepare a CPU machine for vLLM and convert the embedded SmolLM2 demo model."),
-    "setup-sandbox": ("mentor.workflows.cli.setup", "setup_sandbox", "Install bubblewrap (apt) where possible and print the code sandbox's layers."),
-    "train": ("mentor.workflows.cli.train", "train", "Run one GRPO round (OpenRLHF, verl or TRL) from round.yaml (--dry-run prints the command)."),
-    "rollout": ("mentor.workflows.cli.evaluate", "rollout", "Sample k responses per prompt with vLLM, verify them, write canonical rollouts."),
-    "rescue": ("mentor.workflows.cli.evaluate", "rescue", "Re-roll collapsed problems with and without their hints; report the rescue rate."),
-    "build": ("mentor.workflows.cli.build", "build", "Build the next round's prompt shards (base problems + hints) for OpenRLHF, verl and TRL."),
-    "run": ("mentor.workflows.cli.run", "run", "Run a round-by-round workflow (train -> ingest -> mine -> hint -> build); resumable."),
-    "status": ("mentor.workflows.cli.run", "status", "Show a run directory's state per round and stage: done/running/interrupted/failed/pending, counts, errors."),
-    "demo": ("mentor.workflows.cli.run", "demo", "One round on the bundled real GSM8K rollouts with a CPU model (mentor run gsm8k-demo)."),
-    "stage": ("mentor.workflows.cli.stage", "stage", "Run any stage, built-in or a plugin's (MENTOR_PLUGIN_PATH), from its declaration: --input/--set KEY=VALUE."),
-    "inspect": ("mentor.workflows.cli.report", "inspect", "Summarise rollouts, collapsed, hints, prompts, rescue outputs or a run directory."),
-}
+
+def commands() -> dict[str, tuple[str, str]]:
+    """Every command: name -> (its module's name in the folder, the one line ``mentor --help`` shows), by name.
+
+    A module of this folder (or ``commands/<name>.py`` in a ``MENTOR_PLUGIN_PATH`` folder) adds the
+    commands its top-level ``COMMANDS = {name: help line}`` declares (click commands of the module with
+    those names); the others (``options``) are the commands' parts. Read without importing any module,
+    so ``mentor --help`` stays fast: a new command is one new module, no list to edit.
+    """
+    found: dict[str, tuple[str, str]] = {}
+    for member in plugins.names("commands"):
+        value = plugins.declared("commands", member, "COMMANDS")
+        if value is None:
+            continue
+        where = plugins.source("commands", member)
+        try:
+            declared = ast.literal_eval(value)
+        except (ValueError, TypeError, SyntaxError, RecursionError):
+            declared = None
+        if not isinstance(declared, dict) or not all(isinstance(k, str) and isinstance(v, str) and k and "\n" not in v
+                                                     for k, v in declared.items()):
+            raise ConfigError(f"{where}:{value.lineno}: COMMANDS must be a literal dict of command name -> one-line "
+                              "help (strings); write it out as such")
+        for name, help_line in declared.items():
+            if name in found:
+                other = plugins.source("commands", found[name][0])
+                raise ConfigError(f"{where}: declares the command {name!r} that {other} declares; rename one of them")
+            found[name] = (member, help_line)
+    return dict(sorted(found.items()))
 
 
 class LazyGroup(click.Group):
     def list_commands(self, ctx: click.Context) -> list[str]:
-        return sorted(COMMANDS)
+        return list(commands())
 
     def get_command(self, ctx: click.Context, name: str) -> click.Command | None:
-        if name not in COMMANDS:
+        found = commands()
+        if name not in found:
             return None
-        module, attr, _ = COMMANDS[name]
-        return getattr(importlib.import_module(module), attr)
+        member = plugins.load("commands", found[name][0])
+        for value in vars(member).values():
+            if isinstance(value, click.Command) and value.name == name:
+                return value
+        raise ConfigError(f"{member.__file__}: COMMANDS declares {name!r} but the module has no click command "
+                          f"of that name; add it (@click.command({name!r})) or remove it from COMMANDS")
 
     def invoke(self, ctx: click.Context):
         args = [*ctx._protected_args, *ctx.args]  # the subcommand's, to name its output folder in disk errors
@@ -87,7 +102,10 @@ class LazyGroup(click.Group):
 
     def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
         # One line per command without importing any of them.
-        rows = [(name, COMMANDS[name][2]) for name in self.list_commands(ctx)]
+        try:
+            rows = [(name, help_line) for name, (_, help_line) in commands().items()]
+        except MentorError as exc:  # a plugin's command module that does not parse: one line, not a traceback
+            raise _one_line(ctx, exc, str(exc), exc.exit_code) from exc
         with formatter.section("Commands"):
             formatter.write_dl(rows)
 

@@ -15,6 +15,11 @@ from mentor.pipeline.stage import run_stage
 from mentor.stages import stage
 from mentor.stages.build import BuildConfig
 
+# Its commands: name -> the line `mentor --help` shows (read without importing this module; keep it in step).
+COMMANDS = {
+    "build": "Build the next round's prompt shards (base problems + hints) for OpenRLHF, verl and TRL.",
+}
+
 
 def _read_text(path: str | None, option: str) -> str | None:
     if path is None:

@@ -14,6 +14,12 @@ from mentor.stages import stage
 from mentor.stages.ingest import IngestConfig
 from mentor.stages.mine import MineConfig
 
+# Its commands: name -> the line `mentor --help` shows (read without importing this module; keep it in step).
+COMMANDS = {
+    "ingest": "Convert rollout logs (canonical, verl, openrlhf, gsm8k-example, jsonl) into canonical rollout shards.",
+    "mine": "Find collapsed problems (every rollout wrong) with a few failed responses.",
+}
+
 
 @click.command()
 @click.argument("sources", nargs=-1, required=True)

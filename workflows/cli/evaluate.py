@@ -14,6 +14,12 @@ from mentor.pipeline.stage import Context, run_stage
 from mentor.stages import stage
 from mentor.stages.rollout import RolloutConfig
 
+# Its commands: name -> the line `mentor --help` shows (read without importing this module; keep it in step).
+COMMANDS = {
+    "rollout": "Sample k responses per prompt with vLLM, verify them, write canonical rollouts.",
+    "rescue": "Re-roll collapsed problems with and without their hints; report the rescue rate.",
+}
+
 SAMPLING = ("shard_size", "k", "max_tokens", "temperature", "top_p", "seed", "limit", "round")
 
 

@@ -18,6 +18,13 @@ from mentor.stages.hint.config import HintConfig, JudgeCheckConfig, load_config
 from mentor.stages.hint.judge_check import check_judge_path, stats_view, summary_line
 from mentor.stages.rules import RuleLimits, check, control_tokens, control_tokens_in  # plain Python: defaults show in --help
 
+# Its commands: name -> the line `mentor --help` shows (read without importing this module; keep it in step).
+COMMANDS = {
+    "hint": "Hint collapsed problems with four LLM agents on vLLM (attribution, generation, judgment, repair).",
+    "check-hint": "Run the hint rules (answer leak, full solution, ...) on one hint; exit 1 when it fails.",
+    "check-judge": "Score the LLM judge on known-good and known-bad hints; exit 1 when it cannot tell them apart.",
+}
+
 
 @click.command()
 @click.argument("collapsed", nargs=-1, required=True)

@@ -7,6 +7,11 @@ import click
 from mentor.workflows.report import inspect_path, problem_history
 from mentor.workflows.report_render import plot, render_table, to_json
 
+# Its commands: name -> the line `mentor --help` shows (read without importing this module; keep it in step).
+COMMANDS = {
+    "inspect": "Summarise rollouts, collapsed, hints, prompts, rescue outputs or a run directory.",
+}
+
 
 @click.command()
 @click.argument("path", type=click.Path())

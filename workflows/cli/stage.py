@@ -22,6 +22,11 @@ from mentor.pipeline.stage import Context, run_stage
 from mentor.stages import names, stage as stage_by_name
 from mentor.workflows.cli.options import executor_options
 
+# Its commands: name -> the line `mentor --help` shows (read without importing this module; keep it in step).
+COMMANDS = {
+    "stage": "Run any stage, built-in or a plugin's (MENTOR_PLUGIN_PATH), from its declaration: --input/--set KEY=VALUE.",
+}
+
 
 def _pairs(values: tuple[str, ...], flag: str) -> dict:
     out = {}

@@ -8,6 +8,11 @@ import click
 
 from mentor.training.launcher import load_round
 
+# Its commands: name -> the line `mentor --help` shows (read without importing this module; keep it in step).
+COMMANDS = {
+    "train": "Run one GRPO round (OpenRLHF, verl or TRL) from round.yaml (--dry-run prints the command).",
+}
+
 
 @click.command()
 @click.option("--config", "config_path", required=True, type=click.Path(dir_okay=False),
