@@ -228,3 +228,20 @@ def test_workflow_trainer_section_takes_live_hints():
     data["trainer"]["config"]["live_hints"]["max_problem"] = 3
     with pytest.raises(ConfigError, match="wf.yaml: trainer.config: live_hints.max_problem: unknown key"):
         validate_workflow(data, "wf.yaml")
+
+
+def test_live_hint_agents_settings_are_checked_by_the_hint_stage(tmp_path):
+    """``live_hints.hint`` is the hint stage's to check (`mentor.stages.hint.live.hint_config`): a misspelt key is
+    refused naming it, by the trainer's hook before the first step and by the train stage before a round launches."""
+    from mentor.stages.hint.live import hint_config
+    from mentor.stages.train import TRAIN, TrainConfig, TrainInputs
+    from mentor.training.live_hints import LiveHintsConfig
+
+    bad = _live("http://127.0.0.1:9/v1", hint={"max_refin": 1})
+    cfg = LiveHintsConfig.model_validate(bad)  # its shape is the trainer config's; the agents' fields are not
+    with pytest.raises(ConfigError, match=r"^live_hints: hint.max_refin: unknown key"):
+        hint_config(cfg)
+    assert hint_config(LiveHintsConfig.model_validate(_live("http://127.0.0.1:9/v1"))).max_refine == 0
+    trainer = {"kind": "trl", "config": {"actor_model": "x", "max_steps": 1, "live_hints": bad}}
+    with pytest.raises(ConfigError, match=r"trainer.config.live_hints: hint.max_refin: unknown key"):
+        TRAIN.plan(TrainInputs(prompts=str(tmp_path)), TrainConfig(round=1, trainer=trainer), tmp_path / "train")

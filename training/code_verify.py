@@ -73,7 +73,6 @@ from __future__ import annotations
 
 import hmac
 import importlib
-import json
 import logging
 import os
 import re

@@ -23,7 +23,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from mentor.pipeline.llm import Backend, BackendSettings
+from mentor.pipeline.llm import BackendSettings
 from mentor.pipeline.prompts import DEFAULT_PLACEMENT, INSTRUCTION_SEPARATOR, INSTRUCTIONS, PLACEMENTS
 from mentor.pipeline.schemas import parse_prompt_label
 from mentor.training.reward_core import count, target_from_label
