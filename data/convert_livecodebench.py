@@ -19,7 +19,7 @@ Fields read (LiveCodeBench's ``lcb_runner/benchmarks/code_generation.py``):
 base64 of zlib of a pickled JSON string), ``metadata`` (JSON; ``func_name`` for
 functional problems).
 
-Tests become mentor's code labels (`mentor.training.code_verify`):
+Tests become mentor's code labels (`pipeline.schemas.code_label`, run by `mentor.training.code_verify`):
 
 - ``testtype: stdin``: ``kind: "stdio"``, one ``{input, output}`` case each, run in
   the sandbox with the input on stdin, the output compared line by line.
@@ -59,8 +59,7 @@ import pyarrow as pa
 from mentor.pipeline.errors import ConfigError, DataError
 from mentor.pipeline.io import write_parquet_atomic
 from mentor.pipeline.outdir import disk_error
-from mentor.pipeline.schemas import code_label
-from mentor.training.code_verify import parse_code_label
+from mentor.pipeline.schemas import code_label, parse_code_label
 
 DATASET = "livecodebench/code_generation_lite"
 MAX_RELEASE = 6

@@ -30,6 +30,17 @@ from mentor.pipeline.errors import ConfigError
 from mentor.pipeline.models import resolve_model
 from mentor.pipeline.policy_template import apply_template, render_prompt
 
+
+# The placements build offers (docs/data.md#where-the-hint-goes). before/after/system are chat
+# messages, read the same way by OpenRLHF's PromptDataset (--data.apply_chat_template), verl's
+# RLHFDataset and TRL's GRPOTrainer, which all render them with add_generation_prompt=True.
+# "assistant" opens the policy's answer with the hint (a solution prefix, as QuestA): every
+# trainer would close a final assistant message, so these prompts are rendered once with the
+# policy's chat template and handed over as text (`render_prompt`).
+PLACEMENTS = ("before", "after", "system", "assistant")
+TEXT_PLACEMENTS = ("assistant",)  # rendered to text: they need the policy's tokenizer
+DEFAULT_PLACEMENT = "after"  # without a tokenizer, and for any set with code tasks
+
 # User message of a hinted problem: placeholders {hint}, {problem}, optional {instruction}.
 HINT_TEMPLATE = "Hint: {hint}\n\n{problem}"
 PLAIN_TEMPLATE = "{problem}"
@@ -95,5 +106,5 @@ def prompt_token_lengths(prompts: Sequence[str | Sequence[dict]], tokenizer: Any
     return [len(ids) for ids in tok(texts, add_special_tokens=False)["input_ids"]]
 
 
-__all__ = ["prompt_token_lengths", "ANSWER_TEMPLATES", "DEFAULT_ANSWER", "HINT_PREFIX", "HINT_TEMPLATE", "INSTRUCTIONS", "INSTRUCTION_SEPARATOR", "PLACEHOLDER_RE", "PLAIN_TEMPLATE",
+__all__ = ["prompt_token_lengths", "ANSWER_TEMPLATES", "DEFAULT_ANSWER", "DEFAULT_PLACEMENT", "PLACEMENTS", "TEXT_PLACEMENTS", "HINT_PREFIX", "HINT_TEMPLATE", "INSTRUCTIONS", "INSTRUCTION_SEPARATOR", "PLACEHOLDER_RE", "PLAIN_TEMPLATE",
            "answer_template", "load_tokenizer", "render_prompt"]

@@ -14,7 +14,8 @@ from typing import TYPE_CHECKING
 import polars as pl
 
 from mentor.pipeline.errors import DataError
-from mentor.pipeline.prompts import HINT_TEMPLATE, INSTRUCTION_SEPARATOR, PLACEHOLDER_RE, PLAIN_TEMPLATE, answer_template
+from mentor.pipeline.prompts import (DEFAULT_PLACEMENT, HINT_TEMPLATE, INSTRUCTION_SEPARATOR, PLACEHOLDER_RE, PLACEMENTS, PLAIN_TEMPLATE,
+                                     TEXT_PLACEMENTS, answer_template)
 from mentor.pipeline.schemas import prompt_label
 from mentor.pipeline.stage import Stats
 
@@ -23,15 +24,8 @@ if TYPE_CHECKING:
 
 # --------------------------------------------------------------------------- where the hint goes
 
-# The placements build offers (docs/data.md#where-the-hint-goes). before/after/system are chat
-# messages, read the same way by OpenRLHF's PromptDataset (--data.apply_chat_template), verl's
-# RLHFDataset and TRL's GRPOTrainer, which all render them with add_generation_prompt=True.
-# "assistant" opens the policy's answer with the hint (a solution prefix, as QuestA): every
-# trainer would close a final assistant message, so these prompts are rendered once with the
-# policy's chat template and handed over as text (`pipeline.prompts.render_prompt`).
-PLACEMENTS = ("before", "after", "system", "assistant")
-TEXT_PLACEMENTS = ("assistant",)  # rendered to text: they need the policy's tokenizer
-DEFAULT_PLACEMENT = "after"  # without a tokenizer, and for any set with code tasks
+# The placements themselves (PLACEMENTS, TEXT_PLACEMENTS, DEFAULT_PLACEMENT) are `pipeline.prompts`': live hints'
+# settings (`training/live_hints.py`) name them too.
 DEFAULT_TOKENIZED_PLACEMENT = "assistant"  # math, where the policy's tokenizer is known: the measured best
 # Code tasks keep DEFAULT_PLACEMENT: with text opening its answer, the 0.5B coder explains that text instead of
 # writing the program (the whole working solution there: 0 of 42 collapsed HumanEval tasks right, against 38

@@ -34,6 +34,7 @@ from mentor.pipeline.llm import BackendSettings, release_engines
 from mentor.pipeline.outdir import Owns
 from mentor.pipeline.schemas import RECORDS_FORMAT
 from mentor.pipeline.stage import Context, Round, RoundJob, Source, Stage, Stats, StatsLayout
+from mentor.stages.hint.live import hint_config
 from mentor.stages.rollout import ROLLOUT, SEED_MAX, RolloutConfig
 from mentor.training.launcher import OUTCOME, check_placeholders, get_launcher, trainer_kinds
 
@@ -175,7 +176,9 @@ class TrainStage(Stage):
         if t is not None and t.kind != "external" and inputs.prompts is None:
             raise ConfigError(f"the {t.kind} trainer trains on the round's prompts: give prompts")
         if t is not None and launched(t):
-            get_launcher(t.kind).parse(t.config, "trainer.config")  # its checks, before anything runs
+            round_cfg = get_launcher(t.kind).parse(t.config, "trainer.config")  # its checks, before anything runs
+            if getattr(round_cfg, "live_hints", None) is not None:  # the hint agents' settings: the hint stage's checks
+                hint_config(round_cfg.live_hints, "trainer.config.live_hints")
         return inputs
 
     def run(self, inputs: TrainInputs, cfg: TrainConfig, out_dir: Path, ctx: Context) -> Stats:

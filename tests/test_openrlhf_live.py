@@ -230,7 +230,7 @@ def test_dry_run_with_live_hints_parses_with_openrlhf(tmp_path, shards, policy_m
     res = CliRunner().invoke(cli, ["train", "--config", str(path), "--dry-run"], catch_exceptions=False)
     assert res.exit_code == 0, res.output
     assert f"loads the reward {LIVE_FILE}:AgentExecutor" in res.output
-    assert "# live hints: on: agent executor openrlhf/live.py, hint engine openai m at http://127.0.0.1:9/v1" in res.output
+    assert "# live hints: on: agent executor stages/hint/live_openrlhf.py, hint engine openai m at http://127.0.0.1:9/v1" in res.output
     assert "MENTOR_LIVE_HINTS=" in res.output and "MENTOR_LIVE_GROUP_SIZE=4" in res.output
     cmd = shlex.split([ln for ln in res.output.splitlines() if "openrlhf.cli.train_ppo_ray" in ln][0])
     args, _ = check_with_openrlhf(cmd)

@@ -68,7 +68,7 @@ def test_grpo_trainer_hints_and_rerolls_collapsed_groups(trainable_llama, rows, 
     from trl import GRPOConfig, GRPOTrainer
 
     from mentor.training.live_hints import LiveHintsConfig
-    from mentor.training.trl.live import LiveReward, LiveRollout
+    from mentor.stages.hint.live_trl import LiveReward, LiveRollout
 
     monkeypatch.setenv("TRL_EXPERIMENTAL_SILENCE", "1")
     log_dir = tmp_path / "log"
@@ -118,14 +118,14 @@ def test_a_kill_while_writing_leaves_no_shard(tmp_path):
     """SIGKILL between the temp file and its rename: no shard appears; the next round's start removes the temp file."""
     code = textwrap.dedent(f"""
         import os, signal
-        import mentor.training.trl.live as live
+        import mentor.stages.hint.live_trl as live
         os.replace = lambda *a: os.kill(os.getpid(), signal.SIGKILL)
         live.write_shard({str(tmp_path)!r}, [{{"problem_id": "p", "response": "x" * 100000}}] * 50, 3)
     """)
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, timeout=120)
     assert proc.returncode == -9, proc.stderr.decode()[-2000:]
     assert not list(tmp_path.glob("*.jsonl")) and len(list(tmp_path.glob(".trl-live-*.tmp"))) == 1
-    from mentor.training.trl.live import clear_temp_shards
+    from mentor.stages.hint.live_trl import clear_temp_shards
 
     assert clear_temp_shards(tmp_path) == 1 and not list(tmp_path.iterdir())
 
@@ -160,8 +160,9 @@ def test_group_pieces_on_build_rows(rows):
     from mentor.pipeline.errors import DataError
     from mentor.pipeline.prompts import INSTRUCTIONS
     from mentor.pipeline.schemas import parse_prompt_label, prompt_label
-    from mentor.training.live_hints import LiveHintsConfig, hinted_messages, problem_text
-    from mentor.training.trl.live import label_index, prompt_key
+    from mentor.stages.hint.live import hinted_messages
+    from mentor.training.live_hints import LiveHintsConfig, problem_text
+    from mentor.stages.hint.live_trl import label_index, prompt_key
 
     row = rows[0]
     problem = problem_text(row["prompt"], "math", dict(INSTRUCTIONS))
@@ -190,7 +191,7 @@ def test_live_hints_refused_for_verl_accepted_for_openrlhf(tmp_path):
     with pytest.raises(ConfigError, match=r"round.yaml: live_hints: .*verl's agent loop is not wired yet: remove live_hints, "
                                           r"or train with kind: trl or kind: openrlhf"):
         VERL.parse(data, "round.yaml", strict=False)
-    assert OPENRLHF.parse(data, "round.yaml").live_hints.backend.base_url == "http://127.0.0.1:9/v1"  # mentor.training.openrlhf.live
+    assert OPENRLHF.parse(data, "round.yaml").live_hints.backend.base_url == "http://127.0.0.1:9/v1"  # mentor.stages.hint.live_openrlhf
 
 
 def test_step_budget_problems_and_seconds(rows):
@@ -199,7 +200,8 @@ def test_step_budget_problems_and_seconds(rows):
     from mentor.pipeline.prompts import INSTRUCTIONS
     from mentor.pipeline.schemas import parse_prompt_label
     from mentor.stages.hint.agents import fake_script
-    from mentor.training.live_hints import LiveHintsConfig, collapsed_row, hint_groups, problem_text
+    from mentor.stages.hint.live import hint_groups
+    from mentor.training.live_hints import LiveHintsConfig, collapsed_row, problem_text
 
     lab = parse_prompt_label(rows[0]["label"])
     problem = problem_text(rows[0]["prompt"], "math", dict(INSTRUCTIONS))
@@ -226,3 +228,20 @@ def test_workflow_trainer_section_takes_live_hints():
     data["trainer"]["config"]["live_hints"]["max_problem"] = 3
     with pytest.raises(ConfigError, match="wf.yaml: trainer.config: live_hints.max_problem: unknown key"):
         validate_workflow(data, "wf.yaml")
+
+
+def test_live_hint_agents_settings_are_checked_by_the_hint_stage(tmp_path):
+    """``live_hints.hint`` is the hint stage's to check (`mentor.stages.hint.live.hint_config`): a misspelt key is
+    refused naming it, by the trainer's hook before the first step and by the train stage before a round launches."""
+    from mentor.stages.hint.live import hint_config
+    from mentor.stages.train import TRAIN, TrainConfig, TrainInputs
+    from mentor.training.live_hints import LiveHintsConfig
+
+    bad = _live("http://127.0.0.1:9/v1", hint={"max_refin": 1})
+    cfg = LiveHintsConfig.model_validate(bad)  # its shape is the trainer config's; the agents' fields are not
+    with pytest.raises(ConfigError, match=r"^live_hints: hint.max_refin: unknown key"):
+        hint_config(cfg)
+    assert hint_config(LiveHintsConfig.model_validate(_live("http://127.0.0.1:9/v1"))).max_refine == 0
+    trainer = {"kind": "trl", "config": {"actor_model": "x", "max_steps": 1, "live_hints": bad}}
+    with pytest.raises(ConfigError, match=r"trainer.config.live_hints: hint.max_refin: unknown key"):
+        TRAIN.plan(TrainInputs(prompts=str(tmp_path)), TrainConfig(round=1, trainer=trainer), tmp_path / "train")

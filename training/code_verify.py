@@ -73,7 +73,6 @@ from __future__ import annotations
 
 import hmac
 import importlib
-import json
 import logging
 import os
 import re
@@ -83,6 +82,7 @@ import time
 from dataclasses import dataclass, field, replace
 from typing import Protocol
 
+from mentor.pipeline.schemas import CodeLabel, parse_code_label  # the label's form: the schemas'
 from mentor.training.sandbox import run_python
 from mentor.training.sandbox.layers import SandboxLimits, SandboxUnavailable
 from mentor.training.sandbox.process import SandboxProcess, parse_message
@@ -166,44 +166,6 @@ class CodeOutcome:
         return 1.0 if self.total and self.passed == self.total else 0.0
 
 
-@dataclass(frozen=True)
-class CodeLabel:
-    tests: str | list
-    entry_point: str | None
-    kind: str
-    setup: str | None  # trusted code run in the tester before the tests (HumanEval: the prompt)
-
-
-def parse_code_label(label: dict | str) -> CodeLabel:
-    """A code label from its dict or JSON form; ValueError naming what is wrong."""
-    if isinstance(label, str):
-        label = json.loads(label)
-    if not isinstance(label, dict):
-        raise ValueError("a code label is a JSON object {tests, entry_point, kind, setup}")
-    kind = label.get("kind") or "humaneval"
-    tests = label.get("tests")
-    if not tests:
-        raise ValueError("code label has no tests")
-    if kind == "humaneval":
-        entry = label.get("entry_point")
-        # "f", or "Solution.f": the method f of a Solution() instance (LeetCode-style problems, e.g. LiveCodeBench's).
-        if not isinstance(entry, str) or not all(p.isidentifier() for p in entry.split(".")) or entry.count(".") > 1 \
-                or not isinstance(tests, str):
-            raise ValueError("humaneval label needs tests (Python source) and entry_point (a function name, or Class.method)")
-        setup = label.get("setup")
-        if setup is not None and not isinstance(setup, str):
-            raise ValueError("code label 'setup' must be Python source")
-        return CodeLabel(tests, entry, kind, setup)
-    if kind == "stdio":
-        cases = json.loads(tests) if isinstance(tests, str) else tests
-        if not isinstance(cases, list) or not cases or not all(
-            isinstance(c, dict) and isinstance(c.get("input", ""), str) and isinstance(c.get("output", ""), str) for c in cases
-        ):
-            raise ValueError("stdio tests must be a non-empty JSON list of {input: str, output: str}")
-        return CodeLabel(cases, None, kind, None)
-    raise ValueError(f"unknown test kind {kind!r} (expected humaneval or stdio)")
-
-
 class CodeRunner(Protocol):
     """Where code checks run (see the module docstring: the runner seam)."""
 
@@ -236,7 +198,7 @@ def run_humaneval(code: str, label: CodeLabel, limits: SandboxLimits) -> CodeOut
         _WARNED_NO_SETUP.set()
         log.warning("mentor code verifier: a humaneval label has no 'setup' (labels made before the tests ran apart "
                     "from the candidate): tests that call helpers of the prompt (HumanEval/32, /38, /50) fail; "
-                    "rebuild the problems with `python -m mentor.data.convert_shared`")
+                    "rebuild the problems with `python -m mentor.workflows.convert_shared`")
     one = replace(limits, processes=1)  # no fork, no threads in either sandbox
     deadline = time.monotonic() + limits.wall_seconds
     nonce = secrets.token_hex(16)

@@ -255,7 +255,7 @@ def log_tail(path: Path, n: int = 40) -> str:
 
 def parse_round_config(cls: type[RoundConfig], data: dict[str, Any], where: str) -> RoundConfig:
     """`cls` validated from `data`; `ConfigError` naming `where` and the field."""
-    if "live_hints" in data and "live_hints" not in cls.model_fields:  # trl/live.py and openrlhf/live.py; verl's agent loop: not yet
+    if "live_hints" in data and "live_hints" not in cls.model_fields:  # stages/hint/live_trl.py and live_openrlhf.py; verl's agent loop: not yet
         raise ConfigError(f"{where}: live_hints: live hints run in TRL and OpenRLHF rounds (kind: trl or kind: openrlhf); "
                           "verl's agent loop is not wired yet: remove live_hints, or train with kind: trl or kind: openrlhf")
     try:

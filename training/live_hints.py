@@ -1,35 +1,31 @@
-"""Live hints: a group that collapsed inside a training step is hinted and re-rolled in that same step.
+"""Live hints' settings: a group that collapsed inside a training step is hinted and re-rolled in that same step.
 
 Offline (the default) mentor hints what collapsed in a round's logs and the next round trains on the
-hinted prompts. With ``live_hints`` in a round's trainer settings (TRL: `mentor.training.trl.live`),
-each step's groups are generated and scored first; a group whose rewards are all 0 becomes one row
-of the hint stage's COLLAPSED schema (its very rollouts are the failed responses Attribution reads)
-and goes through the same four agents, rules, judge and fallback as offline (`hint_shard`, the hint
-stage's own machine), on a hint engine of its own (a server: ``backend: openai``, e.g. `mentor serve`
-or `vllm serve`); the group is then re-rolled from the hinted prompt, rendered as `mentor build`
-renders that placement (`stages.build_render.prompt_messages`, `pipeline.prompts.render_prompt`).
+hinted prompts. With ``live_hints`` in a round's trainer settings (TRL, OpenRLHF), each step's groups
+are generated and scored first; a group whose rewards are all 0 becomes one row of the hint stage's
+COLLAPSED schema (its very rollouts are the failed responses Attribution reads) and goes through the
+same four agents, rules, judge and fallback as offline, on a hint engine of its own (a server:
+``backend: openai``, e.g. `mentor serve` or `vllm serve`); the group is then re-rolled from the hinted
+prompt, rendered as `mentor build` renders that placement.
 
-This module is the trainer-independent part: the settings (`LiveHintsConfig`), the collapsed row of a
-group (`collapsed_row`), the budgeted hint call (`hint_groups`) and the hinted prompt (`hinted_messages`).
+This module is what a trainer's settings and scoring need and no stage code: the settings
+(`LiveHintsConfig`, a field of the TRL and OpenRLHF round configs), the score (`live_score`), a
+group's collapsed row (`collapsed_row`, `problem_text`). What runs the hint agents is the hint stage's
+(`mentor.stages.hint.live`, and the trainers' hooks beside it: `stages/hint/live_trl.py`, TRL's
+``rollout_func``; `stages/hint/live_openrlhf.py`, the agent executor OpenRLHF loads by path).
 """
 
 from __future__ import annotations
 
 import json
 import logging
-import time
-from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from mentor.pipeline.llm import Backend, BackendSettings
-from mentor.pipeline.prompts import INSTRUCTION_SEPARATOR, INSTRUCTIONS
+from mentor.pipeline.llm import BackendSettings
+from mentor.pipeline.prompts import DEFAULT_PLACEMENT, INSTRUCTION_SEPARATOR, INSTRUCTIONS, PLACEMENTS
 from mentor.pipeline.schemas import parse_prompt_label
-from mentor.stages.build_render import DEFAULT_PLACEMENT, PLACEMENTS, prompt_messages
-from mentor.stages.hint.config import HintConfig
-from mentor.stages.hint.machine import HintStats, hint_shard
-from mentor.stages.solutions import load_solutions, with_solutions
 from mentor.training.reward_core import count, target_from_label
 from mentor.training.verify import verify
 
@@ -72,12 +68,7 @@ class LiveHintsConfig(BaseModel):
         for key in ("vouch", "judge_check"):
             if v.get(key) not in (None, {}):
                 raise ValueError(f"hint.{key} is not run live (it re-rolls or calibrates before a run); leave it out")
-        HintConfig.model_validate(v)  # the hint stage's own checks, with its error naming the field
-        return v
-
-    def hint_config(self) -> HintConfig:
-        """The hint stage's settings for the live agents: the configured ones, the judge check and vouching off."""
-        return HintConfig.model_validate(self.hint | {"judge_check": {"enabled": False}, "vouch": None})
+        return v  # the hint stage's own checks: `mentor.stages.hint.live.hint_config`, where the agents run
 
 
 def live_score(label: Any, prompt: str, response: str) -> float:
@@ -150,60 +141,5 @@ def collapsed_row(problem_id: str, round_: int, domain: str, problem: str, refer
             "n_rollouts": len(responses), "failed": list(responses), "streak": 1, "previous_hints": [], "solution": None}
 
 
-def hinted_messages(cfg: LiveHintsConfig, problem: str, hint: str, domain: str, original: Any) -> list[dict[str, str]]:
-    """The hinted prompt as `mentor build` writes it for the placement (its system message kept)."""
-    system = cfg.system_prompt if cfg.system_prompt is not None else system_text(original)
-    return prompt_messages([{"problem": problem, "hint": hint, "domain": domain}], cfg.placement, cfg.answer_template,
-                           system_prompt=system, instructions=cfg.instructions)[0]
-
-
-# --------------------------------------------------------------------------- the step's hint call
-
-
-@dataclass
-class StepHints:
-    """What one step's hint engine did: the hints by group index, the counters, the seconds."""
-
-    hints: dict[int, dict[str, Any]] = field(default_factory=dict)
-    over_budget: int = 0
-    seconds: float = 0.0
-    stats: dict[str, Any] = field(default_factory=dict)
-
-
-def solutions_for(cfg: LiveHintsConfig) -> dict[str, str]:
-    """The reference solutions the agents see, as offline (`see_solution`: the file's, else the bundled ones)."""
-    hint_cfg = cfg.hint_config()
-    return load_solutions(hint_cfg.solutions, "live_hints.hint.solutions") if hint_cfg.see_solution else {}
-
-
-def hint_groups(rows: dict[int, dict[str, Any]], cfg: LiveHintsConfig, backend: Backend,
-                solutions: dict[str, str] | None = None) -> StepHints:
-    """Hint the collapsed rows (group index -> COLLAPSED row) within the step's budget, in batches of `cfg.batch`.
-
-    `solutions` (`solutions_for`) fill each row's reference solution, as the hint stage does.
-    Beyond `max_problems_per_step`, or once `max_seconds_per_step` have passed, the rest are not sent
-    (``over_budget``). A batch the engine fails on entirely (`EngineError`) propagates: the step stops, as an
-    offline hint shard would.
-    """
-    out = StepHints()
-    order = sorted(rows)
-    limit = cfg.max_problems_per_step if cfg.max_problems_per_step is not None else len(order)
-    todo, out.over_budget = order[:limit], max(0, len(order) - limit)
-    hint_cfg = cfg.hint_config()
-    st = HintStats()
-    started = time.perf_counter()
-    while todo:
-        if cfg.max_seconds_per_step is not None and time.perf_counter() - started >= cfg.max_seconds_per_step:
-            out.over_budget += len(todo)
-            break
-        batch, todo = todo[: cfg.batch], todo[cfg.batch:]
-        table = hint_shard(with_solutions([rows[i] for i in batch], solutions or {}), hint_cfg, backend, stats=st)
-        for i, rec in zip(batch, table.to_pylist()):
-            out.hints[i] = rec
-    out.seconds = time.perf_counter() - started
-    out.stats = st.as_dict()
-    return out
-
-
-__all__ = ["LiveHintsConfig", "StepHints", "collapsed_row", "hint_groups", "hinted_messages", "problem_text", "solutions_for", "system_text",
-           "user_text"]
+__all__ = ["LiveHintsConfig", "collapsed_row", "live_score", "live_text", "problem_text", "system_text", "user_text",
+           "with_hint_id"]

@@ -7,7 +7,7 @@ The command (flags as OpenRLHF 0.11.2's ``train_ppo_ray`` parser spells them)::
       --data.prompt_dataset <the round's prompt shards>
       --data.input_key prompt --data.label_key label --data.apply_chat_template (messages; not for text prompts)
       --reward.remote_url <mentor's reward file>
-        (with live_hints: --train.agent_func_path <training/openrlhf/live.py>, mentor.training.openrlhf.live)
+        (with live_hints: --train.agent_func_path <stages/hint/live_openrlhf.py>, mentor.stages.hint.live_openrlhf)
       --algo.advantage.estimator group_norm --rollout.n_samples_per_prompt 4
       --ckpt.path <round>/train/ckpt --ckpt.output_dir <round>/train/model
       --train.num_episodes 1
@@ -81,7 +81,9 @@ from mentor.training.rollout_log import (
 log = logging.getLogger(__name__)
 
 REWARD_FILE = Path(__file__).resolve().parent / "reward.py"
-LIVE_FILE = Path(__file__).resolve().parent / "live.py"  # --train.agent_func_path of a round with live_hints
+# --train.agent_func_path of a round with live_hints: the hint stage's agent executor, loaded by path by OpenRLHF (stage
+# code, above this room: named by its file, never imported here). mentor's rooms are siblings (mentor/training, mentor/stages).
+LIVE_FILE = Path(__file__).resolve().parents[2] / "stages" / "hint" / "live_openrlhf.py"
 RAY_INIT = "openrlhf.cli.train_ppo_ray:train"  # the driver whose own ray.init statement the preflight joins with
 
 
@@ -106,7 +108,7 @@ class TrainConfig(RoundConfig):
         "true = bare flag, false/null = omitted, a list = several values.",
     )
     live_hints: LiveHintsConfig | None = Field(
-        None, description="Hint and re-roll a group that collapses inside the step (mentor.training.openrlhf.live: an agent "
+        None, description="Hint and re-roll a group that collapses inside the step (mentor.stages.hint.live_openrlhf: an agent "
         "executor, --train.agent_func_path, on every vLLM engine); None: offline hints only.")
     preflight: bool = Field(
         True,
@@ -324,7 +326,7 @@ def build_env(cfg: TrainConfig) -> dict[str, str]:
     local cluster and on one started by ``ray start`` alike.
     """
     env = {ENV_DIR: str(cfg.rollout_dir.resolve()), ENV_ROUND: str(cfg.round), ENV_RUN: run_identity(cfg.train_path)}
-    if cfg.live_hints is not None:  # what mentor.training.openrlhf.live reads in every engine actor
+    if cfg.live_hints is not None:  # what mentor.stages.hint.live_openrlhf reads in every engine actor
         env.update({"MENTOR_LIVE_HINTS": cfg.live_hints.model_dump_json(), "MENTOR_LIVE_PROMPTS": cfg.prompt_dataset,
                     "MENTOR_LIVE_GROUP_SIZE": str(cfg.n_samples_per_prompt),
                     "MENTOR_LIVE_TEMPERATURE": str(_temperatures({k.removeprefix("--"): v for k, v in cfg.extra_args.items()})[0])})
@@ -343,7 +345,7 @@ def dry_run_text(cfg: TrainConfig, args: Any = None, planned: tuple[list[str], L
     cmd, found = planned or round_command(cfg, dry_run=True)
     env = build_env(cfg)
     lines = ["# environment"] + [f"export {k}={shlex.quote(v)}" for k, v in env.items()] + ["# command", shlex.join(cmd)]
-    live = live_text(cfg.live_hints, f"agent executor {LIVE_FILE.parent.name}/{LIVE_FILE.name}, ", " and vLLM engine")
+    live = live_text(cfg.live_hints, f"agent executor stages/hint/{LIVE_FILE.name}, ", " and vLLM engine")
     lines += [f"# longest prompt: {found.describe()}", f"# response limit: {response_tokens(cfg)[1]}",
               f"# checked: {check_reward(cfg, dict(os.environ) | env)}", f"# live hints: {live}"]
     if args is not None:

@@ -1,7 +1,8 @@
 """`mentor train` for ``kind: trl``: one TRL GRPO round from a `round.yaml`.
 
 The round runs in its own process (``python -m mentor.training.trl.train
-<train>/trl_round.json``): the thread settings must be in place before torch is
+<train>/trl_round.json``; with ``live_hints``, ``mentor.stages.hint.live_trl``, the same process with the
+hint stage's rollout function): the thread settings must be in place before torch is
 imported, a vLLM engine the runner used for hints must not share the process,
 and a killed trainer takes nothing else down. With ``num_processes`` > 1 (or an
 ``accelerate_config`` / ``accelerate_args``) ``accelerate launch`` starts that
@@ -105,7 +106,7 @@ class TrlTrainConfig(RoundConfig):
     )
 
     live_hints: LiveHintsConfig | None = Field(
-        None, description="Hint and re-roll the groups that collapse inside each training step (mentor.training.trl.live); "
+        None, description="Hint and re-roll the groups that collapse inside each training step (mentor.stages.hint.live_trl); "
         "none = offline hints only (the default)."
     )
 
@@ -260,6 +261,10 @@ def round_spec(cfg: TrlTrainConfig) -> dict[str, Any]:
 
 
 REWARD_MODULE = "mentor.training.trl.reward"
+ROUND_MODULE = "mentor.training.trl.train"  # the round's process
+# The process of a round with live_hints: the hint stage's TRL hook, which runs `ROUND_MODULE`'s main with its rollout
+# function (the hint agents are stage code, above this room: it is started by name, never imported here).
+LIVE_MODULE = "mentor.stages.hint.live_trl"
 
 
 def check_reward(cfg: TrlTrainConfig, env: dict[str, str]) -> str:
@@ -328,7 +333,7 @@ def response_text(cfg: TrlTrainConfig) -> str:
 
 def build_command(cfg: TrlTrainConfig, cpu_threads: int | None = None) -> list[str]:
     """The trainer command: one process, or `accelerate launch` starting `num_processes` of them."""
-    trainer = ["-m", "mentor.training.trl.train", str(cfg.train_path / ROUND_FILE)]
+    trainer = ["-m", ROUND_MODULE if cfg.live_hints is None else LIVE_MODULE, str(cfg.train_path / ROUND_FILE)]
     if not uses_accelerate(cfg):
         return [cfg.python, *trainer]
     return [cfg.python, "-m", "accelerate.commands.launch", *accelerate_argv(cfg, cpu_threads), *trainer]

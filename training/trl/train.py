@@ -21,13 +21,12 @@ import os
 import shutil
 import sys
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from mentor.pipeline.io import write_json_atomic
 from mentor.pipeline.policy_template import text_for_tokenizer
 from mentor.training.reward_core import STATS
-from mentor.training.rollout_log import ENV_DIR
-from mentor.training.trl.launcher import TrlTrainConfig, training_rows
+from mentor.training.trl.launcher import LIVE_MODULE, TrlTrainConfig, training_rows
 from mentor.training.trl.processes import die_with_parent
 from mentor.training.trl.reward import make_reward
 
@@ -48,10 +47,12 @@ def prompt_rows(cfg: TrlTrainConfig, tokenizer: Any, pad_rows: int = 0) -> list[
     return [{**r, "prompt": text_for_tokenizer(r["prompt"], tokenizer)} if isinstance(r["prompt"], str) else r for r in rows]
 
 
-def main(argv: list[str]) -> int:
+def main(argv: list[str], live: Callable[[TrlTrainConfig, list[dict[str, Any]], Any], tuple[Any, Any]] | None = None) -> int:
+    """Train one round. `live`: with ``live_hints``, (config, rows, tokenizer) -> (rollout function, reward), given by
+    the hint stage's TRL hook (`LIVE_MODULE`, which runs this with them)."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     if len(argv) != 1:
-        print("usage: python -m mentor.training.trl.train TRAIN_DIR/trl_round.json", file=sys.stderr)
+        print(f"usage: python -m {LIVE_MODULE if live else 'mentor.training.trl.train'} TRAIN_DIR/trl_round.json", file=sys.stderr)
         return 2
     spec_path = Path(argv[0])
     spec = json.loads(spec_path.read_text())
@@ -65,17 +66,17 @@ def main(argv: list[str]) -> int:
     from trl import GRPOConfig, GRPOTrainer  # likewise
 
     cfg = TrlTrainConfig.model_validate(json.loads((spec_path.parent / "config.json").read_text()))
+    if cfg.live_hints is not None and live is None:
+        print(f"{spec_path}: the round has live_hints: run it as python -m {LIVE_MODULE} (mentor train does)", file=sys.stderr)
+        return 2
     tokenizer = AutoTokenizer.from_pretrained(spec["model"])
     rows = prompt_rows(cfg, tokenizer, int(spec.get("pad_rows") or 0))
     dataset = Dataset.from_list(rows)  # columns prompt (chat messages, or text) and label (mentor's JSON label)
     args = GRPOConfig(**spec["grpo"])
-    live = None
-    if cfg.live_hints is not None:  # hint and re-roll collapsed groups inside the step (mentor.training.trl.live)
-        from mentor.training.trl.live import LiveReward, LiveRollout
-
-        os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")  # rollout_func is experimental in TRL 1.16: mentor pins it
-        live = LiveRollout(cfg.live_hints, rows, tokenizer, os.environ.get(ENV_DIR))
-        reward, extra = LiveReward(), {"rollout_func": live}
+    rollout = None
+    if cfg.live_hints is not None:  # hint and re-roll collapsed groups inside the step (the hint stage's hooks)
+        rollout, reward = live(cfg, rows, tokenizer)
+        extra = {"rollout_func": rollout}
     else:
         reward, extra = make_reward(tokenizer, args.max_completion_length), {}
     trainer = GRPOTrainer(model=spec["model"], reward_funcs=[reward], args=args, train_dataset=dataset, processing_class=tokenizer,
@@ -102,7 +103,7 @@ def main(argv: list[str]) -> int:
     write_json_atomic(
         {"global_step": trainer.state.global_step, "last_log": last, "log_history": history,
          "reward_stats": dict(STATS), "processes": trainer.accelerator.num_processes}
-        | ({"live_hints": {"totals": dict(live.totals), "steps": live.steps}} if live is not None else {}),
+        | ({"live_hints": {"totals": dict(rollout.totals), "steps": rollout.steps}} if rollout is not None else {}),
         spec_path.parent / "metrics.json",
     )
     logging.getLogger(__name__).info("saved the final model to %s; reward stats %s", final, dict(STATS))

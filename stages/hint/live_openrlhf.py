@@ -13,7 +13,7 @@ scores it with mentor's verifiers; the last call of the group to finish decides 
 
 - a reward above 0 anywhere: every sample is returned as generated (``scored``);
 - all 0: the group becomes one COLLAPSED row (its very responses, the problem text of the row's prompt messages,
-  found by its label in the round's prompt shards) and goes through `mentor.training.live_hints.hint_groups`
+  found by its label in the round's prompt shards) and goes through `mentor.stages.hint.live.hint_groups`
   (the hint stage's four agents, rules, judge and fallback) on the hint engine, within the step's budget; the
   hinted prompt is rendered as `mentor build` renders the placement (`render_prompt` with the policy's chat
   template, tokenized without added special tokens: one BOS) and the group is re-rolled from it; the re-rolls
@@ -59,15 +59,15 @@ try:  # module level, in a try: loaded by path in the trainer's Python, the load
 
     from mentor.pipeline.errors import ConfigError, EngineError
     from mentor.pipeline.policy_template import render_prompt
-    from mentor.training.live_hints import (LiveHintsConfig, collapsed_row, hint_groups, hinted_messages, problem_text,
-                                            live_score, solutions_for, with_hint_id)
+    from mentor.stages.hint.live import hint_groups, hinted_messages, solutions_for
+    from mentor.training.live_hints import LiveHintsConfig, collapsed_row, live_score, problem_text, with_hint_id
     from mentor.training.reward_core import target_from_label
     from mentor.training.rollout_log import ENV_DIR, make_record, rollout_log
 except ImportError as exc:
     raise ImportError(f"{__file__}: mentor or openrlhf is not importable in the trainer's Python ({sys.version.split()[0]}, "
                       f"{sys.executable}): {exc}; install both there: pip install 'mentor[reward]' openrlhf") from exc
 
-log = logging.getLogger("mentor.training.openrlhf.live")
+log = logging.getLogger("mentor.stages.hint.live_openrlhf")
 if not log.handlers:  # nothing configures logging in an engine actor: OpenRLHF's own handler (INFO, to the trainer's log)
     log = init_logger(log.name)
 

@@ -1,8 +1,9 @@
 """Convert the public data in ../shared/data into mentor's canonical datasets.
 
-    python -m mentor.data.convert_shared [SHARED_DATA_DIR]
+    python -m mentor.workflows.convert_shared [SHARED_DATA_DIR]
 
-Writes, beside this file:
+Writes into data/ (`mentor.data.DATA_DIR`; it runs the ingest stage for the rollouts, so it lives in workflows/,
+above the stages, while data/ holds the files):
 - ``gsm8k_rollouts.parquet``   real GSM8K rollout logs (4 model samples per problem), schema: rollouts
 - ``gsm8k_problems.parquet``   GSM8K test set, schema: problems (same problem_ids as the rollouts)
 - ``math500_problems.parquet`` MATH-500, schema: problems
@@ -21,12 +22,13 @@ from pathlib import Path
 
 import pyarrow as pa
 
+from mentor.data import DATA_DIR
 from mentor.pipeline.ids import text_id
 from mentor.pipeline.io import write_parquet_atomic
 from mentor.pipeline.schemas import code_label
 from mentor.stages.ingest import INGEST
 
-HERE = Path(__file__).resolve().parent
+HERE = DATA_DIR  # the bundled files live in data/ (`mentor.data`)
 
 
 def _jsonl(path: Path) -> list[dict]:

@@ -1,5 +1,10 @@
 """Live hints in TRL 1.16: a ``rollout_func`` for ``GRPOTrainer`` that hints and re-rolls collapsed groups.
 
+A round with ``live_hints`` runs this module as its process (``python -m mentor.stages.hint.live_trl
+<train>/trl_round.json``, `mentor.training.trl.launcher.round_argv`): the TRL round process
+(`mentor.training.trl.train.main`) with `LiveRollout` as its rollout function and `LiveReward` as its
+reward; the trainer's folder keeps only what needs no stage code.
+
 TRL's contract (``trl/trainer/grpo_trainer.py``, ``_generate``): ``rollout_func(prompts, trainer)``
 receives this process's prompts of the generation batch (the sampler repeats each prompt
 ``num_generations`` times, in a row) and returns ``prompt_ids``, ``completion_ids`` and ``logprobs``,
@@ -13,7 +18,7 @@ builds its loss from the returned ``prompt_ids`` as the context of each completi
    model, or TRL's vLLM when ``use_vllm`` is on);
 2. scores every completion with mentor's verifiers (the label of each prompt row, as the TRL reward);
 3. for each group whose rewards are all 0, within the step's budget, runs the four hint agents on the
-   hint engine (`mentor.training.live_hints.hint_groups`: the hint stage's machine, Attribution on these
+   hint engine (`mentor.stages.hint.live.hint_groups`: the hint stage's machine, Attribution on these
    very rollouts), renders the hinted prompt for the placement, re-rolls the group from it and scores
    the re-rolls; the hinted group (its hinted prompt ids) replaces the collapsed one;
 4. writes every rollout of the batch (the replaced first pass too) to one rollout shard, temp name
@@ -35,6 +40,7 @@ import json
 import logging
 import os
 import socket
+import sys
 import time
 import uuid
 from collections import Counter
@@ -45,8 +51,8 @@ from mentor.pipeline.errors import DataError, EngineError
 from mentor.pipeline.llm import Backend
 from mentor.pipeline.prompts import render_prompt
 from mentor.pipeline.schemas import parse_prompt_label
-from mentor.training.live_hints import (LiveHintsConfig, collapsed_row, hint_groups, hinted_messages, problem_text,
-                                        live_score, solutions_for, with_hint_id)
+from mentor.stages.hint.live import hint_groups, hinted_messages, solutions_for
+from mentor.training.live_hints import LiveHintsConfig, collapsed_row, live_score, problem_text, with_hint_id
 from mentor.training.reward_core import count, target_from_label
 from mentor.training.rollout_log import make_record
 from mentor.training.trl.reward import TrlReward
@@ -301,4 +307,22 @@ class LiveReward:
         return [float(r) for r in rewards]
 
 
-__all__ = ["LiveReward", "LiveRollout", "clear_temp_shards", "label_index", "write_shard"]
+def live_hooks(cfg: Any, rows: list[dict[str, Any]], tokenizer: Any) -> tuple[LiveRollout, LiveReward]:
+    """The TRL round process's hooks (`mentor.training.trl.train.main`'s ``live``): the rollout function and reward."""
+    from mentor.training.rollout_log import ENV_DIR
+
+    os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")  # rollout_func is experimental in TRL 1.16: mentor pins it
+    return LiveRollout(cfg.live_hints, rows, tokenizer, os.environ.get(ENV_DIR)), LiveReward()
+
+
+def main(argv: list[str]) -> int:
+    from mentor.training.trl.train import main as train_main
+
+    return train_main(argv, live=live_hooks)
+
+
+__all__ = ["LiveReward", "LiveRollout", "clear_temp_shards", "label_index", "live_hooks", "main", "write_shard"]
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
