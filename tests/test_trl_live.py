@@ -243,5 +243,12 @@ def test_live_hint_agents_settings_are_checked_by_the_hint_stage(tmp_path):
         hint_config(cfg)
     assert hint_config(LiveHintsConfig.model_validate(_live("http://127.0.0.1:9/v1"))).max_refine == 0
     trainer = {"kind": "trl", "config": {"actor_model": "x", "max_steps": 1, "live_hints": bad}}
+    for kind, extra in (("trl", {"actor_model": "x", "max_steps": 1}), ("openrlhf", {})):  # `mentor train` too
+        round_yaml = tmp_path / f"{kind}.yaml"
+        round_yaml.write_text(yaml.safe_dump({"kind": kind, "round": 0, "round_dir": str(tmp_path / kind),
+                                              "base_model": "x", "prompts": str(tmp_path), **extra, "live_hints": bad}))
+        res = CliRunner().invoke(cli, ["train", "--config", str(round_yaml), "--dry-run"])
+        assert res.exit_code != 0 and "live_hints: hint.max_refin: unknown key" in res.output, (kind, res.output)
+        assert str(round_yaml) in res.output and "Traceback" not in res.output
     with pytest.raises(ConfigError, match=r"trainer.config.live_hints: hint.max_refin: unknown key"):
         TRAIN.plan(TrainInputs(prompts=str(tmp_path)), TrainConfig(round=1, trainer=trainer), tmp_path / "train")

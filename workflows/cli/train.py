@@ -6,6 +6,7 @@ import json
 
 import click
 
+from mentor.stages.hint.live import hint_config
 from mentor.training.launcher import load_round
 
 # Its commands: name -> the line `mentor --help` shows (read without importing this module; keep it in step).
@@ -30,6 +31,8 @@ def train(config_path, dry_run, check):
     """Run one GRPO round from round.yaml: OpenRLHF (python -m openrlhf.cli.train_ppo_ray), TRL with kind: trl,
     or verl (python -m verl.trainer.main_ppo, then verl's model merger) with kind: verl."""
     launcher, cfg = load_round(config_path)
+    if getattr(cfg, "live_hints", None) is not None:  # the hint agents' settings: the hint stage's checks, before launch
+        hint_config(cfg.live_hints, f"{config_path}: live_hints")
     if not check and "preflight" in type(cfg).model_fields:
         cfg = cfg.model_copy(update={"preflight": False})
     if dry_run:
