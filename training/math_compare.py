@@ -44,6 +44,8 @@ from latex2sympy2_extended.sets import FiniteSet as ParsedFiniteSet
 from math_verify import parse
 from math_verify import verify as mv_verify
 from math_verify.grader import get_pct_val, is_assignment_relation, is_equation, is_relation, take_last_relation
+
+from mentor.training.math_forms import normalize
 from sympy import Float, Interval, MatrixBase, Rational, Tuple
 from sympy.core.relational import Relational
 from sympy import FiniteSet as SympyFiniteSet
@@ -219,10 +221,13 @@ def _equal_at_a_point(g, p) -> bool:
         values = {s: point[i % len(point)] + i for i, s in enumerate(symbols)}
         try:
             a = _doit(g.subs(values))
-            if a.is_finite:
-                return numbers_equal(a, _doit(p.subs(values)), False)
+            finite = a.is_finite
         except Exception:
-            continue
+            continue  # the reference cannot be evaluated here: the next point
+        if finite:
+            # What fails here (a number sympy cannot even print, x + \cos(10^{-4400})) raises: undecided,
+            # scored 0. It used to be taken for a singular reference, and math-verify's chop passed it.
+            return numbers_equal(a, _doit(p.subs(values)), False)
     return True  # the reference is singular at every point: math-verify decides
 
 
@@ -310,7 +315,9 @@ def _first_expr(parsed: list):
 
 def _parsed(text: str, bare: bool) -> tuple[list, object]:
     """(math-verify's parse of `text`, its first sympy object or None): boxed, else in $...$ (a boxed
-    percentage does not parse), else (an answer only) the bare text."""
+    percentage does not parse), else (an answer only) the bare text; after `math_forms.normalize`
+    (``1\\,000``, ``3e-9``, ``0.\\overline{3}``, which math-verify misreads)."""
+    text = normalize(text)
     forms = ["\\boxed{" + text + "}", "$" + text + "$"] + ([text] if bare else [])
     first: list = []
     for form in forms:
@@ -331,13 +338,19 @@ WARM_UP = ("((x+1)+1)", "((x+1)*2)", "[(x+1)+1]", "\\{(x+1), 2\\}", "{{x}+1}", "
            "(0, 1) \\cup (2, \\infty)", "\\{1, 2\\}", "1, 2", "x = 1 \\text{ or } x = 2", "3 \\pm \\sqrt{2}",
            "\\begin{pmatrix} 1 \\\\ 2 \\end{pmatrix}", "\\frac{\\sqrt{3}}{2}", "x = 5", "y = 2x + 3", "x > 2",
            "1 < x \\le 2", "50\\%", "10,\\!080", "(x+1)(x+2)", "3\\times10^{-9}", "1.5", "\\text{(C)}",
-           "x \\in [1, 2]", "\\sqrt[3]{x}", "|x - 1|")
+           "x \\in [1, 2]", "\\sqrt[3]{x}", "|x - 1|", "\\cos(10^{-20})", "\\sqrt{1+10^{-20}}",
+           # A comparison, not a shape: the first one that reaches sympy's `simplify` imports sympy.physics
+           # (0.5 s of CPU), which the first x + \\cos(10^{-20}) a worker saw paid.
+           ("x+1", "x+\\cos(10^{-20})"))
 
 
-def warm_up(text: str) -> None:
-    """Parse one shape of `WARM_UP` (a worker does this while no request waits)."""
+def warm_up(shape: str | tuple[str, str]) -> None:
+    """Parse one shape of `WARM_UP`, or make one comparison of it (a worker does this while no request waits)."""
     try:
-        parse("\\boxed{" + text + "}", parsing_timeout=None)
+        if isinstance(shape, tuple):
+            equal(*shape, 5.0)
+        else:
+            parse("\\boxed{" + shape + "}", parsing_timeout=None)
     except Exception:
         pass
 
