@@ -170,8 +170,9 @@ def equivalent_forms(ref: str) -> list[str]:
         out += [f"{ref}.0", f"{ref}.00", f"x = {ref}"]
         if abs(n) >= 1000:
             out += [f"{n:,}", f"{n:,}".replace(",", "{,}"), f"{n:,}".replace(",", ",\\!"), f"{n:,}".replace(",", "\\,")]
-            mantissa = str(abs(n)).rstrip("0")
-            out.append(f"{'-' if n < 0 else ''}{mantissa[0]}{'.' + mantissa[1:] if len(mantissa) > 1 else ''}e{len(str(abs(n))) - 1}")
+            digits = str(abs(n)).rstrip("0")
+            mantissa = digits[0] + ("." + digits[1:] if len(digits) > 1 else "")
+            out.append(f"{'-' if n < 0 else ''}{mantissa}e{len(str(abs(n))) - 1}")  # 10080: 1.008e4
     m = _FRAC.match(ref)
     if m:
         q = Fraction(int(m[2]), int(m[3])) * (-1 if m[1] else 1)
@@ -206,7 +207,7 @@ def test_every_gsm8k_and_math500_reference_scores_one_in_its_usual_forms(shared_
     for ref in refs:
         assert verify("math", f"So the answer is $\\boxed{{{ref}}}$.", ref) == 1.0, ref
     pairs = [(ref, form) for ref in refs for form in equivalent_forms(ref)]
-    assert len(pairs) > 9000
+    assert len(pairs) > 7500
     pool = MathVerifierPool(size=2, timeout=60.0)
     try:
         with ThreadPoolExecutor(4) as ex:
@@ -290,8 +291,8 @@ def test_precise_numbers_cost_a_tenth_of_a_second(name, reference, entry_points,
     0.1 s (3.3 s at 10^{-5000}); the first check in a worker that reached sympy's simplify imported
     sympy.physics, 0.5 s more. Now each is refused before parsing (math_bounds.PRECISION) or decided at
     100 digits, and the workers import what simplify needs while idle."""
-    for i, call in enumerate(scorers(entry_points, f"so $\\boxed{{{PRECISION_PROBES[name]}}}$", reference, "math/precise",
-                                     domain="math")):
+    response = f"so $\\boxed{{{PRECISION_PROBES[name]}}}$"
+    for i, call in enumerate(scorers(entry_points, response, reference, "math/precise", domain="math")):
         t, pool = time.process_time(), _pool_cpu()
         score = call()
         cpu = time.process_time() - t + _pool_cpu() - pool

@@ -134,8 +134,8 @@ class _Reader:
         return digits, terms
 
     def imprecise(self) -> None:
-        raise Explosive(f"a number of more than {PRECISION} digits inside a function, root or exponent, or raised to a power",
-                        "precision")
+        raise Explosive(f"a number of more than {PRECISION} digits inside a function, root or exponent, "
+                        "or raised to a power", "precision")
 
     def inside(self, read):
         """What `read()` reads, as a function's argument, a root or an exponent (see PRECISION)."""
