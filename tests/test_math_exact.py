@@ -111,6 +111,11 @@ ROWS = [
     ("relation", "y = 2x + 3", r"y = 2x + 2 + \cos(10^{-20})", 0.0),
     ("relation", "x > 2", r"x > 1 + \cos(10^{-20})", 0.0),
     ("relation", r"y = \sqrt{2}x + 3", r"2x - \sqrt{2}y + 3\sqrt{2} = 0", 1.0),
+    ("relation", r"y = \sin x", r"y = \sin x + 10^{-20}", 0.0),  # round four: sides not polynomials
+    ("relation", r"y = e^x", r"y = e^{x} + 10^{-30}", 0.0),
+    ("relation", r"y > \sin x", r"y > \sin x + \cos(10^{-20}) - 1", 0.0),
+    ("relation", r"y = \sin x", r"-y = -\sin x - 10^{-20}", 0.0),
+    ("relation", r"y = \sin x", r"\sin x - y = 0", 1.0),
 ]
 
 

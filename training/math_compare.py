@@ -24,8 +24,13 @@ So the types are chosen per answer here before math-verify compares what is left
   with a comma then three digits led by a zero (``(2,050)``: (2, 50), or 2050 in parentheses?) equals nothing;
 - an expression in symbols is first evaluated at a few fixed points (a wrong answer is refused
   there, cheaply, without sympy's `simplify`), and must be exactly equal at one of them (a difference
-  under 10^{-30}, ``x + \\cos(10^{-20})`` for ``x + 1``, is proven or refused as between numbers); then
-  math-verify decides on the exact expressions.
+  under 10^{-30}, ``x + \\cos(10^{-20})`` for ``x + 1``, is proven or refused as between numbers; a check
+  that fails there, ``x + \\cos(10^{-4400})``, is undecided, never equal); then math-verify decides on the
+  exact expressions;
+- two relations whose sides (lhs - rhs) differ by a non-zero constant are not equal (``y = \\sin x + 10^{-20}``
+  for ``y = \\sin x``: math-verify's chop passed it), nor between polynomials sides that are not proportional;
+- three written forms math-verify misreads, ``1\\,000``, ``3e-9`` and ``0.\\overline{3}``, are rewritten first
+  (`math_forms`).
 
 The table of what counts as equal per answer kind is in docs/training.md ("Math: what counts as
 equal"). Everything here runs under the worker's one alarm per request (`equal(..., seconds)`).
@@ -212,6 +217,24 @@ def _proportional(g: Relational, p: Relational) -> bool:
     return len(ratios) < 2 or numbers_equal(ratios[0], ratios[1], False)
 
 
+def _offset(g: Relational, p: Relational) -> bool:
+    """Whether lhs - rhs of two relations differ by a non-zero constant, either sign (then they are not equivalent:
+    level sets of one function at two levels). `_proportional` sees this between polynomials only; math-verify's
+    chop passed ``y = \\sin x + 10^{-20}`` for ``y = \\sin x`` (the constant is proven non-zero or refused)."""
+    try:
+        dg, dp = g.lhs - g.rhs, p.lhs - p.rhs
+    except Exception:
+        return False
+    for d in (dg - dp, dg + dp):
+        try:
+            c = _doit(sympy.expand(d))
+            if _is_number(c) and c != 0 and not numbers_equal(c, sympy.Integer(0), False):
+                return True
+        except Exception:
+            continue
+    return False
+
+
 def _equal_at_a_point(g, p) -> bool:
     """Whether two expressions in symbols are exactly equal (`numbers_equal`: proven or refused) at the first
     of `_POINTS` where the reference is finite. `_differs_somewhere` cannot see a difference under 10^{-30},
@@ -273,7 +296,7 @@ def same(g, p, decimal: bool) -> bool:
         g = take_last_relation(g).rhs  # the reference "x = 5" takes 5
     g, p = get_pct_val(g, g), get_pct_val(p, p)  # 50\% is 50, as in math-verify
     if is_relation(g) or is_relation(p):
-        if isinstance(g, Relational) and isinstance(p, Relational) and not _proportional(g, p):
+        if isinstance(g, Relational) and isinstance(p, Relational) and (_offset(g, p) or not _proportional(g, p)):
             return False  # math-verify would compare lhs - rhs with chop=True: y = 2x + 3 + 10^{-20} passed
         return _math_verify(g, p)
     kg, kp = _kind(g), _kind(p)
