@@ -35,6 +35,8 @@ ROWS = [
     ("integer", "1000", r"1\,000", 1.0),  # round four: a thin space as thousands separator read as 1*0
     ("integer", "1000000", r"1\,000\,000", 1.0),
     ("integer", "1000", "1{,}000", 1.0),
+    ("integer", "1000", "1~000", 1.0),
+    ("integer", "1000", "1 000", 1.0),
     ("integer", "0", r"1\,000", 0.0),  # 1*0 equalled 0
     ("integer", "1000", r"1\,00", 0.0),
     ("integer", "1500", "1.5e3", 1.0),
@@ -48,6 +50,7 @@ ROWS = [
     ("exact decimal", ".0000672", r"6.72\times10^{-5}", 1.0),
     ("exact decimal", r"3\times10^{-9}", "3e-9", 1.0),  # round four: 3e-9 was read as 3e - 9 (Euler's e)
     ("exact decimal", r"3\times10^{-9}", "3E-9", 1.0),
+    ("exact decimal", r"3\times10^{-9}", r"3\times10^-9", 1.0),  # LaTeX raises only the sign: did not parse
     ("exact decimal", r"3\times10^{-9}", "3e-8", 0.0),
     ("exact decimal", r"3\times10^{-9}", "0.0", 0.0),
     ("other fraction", r"\frac{1}{3000000}", "0.0", 0.0),
@@ -165,7 +168,7 @@ def _repeating(q: Fraction) -> str | None:
 
 def equivalent_forms(ref: str) -> list[str]:
     """The usual equivalent forms of a reference: integers with a trailing .0/.00, with thousands
-    separators (a comma, ``{,}``, ``,\\!``, a thin space ``\\,``), in scientific notation (``1.5e3``),
+    separators (a comma, ``{,}``, ``,\\!``, a thin space ``\\,``, a space), in scientific notation (``1.5e3``),
     after ``x = ``; fractions as \\dfrac, a/b, their decimal (exact where one exists, 10 significant
     digits otherwise) and their repeating decimal (``0.\\overline{3}``); any other \\frac as \\dfrac,
     \\dfrac as \\frac; brackets with ``\\left``/``\\right`` and without."""
@@ -174,7 +177,8 @@ def equivalent_forms(ref: str) -> list[str]:
         n = int(ref)
         out += [f"{ref}.0", f"{ref}.00", f"x = {ref}"]
         if abs(n) >= 1000:
-            out += [f"{n:,}", f"{n:,}".replace(",", "{,}"), f"{n:,}".replace(",", ",\\!"), f"{n:,}".replace(",", "\\,")]
+            out += [f"{n:,}", f"{n:,}".replace(",", "{,}"), f"{n:,}".replace(",", ",\\!"), f"{n:,}".replace(",", "\\,"),
+                    f"{n:,}".replace(",", " ")]
             digits = str(abs(n)).rstrip("0")
             mantissa = digits[0] + ("." + digits[1:] if len(digits) > 1 else "")
             out.append(f"{'-' if n < 0 else ''}{mantissa}e{len(str(abs(n))) - 1}")  # 10080: 1.008e4

@@ -29,7 +29,7 @@ So the types are chosen per answer here before math-verify compares what is left
   exact expressions;
 - two relations whose sides (lhs - rhs) differ by a non-zero constant are not equal (``y = \\sin x + 10^{-20}``
   for ``y = \\sin x``: math-verify's chop passed it), nor between polynomials sides that are not proportional;
-- three written forms math-verify misreads, ``1\\,000``, ``3e-9`` and ``0.\\overline{3}``, are rewritten first
+- written forms math-verify misreads (``1\\,000``, ``3e-9``, ``0.\\overline{3}``, ``10^-9``) are rewritten first
   (`math_forms`).
 
 The table of what counts as equal per answer kind is in docs/training.md ("Math: what counts as
