@@ -119,6 +119,8 @@ ROWS = [
     ("relation", r"y > \sin x", r"y > \sin x + \cos(10^{-20}) - 1", 0.0),
     ("relation", r"y = \sin x", r"-y = -\sin x - 10^{-20}", 0.0),
     ("relation", r"y = \sin x", r"\sin x - y = 0", 1.0),
+    ("relation", r"y = 2(\sin x + 1)", r"y = 2\sin x + 2 + 10^{-20}", 0.0),
+    ("relation", r"y = 2(\sin x + 1)", r"y = 2 + 2\sin x", 1.0),
 ]
 
 
@@ -289,17 +291,20 @@ PRECISION_PROBES = {
     "x_cos_tiny": r"x+\cos(10^{-4000})",
     "cos_at_bound": r"\cos(10^{-100})",
     "x_cos_at_bound": r"x+\cos(10^{-100})",
+    "relation_power": r"y = (\sin x + \cos x)^{30}",  # math-verify solved both equations: 2 s and more
+    "relation_power_3": r"y = (\sin x + \cos x + \tan x)^{20}",
 }
 
 
-@pytest.mark.parametrize("reference", ["1", "x+1"])
+@pytest.mark.parametrize("reference", ["1", "x+1", "y = 2x + 3"])
 @pytest.mark.parametrize("name", sorted(PRECISION_PROBES))
 def test_precise_numbers_cost_a_tenth_of_a_second(name, reference, entry_points, warm):
     """Before (this machine, 2 busy cores, a warm worker, the worst entry point): \\cos(10^{-900}) against 1
     cost 0.1-0.2 s of CPU, \\cos(10^{-2000}) 0.3 s, x + \\cos(10^{-4000}) against x + 1 1.1 s, \\sqrt{1+10^{-900}}
     0.1 s (3.3 s at 10^{-5000}); the first check in a worker that reached sympy's simplify imported
-    sympy.physics, 0.5 s more. Now each is refused before parsing (math_bounds.PRECISION) or decided at
-    100 digits, and the workers import what simplify needs while idle."""
+    sympy.physics, 0.5 s more; y = (\\sin x + \\cos x)^{30} against y = 2x + 3 ran into the alarm (2 s of CPU, math-verify
+    solving both). Now each is refused before parsing (math_bounds.PRECISION) or decided at 100 digits, the workers
+    import what simplify needs while idle, and two equations solved for one symbol are compared as expressions."""
     response = f"so $\\boxed{{{PRECISION_PROBES[name]}}}$"
     for i, call in enumerate(scorers(entry_points, response, reference, "math/precise", domain="math")):
         t, pool = time.process_time(), _pool_cpu()

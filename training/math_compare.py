@@ -27,6 +27,7 @@ So the types are chosen per answer here before math-verify compares what is left
   under 10^{-30}, ``x + \\cos(10^{-20})`` for ``x + 1``, is proven or refused as between numbers; a check
   that fails there, ``x + \\cos(10^{-4400})``, is undecided, never equal); then math-verify decides on the
   exact expressions;
+- two equations solved for one symbol (``y = f(x)``, ``y = h(x)``) are compared as f and h, expressions;
 - two relations whose sides (lhs - rhs) differ by a non-zero constant are not equal (``y = \\sin x + 10^{-20}``
   for ``y = \\sin x``: math-verify's chop passed it), nor between polynomials sides that are not proportional;
 - written forms math-verify misreads (``1\\,000``, ``3e-9``, ``0.\\overline{3}``, ``10^-9``) are rewritten first
@@ -217,6 +218,18 @@ def _proportional(g: Relational, p: Relational) -> bool:
     return len(ratios) < 2 or numbers_equal(ratios[0], ratios[1], False)
 
 
+def _solved_for_one_symbol(g, p) -> bool:
+    """Whether both are equations ``y = ...`` solved for the same symbol (absent from both right sides).
+    They are then compared as their right sides, expressions: math-verify would solve both, which cost
+    a worker 2 s and more on ``y = (\\sin x + \\cos x)^{30}`` against ``y = 2x + 3`` (issue 58)."""
+    if not (isinstance(g, sympy.Eq) and isinstance(p, sympy.Eq) and isinstance(g.lhs, sympy.Symbol) and g.lhs == p.lhs):
+        return False
+    try:
+        return g.lhs not in g.rhs.free_symbols | p.rhs.free_symbols
+    except Exception:
+        return False
+
+
 def _offset(g: Relational, p: Relational) -> bool:
     """Whether lhs - rhs of two relations differ by a non-zero constant, either sign (then they are not equivalent:
     level sets of one function at two levels). `_proportional` sees this between polynomials only; math-verify's
@@ -227,7 +240,7 @@ def _offset(g: Relational, p: Relational) -> bool:
         return False
     for d in (dg - dp, dg + dp):
         try:
-            c = _doit(sympy.expand(d))
+            c = _doit(sympy.expand(d, multinomial=False))  # (x+1)^{200} is not expanded: 0.1 s
             if _is_number(c) and c != 0 and not numbers_equal(c, sympy.Integer(0), False):
                 return True
         except Exception:
@@ -295,6 +308,8 @@ def same(g, p, decimal: bool) -> bool:
     elif is_assignment_relation(g) and not is_equation(p):
         g = take_last_relation(g).rhs  # the reference "x = 5" takes 5
     g, p = get_pct_val(g, g), get_pct_val(p, p)  # 50\% is 50, as in math-verify
+    if _solved_for_one_symbol(g, p):
+        return same(g.rhs, p.rhs, decimal)  # y = f(x) and y = h(x): equivalent exactly where f equals h
     if is_relation(g) or is_relation(p):
         if isinstance(g, Relational) and isinstance(p, Relational) and (_offset(g, p) or not _proportional(g, p)):
             return False  # math-verify would compare lhs - rhs with chop=True: y = 2x + 3 + 10^{-20} passed
@@ -362,6 +377,7 @@ WARM_UP = ("((x+1)+1)", "((x+1)*2)", "[(x+1)+1]", "\\{(x+1), 2\\}", "{{x}+1}", "
            "\\begin{pmatrix} 1 \\\\ 2 \\end{pmatrix}", "\\frac{\\sqrt{3}}{2}", "x = 5", "y = 2x + 3", "x > 2",
            "1 < x \\le 2", "50\\%", "10,\\!080", "(x+1)(x+2)", "3\\times10^{-9}", "1.5", "\\text{(C)}",
            "x \\in [1, 2]", "\\sqrt[3]{x}", "|x - 1|", "\\cos(10^{-20})", "\\sqrt{1+10^{-20}}",
+           "y = (\\sin x + \\cos x)^{2}",
            # A comparison, not a shape: the first one that reaches sympy's `simplify` imports sympy.physics
            # (0.5 s of CPU), which the first x + \\cos(10^{-20}) a worker saw paid.
            ("x+1", "x+\\cos(10^{-20})"))
