@@ -16,7 +16,12 @@ a factorial, Gamma or binomial of more than `FACTORIAL`, a symbol raised past
 group ((...), [...], {...} other than a command's argument) nested deeper than
 `GROUPS` or exponents nested deeper than `EXPONENTS` (each level of either costs
 the LaTeX parser's prediction 0.04-0.1 s of CPU, issue 58), or more than
-`LENGTH` characters. `explosive` returns why, a `Refusal` whose `kind` names the
+`LENGTH` characters, or a number of more than `PRECISION` digits (written out, or
+as a power such as ``10^{-900}``) inside a function's argument, a root or an
+exponent, or raised to a power: ``\\cos(10^{-900})`` is 1 to 900 digits, and
+sympy evaluated it to thousands of digits to tell it from 1 (0.1 s of a worker's
+CPU at 900 digits, 1 s at 4,000; past 4,300, x + \\cos(10^{-4400}) scored 1.0 for
+x + 1, issue 58). `explosive` returns why, a `Refusal` whose `kind` names the
 bound (the counter `verify.MATH_STATS` counts refusals by it).
 
 The bounds sit far above ordinary answers: none of 12,871 final answers (the
@@ -30,6 +35,8 @@ from __future__ import annotations
 import math
 import re
 
+from mentor.training.math_forms import normalize
+
 DIGITS = 10_000  # digits of any number the answer denotes (2^{2005} has 604)
 FACTORIAL = 2_000  # n!, Gamma(n), and the smaller side of a binomial
 POWER = 1_000  # exponent of a base that holds symbols
@@ -39,6 +46,7 @@ DEPTH = 40  # nesting of brackets and exponents
 GROUPS = 2  # nesting of brackets that group: (...), [...], \\{...\\} and {...} other than a command's argument
 EXPONENTS = 2  # nesting of exponents (2^{2^{2}})
 LENGTH = 2_000  # characters
+PRECISION = 100  # digits of a number inside a function, root or exponent, or raised to a power (\cos(10^{-900}))
 
 # Digit groups joined by thousands separators count as one number (math-verify reads "1,000,000" so).
 _TOKEN = re.compile(r"\d+(?:(?:,|\{,\}|\\[,;:! ]|\s)*\d+)*(?:\.\d+)?|\*\*|\\[A-Za-z]+|\\.|\s+|.", re.DOTALL)
@@ -50,6 +58,8 @@ _TIMES = {"*", "\\cdot", "\\times", "/", "\\div", "\\over"}
 _NOT_FACTOR = set("+-=<>,;&|!^_'") | {"\\\\", "**", "\\choose"} | _CLOSE
 _FRAC = {"\\frac", "\\dfrac", "\\tfrac", "\\cfrac", "\\binom", "\\dbinom", "\\tbinom"}
 _TEXT = {"\\text", "\\mbox", "\\mathrm", "\\textbf", "\\mathbf", "\\textit", "\\mathit", "\\operatorname", "\\mathbb", "\\mathcal"}
+_FUNCTIONS = {"\\sin", "\\cos", "\\tan", "\\cot", "\\sec", "\\csc", "\\arcsin", "\\arccos", "\\arctan", "\\arccot",
+              "\\sinh", "\\cosh", "\\tanh", "\\coth", "\\log", "\\ln", "\\lg", "\\operatorname"}
 _CONST = {"e": math.log10(math.e), "\\pi": math.log10(math.pi)}
 _LOG10 = math.log(10)
 
@@ -99,6 +109,7 @@ class _Reader:
 
     def __init__(self, tokens: list[str]) -> None:
         self.t, self.i, self.depth, self.groups, self.exponents = tokens, 0, 0, 0, 0
+        self.inner = 0  # how many function arguments, roots and exponents enclose the reader (see PRECISION)
 
     def peek(self) -> str | None:
         return self.t[self.i] if self.i < len(self.t) else None
@@ -116,9 +127,23 @@ class _Reader:
     def part(self, digits: float | None, terms: float) -> tuple[float | None, float]:
         if digits is not None and digits > DIGITS:
             raise Explosive(f"a number of more than {DIGITS} digits", "digits")
+        if digits is not None and digits > PRECISION and self.inner:
+            self.imprecise()
         if terms > math.log10(TERMS):
             raise Explosive(f"an expansion of more than {TERMS} terms", "terms")
         return digits, terms
+
+    def imprecise(self) -> None:
+        raise Explosive(f"a number of more than {PRECISION} digits inside a function, root or exponent, "
+                        "or raised to a power", "precision")
+
+    def inside(self, read):
+        """What `read()` reads, as a function's argument, a root or an exponent (see PRECISION)."""
+        self.inner += 1
+        try:
+            return read()
+        finally:
+            self.inner -= 1
 
     def starts_factor(self) -> bool:
         tok = self.peek()
@@ -182,13 +207,15 @@ class _Reader:
         try:
             if self.peek() == "{":  # the exponent's own braces: an argument, not a group
                 self.take()
-                return self.expr("}")
-            return self.factor()
+                return self.inside(lambda: self.expr("}"))
+            return self.inside(self.factor)
         finally:
             self.depth -= 1
             self.exponents -= 1
 
     def power(self, base: tuple[float | None, float], exp: tuple[float | None, float]) -> tuple[float | None, float]:
+        if base[0] is not None and base[0] > PRECISION:
+            self.imprecise()  # (1 + 10^{-900})^{\frac12}
         if exp[0] is None:
             return _SYMBOL  # a symbolic exponent: nothing is expanded
         n = _value(exp[0])
@@ -215,6 +242,18 @@ class _Reader:
             return self.expr(_OPEN[tok])
         return self.factor() if self.starts_factor() else _SYMBOL
 
+    def function(self) -> tuple[float | None, float]:
+        """A function's powers or base (``\\sin^{2}``, ``\\log_{2}``), then its argument, the next factor."""
+        out = _SYMBOL
+        while self.peek() in ("^", "_"):
+            if self.take() == "^":
+                out = self.power(out, self.exponent())  # \sin^{1000}(x): POWER
+            else:
+                self.exponent()
+        if self.starts_factor():
+            self.inside(self.factor)
+        return out
+
     def atom(self) -> tuple[float | None, float]:
         self.enter()
         try:
@@ -227,6 +266,8 @@ class _Reader:
         if tok is None:
             return _SYMBOL
         if tok[0].isdigit():
+            if self.inner and sum(c.isdigit() for c in tok) > PRECISION:
+                self.imprecise()  # \cos(0.000...0001)
             return self.part(_number(tok), 0.0)
         if tok in _OPEN:  # a group: what the LaTeX parser's prediction pays for per level (see GROUPS)
             self.groups += 1
@@ -246,10 +287,10 @@ class _Reader:
         if tok == "\\sqrt":
             if self.peek() == "[":
                 self.take()
-                self.expr("]")
-            return self.group()
+                self.inside(lambda: self.expr("]"))
+            return self.inside(self.group)
         if tok in ("\\Gamma", "\\exp"):
-            arg = self.group()
+            arg = self.inside(self.group)
             return self.factorial(arg) if tok == "\\Gamma" else self.power((_CONST["e"], 0.0), arg)
         if tok in ("\\sum", "\\prod"):
             while self.peek() in ("_", "^"):
@@ -263,6 +304,8 @@ class _Reader:
         if tok in _TEXT and self.peek() == "{":
             self.take()
             self.expr("}")
+        if tok in _FUNCTIONS:
+            return self.function()
         return _SYMBOL  # a letter, a word of text or another command
 
 
@@ -270,6 +313,7 @@ def explosive(answer: str) -> Refusal | None:
     """Why evaluating `answer` would explode (see the module docstring), or None for an ordinary answer."""
     if len(answer) > LENGTH:
         return Refusal(f"more than {LENGTH} characters", "length")
+    answer = normalize(answer)  # what math-verify will parse (math_compare does the same)
     reader = _Reader([t for t in _TOKEN.findall(answer) if not t.isspace() and t not in _SKIP])
     try:
         while reader.peek() is not None:

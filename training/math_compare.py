@@ -24,8 +24,14 @@ So the types are chosen per answer here before math-verify compares what is left
   with a comma then three digits led by a zero (``(2,050)``: (2, 50), or 2050 in parentheses?) equals nothing;
 - an expression in symbols is first evaluated at a few fixed points (a wrong answer is refused
   there, cheaply, without sympy's `simplify`), and must be exactly equal at one of them (a difference
-  under 10^{-30}, ``x + \\cos(10^{-20})`` for ``x + 1``, is proven or refused as between numbers); then
-  math-verify decides on the exact expressions.
+  under 10^{-30}, ``x + \\cos(10^{-20})`` for ``x + 1``, is proven or refused as between numbers; a check
+  that fails there, ``x + \\cos(10^{-4400})``, is undecided, never equal); then math-verify decides on the
+  exact expressions;
+- two equations solved for one symbol (``y = f(x)``, ``y = h(x)``) are compared as f and h, expressions;
+- two relations whose sides (lhs - rhs) differ by a non-zero constant are not equal (``y = \\sin x + 10^{-20}``
+  for ``y = \\sin x``: math-verify's chop passed it), nor between polynomials sides that are not proportional;
+- written forms math-verify misreads (``1\\,000``, ``3e-9``, ``0.\\overline{3}``, ``10^-9``) are rewritten first
+  (`math_forms`).
 
 The table of what counts as equal per answer kind is in docs/training.md ("Math: what counts as
 equal"). Everything here runs under the worker's one alarm per request (`equal(..., seconds)`).
@@ -44,6 +50,8 @@ from latex2sympy2_extended.sets import FiniteSet as ParsedFiniteSet
 from math_verify import parse
 from math_verify import verify as mv_verify
 from math_verify.grader import get_pct_val, is_assignment_relation, is_equation, is_relation, take_last_relation
+
+from mentor.training.math_forms import normalize
 from sympy import Float, Interval, MatrixBase, Rational, Tuple
 from sympy.core.relational import Relational
 from sympy import FiniteSet as SympyFiniteSet
@@ -210,6 +218,36 @@ def _proportional(g: Relational, p: Relational) -> bool:
     return len(ratios) < 2 or numbers_equal(ratios[0], ratios[1], False)
 
 
+def _solved_for_one_symbol(g, p) -> bool:
+    """Whether both are equations ``y = ...`` solved for the same symbol (absent from both right sides).
+    They are then compared as their right sides, expressions: math-verify would solve both, which cost
+    a worker 2 s and more on ``y = (\\sin x + \\cos x)^{30}`` against ``y = 2x + 3`` (issue 58)."""
+    if not (isinstance(g, sympy.Eq) and isinstance(p, sympy.Eq) and isinstance(g.lhs, sympy.Symbol) and g.lhs == p.lhs):
+        return False
+    try:
+        return g.lhs not in g.rhs.free_symbols | p.rhs.free_symbols
+    except Exception:
+        return False
+
+
+def _offset(g: Relational, p: Relational) -> bool:
+    """Whether lhs - rhs of two relations differ by a non-zero constant, either sign (then they are not equivalent:
+    level sets of one function at two levels). `_proportional` sees this between polynomials only; math-verify's
+    chop passed ``y = \\sin x + 10^{-20}`` for ``y = \\sin x`` (the constant is proven non-zero or refused)."""
+    try:
+        dg, dp = g.lhs - g.rhs, p.lhs - p.rhs
+    except Exception:
+        return False
+    for d in (dg - dp, dg + dp):
+        try:
+            c = _doit(sympy.expand(d, multinomial=False))  # (x+1)^{200} is not expanded: 0.1 s
+            if _is_number(c) and c != 0 and not numbers_equal(c, sympy.Integer(0), False):
+                return True
+        except Exception:
+            continue
+    return False
+
+
 def _equal_at_a_point(g, p) -> bool:
     """Whether two expressions in symbols are exactly equal (`numbers_equal`: proven or refused) at the first
     of `_POINTS` where the reference is finite. `_differs_somewhere` cannot see a difference under 10^{-30},
@@ -219,10 +257,13 @@ def _equal_at_a_point(g, p) -> bool:
         values = {s: point[i % len(point)] + i for i, s in enumerate(symbols)}
         try:
             a = _doit(g.subs(values))
-            if a.is_finite:
-                return numbers_equal(a, _doit(p.subs(values)), False)
+            finite = a.is_finite
         except Exception:
-            continue
+            continue  # the reference cannot be evaluated here: the next point
+        if finite:
+            # What fails here (a number sympy cannot even print, x + \cos(10^{-4400})) raises: undecided,
+            # scored 0. It used to be taken for a singular reference, and math-verify's chop passed it.
+            return numbers_equal(a, _doit(p.subs(values)), False)
     return True  # the reference is singular at every point: math-verify decides
 
 
@@ -267,8 +308,10 @@ def same(g, p, decimal: bool) -> bool:
     elif is_assignment_relation(g) and not is_equation(p):
         g = take_last_relation(g).rhs  # the reference "x = 5" takes 5
     g, p = get_pct_val(g, g), get_pct_val(p, p)  # 50\% is 50, as in math-verify
+    if _solved_for_one_symbol(g, p):
+        return same(g.rhs, p.rhs, decimal)  # y = f(x) and y = h(x): equivalent exactly where f equals h
     if is_relation(g) or is_relation(p):
-        if isinstance(g, Relational) and isinstance(p, Relational) and not _proportional(g, p):
+        if isinstance(g, Relational) and isinstance(p, Relational) and (_offset(g, p) or not _proportional(g, p)):
             return False  # math-verify would compare lhs - rhs with chop=True: y = 2x + 3 + 10^{-20} passed
         return _math_verify(g, p)
     kg, kp = _kind(g), _kind(p)
@@ -310,7 +353,9 @@ def _first_expr(parsed: list):
 
 def _parsed(text: str, bare: bool) -> tuple[list, object]:
     """(math-verify's parse of `text`, its first sympy object or None): boxed, else in $...$ (a boxed
-    percentage does not parse), else (an answer only) the bare text."""
+    percentage does not parse), else (an answer only) the bare text; after `math_forms.normalize`
+    (``1\\,000``, ``3e-9``, ``0.\\overline{3}``, which math-verify misreads)."""
+    text = normalize(text)
     forms = ["\\boxed{" + text + "}", "$" + text + "$"] + ([text] if bare else [])
     first: list = []
     for form in forms:
@@ -331,13 +376,20 @@ WARM_UP = ("((x+1)+1)", "((x+1)*2)", "[(x+1)+1]", "\\{(x+1), 2\\}", "{{x}+1}", "
            "(0, 1) \\cup (2, \\infty)", "\\{1, 2\\}", "1, 2", "x = 1 \\text{ or } x = 2", "3 \\pm \\sqrt{2}",
            "\\begin{pmatrix} 1 \\\\ 2 \\end{pmatrix}", "\\frac{\\sqrt{3}}{2}", "x = 5", "y = 2x + 3", "x > 2",
            "1 < x \\le 2", "50\\%", "10,\\!080", "(x+1)(x+2)", "3\\times10^{-9}", "1.5", "\\text{(C)}",
-           "x \\in [1, 2]", "\\sqrt[3]{x}", "|x - 1|")
+           "x \\in [1, 2]", "\\sqrt[3]{x}", "|x - 1|", "\\cos(10^{-20})", "\\sqrt{1+10^{-20}}",
+           "y = (\\sin x + \\cos x)^{2}",
+           # A comparison, not a shape: the first one that reaches sympy's `simplify` imports sympy.physics
+           # (0.5 s of CPU), which the first x + \\cos(10^{-20}) a worker saw paid.
+           ("x+1", "x+\\cos(10^{-20})"))
 
 
-def warm_up(text: str) -> None:
-    """Parse one shape of `WARM_UP` (a worker does this while no request waits)."""
+def warm_up(shape: str | tuple[str, str]) -> None:
+    """Parse one shape of `WARM_UP`, or make one comparison of it (a worker does this while no request waits)."""
     try:
-        parse("\\boxed{" + text + "}", parsing_timeout=None)
+        if isinstance(shape, tuple):
+            equal(*shape, 5.0)
+        else:
+            parse("\\boxed{" + shape + "}", parsing_timeout=None)
     except Exception:
         pass
 

@@ -14,8 +14,8 @@ math-verify parses both, the types are chosen per answer kind so that numbers co
 letters as strings and intervals never as sets, and math-verify compares what is left. The
 extraction is linear in the response (a flood of newlines or whitespace costs one pass), and an
 answer over a budget (``10^{10^{10}}``, ``100000000!``, ``(a+b+c+d)^{20}``, brackets or exponents
-nested past 2, over 2,000 characters...) is refused before any parsing (`mentor.training.math_bounds`),
-scored 0 and counted in `MATH_STATS` by reason.
+nested past 2, over 2,000 characters, ``\\cos(10^{-900})``...) is refused before any parsing
+(`mentor.training.math_bounds`), scored 0 and counted in `MATH_STATS` by reason.
 
 Why a process pool. math-verify bounds its own work with ``signal.alarm``,
 which only works in the main thread, and OpenRLHF calls reward functions from

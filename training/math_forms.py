@@ -1,0 +1,53 @@
+"""Written forms of a number that math-verify misreads, rewritten before it parses an answer.
+
+math-verify (and the LaTeX normalisation of latex2sympy2_extended under it) has no setting for
+these forms, and each scored a right answer 0 (issue 58, round four):
+
+- a thousands separator written as a space: ``1\\,000`` (SI style), ``1~000`` or ``1 000`` (LaTeX
+  ignores that space), parsed as ``1*0``, i.e. 0, or not at all. Digit groups of three after one to
+  three digits, joined by ``\\,``, ``\\;``, ``\\:``, ``\\ ``, ``~`` or a space, are joined (``1,000`` and
+  ``1{,}000`` it already reads as 1000);
+- scientific notation with a lowercase ``e``, ``3e-9``: parsed as ``3*E - 9`` (Euler's number).
+  A decimal, ``e`` or ``E``, a signed exponent of at most three digits, standing alone (no letter,
+  digit or point on either side), is written ``3\\times10^{-9}``: exact, where math-verify read
+  ``3E-9`` as a 53-bit float;
+- a repeating decimal, ``0.\\overline{3}`` or ``0.1\\overline{6}`` (``\\bar`` too): not parsed at all.
+  It is written as the fraction it denotes, ``\\frac{1}{3}``, ``\\frac{1}{6}``;
+- a signed exponent without braces, ``10^-9`` (LaTeX would raise only the sign): not parsed. It is
+  written ``10^{-9}``.
+
+`normalize` is applied to both the reference and the answer before parsing (math_compare), and to the
+answer before the pre-parse budget (math_bounds), so the budget bounds what is parsed. None of these
+forms occurs in the GSM8K or MATH-500 references.
+"""
+
+from __future__ import annotations
+
+import re
+from math import gcd
+
+_SEPARATED = re.compile(r"(?<![\d.])\d{1,3}(?:(?:\\[,;: ]|[~ ])\d{3})+(?!\d)")
+_SPACE = re.compile(r"\\[,;: ]|[~ ]")
+_SCIENTIFIC = re.compile(r"(?<![\w.\\])(\d+(?:\.\d+)?|\.\d+)[eE]([+-]?)(\d{1,3})(?![\w.])")
+_REPEATING = re.compile(r"(?<![\d.])(\d*)\.(\d*)\\(?:overline|bar)\s*(?:\{(\d{1,50})\}|(\d)(?!\d))")
+_SIGNED_POWER = re.compile(r"\^\s*([+-]\d+)(?![\d.])")
+
+
+def _fraction(m: re.Match) -> str:
+    whole, fixed, repeat = m[1] or "0", m[2], m[3] or m[4]
+    den = 10 ** len(fixed) * (10 ** len(repeat) - 1)
+    num = int(whole) * den + int(fixed + repeat) - int(fixed or "0")
+    g = gcd(num, den)
+    return f"\\frac{{{num // g}}}{{{den // g}}}"
+
+
+def normalize(text: str) -> str:
+    """`text` with the forms of the module docstring rewritten (anything else unchanged)."""
+    text = _SEPARATED.sub(lambda m: _SPACE.sub("", m[0]), text)
+    if "\\" in text:
+        text = _REPEATING.sub(_fraction, text)
+    if "e" in text or "E" in text:
+        text = _SCIENTIFIC.sub(lambda m: f"{m[1]}\\times10^{{{m[2] if m[2] == '-' else ''}{m[3]}}}", text)
+    if "^" in text:
+        text = _SIGNED_POWER.sub(r"^{\1}", text)
+    return text
