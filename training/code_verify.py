@@ -82,7 +82,7 @@ import time
 from dataclasses import dataclass, field, replace
 from typing import Protocol
 
-from mentor.pipeline.schemas import CodeLabel, parse_code_label  # the label's form: the schemas'
+from mentor.pipeline.code_label import CodeLabel, parse_code_label  # the label's form (standard library only)
 from mentor.training.sandbox import run_python
 from mentor.training.sandbox.layers import SandboxLimits, SandboxUnavailable
 from mentor.training.sandbox.process import SandboxProcess, parse_message
