@@ -81,3 +81,10 @@ def test_first_pass_pairing_compares_the_responses_of_each_step(bench):
             + group("p-a", "A? Hint: halve it.", [1, 0, 0, 0], 0, "rerolled", rerolled=True)  # not a first pass
             + [r | {"response": "Another draw."} for r in group("p-a", "A?", [0, 0, 0, 0], 1, "collapsed_over_budget")])
     assert bench.same_first_pass(off, live) == {0: True, 1: False}
+
+
+def test_the_bench_reaches_mentors_commands(bench, tmp_path):
+    """The bench runs mentor's commands as `python -m <the CLI module>`: that module is today's."""
+    log = tmp_path / "help.log"
+    bench.mentor("--help", log=log)
+    assert "Commands:" in log.read_text() and "serve" in log.read_text()

@@ -158,7 +158,7 @@ def settings_key(args: argparse.Namespace) -> str:
 
 
 def mentor(*argv: str, log: Path) -> None:
-    cmd = [sys.executable, "-m", "mentor.cli", *argv]
+    cmd = [sys.executable, "-m", "mentor.workflows.cli", *argv]
     with open(log, "ab") as fh:
         rc = subprocess.call(cmd, stdout=fh, stderr=subprocess.STDOUT)
     if rc:
@@ -221,7 +221,7 @@ def finished(root: Path) -> bool:
 
 
 def start_server(args: argparse.Namespace, log: Path) -> subprocess.Popen:
-    cmd = [sys.executable, "-m", "mentor.cli", "serve", "--model", args.hinter, "--served-model-name", args.hinter,
+    cmd = [sys.executable, "-m", "mentor.workflows.cli", "serve", "--model", args.hinter, "--served-model-name", args.hinter,
            "--port", str(args.port), "--max-model-len", "4096"]
     url = f"http://127.0.0.1:{args.port}/v1/models"
     if answers(url):
