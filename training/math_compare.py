@@ -27,9 +27,11 @@ So the types are chosen per answer here before math-verify compares what is left
   under 10^{-30}, ``x + \\cos(10^{-20})`` for ``x + 1``, is proven or refused as between numbers; a check
   that fails there, ``x + \\cos(10^{-4400})``, is undecided, never equal); then math-verify decides on the
   exact expressions;
-- two equations solved for one symbol (``y = f(x)``, ``y = h(x)``) are compared as f and h, expressions;
+- two equations solved for one symbol (``y = f(x)``, ``y = h(x)``, or ``h(x) = y``) are compared as f and h, expressions;
 - two relations whose sides (lhs - rhs) differ by a non-zero constant are not equal (``y = \\sin x + 10^{-20}``
-  for ``y = \\sin x``: math-verify's chop passed it), nor between polynomials sides that are not proportional;
+  for ``y = \\sin x``: math-verify's chop passed it); two relations between polynomials are decided here, equal
+  exactly when their sides are proportional by a non-zero number (`polynomial_relations`); any other pair of
+  relations goes to math-verify, which solves both, while the request has used less than `RELATION_CPU`;
 - written forms math-verify misreads (``1\\,000``, ``3e-9``, ``0.\\overline{3}``, ``10^-9``) are rewritten first
   (`math_forms`).
 
@@ -41,6 +43,7 @@ from __future__ import annotations
 
 import re
 import signal
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from functools import lru_cache
@@ -51,15 +54,18 @@ from math_verify import parse
 from math_verify import verify as mv_verify
 from math_verify.grader import get_pct_val, is_assignment_relation, is_equation, is_relation, take_last_relation
 
-from mentor.training.math_forms import normalize
-from sympy import Float, Interval, MatrixBase, Rational, Tuple
+from mentor.training.math_forms import malformed, normalize
+from mentor.training.math_numbers import DIGITS, POINTS, doit, exact, is_number, numbers_equal
+from mentor.training.math_relations import offset, polynomial_relations, proportional, solved_for_one_symbol, symbol_first
+from sympy import Interval, MatrixBase, Rational, Tuple
 from sympy.core.relational import Relational
 from sympy import FiniteSet as SympyFiniteSet
 
-TOLERANCE = Rational(1, 10**6)  # relative, for a decimal answer to a reference no decimal can write
-_POINTS = ((Rational(7, 5), Rational(13, 7), Rational(31, 11)), (Rational(17, 6), Rational(5, 13), Rational(23, 9)),
-           (Rational(41, 19), Rational(11, 3), Rational(3, 29)))  # where expressions in symbols are evaluated
-_DIGITS = 50  # evalf precision of those checks
+# CPU seconds a request may have used, parsing included, when math-verify has compared two relations that are not both
+# polynomial (it solves them: seconds on x^2 + y^2 = (\sin x + \cos x)^{30}); past it the answer is undecided, scored 0.
+# Issue 58: 0.1 s of trusted CPU a sample, the reward process's share and the pipes included.
+RELATION_CPU = 0.07
+_request = {"cpu": 0.0}  # process CPU when `equal` began (a worker serves one request at a time)
 
 # A comma, then three digits led by a zero: in a list, tuple or interval (``(2,050)``) it reads as an element
 # written with a leading zero, (2, 50), or as a thousands separator, 2050; such an answer is not equal to anything.
@@ -70,6 +76,10 @@ _NOISE = re.compile(r"\s+|\$|\\[,;:! ]|\\left|\\right|[(){}]")
 
 class _Timeout(BaseException):
     """Past the request's budget (a BaseException, as math-verify's own: its `except Exception` lets it through)."""
+
+
+class _OverBudget(_Timeout):
+    """Past `RELATION_CPU`: math-verify solving two relations that are not both polynomial."""
 
 
 @contextmanager
@@ -105,80 +115,20 @@ def letters_equal(gold: str, pred: str) -> bool:
     return p == gold if len(gold) == 1 else p.lower() == gold.lower()
 
 
-def exact(expr):
-    """(`expr` with each float replaced by the rational its digits write, whether it had one)."""
-    try:
-        floats = [f for f in expr.atoms(Float) if f.is_finite]
-    except Exception:
-        return expr, False
-    if not floats:
-        return expr, False
-    return expr.xreplace({f: Rational(str(f)) for f in floats}), True
-
-
-def _terminating(q: Rational) -> bool:
-    """Whether a decimal can write the rational `q` (its denominator has no prime but 2 and 5)."""
-    d = int(q.q)
-    d >>= (d & -d).bit_length() - 1
-    while d % 5 == 0:
-        d //= 5
-    return d == 1
-
-
-def _is_number(e) -> bool:
-    return isinstance(e, sympy.Expr) and not isinstance(e, (sympy.Set, Tuple)) and not e.free_symbols
-
-
-def _close(g, p) -> bool:
-    """|p - g| <= TOLERANCE * |g|, evaluated to `_DIGITS` digits; a zero reference needs exactly 0."""
-    if g == 0:
-        return p == 0
-    gv, pv = g.evalf(_DIGITS), p.evalf(_DIGITS)
-    return bool(abs(pv - gv) <= TOLERANCE * abs(gv))
-
-
-def numbers_equal(g, p, decimal: bool) -> bool:
-    """Two numbers (no free symbols): exactly equal, or for a decimal answer (`decimal`) to a reference
-    no decimal can write, within a relative `TOLERANCE`."""
-    g, p = _doit(g), _doit(p)
-    if g == p:
-        return True
-    if not (g.is_finite and p.is_finite):
-        return False  # oo, -oo, zoo, nan: only themselves
-    if g.is_Rational and p.is_Rational:
-        return decimal and not _terminating(g) and _close(g, p)
-    if decimal and not (g.is_Rational and _terminating(g)):
-        return _close(g, p)
-    gv, pv = g.evalf(_DIGITS), p.evalf(_DIGITS)
-    if not (gv.is_number and pv.is_number):
-        return False
-    if abs(gv - pv) > Rational(1, 10**30) * (abs(gv) + abs(pv)):
-        return False  # decisively different at 50 digits
-    d = g - p  # equal to 30 digits: proven or refused exactly (radicals rationalized first: a tenth of simplify's cost)
-    return sympy.expand(sympy.radsimp(d)) == 0 or sympy.simplify(d) == 0
-
-
-def _doit(e):
-    try:
-        return e.doit()
-    except Exception:
-        return e
-
-
 def _differs_somewhere(g, p) -> bool:
-    """Whether two expressions in symbols take different values at one of `_POINTS` (then they differ;
+    """Whether two expressions in symbols take different values at one of `POINTS` (then they differ;
     when they agree everywhere here math-verify decides)."""
     symbols = sorted(g.free_symbols | p.free_symbols, key=str)
-    for point in _POINTS:
+    for point in POINTS:
         values = {s: point[i % len(point)] + i for i, s in enumerate(symbols)}
         try:
-            d = _doit((g - p).subs(values))
+            d = doit((g - p).subs(values))
             if d.is_Rational:
                 if d != 0:
                     return True
                 continue
-            dv = d.evalf(_DIGITS)
-            size = abs(g.evalf(_DIGITS, subs=values)) + abs(p.evalf(_DIGITS, subs=values))
+            dv = d.evalf(DIGITS)
+            size = abs(g.evalf(DIGITS, subs=values)) + abs(p.evalf(DIGITS, subs=values))
             if dv.is_number and size.is_number and dv.is_finite and size.is_finite and abs(dv) > Rational(1, 10**30) * (1 + size):
                 return True
         except Exception:
@@ -186,84 +136,41 @@ def _differs_somewhere(g, p) -> bool:
     return False
 
 
-def _proportional(g: Relational, p: Relational) -> bool:
-    """Whether lhs - rhs of two relations could be proportional (equivalent up to a constant factor): their
-    ratio at `_POINTS` is one constant. Only where both are polynomials (lines, planes, conics: there
-    this is what equivalence means); any other pair is left to math-verify (True here)."""
+@contextmanager
+def _cpu_budget(seconds: float) -> Iterator[None]:
+    """At most `seconds` of this process's CPU (user and system) for the block, else `_OverBudget` (a profiling
+    timer: SIGPROF, apart from the request's real-time alarm)."""
+
+    def fire(signum, frame):
+        raise _OverBudget
+
+    if seconds <= 0:
+        raise _OverBudget
+    old = signal.signal(signal.SIGPROF, fire)
+    signal.setitimer(signal.ITIMER_PROF, seconds)
     try:
-        dg, dp = g.lhs - g.rhs, p.lhs - p.rhs  # x \\in [-2, 7] is Eq(x, Interval): no difference
-        symbols = sorted(dg.free_symbols | dp.free_symbols, key=str)
-        if not (symbols and dg.is_polynomial(*symbols) and dp.is_polynomial(*symbols)):
-            return True
-    except Exception:
-        return True
-    ratios = []
-    for point in _POINTS:
-        values = {s: point[i % len(point)] + i for i, s in enumerate(symbols)}
-        a, b = _doit(dg.subs(values)), _doit(dp.subs(values))
-        if a == 0 or b == 0:
-            if a != b:
-                return False
-            continue
-        r = a / b
-        if not ratios:
-            pass
-        elif r.is_Rational and ratios[0].is_Rational:
-            if r != ratios[0]:
-                return False
-        elif abs((r - ratios[0]).evalf(_DIGITS)) > Rational(1, 10**30) * abs(ratios[0].evalf(_DIGITS)):
-            return False
-        ratios.append(r)
-    # Within 10^{-30} at every point: the first two ratios proven equal or refused (y = 2x + 2 + \cos(10^{-20})).
-    return len(ratios) < 2 or numbers_equal(ratios[0], ratios[1], False)
-
-
-def _solved_for_one_symbol(g, p) -> bool:
-    """Whether both are equations ``y = ...`` solved for the same symbol (absent from both right sides).
-    They are then compared as their right sides, expressions: math-verify would solve both, which cost
-    a worker 2 s and more on ``y = (\\sin x + \\cos x)^{30}`` against ``y = 2x + 3`` (issue 58)."""
-    if not (isinstance(g, sympy.Eq) and isinstance(p, sympy.Eq) and isinstance(g.lhs, sympy.Symbol) and g.lhs == p.lhs):
-        return False
-    try:
-        return g.lhs not in g.rhs.free_symbols | p.rhs.free_symbols
-    except Exception:
-        return False
-
-
-def _offset(g: Relational, p: Relational) -> bool:
-    """Whether lhs - rhs of two relations differ by a non-zero constant, either sign (then they are not equivalent:
-    level sets of one function at two levels). `_proportional` sees this between polynomials only; math-verify's
-    chop passed ``y = \\sin x + 10^{-20}`` for ``y = \\sin x`` (the constant is proven non-zero or refused)."""
-    try:
-        dg, dp = g.lhs - g.rhs, p.lhs - p.rhs
-    except Exception:
-        return False
-    for d in (dg - dp, dg + dp):
-        try:
-            c = _doit(sympy.expand(d, multinomial=False))  # (x+1)^{200} is not expanded: 0.1 s
-            if _is_number(c) and c != 0 and not numbers_equal(c, sympy.Integer(0), False):
-                return True
-        except Exception:
-            continue
-    return False
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_PROF, 0)
+        signal.signal(signal.SIGPROF, old)
 
 
 def _equal_at_a_point(g, p) -> bool:
     """Whether two expressions in symbols are exactly equal (`numbers_equal`: proven or refused) at the first
-    of `_POINTS` where the reference is finite. `_differs_somewhere` cannot see a difference under 10^{-30},
+    of `POINTS` where the reference is finite. `_differs_somewhere` cannot see a difference under 10^{-30},
     and math-verify compares with ``chop=True``: ``x + \\cos(10^{-20})`` passed for ``x + 1``."""
     symbols = sorted(g.free_symbols | p.free_symbols, key=str)
-    for point in _POINTS:
+    for point in POINTS:
         values = {s: point[i % len(point)] + i for i, s in enumerate(symbols)}
         try:
-            a = _doit(g.subs(values))
+            a = doit(g.subs(values))
             finite = a.is_finite
         except Exception:
             continue  # the reference cannot be evaluated here: the next point
         if finite:
             # What fails here (a number sympy cannot even print, x + \cos(10^{-4400})) raises: undecided,
             # scored 0. It used to be taken for a singular reference, and math-verify's chop passed it.
-            return numbers_equal(a, _doit(p.subs(values)), False)
+            return numbers_equal(a, doit(p.subs(values)), False)
     return True  # the reference is singular at every point: math-verify decides
 
 
@@ -308,12 +215,18 @@ def same(g, p, decimal: bool) -> bool:
     elif is_assignment_relation(g) and not is_equation(p):
         g = take_last_relation(g).rhs  # the reference "x = 5" takes 5
     g, p = get_pct_val(g, g), get_pct_val(p, p)  # 50\% is 50, as in math-verify
-    if _solved_for_one_symbol(g, p):
-        return same(g.rhs, p.rhs, decimal)  # y = f(x) and y = h(x): equivalent exactly where f equals h
+    if solved_for_one_symbol(symbol_first(g), symbol_first(p)):
+        return same(symbol_first(g).rhs, symbol_first(p).rhs, decimal)  # y = f(x) and y = h(x): equivalent exactly where f equals h
     if is_relation(g) or is_relation(p):
-        if isinstance(g, Relational) and isinstance(p, Relational) and (_offset(g, p) or not _proportional(g, p)):
-            return False  # math-verify would compare lhs - rhs with chop=True: y = 2x + 3 + 10^{-20} passed
-        return _math_verify(g, p)
+        if isinstance(g, Relational) and isinstance(p, Relational):
+            if offset(g, p) or not proportional(g, p):
+                return False  # math-verify would compare lhs - rhs with chop=True: y = 2x + 3 + 10^{-20} passed
+            decided = polynomial_relations(g, p)
+            if decided is not None:
+                return decided
+        # math-verify solves both: seconds on x^2 + y^2 = (\sin x + \cos x)^{30}
+        with _cpu_budget(RELATION_CPU - (time.process_time() - _request["cpu"])):
+            return _math_verify(g, p)
     kg, kp = _kind(g), _kind(p)
     if kg == "scalar" and kp in ("finite", "tuple") and len(p.args) == 1:
         p, kp = p.args[0], "scalar"
@@ -335,8 +248,8 @@ def same(g, p, decimal: bool) -> bool:
         return _math_verify(g, p)  # a column matrix against a tuple and the like: math-verify's rules
     if not (isinstance(g, sympy.Expr) and isinstance(p, sympy.Expr)):
         return _math_verify(g, p)
-    if _is_number(g) or _is_number(p):
-        return _is_number(g) and _is_number(p) and numbers_equal(g, p, decimal)
+    if is_number(g) or is_number(p):
+        return is_number(g) and is_number(p) and numbers_equal(g, p, decimal)
     if _differs_somewhere(g, p) or not _equal_at_a_point(g, p):
         return False
     return _math_verify(g, p)
@@ -356,6 +269,8 @@ def _parsed(text: str, bare: bool) -> tuple[list, object]:
     percentage does not parse), else (an answer only) the bare text; after `math_forms.normalize`
     (``1\\,000``, ``3e-9``, ``0.\\overline{3}``, which math-verify misreads)."""
     text = normalize(text)
+    if bare and malformed(text):
+        return [], None  # an answer with a repeat mark no decimal reads as: equals nothing
     forms = ["\\boxed{" + text + "}", "$" + text + "$"] + ([text] if bare else [])
     first: list = []
     for form in forms:
@@ -377,7 +292,7 @@ WARM_UP = ("((x+1)+1)", "((x+1)*2)", "[(x+1)+1]", "\\{(x+1), 2\\}", "{{x}+1}", "
            "\\begin{pmatrix} 1 \\\\ 2 \\end{pmatrix}", "\\frac{\\sqrt{3}}{2}", "x = 5", "y = 2x + 3", "x > 2",
            "1 < x \\le 2", "50\\%", "10,\\!080", "(x+1)(x+2)", "3\\times10^{-9}", "1.5", "\\text{(C)}",
            "x \\in [1, 2]", "\\sqrt[3]{x}", "|x - 1|", "\\cos(10^{-20})", "\\sqrt{1+10^{-20}}",
-           "y = (\\sin x + \\cos x)^{2}",
+           "y = (\\sin x + \\cos x)^{2}", "x^2 + y^2 = (\\sin x + \\cos y)^{2}", "\\sin x = y",
            # A comparison, not a shape: the first one that reaches sympy's `simplify` imports sympy.physics
            # (0.5 s of CPU), which the first x + \\cos(10^{-20}) a worker saw paid.
            ("x+1", "x+\\cos(10^{-20})"))
@@ -412,6 +327,7 @@ def parsed_reference(gold: str) -> tuple[tuple, object]:
 
 def equal(gold: str, pred: str, seconds: float) -> tuple[bool | None, str | None]:
     """(whether answer `pred` equals reference `gold`, why undecided or None); None on timeout or error."""
+    _request["cpu"] = time.process_time()
     g_letters = letters(gold)
     if g_letters is not None:
         return letters_equal(g_letters, pred), None
@@ -426,6 +342,8 @@ def equal(gold: str, pred: str, seconds: float) -> tuple[bool | None, str | None
                 return False, None
             p, decimal = exact(p)
             return same(g, p, decimal), None
+    except _OverBudget:
+        return None, "relation over its CPU budget"
     except _Timeout:
         return None, "timeout"
     except Exception as exc:  # anything math-verify or sympy throws: undecided

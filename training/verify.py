@@ -75,7 +75,8 @@ log = logging.getLogger(__name__)
 
 # Math answers not compared, by reason: "refused:<bound>" (over a budget, before math-verify),
 # "timeout_queue" (no worker free before the sample's deadline), "timeout_alarm" / "timeout_worker"
-# (the worker's alarm, or the hard deadline that kills it), "undecided" (math-verify or sympy failed).
+# (the worker's alarm, or the hard deadline that kills it), "timeout_relation" (two relations math-verify must solve,
+# past `math_compare.RELATION_CPU`), "undecided" (math-verify or sympy failed).
 MATH_STATS: Counter = Counter()
 _MATH_STATS_LOCK = threading.Lock()
 
@@ -325,7 +326,7 @@ class MathVerifierPool:
                 worker.kill()
                 return None
             if resp.get("error"):
-                math_count("timeout_alarm" if resp["error"] == "timeout" else "undecided")
+                math_count({"timeout": "timeout_alarm", "relation over its CPU budget": "timeout_relation"}.get(resp["error"], "undecided"))
                 log.debug("math-verify: %s", resp["error"])
             return resp.get("ok")
         except Exception as exc:  # a broken pipe etc.: undecided, fresh worker next time
