@@ -215,6 +215,11 @@ def engine_starts() -> int:
     return _STARTS
 
 
+def open_engines() -> int:
+    """How many engines this process holds open now (`release_engines` and `close_backends` stop them)."""
+    return len(_ENGINES)
+
+
 def _exit_on_sigterm() -> None:
     """Make SIGTERM (kill, a scheduler's cancel) exit through atexit, so the engine's processes are stopped too.
 

@@ -8,8 +8,8 @@ a server at ``base_url`` (`server`). Every list of kinds (the ``--backend`` choi
 check, `mentor.pipeline.llm.make_backend`) comes from `kinds()`: a new backend is one new file
 here, or ``backends/<name>.py`` in a folder of ``MENTOR_PLUGIN_PATH`` (`mentor.pipeline.plugins`).
 
-Modules starting with ``_`` are helpers, not kinds: `_vllm_engine` is the only module that
-imports vLLM, `_openai_client` the only one that talks to a server.
+A kind may be a package whose other modules are its parts: `vllm.engine` is the only module that
+imports vLLM, `openai.client` the only one that talks to a server.
 """
 
 from __future__ import annotations

@@ -179,7 +179,7 @@ def engine_to_terminal() -> bool:
 
 
 @contextmanager
-def _stderr_to(path: Path | None):
+def stderr_to(path: Path | None):
     """Point this process's fd 2 at `path` while the engine's processes are started (they inherit it)."""
     if path is None:
         yield
@@ -363,7 +363,7 @@ class VLLMBackend(CountingBackend):
         log.info("starting vLLM %s (%s) for %s", vllm.__version__, "cpu" if self.on_cpu else "gpu", model)
         self.engine_kwargs = kwargs
         try:
-            with _stderr_to(self.log_path):
+            with stderr_to(self.log_path):
                 self.llm = LLM(**kwargs)
         except Exception as exc:
             raise EngineError(f"the vLLM engine for {model} did not start ({_reason(exc, self.log_path)}){self._see_log()}") from exc
@@ -378,7 +378,7 @@ class VLLMBackend(CountingBackend):
         procs = _engine_processes()
         if core is not None and hasattr(core, "shutdown"):
             try:
-                with _stderr_to(getattr(self, "log_path", None)):  # vLLM's notes on the shutdown go to the log too
+                with stderr_to(getattr(self, "log_path", None)):  # vLLM's notes on the shutdown go to the log too
                     core.shutdown()
             except Exception:  # a dead engine may fail to shut down cleanly; its processes are gone anyway
                 log.debug("engine shutdown failed", exc_info=True)

@@ -1,6 +1,6 @@
 """The ``openai`` backend: an OpenAI-compatible server someone else runs (``vllm serve``, SGLang) at base_url.
 
-The client itself is `mentor.pipeline.backends._openai_client` (the only module that talks to a server);
+The client itself is `mentor.pipeline.backends.openai.client` (the only module that talks to a server);
 this module owns the kind's settings: what it needs (base_url and the served model name), the options it
 takes, and what the command line's server flags give it.
 """
@@ -10,8 +10,8 @@ from __future__ import annotations
 from typing import Any
 
 from mentor.pipeline.backends import BackendKind
-from mentor.pipeline.backends._openai_client import (DEFAULT_TIMEOUT, STRUCTURED_MODES, OpenAIBackend, check_base_url,
-                                                     check_server_options)
+from mentor.pipeline.backends.openai.client import (DEFAULT_TIMEOUT, STRUCTURED_MODES, OpenAIBackend, check_base_url,
+                                                    check_server_options)
 from mentor.pipeline.errors import ConfigError
 
 SERVER_OPTIONS = ("base_url", "api_key", "max_concurrency", "max_retries", "timeout", "structured_output")

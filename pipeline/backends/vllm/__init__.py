@@ -1,7 +1,7 @@
 """The ``vllm`` backend: a vLLM engine in this process (one per dask worker), kept while a stage runs.
 
-The engine itself is `mentor.pipeline.backends._vllm_engine` (the only module that imports vLLM, and only
-when an engine starts: importing this module starts nothing); this module owns the kind's settings: the
+The engine itself is `mentor.pipeline.backends.vllm.engine` (the only module that imports vLLM, and only
+when an engine starts: importing this package starts nothing); this module owns the kind's settings: the
 engine options mentor checks by name, the named CPU models' context length, what a process must be to
 start an engine, and what ``mentor doctor`` checks for it.
 """
@@ -17,9 +17,9 @@ from pathlib import Path
 from typing import Any
 
 from mentor.pipeline.backends import BackendKind
-from mentor.pipeline.backends import _vllm_engine as engine
-from mentor.pipeline.backends._vllm_engine import (VLLMBackend, cpu_dtype, cpu_env_defaults, engine_to_terminal, installed,
-                                                   is_cpu_build)
+from mentor.pipeline.backends.vllm import engine
+from mentor.pipeline.backends.vllm.engine import (VLLMBackend, cpu_dtype, cpu_env_defaults, engine_to_terminal, installed,
+                                                  is_cpu_build)
 from mentor.pipeline.devices import check_engine_devices
 from mentor.pipeline.errors import ConfigError
 from mentor.pipeline.models import EMBEDDED_ALIAS, MODEL_NAMES, NAMED_MAX_MODEL_LEN, check_model, resolve_model
