@@ -11,7 +11,7 @@ from typing import Any
 
 from mentor.pipeline.backends import BackendKind
 from mentor.pipeline.backends.openai.client import (DEFAULT_TIMEOUT, STRUCTURED_MODES, OpenAIBackend, check_base_url,
-                                                    check_server_options)
+                                                     check_server_options)
 from mentor.pipeline.errors import ConfigError
 
 SERVER_OPTIONS = ("base_url", "api_key", "max_concurrency", "max_retries", "timeout", "structured_output")
@@ -25,6 +25,7 @@ class OpenAI(BackendKind):
     what = "a server"
     help = "an OpenAI-compatible server (vllm serve, SGLang) at --base-url, --model being the name it serves"
     server = True
+    schema_fix = "a server without structured output needs structured_output: none"
 
     def problem(self, model: str | None, base_url: str | None) -> str | None:
         missing = ([] if base_url else ["base_url, the server's URL (--base-url http://HOST:PORT/v1)"]) + \

