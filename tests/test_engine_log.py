@@ -11,7 +11,7 @@ import subprocess
 import sys
 import textwrap
 
-from mentor.pipeline.backends.vllm.engine import engine_to_terminal
+from mentor.pipeline.llm import engine_to_terminal
 
 
 def test_mentor_progress_at_info_keeps_the_engine_quiet(monkeypatch):

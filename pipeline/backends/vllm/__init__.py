@@ -17,9 +17,8 @@ from pathlib import Path
 from typing import Any
 
 from mentor.pipeline.backends import BackendKind, DoctorNode
-from mentor.pipeline.backends.vllm import engine as engine
-from mentor.pipeline.backends.vllm.engine import (VLLMBackend, cpu_dtype, cpu_env_defaults, engine_to_terminal, installed,
-                                                   is_cpu_build)
+from mentor.pipeline.backends.vllm import engine
+from mentor.pipeline.backends.vllm.engine import VLLMBackend, cpu_dtype, cpu_env_defaults, installed, is_cpu_build
 from mentor.pipeline.devices import check_engine_devices
 from mentor.pipeline.errors import ConfigError
 from mentor.pipeline.models import EMBEDDED_ALIAS, MODEL_NAMES, NAMED_MAX_MODEL_LEN, check_model, resolve_model
@@ -145,5 +144,5 @@ class VLLM(BackendKind):
 
 BACKEND = VLLM()
 
-__all__ = ["BACKEND", "ENGINE_OPTIONS", "VLLMBackend", "check_can_start_engine", "engine_to_terminal", "installed",
+__all__ = ["BACKEND", "ENGINE_OPTIONS", "VLLMBackend", "check_can_start_engine", "installed",
            "serve_command"]

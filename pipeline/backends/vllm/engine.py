@@ -66,7 +66,7 @@ from typing import Any, NamedTuple
 from tqdm import tqdm
 
 from mentor.pipeline.errors import ConfigError, EngineError
-from mentor.pipeline.llm import CountingBackend, GenRequest, GenResult, OnDone
+from mentor.pipeline.llm import CountingBackend, GenRequest, GenResult, OnDone, engine_to_terminal
 from mentor.pipeline.models import cache_dir
 
 log = logging.getLogger(__name__)
@@ -170,12 +170,6 @@ def engine_log_path() -> Path:
     for old in sorted(logs.glob("engine-*.log"))[:-19]:
         old.unlink(missing_ok=True)
     return logs / f"engine-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}.log"
-
-
-def engine_to_terminal() -> bool:
-    """Whether the engine logs to the terminal: ``mentor -v`` (the root logger at INFO), not a command that only
-    raises mentor's own logger to show its progress."""
-    return logging.getLogger().isEnabledFor(logging.INFO)
 
 
 @contextmanager
