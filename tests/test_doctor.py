@@ -325,3 +325,17 @@ def test_a_backend_declares_what_doctor_checks_on_the_node(tmp_path, monkeypatch
     assert checks["toy socket"] == {"name": "toy socket", "status": "skip", "detail": "no socket needed on a hint node", "fix": None}
     assert checks["toy card"]["status"] == "problem"
     assert checks["toy card"]["detail"] == "the check failed: ValueError: status 'maybe' is none of ok, problem, skip"
+
+
+def test_doctor_names_no_backend():
+    """What doctor checks for a backend is the kind's (`node_checks`, `unavailable`, `probe`, `schema_fix`):
+    its code holds no kind's name and imports no kind's module."""
+    import ast
+
+    from mentor.pipeline import backends
+
+    tree = ast.parse(Path(doctor.__file__).read_text(encoding="utf-8"))
+    texts = {n.value for n in ast.walk(tree) if isinstance(n, ast.Constant) and isinstance(n.value, str)}
+    modules = {n.module or "" for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)}
+    assert not set(backends.kinds()) & texts
+    assert not [m for m in modules if m.startswith("mentor.pipeline.backends.")]

@@ -25,7 +25,7 @@ Like ``vllm collect-env`` or ``accelerate env``, but about this loop. Each check
 - an engine (or the server at ``--base-url``) answers one JSON-schema request, through the backend the hint
   stage would use (its kind's ``unavailable``, ``probe`` and ``schema_fix``).
 
-The node's own probes are in `mentor.workflows.doctor_node`; no backend or trainer is named here: each
+The node's own probes are in `mentor.workflows.doctor_node`; the code here names no backend or trainer: each
 says what it checks.
 
 Nothing here initialises CUDA in this process before the engine check (GPUs are read
