@@ -28,6 +28,8 @@ import subprocess
 
 from mentor.pipeline.errors import ConfigError
 
+TORCH_CUDA12_INDEX = "https://download.pytorch.org/whl/cu129"  # torch's wheels for CUDA 12.x drivers (doctor's fixes)
+
 log = logging.getLogger(__name__)
 
 FAKE_GPUS_ENV = "MENTOR_FAKE_GPUS"

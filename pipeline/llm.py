@@ -215,6 +215,17 @@ def engine_starts() -> int:
     return _STARTS
 
 
+def engine_to_terminal() -> bool:
+    """Whether an engine's own logs go to the terminal: ``mentor -v`` (the root logger at INFO), not a command that
+    only raises mentor's own logger to show its progress (then they go to its engine log)."""
+    return logging.getLogger().isEnabledFor(logging.INFO)
+
+
+def open_engines() -> int:
+    """How many engines this process holds open now (`release_engines` and `close_backends` stop them)."""
+    return len(_ENGINES)
+
+
 def _exit_on_sigterm() -> None:
     """Make SIGTERM (kill, a scheduler's cancel) exit through atexit, so the engine's processes are stopped too.
 
@@ -434,8 +445,10 @@ __all__ = [
     "concurrently",
     "describe_backend",
     "engine_starts",
+    "engine_to_terminal",
     "hold_engines",
     "release_engines",
     "make_backend",
+    "open_engines",
     "resolve_callable",
 ]

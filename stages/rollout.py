@@ -262,7 +262,7 @@ def _items_view(item: PromptItem) -> list:
 
 
 @contextmanager
-def _heartbeat(bar: Any, every: float = 10.0):
+def heartbeat(bar: Any, every: float = 10.0):
     """Redraw `bar` every `every` seconds while an engine call runs, so its clock moves (tqdm redraws only on updates)."""
     if bar.disable:
         yield
@@ -315,7 +315,7 @@ def _sample_shard(shard: Shard, cfg: RolloutConfig, engine: _Engine, seed_fn: Se
     items = shard.items
     bar.set_postfix_str(f"sampling shard {shard.index + 1}/{shard.total} ({len(items) * cfg.k} rollouts)", refresh=True)
     try:
-        with _heartbeat(bar):
+        with heartbeat(bar):
             rows = sample_and_verify(backend, items, cfg, first_index=shard.start, seed_fn=seed_fn, on_done=bar.update)
     except EngineError as exc:
         raise shard.failure(exc, f"{len(items)} prompts from {items[0].problem_id}",

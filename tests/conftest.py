@@ -120,7 +120,7 @@ def backend_kind(request, monkeypatch):
 
     if request.param == "legacy":
         impl = sandbox_launch.Legacy()
-        seen = sandbox._probe(impl)
+        seen = sandbox.probe_backend(impl)
         assert seen is not None, "the legacy backend does not start here"
-        monkeypatch.setattr(sandbox, "_BACKEND", sandbox.Backend(impl, sandbox._verified(*seen), seen[1]))
+        monkeypatch.setattr(sandbox, "_BACKEND", sandbox.Backend(impl, sandbox.verified_layers(*seen), seen[1]))
     return sandbox.backend().name

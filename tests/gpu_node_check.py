@@ -26,7 +26,7 @@ FORK = textwrap.dedent("""
     os.environ.pop("PYTORCH_NVML_BASED_CUDA_CHECK", None)
     import torch
     if sys.argv[1] == "mentor":
-        from mentor.pipeline.backends._vllm_engine import is_cpu_build
+        from mentor.pipeline.backends.vllm.engine import is_cpu_build
         on_cpu = is_cpu_build()
     else:
         on_cpu = not torch.cuda.is_available()  # the old check: initialises the CUDA driver here

@@ -324,7 +324,7 @@ def test_shards_split_over_the_engine_workers():
 
 def test_a_stage_releases_its_engines_unless_held(gsm8k_collapsed, tmp_path, monkeypatch):
     """hint_to_dir shuts the process's engines (and the executor's workers') when it ends; hold_engines keeps them."""
-    from mentor.pipeline import llm
+    from mentor.pipeline import backends, llm
     from mentor.stages.hint import HINT
 
     closed: list[str] = []
@@ -348,10 +348,12 @@ def test_a_stage_releases_its_engines_unless_held(gsm8k_collapsed, tmp_path, mon
 
     spec = BackendSpec("fake", options={"script": "mentor.stages.hint.agents:fake_script"})
     cfg = HintConfig(llm_judge=False)
-    monkeypatch.setitem(llm._ENGINES, "k", Engine())
+    # An engine this process started and keeps (the engine kind's `make` answers this stand-in, no vLLM starts).
+    monkeypatch.setattr(backends.kind(backends.DEFAULT), "make", lambda model, options: Engine())
+    engine = llm.make_backend(backends.DEFAULT, "k")
     with llm.hold_engines():
         HINT({"collapsed": [gsm8k_collapsed], "sample": 3}, cfg, tmp_path / "a",
              Context(backend=spec, executor=Workers()))
-    assert closed == [] and "k" in llm._ENGINES
+    assert closed == [] and llm.make_backend(backends.DEFAULT, "k") is engine  # still open: the same engine
     HINT({"collapsed": [gsm8k_collapsed], "sample": 3}, cfg, tmp_path / "b", Context(backend=spec, executor=Workers()))
-    assert closed == ["engine", "workers"] and not llm._ENGINES
+    assert closed == ["engine", "workers"] and llm.open_engines() == 0

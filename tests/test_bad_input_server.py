@@ -237,7 +237,7 @@ def test_a_busy_server_fails_one_request_and_a_long_wait_says_so(monkeypatch, ca
     (no retry); a wait past NOTICE_AFTER says, when it starts to be long, how long it may last."""
     import time
 
-    from mentor.pipeline.backends import _openai_client as openai_backend
+    from mentor.pipeline.backends.openai import client as openai_backend
     from mentor.pipeline.llm import GenRequest
 
     monkeypatch.setattr(openai_backend, "NOTICE_AFTER", 0.6)
@@ -252,7 +252,7 @@ def test_a_busy_server_fails_one_request_and_a_long_wait_says_so(monkeypatch, ca
     reqs = [GenRequest(id="a", messages=[{"role": "user", "content": "never mind"}]),
             GenRequest(id="b", messages=[{"role": "user", "content": "2 + 2?"}])]
     started = time.monotonic()
-    with caplog.at_level("WARNING", logger="mentor.pipeline.backends._openai_client"):
+    with caplog.at_level("WARNING", logger="mentor.pipeline.backends.openai.client"):
         out = backend.generate(reqs)
     took = time.monotonic() - started
     assert out[1].finish_reason == "stop" and out[0].finish_reason == "error"

@@ -52,6 +52,11 @@ else:
 """
 
 
+def _backend_row(name: str, opts: doctor.DoctorOptions, gpus: list) -> doctor.Check:
+    """Doctor's row `name` among those the backends declare (`BackendKind.node_checks`; the vllm kind's here)."""
+    return dict(doctor.backend_checks(opts, gpus))[name]()
+
+
 def _checks(args: list[str]) -> tuple[int, dict[str, dict]]:
     res = CliRunner().invoke(cli, ["doctor", "--json", *args])
     assert "Traceback" not in res.output
@@ -114,11 +119,11 @@ def test_the_hint_model_must_fit_its_gpus(two_gpus, tmp_path):
     model = tmp_path / "Llama-3.3-70B-FP8"
     model.mkdir()
     (model / "model.safetensors.index.json").write_text(json.dumps({"metadata": {"total_size": 75_000_000_000}, "weight_map": {}}))
-    one = doctor.check_model_fits(doctor.DoctorOptions(model=str(model)), doctor.nvidia_smi()[0])
+    one = _backend_row("hint model", doctor.DoctorOptions(model=str(model)), doctor.nvidia_smi()[0])
     assert one.status == "problem" and "69.8 GiB of weights over TP 1" in one.detail and one.fix == "--tensor-parallel-size 2"
-    two = doctor.check_model_fits(doctor.DoctorOptions(model=str(model), tensor_parallel_size=2), doctor.nvidia_smi()[0])
+    two = _backend_row("hint model", doctor.DoctorOptions(model=str(model), tensor_parallel_size=2), doctor.nvidia_smi()[0])
     assert two.status == "ok" and "34.9 GiB per GPU" in two.detail
-    missing = doctor.check_model_fits(doctor.DoctorOptions(model="org/not-downloaded"), doctor.nvidia_smi()[0])
+    missing = _backend_row("hint model", doctor.DoctorOptions(model="org/not-downloaded"), doctor.nvidia_smi()[0])
     assert missing.status == "problem" and "neither a folder nor in the local Hugging Face cache" in missing.detail
 
 
@@ -202,7 +207,9 @@ def test_a_check_that_breaks_keeps_its_name(tmp_path, monkeypatch):
     def broken(*_a, **_k):
         raise RuntimeError("boom")
 
-    monkeypatch.setattr(doctor, "check_vllm", broken)
+    from mentor.pipeline.backends.vllm import checks as vllm_checks
+
+    monkeypatch.setattr(vllm_checks, "check_installed", broken)
     code, checks = _checks(["--no-engine", "--role", "hint", "--out", str(tmp_path)])
     assert code == 1 and "<lambda>" not in checks
     assert checks["vLLM"] == {"name": "vLLM", "status": "problem", "detail": "the check failed: RuntimeError: boom", "fix": None}
@@ -296,3 +303,39 @@ def test_a_trainer_declares_what_doctor_checks_on_the_node(tmp_path, monkeypatch
     assert list(checks)[9:13] == ["reward files", "accelerate config", "toy scratch", "Ray"]
     assert checks["toy scratch"] == {"name": "toy scratch", "status": "problem", "detail": "no /scratch on this node",
                                      "fix": "mount /scratch before a node_toy round"}
+
+
+def test_a_backend_declares_what_doctor_checks_on_the_node(tmp_path, monkeypatch):
+    """The vLLM and hint-model lines are the vllm kind's `node_checks`; a plugin backend's rows run the same way,
+    after them (every kind in order), and one with a status doctor does not know is a problem, not a traceback."""
+    from mentor.pipeline import plugins
+
+    (tmp_path / "plugins" / "backends").mkdir(parents=True)
+    (tmp_path / "plugins" / "backends" / "node_toy.py").write_text(
+        "from mentor.pipeline.backends import BackendKind\n\n\n"
+        "class NodeToy(BackendKind):\n    name = 'node_toy'\n\n"
+        "    def node_checks(self, node):\n"
+        "        return {'toy socket': lambda: ('skip', f'no socket needed on a {node.role} node', None),\n"
+        "                'toy card': lambda: ('maybe', 'half there', None)}\n\n\n"
+        "BACKEND = NodeToy()\n")
+    monkeypatch.setenv(plugins.PLUGIN_PATH_ENV, str(tmp_path / "plugins"))
+    code, checks = _checks(["--no-engine", "--role", "hint", "--out", str(tmp_path)])
+    assert code == 1
+    assert list(checks)[6:11] == ["vLLM", "hint model", "toy socket", "toy card", "trainer Python"]
+    assert checks["toy socket"] == {"name": "toy socket", "status": "skip", "detail": "no socket needed on a hint node", "fix": None}
+    assert checks["toy card"]["status"] == "problem"
+    assert checks["toy card"]["detail"] == "the check failed: ValueError: status 'maybe' is none of ok, problem, skip"
+
+
+def test_doctor_names_no_backend():
+    """What doctor checks for a backend is the kind's (`node_checks`, `unavailable`, `probe`, `schema_fix`):
+    its code holds no kind's name and imports no kind's module."""
+    import ast
+
+    from mentor.pipeline import backends
+
+    tree = ast.parse(Path(doctor.__file__).read_text(encoding="utf-8"))
+    texts = {n.value for n in ast.walk(tree) if isinstance(n, ast.Constant) and isinstance(n.value, str)}
+    modules = {n.module or "" for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)}
+    assert not set(backends.kinds()) & texts
+    assert not [m for m in modules if m.startswith("mentor.pipeline.backends.")]

@@ -1,7 +1,7 @@
 """The engine's own logging stays out of the terminal unless `mentor -v` asks for it (README command 1, `mentor demo`).
 
 No engine is started here: what decides where the logs go (`engine_to_terminal`) and what the engine's processes
-inherit while they start (`_stderr_to`: fd 2 and the multiprocessing resource tracker) is checked on its own.
+inherit while they start (`stderr_to`: fd 2 and the multiprocessing resource tracker) is checked on its own.
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import subprocess
 import sys
 import textwrap
 
-from mentor.pipeline.backends._vllm_engine import engine_to_terminal
+from mentor.pipeline.llm import engine_to_terminal
 
 
 def test_mentor_progress_at_info_keeps_the_engine_quiet(monkeypatch):
@@ -35,9 +35,9 @@ def test_the_resource_trackers_note_at_exit_goes_to_the_engine_log(tmp_path):
     code = textwrap.dedent(f"""
         from pathlib import Path
         from multiprocessing import shared_memory
-        from mentor.pipeline.backends._vllm_engine import _stderr_to
+        from mentor.pipeline.backends.vllm.engine import stderr_to
 
-        with _stderr_to(Path({str(log)!r})):
+        with stderr_to(Path({str(log)!r})):
             pass  # the engine starts here
         shm = shared_memory.SharedMemory(create=True, size=64)  # an engine's queue, never unlinked
         shm.close()

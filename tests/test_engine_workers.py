@@ -17,7 +17,7 @@ from click.testing import CliRunner
 
 from mentor.workflows.cli import cli
 from mentor.pipeline import llm
-from mentor.pipeline.backends import _vllm_engine as vllm_backend
+from mentor.pipeline.backends.vllm import engine as vllm_backend
 from mentor.pipeline.errors import ConfigError
 from mentor.pipeline.executor import check_engine_workers
 

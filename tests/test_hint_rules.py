@@ -176,16 +176,24 @@ def test_math_verify_timeout_errs_on_the_safe_side(monkeypatch):
     import math_verify
     from math_verify.errors import TimeoutException
 
-    from mentor.stages.rules import numbers
-
     def slow(*a, **k):
         raise TimeoutException("too slow")
 
+    real = math_verify.parse
     monkeypatch.setattr(math_verify, "parse", slow)
-    monkeypatch.setattr(numbers, "_MV_CACHE", {})
-    # A symbolic expression math-verify could not judge in time counts as a leak, and is not cached.
-    assert "answer_leak" in _v(r"Consider $\frac{a+b}{c}$ here.", "p - q")
-    assert numbers._MV_CACHE == {}
+    # A symbolic expression math-verify could not judge in time counts as a leak, and is not cached: the next
+    # check parses it again (an expression no other test parses, so nothing cached it before).
+    hint = r"Consider $\frac{a+b}{c+4817}$ here."
+    assert "answer_leak" in _v(hint, "p - q")
+    parsed: list[str] = []
+
+    def counting(text, *a, **k):
+        parsed.append(text)
+        return real(text, *a, **k)
+
+    monkeypatch.setattr(math_verify, "parse", counting)
+    assert "answer_leak" not in _v(hint, "p - q")
+    assert any("4817" in t for t in parsed), parsed
     # Plain numbers never need math-verify.
     assert _v("Add 3 and 4 first.", "18") == []
 

@@ -107,9 +107,10 @@ def test_vllm_backend_module_is_the_only_vllm_import():
     offenders = []
     # The project's own code only (a venv inside the checkout holds vllm itself).
     sources = [py for folder in ("pipeline", "stages", "training", "workflows", "data") for py in (root / folder).rglob("*.py")]
-    assert any(py.name == "_vllm_engine.py" for py in sources)
+    engine = root / "pipeline" / "backends" / "vllm" / "engine.py"
+    assert engine in sources and pattern.search(engine.read_text(encoding="utf-8"))
     for py in sources:
-        if py.name == "_vllm_engine.py":
+        if py == engine:
             continue
         text = py.read_text(encoding="utf-8", errors="replace")
         if pattern.search(text):
@@ -120,7 +121,7 @@ def test_vllm_backend_module_is_the_only_vllm_import():
 def test_avx2_only_cpu_runs_the_engine_in_float32():
     # On 2 AVX2 cores the 0.5B generated 11.3 tokens/s in bfloat16 and 47.9 in float32.
     # Nothing was measured on other ISAs (AVX-512, torch's DEFAULT, ARM), so they keep `auto`.
-    from mentor.pipeline.backends._vllm_engine import cpu_dtype, cpu_env_defaults
+    from mentor.pipeline.backends.vllm.engine import cpu_dtype, cpu_env_defaults
 
     assert cpu_dtype("auto", "AVX512") == ("auto", None)
     assert cpu_dtype("auto", "DEFAULT") == ("auto", None)
@@ -195,7 +196,7 @@ def test_setup_cpu_runs_only_what_is_missing(monkeypatch):
 def test_a_dead_engine_is_closed_before_the_next_one_starts(monkeypatch):
     """A failed engine still holds its GPU until closed: make_backend closes it before it builds the next one."""
     import mentor.pipeline.llm as llm
-    import mentor.pipeline.backends._vllm_engine as vllm_backend
+    import mentor.pipeline.backends.vllm.engine as vllm_backend
 
     events: list[tuple] = []
 

@@ -40,9 +40,11 @@ def test_wheel_maps_folders_into_the_mentor_namespace(tmp_path):
     for pkg in ("pipeline", "stages", "training", "workflows", "workflows/cli", "data"):
         assert f"mentor/{pkg}/__init__.py" in names
     # A subpackage ships only when pyproject's [tool.setuptools] packages lists it.
-    for top in ("stages", "training", "workflows"):
-        for init in (REPO / top).glob("*/__init__.py"):
-            assert f"mentor/{top}/{init.parent.name}/__init__.py" in names, f"{init.parent} missing from the wheel"
+    for top in ("pipeline", "stages", "training", "workflows", "data"):
+        for init in (REPO / top).rglob("*/__init__.py"):
+            rel = init.relative_to(REPO)
+            if "_namespace" not in rel.parts:  # pipeline/_namespace is the `mentor` package itself
+                assert f"mentor/{rel.as_posix()}" in names, f"{init.parent} missing from the wheel"
     # The tree is the import path: the command line is workflows/cli/, mentor.workflows.cli (not in the core).
     assert "mentor/workflows/cli/__main__.py" in names and not any(n.startswith(("mentor/pipeline/cli", "mentor/cli/")) for n in names)
     assert "mentor/data/gsm8k_rollouts.parquet" in names

@@ -329,7 +329,7 @@ def test_server_max_tokens_never_exceeds_its_max_model_len(tmp_path, caplog):
     from fake_openai_server import FakeServer, json_reply, model_list
 
     from mentor.pipeline.llm import GenRequest
-    from mentor.pipeline.backends._openai_client import OpenAIBackend
+    from mentor.pipeline.backends.openai.client import OpenAIBackend
 
     def chat(body):
         if body["max_tokens"] > 512:

@@ -1,10 +1,11 @@
-"""No module of mentor's rooms imports another module's private name (issue 60), checked statically.
+"""No module of mentor's rooms, and no test, imports another module's private name (issue 60), checked statically.
 
 A private name starts with ``_`` (not a dunder). Across a module boundary none of these may reach one:
 ``from mentor.x.y import _name``; ``m._name`` where ``m`` is an imported mentor module (``from mentor.x import y``,
 ``import mentor.x.y as m``, or the dotted ``mentor.x.y._name``); ``Name._name`` where ``Name`` was imported from a
-mentor module (a class's private attribute). A private module (``_vllm_engine``) is its package's: the modules of
-its own folder may import it, no other. What is shared is public (renamed) or moved beside its users.
+mentor module (a class's private attribute). A private module (``_engine.py``) is its package's: the modules of
+its own folder may import it, no other. What is shared is public (renamed) or moved beside its users; what a test
+needs of a module is a unit with a contract, so it is public too (or the test goes through the public API).
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 ROOMS = ("pipeline", "stages", "training", "data", "workflows")
+SCANNED = (*ROOMS, "tests")  # the tests hold to it too: a test reaching into a module tests what no caller can use
 
 
 def _private(name: str) -> bool:
@@ -88,7 +90,7 @@ def offenders(root: Path, rooms: tuple[str, ...] = ROOMS) -> list[str]:
 
 
 def test_no_module_imports_another_modules_private_name():
-    assert offenders(REPO) == []
+    assert offenders(REPO, SCANNED) == []
 
 
 def test_the_check_sees_each_way_of_reaching_in(tmp_path):
@@ -119,3 +121,21 @@ def test_the_check_sees_each_way_of_reaching_in(tmp_path):
         "stages/mine.py:7: mentor.pipeline.io._LOCK",
         "stages/mine.py:7: Writer._open",
     ], got
+
+
+def test_a_test_is_held_to_it_too(tmp_path):
+    """A test module reaching into a module (its private name, or a package's private module) is reported."""
+    (tmp_path / "pipeline" / "backends").mkdir(parents=True)
+    (tmp_path / "tests").mkdir()
+    (tmp_path / "pipeline" / "__init__.py").write_text("")
+    (tmp_path / "pipeline" / "backends" / "__init__.py").write_text("")
+    (tmp_path / "pipeline" / "backends" / "_engine.py").write_text("def start():\n    pass\n")
+    (tmp_path / "pipeline" / "io.py").write_text("_LOCK = None\n\n\ndef write():\n    pass\n")
+    (tmp_path / "tests" / "test_io.py").write_text(
+        "from mentor.pipeline import io\nfrom mentor.pipeline.io import _LOCK, write\n"
+        "from mentor.pipeline.backends._engine import start\n\nio._LOCK, write\n")
+    assert offenders(tmp_path, ("tests",)) == [
+        "tests/test_io.py:2: from mentor.pipeline.io import _LOCK",
+        "tests/test_io.py:3: imports the private module mentor.pipeline.backends._engine",
+        "tests/test_io.py:5: io._LOCK",
+    ]

@@ -352,7 +352,7 @@ def test_the_progress_bar_clock_moves_during_an_engine_call():
     """tqdm redraws only on updates; a shard is one long engine call, so a heartbeat redraws the bar meanwhile."""
     import time
 
-    from mentor.stages.rollout import _heartbeat
+    from mentor.stages.rollout import heartbeat
 
     class Bar:
         disable, refreshed = False, 0
@@ -361,11 +361,11 @@ def test_the_progress_bar_clock_moves_during_an_engine_call():
             self.refreshed += 1
 
     bar = Bar()
-    with _heartbeat(bar, every=0.02):
+    with heartbeat(bar, every=0.02):
         time.sleep(0.3)
     assert bar.refreshed >= 5
     quiet = Bar()
     quiet.disable = True
-    with _heartbeat(quiet, every=0.02):
+    with heartbeat(quiet, every=0.02):
         time.sleep(0.1)
     assert quiet.refreshed == 0

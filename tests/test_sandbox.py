@@ -205,8 +205,8 @@ def test_no_process_survives(backend_kind):
 def test_hostile_programs_without_namespaces(tmp_path, monkeypatch):
     """Legacy without namespaces (a container without privileges): uid, rlimits and the tripwire still contain them."""
     impl = sandbox_launch.Legacy()
-    seen = sandbox._probe(impl)
-    monkeypatch.setattr(sandbox, "_BACKEND", sandbox.Backend(impl, sandbox._verified(*seen), seen[1]))
+    seen = sandbox.probe_backend(impl)
+    monkeypatch.setattr(sandbox, "_BACKEND", sandbox.Backend(impl, sandbox.verified_layers(*seen), seen[1]))
     limits = SandboxLimits(wall_seconds=6, cpu_seconds=3, memory_bytes=512 << 20, namespaces=False)
     monkeypatch.setenv("MENTOR_TEST_SECRET", "hunter2-secret")
     canary = tmp_path / "canary.txt"
@@ -339,8 +339,8 @@ def test_setup_sandbox_reports_layers(monkeypatch):
         assert "ramview" in res.output and "a copy in RAM, /" in res.output, res.output
     # Where a layer is missing, --strict is an error naming it.
     impl = sandbox_launch.Legacy()
-    seen = sandbox._probe(impl)
-    monkeypatch.setattr(sandbox, "_BACKEND", sandbox.Backend(impl, sandbox._verified(*seen), seen[1]))
+    seen = sandbox.probe_backend(impl)
+    monkeypatch.setattr(sandbox, "_BACKEND", sandbox.Backend(impl, sandbox.verified_layers(*seen), seen[1]))
     res = CliRunner().invoke(cli, ["setup-sandbox", "--no-install", "--strict"])
     assert res.exit_code == 1 and "fsview" in res.output and "missing layer ramview" in res.output
 
@@ -760,10 +760,10 @@ def test_full_evaluation_gives_python_s_results():
         def g():
             raise ValueError("g")
 
-        env = {"__builtins__": builtins, "f": lambda x: x, "g": g, **{n: getattr(h, n) for n in h._FULL.values()}}
+        env = {"__builtins__": builtins, "f": lambda x: x, "g": g, **{n: getattr(h, n) for n in h.FULL_HELPERS.values()}}
         tree = compile("r = " + src, "t", "exec", _ast.PyCF_ONLY_AST)
         try:
-            exec(compile(h._evaluate_fully(_ast, tree) if rewrite else tree, "t", "exec"), env)
+            exec(compile(h.evaluate_fully(_ast, tree) if rewrite else tree, "t", "exec"), env)
             return repr(env["r"])
         except (TypeError, ValueError) as exc:
             return type(exc).__name__

@@ -182,7 +182,7 @@ def test_linear_cleaning_gives_what_the_regexes_gave():
     """On 20,000 random strings of token pieces and fences, the linear scans agree with the old regexes."""
     import random
 
-    from mentor.training.code_verify import SPECIAL_TOKEN, _fenced_blocks, strip_trailing_tokens
+    from mentor.training.code_verify import SPECIAL_TOKEN, fenced_blocks, strip_trailing_tokens
     from mentor.training.reward_core import END_TOKEN
 
     rng = random.Random(34)
@@ -194,7 +194,7 @@ def test_linear_cleaning_gives_what_the_regexes_gave():
         assert strip_trailing_tokens(t, END_TOKEN, starts="<") == (OLD_END_TOKENS.sub("", t), bool(OLD_END_TOKENS.search(t))), t
         assert strip_trailing_tokens(t, SPECIAL_TOKEN)[0] == OLD_SPECIAL_TOKENS.sub("", t), t
         f = "".join(rng.choice(fences) for _ in range(rng.randrange(14)))
-        assert _fenced_blocks(f) == OLD_FENCE.findall(f), f
+        assert fenced_blocks(f) == OLD_FENCE.findall(f), f
 
 
 @pytest.mark.parametrize("text", [
@@ -265,7 +265,7 @@ def test_linear_answer_extraction_gives_what_the_regexes_gave():
     regex find what the quadratic regexes found."""
     import random
 
-    from mentor.training.verify import _ANSWER_IS, marker_answer
+    from mentor.training.verify import ANSWER_IS, marker_answer
 
     rng = random.Random(48)
     pieces = ["####", "A:", "A", ":", "#", "\n", " ", "\t", "\r", "\x1c", "\u2028", "x", "5", "answer", "ANSWER", "is",
@@ -274,7 +274,7 @@ def test_linear_answer_extraction_gives_what_the_regexes_gave():
         t = "".join(rng.choice(pieces) for _ in range(rng.randrange(14)))
         old = list(OLD_MARKER.finditer(t))
         assert marker_answer(t) == (old[-1].group(1) if old else None), repr(t)
-        assert [m.group(1) for m in _ANSWER_IS.finditer(t)] == [m.group(1) for m in OLD_ANSWER_IS.finditer(t)], repr(t)
+        assert [m.group(1) for m in ANSWER_IS.finditer(t)] == [m.group(1) for m in OLD_ANSWER_IS.finditer(t)], repr(t)
 
 
 EXPLOSIVE = [r"10^{10^{10}}", r"3^{3^{15}}", r"100000000!", r"2^{2^{2^{2^{2}}}}", r"9^{9^{9}}", "10**10**10", r"e^{e^{e^{10}}}",

@@ -37,7 +37,7 @@ def _drive(model: Path, options: str) -> subprocess.CompletedProcess:
         import json
         from mentor.pipeline.errors import EngineError
         from mentor.pipeline.llm import GenRequest
-        from mentor.pipeline.backends._vllm_engine import VLLMBackend
+        from mentor.pipeline.backends.vllm.engine import VLLMBackend
         if __name__ == "__main__":
             words = "the quick brown fox jumps over the lazy dog while seven ducks count their eggs".split()
             reqs = [GenRequest(id=f"r{{i}}", max_tokens=24, temperature=1.0, seed=1000 + i,
@@ -103,7 +103,7 @@ def test_a_prompt_longer_than_the_context_is_its_own_error_not_the_engines(tiny_
     code = textwrap.dedent(f"""
         import json
         from mentor.pipeline.llm import GenRequest
-        from mentor.pipeline.backends._vllm_engine import VLLMBackend
+        from mentor.pipeline.backends.vllm.engine import VLLMBackend
         if __name__ == "__main__":
             backend = VLLMBackend({str(tiny_model)!r}, max_model_len=256)
             words = ("count the ducks " * 200).strip()

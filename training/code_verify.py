@@ -122,7 +122,7 @@ def strip_trailing_tokens(text: str, token: re.Pattern, starts: str = "<[", long
     return (text[:j], True) if found else (text, False)
 
 
-def _fenced_blocks(text: str) -> list[tuple[str, str]]:
+def fenced_blocks(text: str) -> list[tuple[str, str]]:
     """(language, code) of each fenced block: what ``re.findall(r"```[ \\t]*([A-Za-z0-9_+-]*)[^\\n]*\\n(.*?)```",
     text, re.DOTALL)`` returns, in one left-to-right pass (that regex is quadratic on a long fence line)."""
     blocks, pos = [], 0
@@ -143,7 +143,7 @@ def _fenced_blocks(text: str) -> list[tuple[str, str]]:
 def extract_code(response: str) -> str:
     """The code in a response: the last python (or untagged) fenced block, else the whole text."""
     text, _ = strip_trailing_tokens(response or "", SPECIAL_TOKEN)
-    blocks = _fenced_blocks(text)
+    blocks = fenced_blocks(text)
     if not blocks and "```" in text:
         # An unterminated fence (truncated response): take what follows it.
         tail = text.rsplit("```", 1)[1]

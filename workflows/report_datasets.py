@@ -28,9 +28,10 @@ import pyarrow.parquet as pq
 
 from mentor.pipeline.errors import DataError
 from mentor.pipeline.inputs import resolve_inputs
+from mentor.pipeline.schemas import HINT_STATUSES
 from mentor.pipeline.io import read_json, scan_dataset, sha256_file
 
-STATUS_ORDER = ("accepted", "repaired", "fallback")
+STATUS_ORDER = HINT_STATUSES  # a hint's statuses, best first (the schema's)
 
 
 # --------------------------------------------------------------------------- helpers

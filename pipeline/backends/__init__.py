@@ -3,17 +3,20 @@
 A kind owns everything mentor knows about it: its name (the file's), what its settings may hold
 (`problem`, `check`: what loading a workflow refuses, naming the setting), how one is built
 (`make`), what the command line gives it (`from_flags`), what ``mentor doctor`` checks for it
-(`unavailable`, `probe`), and whether it starts an engine in this process (`engine`) or talks to
-a server at ``base_url`` (`server`). Every list of kinds (the ``--backend`` choices, the settings'
+(`node_checks`: its rows about this node; `unavailable`, `probe`, `schema_fix`: its one-request
+check), and whether it starts an engine in this process (`engine`) or talks to a server at
+``base_url`` (`server`). Every list of kinds (the ``--backend`` choices, the settings'
 check, `mentor.pipeline.llm.make_backend`) comes from `kinds()`: a new backend is one new file
 here, or ``backends/<name>.py`` in a folder of ``MENTOR_PLUGIN_PATH`` (`mentor.pipeline.plugins`).
 
-Modules starting with ``_`` are helpers, not kinds: `_vllm_engine` is the only module that
-imports vLLM, `_openai_client` the only one that talks to a server.
+A kind may be a package whose other modules are its parts: `vllm.engine` is the only module that
+imports vLLM, `openai.client` the only one that talks to a server.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import Any
 
 from mentor.pipeline import plugins
@@ -21,6 +24,23 @@ from mentor.pipeline.errors import ConfigError
 
 DEFAULT = "vllm"  # the kind of a setting or a command that names none (the one place it is named outside its file)
 REQUEST_TIMEOUT = 600.0  # seconds a server backend's request may wait by default (a long generation on a busy server fits)
+
+
+@dataclass(frozen=True)
+class DoctorNode:
+    """What ``mentor doctor`` knows when it asks a kind for its checks of this node: its flags (``--role``:
+    hint | trainer | all, ``--model``, ``--base-url``, ``--tensor-parallel-size``, ``--gpu-memory-utilization``)
+    and the GPUs a CUDA process here sees (each with ``index``, ``name``, ``total_mib``, ``used_mib``)."""
+
+    role: str = "all"
+    model: str | None = None
+    base_url: str | None = None
+    tensor_parallel_size: int = 1
+    gpu_memory_utilization: float = 0.9
+    gpus: list[Any] = field(default_factory=list)
+
+
+Check = Callable[[], "tuple[str, str, str | None]"]  # a doctor row: (ok | problem | skip, detail, fix or None)
 
 
 class BackendKind:
@@ -35,6 +55,7 @@ class BackendKind:
     help = ""  # one sentence for --backend's help
     engine = False  # starts an engine in this process (one per dask worker; stopped when the stage ends)
     server = False  # talks to a server at base_url; its model is the name the server serves
+    schema_fix: str | None = None  # doctor's fix when its answer is not the JSON a schema asks for
 
     def problem(self, model: str | None, base_url: str | None) -> str | None:
         """What the settings lack or hold against this kind by themselves (the settings model refuses it)."""
@@ -69,8 +90,14 @@ class BackendKind:
         """GPUs one of its engines takes (a dask worker's share)."""
         return 1
 
+    def node_checks(self, node: DoctorNode) -> dict[str, Check]:
+        """``mentor doctor``'s rows about this node for this kind, by name (every kind's, in `kinds()` order, after
+        the node's own rows): each a call returning ``(status, detail, fix)``, status ``ok``, ``problem`` (give
+        the fix) or ``skip`` (the detail says why it does not apply). One that raises is a problem row."""
+        return {}
+
     def unavailable(self) -> str | None:
-        """Why it cannot run on this node (``mentor doctor``), or None."""
+        """Why it cannot run on this node (``mentor doctor``'s engine row is then skipped with it), or None."""
         return None
 
     def probe(self, model: str | None, base_url: str | None, settings: dict[str, Any]) -> dict[str, Any]:
@@ -106,4 +133,4 @@ def server_kinds() -> list[str]:
     return [n for n in kinds() if kind(n).server]
 
 
-__all__ = ["DEFAULT", "REQUEST_TIMEOUT", "BackendKind", "choices", "kind", "kinds", "server_kinds"]
+__all__ = ["DEFAULT", "REQUEST_TIMEOUT", "BackendKind", "DoctorNode", "choices", "kind", "kinds", "server_kinds"]

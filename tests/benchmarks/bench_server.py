@@ -97,7 +97,7 @@ def recording_backend(served: str, url: str, waves: bool = False):
     (``busy``: request-seconds; ``busy / wall`` is the server's mean batch); ``waves``: the stage runs in waves."""
     import threading
 
-    from mentor.pipeline.backends._openai_client import OpenAIBackend
+    from mentor.pipeline.backends.openai.client import OpenAIBackend
 
     class Recording(OpenAIBackend):
         def __init__(self) -> None:

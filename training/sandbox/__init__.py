@@ -125,7 +125,7 @@ class SandboxResult:
 # --------------------------------------------------------------------------- the backend
 
 
-def _probe(impl, memcg: MemCgroups | None = None) -> tuple[list[str], dict] | None:
+def probe_backend(impl, memcg: MemCgroups | None = None) -> tuple[list[str], dict] | None:
     """Run the probe role once: (layers, facts), or None when the backend does not start here."""
     lease = launch = None
     try:
@@ -156,7 +156,7 @@ def _probe(impl, memcg: MemCgroups | None = None) -> tuple[list[str], dict] | No
             lease.release()
 
 
-def _verified(layers: list[str], facts: dict) -> list[str]:
+def verified_layers(layers: list[str], facts: dict) -> list[str]:
     """The probe's claimed layers, minus any its observed facts contradict."""
     ok = set(layers)
     if facts.get("uid") in (0, None) or facts.get("euid") in (0, None):
@@ -215,13 +215,13 @@ def strict() -> bool:
 def backend_for(impl) -> Backend | None:
     """The backend `impl` with the layers its probe verified; None when it does not start at all."""
     memcg, why = MemCgroups.discover()
-    seen = _probe(impl, memcg)
+    seen = probe_backend(impl, memcg)
     if seen is None and memcg is not None:
         why = f"the sandbox does not start inside a memory cgroup of {memcg.base}"
-        memcg, seen = None, _probe(impl, None)
+        memcg, seen = None, probe_backend(impl, None)
     if seen is None:
         return None
-    layers = _verified(*seen)
+    layers = verified_layers(*seen)
     missing: dict[str, str] = {}
     if "memcg" not in layers:
         missing["memcg"] = why or "nothing was charged to the sandbox's memory cgroup"

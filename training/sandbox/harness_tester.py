@@ -108,7 +108,7 @@ def _stmt(_ast, node, wrap, guarded):
 # class's names); statement-level early exits (``break``, ``return`` after a failed comparison) are
 # the tests' own and stay.
 
-_FULL = {"And": "_mentor_and", "Or": "_mentor_or", "all": "_mentor_all", "any": "_mentor_any",
+FULL_HELPERS = {"And": "_mentor_and", "Or": "_mentor_or", "all": "_mentor_all", "any": "_mentor_any",
          "Compare": "_mentor_chain", "IfExp": "_mentor_ifexp"}
 _LAMBDA_UNSAFE = ("NamedExpr", "Yield", "YieldFrom", "Await")
 
@@ -236,7 +236,7 @@ def _thunk(_ast, expr):
 
 
 def _helper(_ast, name, args, like):
-    return _located(_ast.Call(_ast.Name(_FULL[name], _ast.Load()), args, []), like)
+    return _located(_ast.Call(_ast.Name(FULL_HELPERS[name], _ast.Load()), args, []), like)
 
 
 def _full(_ast, node):
@@ -256,7 +256,7 @@ def _full(_ast, node):
     return node
 
 
-def _evaluate_fully(_ast, root):
+def evaluate_fully(_ast, root):
     """Every short-circuiting expression under `root` rewritten by `_full`, innermost first (iterative:
     a test may nest deeper than the recursion limit), except directly in a class body."""
     seen, todo = [], [(root, False, None, None, None)]
@@ -293,7 +293,7 @@ def recording_tests(src, filename="tests.py"):
 
     tree = compile(src, filename, "exec", _ast.PyCF_ONLY_AST)
     tree.body = _body(_ast, tree.body, True, False)
-    tree = _evaluate_fully(_ast, tree)
+    tree = evaluate_fully(_ast, tree)
     return compile(tree, filename, "exec")
 
 
@@ -339,7 +339,7 @@ def role_tester(cfg, layers):
 
     candidate.__name__ = candidate.__qualname__ = init["entry"].rpartition(".")[2]
     g = {"__name__": "__main__", "__builtins__": builtins, _RECORD: record, _EXC: Exception,
-         **{name: globals()[name] for name in _FULL.values()}}
+         **{name: globals()[name] for name in FULL_HELPERS.values()}}
     try:
         exec(compile(init.get("prelude", "") + (init.get("setup") or ""), "setup.py", "exec"), g)
         g[init["entry"].rpartition(".")[2]] = candidate  # tests that name the function itself get the candidate too

@@ -11,6 +11,7 @@ import click
 from mentor.workflows.cli.options import config_from_options, config_options, parse_map, parse_template_kwargs, template_kwargs_option
 from mentor.pipeline.errors import ConfigError
 from mentor.pipeline.prompts import INSTRUCTIONS
+from mentor.pipeline.schemas import HINT_STATUSES
 from mentor.pipeline.stage import run_stage
 from mentor.stages import stage
 from mentor.stages.build import BuildConfig
@@ -62,8 +63,8 @@ BUILD_FLAGS = {"mapping": "--map", "hint_statuses": "--status", "instructions": 
 @click.option("--system-file", type=click.Path(exists=True, dir_okay=False), help="File with the system message.")
 @click.option("--instruction", "instructions", multiple=True, metavar="DOMAIN=TEXT",
               help="Per-domain instruction appended to the user message (repeatable; 'math=' for none).")
-@click.option("--status", "statuses", multiple=True, type=click.Choice(["accepted", "repaired", "fallback"]),
-              help="Hint statuses to use (repeatable; default all three).")
+@click.option("--status", "statuses", multiple=True, type=click.Choice(list(HINT_STATUSES)),
+              help="Hint statuses to use (repeatable; default all of them).")
 @click.option("--map", "maps", multiple=True, metavar="CANONICAL=COLUMN",
               help="Base-set column mapping, e.g. --map problem=question --map label=answer (repeatable).")
 @config_options(BuildConfig, ("seed", "answer_after", "domain", "strict"), metavars={"answer_after": "MARKER"})

