@@ -15,7 +15,7 @@ workflow runner call the same way for every kind::
 Besides the steps a launcher declares what the rest of mentor asks of a trainer (`LauncherBase`
 gives the defaults): the ``ingest --format`` of its reward's logs (``log_format``), the reward
 entry `mentor doctor` loads with the trainer's Python (``reward``), what doctor checks on a node for it
-(``node_checks``), whether it reads text prompts
+(``node_checks``), its live-hints hook (``live``, `mentor.training.live_hints`), whether it reads text prompts
 (``text_prompts_refused``), where it takes chat-template variables (``template_kwargs_key``,
 `LauncherBase.template_kwargs`), and its workflow section (``section``; by default
 ``{kind, config}``). The kinds are the folders (`mentor.pipeline.plugins`, point ``trainers``,
@@ -255,9 +255,10 @@ def log_tail(path: Path, n: int = 40) -> str:
 
 def parse_round_config(cls: type[RoundConfig], data: dict[str, Any], where: str) -> RoundConfig:
     """`cls` validated from `data`; `ConfigError` naming `where` and the field."""
-    if "live_hints" in data and "live_hints" not in cls.model_fields:  # stages/hint/live_trl.py and live_openrlhf.py; verl's agent loop: not yet
-        raise ConfigError(f"{where}: live_hints: live hints run in TRL and OpenRLHF rounds (kind: trl or kind: openrlhf); "
-                          "verl's agent loop is not wired yet: remove live_hints, or train with kind: trl or kind: openrlhf")
+    if "live_hints" in data and "live_hints" not in cls.model_fields:  # the trainers whose launcher declares a live hook
+        kinds = " or ".join(f"kind: {k}" for k in trainer_kinds() if get_launcher(k).live)
+        raise ConfigError(f"{where}: live_hints: this trainer has no live hints (its launcher declares no live hook) yet: "
+                          f"remove live_hints, or train with {kinds}")
     try:
         return cls.model_validate(data)
     except ValidationError as exc:
@@ -279,6 +280,7 @@ class Launcher(Protocol):
     reward: ClassVar["RewardEntry | None"]
     text_prompts_refused: ClassVar[str | None]
     template_kwargs_key: ClassVar[str | None]
+    live: ClassVar[str | None]
 
     def parse(self, data: dict[str, Any], where: str = "round config", strict: bool = True) -> RoundConfig:
         """The round config from `data`; `strict=False` (a workflow file being loaded) skips checks that need the
@@ -347,6 +349,7 @@ class LauncherBase:
     text_prompts_refused: ClassVar[str | None] = None  # why it cannot read text prompts (None: it reads them)
     template_kwargs_key: ClassVar[str | None] = None  # where its config takes chat-template variables (None: nowhere)
     section: ClassVar[type[BaseModel] | None] = None  # its workflow section (None: `LaunchedSection` with its kind)
+    live: ClassVar[str | None] = None  # its live-hints hook's module (None: no live hints; `mentor.training.live_hints`)
 
     @property
     def name(self) -> str:
