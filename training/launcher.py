@@ -13,7 +13,8 @@ workflow runner call the same way for every kind::
     launcher.run_round(cfg)                        # launch, wait, record outcome.json
 
 Besides the steps a launcher declares what the rest of mentor asks of a trainer (`LauncherBase`
-gives the defaults): the ``ingest --format`` of its reward's logs (``log_format``), the reward
+gives the defaults): the ``ingest --format`` of its reward's logs (``log_format``), log formats of its
+own that ``mentor ingest`` reads (``log_formats``, `mentor.pipeline.log_rows.LogFormat`), the reward
 entry `mentor doctor` loads with the trainer's Python (``reward``), what doctor checks on a node for it
 (``node_checks``), its live-hints hook (``live``, `mentor.training.live_hints`), whether it reads text prompts
 (``text_prompts_refused``), where it takes chat-template variables (``template_kwargs_key``,
@@ -42,6 +43,7 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationErr
 from mentor.pipeline import plugins
 from mentor.pipeline.errors import ConfigError, MentorError, config_error
 from mentor.pipeline.io import read_json, write_json_atomic
+from mentor.pipeline.log_rows import LogFormat
 from mentor.pipeline.models import resolve_model
 from mentor.pipeline.schemas import RECORDS_FORMAT
 from mentor.pipeline.yaml_io import read_yaml_mapping
@@ -277,6 +279,7 @@ class Launcher(Protocol):
     summary: ClassVar[tuple[str, ...]]
     name: str
     log_format: ClassVar[str]
+    log_formats: ClassVar[tuple[LogFormat, ...]]
     reward: ClassVar["RewardEntry | None"]
     text_prompts_refused: ClassVar[str | None]
     template_kwargs_key: ClassVar[str | None]
@@ -345,6 +348,7 @@ class LauncherBase:
     title: ClassVar[str] = ""  # how messages name it ("OpenRLHF 0.11.2"); default: the kind
     summary: ClassVar[tuple[str, ...]] = ("exit_code", "final_model", "log_file", "duration_s")
     log_format: ClassVar[str] = RECORDS_FORMAT  # `mentor ingest --format` of what its reward logs (mentor's JSONL records)
+    log_formats: ClassVar[tuple[LogFormat, ...]] = ()  # formats of its own logs `mentor ingest` reads (e.g. verl's dumps)
     reward: ClassVar[RewardEntry | None] = None  # what `mentor doctor` loads with the trainer's Python
     text_prompts_refused: ClassVar[str | None] = None  # why it cannot read text prompts (None: it reads them)
     template_kwargs_key: ClassVar[str | None] = None  # where its config takes chat-template variables (None: nowhere)
