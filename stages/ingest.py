@@ -22,7 +22,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from mentor.pipeline.errors import DataError
 from mentor.pipeline.inputs import outside_output, resolve_inputs
-from mentor.pipeline.io import read_json, write_parquet_atomic
+from mentor.pipeline.io import write_parquet_atomic
 from mentor.pipeline.outdir import Owns
 from mentor.pipeline.stage import Context, Round, RoundJob, Source, Stage, Stats, StatsLayout
 from mentor.pipeline.schemas import DOMAINS, RECORDS_FORMAT, SCHEMA_VERSION, conform
@@ -177,16 +177,11 @@ class IngestStage(Stage):
             key = {"format": wf.initial_rollouts.format, "map": wf.initial_rollouts.map, "round": r}
             sources = rnd.initial_sources()
         else:
-            from mentor.training.launcher import get_launcher, trainer_kinds  # not for a bare `mentor ingest`
+            from mentor.stages.train import section_logs  # not for a bare `mentor ingest`
 
-            kind = wf.trainer.kind  # offline: mentor's own rollouts; a trainer: the format its reward logs in
-            fmt = "canonical" if kind == "offline" else get_launcher(kind).log_format if kind in trainer_kinds() else None
-            key = {"format": fmt or wf.trainer.format, "round": r}
-            train = rnd.run_dir.stage(r, "train")
-            if wf.trainer.kind == "external":  # the files the train stage waited for (its marker)
-                sources = read_json(train.done_dir / f"{train.done_key()}.done")["files"]
-            else:
-                sources = [str(train.path / "logs")]
+            # The format and files the trainer section declares (its launcher's log_format, or the train stage's own kind's)
+            fmt, sources = section_logs(wf.trainer, rnd.run_dir.stage(r, "train"))
+            key = {"format": fmt, "round": r}
         cfg = {"format": key["format"], "round": r, "domain": wf.domain, "mapping": key.get("map") or {},
                "problems": str(rnd.problems_path)}
         return RoundJob(key, {"sources": sources}, cfg, upstream=[rnd.tokens["train"], rnd.base_token])
