@@ -165,7 +165,7 @@ def read_openrlhf(path: Path, round_: int | None, domain: str, stats: Stats, see
             "hint_id": text(rec.get("hint_id")),
             "domain": text(rec.get("domain")) or domain,
             "label": text(rec.get("label")),
-            "source": f"{text(rec.get('trainer')) or 'openrlhf'}:{path.name}",
+            "source": f"{text(rec.get('trainer')) or RECORDS_FORMAT}:{path.name}",
             "truncated": rec.get("truncated") if isinstance(rec.get("truncated"), bool) else None,
             "step": step_of(rec.get("step")),
             "_order": order,

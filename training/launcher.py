@@ -354,6 +354,8 @@ class LauncherBase:
     template_kwargs_key: ClassVar[str | None] = None  # where its config takes chat-template variables (None: nowhere)
     section: ClassVar[type[BaseModel] | None] = None  # its workflow section (None: `LaunchedSection` with its kind)
     live: ClassVar[str | None] = None  # its live-hints hook's module (None: no live hints; `mentor.training.live_hints`)
+    round_yaml_default: ClassVar[bool] = False  # a round.yaml without `kind` is its (one trainer's: `default_kind`)
+    response_limit_key: ClassVar[str | None] = None  # where its round config sets the response limit (in mine's advice)
 
     @property
     def name(self) -> str:
@@ -408,6 +410,11 @@ def trainer_kinds() -> list[str]:
     return plugins.names("trainers")
 
 
+def response_limit_settings() -> str:
+    """Where each trainer's round config sets the response limit, for advice ("TRL max_completion_length, ...")."""
+    return ", ".join(f"{la.name} {la.response_limit_key}" for la in map(get_launcher, trainer_kinds()) if la.response_limit_key)
+
+
 def get_launcher(kind: Any) -> Launcher:
     """The ``LAUNCHER`` of trainer `kind` (imported on first use: a round of one kind never imports another's code)."""
     kinds = trainer_kinds()
@@ -417,22 +424,25 @@ def get_launcher(kind: Any) -> Launcher:
 
 
 def load_round(path: str | os.PathLike) -> tuple[Launcher, RoundConfig]:
-    """A `round.yaml`: its launcher (``kind``, default openrlhf) and its config; errors name the file."""
+    """A `round.yaml`: its launcher (``kind``; left out: `default_kind`) and its config; errors name the file."""
     data = read_yaml_mapping(Path(path), "round settings")
-    kind = DEFAULT_KIND if data.get("kind") is None else data["kind"]
+    kind = default_kind() if data.get("kind") is None else data["kind"]
     kinds = trainer_kinds()
     if not isinstance(kind, str) or kind not in kinds:
-        raise ConfigError(f"{path}: kind {kind!r}: give one of {', '.join(kinds)} (a single name; "
-                          f"leave it out for {DEFAULT_KIND})")
+        default = default_kind()
+        raise ConfigError(f"{path}: kind {kind!r}: give one of {', '.join(kinds)} (a single name"
+                          + (f"; leave it out for {default})" if default else ")"))
     launcher = get_launcher(kind)
     return launcher, launcher.parse(data, str(path))
 
 
-# A round.yaml without `kind` (they predate the others).
-DEFAULT_KIND = "openrlhf"
+def default_kind() -> str | None:
+    """The kind of a round.yaml without ``kind``: the trainer whose launcher declares ``round_yaml_default`` (its
+    round.yaml files predate the others), None when none does."""
+    return next((k for k in trainer_kinds() if get_launcher(k).round_yaml_default), None)
 
 
-__all__ = ["DEFAULT_KIND", "LaunchedSection", "Launcher", "LauncherBase", "ModelRef", "OUTCOME", "RewardEntry", "RewardFile",
-           "ROUND_PLACEHOLDERS", "RoundConfig", "TrainError", "check_placeholders", "get_launcher", "load_round", "local_model_or_name", "log_tail",
+__all__ = ["LaunchedSection", "Launcher", "LauncherBase", "ModelRef", "OUTCOME", "RewardEntry", "RewardFile",
+           "ROUND_PLACEHOLDERS", "RoundConfig", "TrainError", "check_placeholders", "default_kind", "get_launcher", "response_limit_settings", "load_round", "local_model_or_name", "log_tail",
            "prompt_sources_ok", "reward_file_path", "outcome_record", "parse_round_config", "previous_final_model",
            "trainer_kinds"]

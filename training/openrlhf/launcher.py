@@ -438,6 +438,8 @@ class OpenRLHFLauncher(LauncherBase):
     summary: ClassVar[tuple[str, ...]] = ("exit_code", "final_model", "log_file", "duration_s")
     reward: ClassVar[tuple[str, str, str]] = (str(REWARD_FILE), "reward_func", "file")
     live: ClassVar[str] = "mentor.training.openrlhf.live"  # its live hook: OpenRLHF takes AgentExecutor from LIVE_FILE
+    response_limit_key: ClassVar[str] = "rollout.max_new_tokens"
+    round_yaml_default: ClassVar[bool] = True  # a round.yaml without kind (they predate the other trainers)
 
     def parse(self, data: dict[str, Any], where: str = "round config", strict: bool = True) -> TrainConfig:
         return parse_config(data, where)

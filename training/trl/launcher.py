@@ -262,8 +262,7 @@ def round_spec(cfg: TrlTrainConfig) -> dict[str, Any]:
 
 REWARD_MODULE = "mentor.training.trl.reward"
 ROUND_MODULE = "mentor.training.trl.train"  # the round's process
-# With live_hints: the live-hints entry (stage code: started by name, never imported) runs `TrlLauncher.live` (`trl.live`)
-LIVE_MODULE = LIVE_ENTRY
+LIVE_MODULE = LIVE_ENTRY  # with live_hints: the live entry (stage code: started by name, not imported) runs `live`
 
 
 def check_reward(cfg: TrlTrainConfig, env: dict[str, str]) -> str:
@@ -456,6 +455,7 @@ class TrlLauncher(LauncherBase):
     reward: ClassVar[tuple[str, str, str]] = (REWARD_MODULE, "make_reward", "module")
     template_kwargs_key: ClassVar[str] = "chat_template_kwargs"
     live: ClassVar[str] = "mentor.training.trl.live"
+    response_limit_key: ClassVar[str] = "max_completion_length"
 
     def parse(self, data: dict[str, Any], where: str = "round config", strict: bool = True) -> TrlTrainConfig:
         """`strict`: TRL must be installed here (its GRPOConfig checks the fields); otherwise only mentor's fields

@@ -372,6 +372,7 @@ class VerlLauncher(LauncherBase):
     text_prompts_refused: ClassVar[str] = TEXT_WHY
     template_kwargs_key: ClassVar[str] = "overrides.data.apply_chat_template_kwargs"
     section: ClassVar[type[BaseModel]] = VerlTrainer
+    response_limit_key: ClassVar[str] = "data.max_response_length"
     log_formats: ClassVar[tuple[LogFormat, ...]] = (DUMPS,)  # `mentor ingest --format verl`: verl's own rollout dumps
 
     def template_kwargs(self, config: Mapping[str, Any]) -> Any:
