@@ -310,7 +310,7 @@ class TrainStage(Stage):
         logs.mkdir(parents=True, exist_ok=True)
         run_dir = Path(inputs.run_dir) if inputs.run_dir else out_dir.parent.parent
         stats.kind = t.kind
-        if t.kind == "offline":
+        if isinstance(t, OfflineTrainer):
             rollout = t.rollout.model_copy(update={"seed": offline_seed(t, cfg.round), "round": cfg.round})
             stats.rollouts = ROLLOUT({"prompts": [inputs.prompts]}, rollout, logs, Context(backend=t.policy.spec())).rollouts
         elif launched(t):
