@@ -32,7 +32,7 @@ from mentor.stages.ingest_formats import (
     read_canonical,
     read_gsm8k_example,
     read_jsonl_mapped,
-    read_openrlhf,
+    read_records,
     sniff_format,
     trainer_formats,
 )
@@ -227,7 +227,7 @@ class IngestStage(Stage):
             elif kind in theirs:
                 table = theirs[kind].read(path, default_round, domain, stats, seen[kind])
             elif kind == RECORDS_FORMAT:
-                table = read_openrlhf(path, round_, domain, stats, seen[kind])
+                table = read_records(path, round_, domain, stats, seen[kind])
             else:
                 table = read_jsonl_mapped(path, default_round, domain, mapping, stats)
             table = recovery.by_id(table)

@@ -11,7 +11,7 @@ line and the fix.
 Formats
 -------
 ``canonical``      our own Parquet shards
-``openrlhf``       the JSONL records our reward files append (schemas.OPENRLHF_RECORD_FIELDS)
+``openrlhf``       the JSONL records our reward files append (schemas.RECORD_FIELDS)
 ``gsm8k-example``  openai/grade-school-math ``example_model_solutions.jsonl``
 ``jsonl``          any JSONL/Parquet with a column mapping (``--map canonical=source``)
 
@@ -45,7 +45,7 @@ from mentor.pipeline.log_rows import (
     step_of,
     text,
 )
-from mentor.pipeline.schemas import OPENRLHF_RECORD_FIELDS, RECORDS_FORMAT, ROLLOUTS, check_schema, conform
+from mentor.pipeline.schemas import RECORD_FIELDS, RECORDS_FORMAT, ROLLOUTS, check_schema, conform
 from mentor.pipeline.stage import Stats
 from mentor.training.launcher import get_launcher, trainer_kinds
 
@@ -81,7 +81,7 @@ def _sniff_keys(keys: set[str], path: Path) -> str:
     for fmt in trainer_formats().values():
         if fmt.keys <= keys:
             return fmt.name
-    if set(OPENRLHF_RECORD_FIELDS) <= keys:
+    if set(RECORD_FIELDS) <= keys:
         return RECORDS_FORMAT
     raise ConfigError(
         f"{path}: cannot tell the format from its columns ({', '.join(sorted(keys)[:12])}); "
@@ -132,7 +132,7 @@ def read_gsm8k_example(path: Path, round_: int, domain: str, stats: Stats) -> pa
     return rollout_table(rows)
 
 
-def read_openrlhf(path: Path, round_: int | None, domain: str, stats: Stats, seen: Counter | None = None) -> pa.Table:
+def read_records(path: Path, round_: int | None, domain: str, stats: Stats, seen: Counter | None = None) -> pa.Table:
     """Our reward files' records; a torn last line (killed writer) is quarantined.
 
     `seen` numbers samples per (problem, round) across all files of one ingest: the
@@ -141,7 +141,7 @@ def read_openrlhf(path: Path, round_: int | None, domain: str, stats: Stats, see
     """
 
     def make(lineno: int, rec: dict) -> dict:
-        missing = [k for k in OPENRLHF_RECORD_FIELDS if k not in rec]
+        missing = [k for k in RECORD_FIELDS if k not in rec]
         if missing:
             raise Quarantine("record_missing_fields")
         pid, why = problem_id_of(rec["problem_id"])

@@ -1,6 +1,6 @@
 """Per-process JSONL shards of rollout records, written by the reward functions.
 
-Every rollout the trainer scores becomes one line, a `schemas.OPENRLHF_RECORD_FIELDS`
+Every rollout the trainer scores becomes one line, a `schemas.RECORD_FIELDS`
 record (plus the optional fields), in ``<rollout dir>/<trainer>-<run>-<host>-<pid>-<rand>.jsonl``.
 `mentor ingest --format openrlhf <rollout dir>` turns the shards into canonical
 rollouts.
@@ -63,7 +63,7 @@ from pathlib import Path
 from typing import Any
 
 from mentor.pipeline.errors import ConfigError
-from mentor.pipeline.schemas import OPENRLHF_RECORD_FIELDS, OPENRLHF_RECORD_OPTIONAL, RECORDS_FORMAT, SCHEMA_VERSION
+from mentor.pipeline.schemas import RECORD_FIELDS, RECORD_OPTIONAL, RECORDS_FORMAT, SCHEMA_VERSION
 
 log = logging.getLogger(__name__)
 
@@ -249,12 +249,12 @@ def make_record(
 
 def check_record(rec: dict[str, Any]) -> None:
     """Raise ValueError if `rec` lacks a required field or has a wrong type."""
-    for key, typ in OPENRLHF_RECORD_FIELDS.items():
+    for key, typ in RECORD_FIELDS.items():
         if key not in rec:
             raise ValueError(f"rollout record misses {key!r}")
         if not isinstance(rec[key], typ) or (typ is int and isinstance(rec[key], bool)):
             raise ValueError(f"rollout record field {key!r} is {type(rec[key]).__name__}, expected {typ}")
-    for key, typ in OPENRLHF_RECORD_OPTIONAL.items():
+    for key, typ in RECORD_OPTIONAL.items():
         if rec.get(key) is not None and not isinstance(rec[key], typ):
             raise ValueError(f"rollout record field {key!r} is {type(rec[key]).__name__}, expected {typ}")
 
