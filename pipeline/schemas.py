@@ -8,7 +8,7 @@ Stages meet only through these datasets:
 - ``PROMPTS``   next-epoch prompt shards (output of `build`, input of the trainer)
 - ``PROBLEMS``  a base problem set (bundled MATH-500 / HumanEval / GSM8K, or the user's)
 
-plus ``OPENRLHF_RECORD_FIELDS``, the JSONL record our reward files append for
+plus ``RECORD_FIELDS``, the JSONL record our reward files append for
 every rollout (read back by ``mentor ingest --format openrlhf``).
 
 Every dataset written by mentor carries ``mentor.schema_version`` and
@@ -179,7 +179,7 @@ SCHEMAS: dict[str, pa.Schema] = {
 # The JSONL record every trainer's reward file (OpenRLHF, verl, TRL) appends per rollout.
 # Required keys first; `ingest --format openrlhf` reads exactly these.
 RECORDS_FORMAT = "openrlhf"  # their `ingest --format` (a format name, after the first trainer that wrote them; kept)
-OPENRLHF_RECORD_FIELDS: dict[str, type | tuple[type, ...]] = {
+RECORD_FIELDS: dict[str, type | tuple[type, ...]] = {
     "v": int,  # record format version (== int(SCHEMA_VERSION))
     "problem_id": str,
     "round": int,
@@ -189,7 +189,7 @@ OPENRLHF_RECORD_FIELDS: dict[str, type | tuple[type, ...]] = {
     "correct": (int, float),  # raw verifier correctness in [0, 1]
     "reward": (int, float),  # reward returned to the trainer
 }
-OPENRLHF_RECORD_OPTIONAL: dict[str, type | tuple[type, ...]] = {
+RECORD_OPTIONAL: dict[str, type | tuple[type, ...]] = {
     "hint_id": str,
     "label": str,  # reference in domain form
     "truncated": bool,

@@ -22,26 +22,26 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from mentor.pipeline.errors import DataError
 from mentor.pipeline.inputs import outside_output, resolve_inputs
-from mentor.pipeline.io import read_json, write_parquet_atomic
+from mentor.pipeline.io import write_parquet_atomic
 from mentor.pipeline.outdir import Owns
 from mentor.pipeline.stage import Context, Round, RoundJob, Source, Stage, Stats, StatsLayout
 from mentor.pipeline.schemas import DOMAINS, RECORDS_FORMAT, SCHEMA_VERSION, conform
+from mentor.pipeline.log_rows import INT32_MAX, check_not_empty
 from mentor.stages.ingest_formats import (
-    INT32_MAX,
     check_mapping,
-    check_not_empty,
     read_canonical,
     read_gsm8k_example,
     read_jsonl_mapped,
-    read_openrlhf,
-    read_verl,
+    read_records,
     sniff_format,
+    trainer_formats,
 )
 from mentor.stages.ingest_problems import ProblemRecovery, problem_texts, run_base_texts
 
 log = logging.getLogger(__name__)
 
-FORMATS = ("auto", "canonical", "verl", RECORDS_FORMAT, "gsm8k-example", "jsonl")
+# mentor's own formats and the trainers' (their launchers' log_formats, e.g. verl's dumps)
+FORMATS = ("auto", "canonical", *trainer_formats(), RECORDS_FORMAT, "gsm8k-example", "jsonl")
 DEFAULT_MAX_RESPONSE_BYTES = 1 << 20  # responses above this are clipped (head + tail kept)
 
 
@@ -177,16 +177,11 @@ class IngestStage(Stage):
             key = {"format": wf.initial_rollouts.format, "map": wf.initial_rollouts.map, "round": r}
             sources = rnd.initial_sources()
         else:
-            from mentor.training.launcher import get_launcher, trainer_kinds  # not for a bare `mentor ingest`
+            from mentor.stages.train import section_logs  # not for a bare `mentor ingest`
 
-            kind = wf.trainer.kind  # offline: mentor's own rollouts; a trainer: the format its reward logs in
-            fmt = "canonical" if kind == "offline" else get_launcher(kind).log_format if kind in trainer_kinds() else None
-            key = {"format": fmt or wf.trainer.format, "round": r}
-            train = rnd.run_dir.stage(r, "train")
-            if wf.trainer.kind == "external":  # the files the train stage waited for (its marker)
-                sources = read_json(train.done_dir / f"{train.done_key()}.done")["files"]
-            else:
-                sources = [str(train.path / "logs")]
+            # The format and files the trainer section declares (its launcher's log_format, or the train stage's own kind's)
+            fmt, sources = section_logs(wf.trainer, rnd.run_dir.stage(r, "train"))
+            key = {"format": fmt, "round": r}
         cfg = {"format": key["format"], "round": r, "domain": wf.domain, "mapping": key.get("map") or {},
                "problems": str(rnd.problems_path)}
         return RoundJob(key, {"sources": sources}, cfg, upstream=[rnd.tokens["train"], rnd.base_token])
@@ -214,25 +209,25 @@ class IngestStage(Stage):
         shards: list[str] = []
         ids: set[str] = set()
         seen_keys: set[tuple[str, int, int]] = set()
-        verl_counter: Counter = Counter()
-        openrlhf_counter: Counter = Counter()
+        theirs = trainer_formats()
+        seen: dict[str, Counter] = {kind: Counter() for kind in (*theirs, RECORDS_FORMAT)}  # samples numbered per format
         recovery = ProblemRecovery(texts)
         for i, path in enumerate(paths):
             kind = chosen[path]
             stats.files += 1
             if kind != "canonical":
                 check_not_empty(path)
-            if kind in ("verl", RECORDS_FORMAT, "gsm8k-example") and path.suffix == ".parquet":
+            if kind in (*theirs, RECORDS_FORMAT, "gsm8k-example") and path.suffix == ".parquet":
                 raise DataError(f"{path}: a Parquet file, but --format {kind} logs are JSONL; "
                                 "pass --format jsonl with --map canonical=column (e.g. --map prompt=input --map response=output)")
             if kind == "canonical":
                 table = read_canonical(path, round_, stats)
             elif kind == "gsm8k-example":
                 table = read_gsm8k_example(path, default_round, domain, stats)
-            elif kind == "verl":
-                table = read_verl(path, default_round, domain, stats, verl_counter)
+            elif kind in theirs:
+                table = theirs[kind].read(path, default_round, domain, stats, seen[kind])
             elif kind == RECORDS_FORMAT:
-                table = read_openrlhf(path, round_, domain, stats, openrlhf_counter)
+                table = read_records(path, round_, domain, stats, seen[kind])
             else:
                 table = read_jsonl_mapped(path, default_round, domain, mapping, stats)
             table = recovery.by_id(table)

@@ -61,6 +61,7 @@ from mentor.pipeline.stage import Context, Round, RoundJob, Source, Stage, Stats
 from mentor.stages.mine_config import MineConfig
 from mentor.stages.mine_history import apply_history, history_frames
 from mentor.stages.solutions import load_solutions
+from mentor.training.launcher import response_limit_settings
 
 log = logging.getLogger(__name__)
 
@@ -76,8 +77,9 @@ MINE_STATS = StatsLayout(
 )
 CUT_FILE = "cut.jsonl"
 CUT_SCHEMA = {"problem_id": pl.String, "round": pl.Int32, "n_rollouts": pl.Int32, "n_valid": pl.Int32, "n_cut": pl.Int32}
-CUT_FIX = ("these problems failed mostly at the response limit, not for want of a hint: raise the round's response limit "
-           "(verl data.max_response_length, TRL max_completion_length, OpenRLHF rollout.max_new_tokens) and train them again")
+def cut_fix() -> str:  # the advice for problems cut at the response limit: the trainers' settings, from their launchers
+    return ("these problems failed mostly at the response limit, not for want of a hint: raise the round's response limit "
+            f"({response_limit_settings()}) and train them again")
 ROWS_PER_PART = 4_000_000  # rollouts counted per part: the group-by state of ~1M problems
 
 # --------------------------------------------------------------------------- row checks
@@ -471,8 +473,7 @@ class MineStage(Stage):
             return None
         share = f"{share:.4f}" if isinstance(share, float) else "-" if share is None else share
         return (f"round {row['round']}: {cut} of {row.get('rows')} collapsed problems ({share}) failed mostly at the "
-                "response limit and are not hinted; raise the round's response limit (verl data.max_response_length, "
-                "TRL max_completion_length, OpenRLHF rollout.max_new_tokens)")
+                f"response limit and are not hinted; raise the round's response limit ({response_limit_settings()})")
 
     def plan(self, inputs: MineInputs, cfg: MineConfig, out_dir: Path) -> MineInputs:
         sources = [str(f) for f in outside_output(resolve_inputs(inputs.sources), inputs.sources, out_dir)]
@@ -487,7 +488,7 @@ class MineStage(Stage):
         fault_point("mine.after_collapsed")
         _write_cut(mined.cut if mined.cut is not None else pl.DataFrame(schema=CUT_SCHEMA), out_dir / CUT_FILE)
         if mined.stats.cut:
-            mined.stats.extra["cut_fix"] = CUT_FIX
+            mined.stats.extra["cut_fix"] = cut_fix()
         mined.stats.extra["config"] = cfg.model_dump()
         return mined.stats
 

@@ -11,6 +11,13 @@ kind), and each kind is one branch of `TrainStage.run`:
 - ``external``: a trainer mentor does not launch; wait until the round's logs are complete;
 - no trainer, ``initial_rollouts``: existing logs stand in for round 0 (nothing runs).
 
+``offline`` and ``external`` are this stage's own kinds (`OwnKind`), not trainers: each declares what
+the rest of a workflow asks of a trainer section (the policy mentor samples, the seeds of its rounds,
+the chat-template variables, text prompts, the format and files of its logs), as a trainer's launcher
+does for its kind; the functions below (`section_policy`, `check_section`, `section_model`,
+`section_template_kwargs`, `section_reads_text`, `section_logs`, ...) answer for any section, so the
+workflow config, the runner and the ingest stage never name a kind.
+
 The stage writes into ``round-NNN/train`` directly (``staged`` False): a trainer's own
 checkpoints are its resume. Before any trainer starts, every engine an earlier stage
 left (here or on the dask workers) is released: the GPUs' memory is the trainer's.
@@ -24,12 +31,14 @@ import logging
 import os
 import time
 from pathlib import Path
-from typing import Annotated, Any, Literal, Union
+from typing import Annotated, Any, ClassVar, Literal, Union
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from mentor.pipeline.errors import ConfigError, DataError
+from mentor.pipeline.backends import kind as backend_kind
 from mentor.pipeline.inputs import glob_files
+from mentor.pipeline.io import read_json
 from mentor.pipeline.llm import BackendSettings, release_engines
 from mentor.pipeline.outdir import Owns
 from mentor.pipeline.schemas import RECORDS_FORMAT
@@ -37,6 +46,7 @@ from mentor.pipeline.stage import Context, Round, RoundJob, Source, Stage, Stats
 from mentor.stages.hint.live import hint_config
 from mentor.stages.rollout import ROLLOUT, SEED_MAX, RolloutConfig
 from mentor.training.launcher import OUTCOME, check_placeholders, get_launcher, trainer_kinds
+from mentor.training.prompt_format import kwargs_mapping, template_kwargs_key, text_prompts_refused, trainer_template_kwargs
 
 
 log = logging.getLogger(__name__)
@@ -49,8 +59,38 @@ class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
 
-class OfflineTrainer(_Strict):
+class OwnKind(_Strict):
+    """A kind of this stage's own, not a trainer: what a workflow asks of its trainer section, with the defaults."""
+
+    reads_text: ClassVar[bool] = False  # it may be handed text prompts (build keeps its own placement default)
+    kwargs_key: ClassVar[str] = ""  # where its settings take chat-template variables (none of mentor's: "")
+    needs_prompts: ClassVar[bool] = True  # it trains on (or answers) the round's prompts
+
+    def sampled_policy(self) -> BackendSettings | None:
+        """The policy mentor samples itself in each round (None: none)."""
+        return None
+
+    def check_rounds(self, rounds: int) -> None:
+        """Checks of a run of `rounds` rounds, before the first (a `ConfigError`)."""
+
+    def template_kwargs(self) -> Any:
+        """The chat-template variables its settings pass (as given; None: none)."""
+        return None
+
+    def log_format(self) -> str:
+        """The ``ingest --format`` of the round's logs."""
+        return RECORDS_FORMAT
+
+    def log_sources(self, train: Any) -> list[str]:
+        """The round's logs, given the train stage's folder of the round (`mentor.pipeline.rundir.StageDir`)."""
+        return [str(train.path / "logs")]
+
+
+class OfflineTrainer(OwnKind):
     """No training: sample the policy on the round's prompts with `mentor rollout` (vLLM)."""
+
+    reads_text: ClassVar[bool] = True  # `mentor rollout` sends text prompts as they are
+    kwargs_key: ClassVar[str] = "rollout.chat_template_kwargs"
 
     kind: Literal["offline"]
     policy: BackendSettings = Field(default_factory=BackendSettings, description="The policy that answers the prompts.")
@@ -59,9 +99,23 @@ class OfflineTrainer(_Strict):
         description="`mentor rollout` settings (k, max_tokens, temperature, ...); each round offsets the seed and stamps its round.",
     )
 
+    def sampled_policy(self) -> BackendSettings:
+        return self.policy
 
-class ExternalTrainer(_Strict):
+    def check_rounds(self, rounds: int) -> None:
+        offline_seed(self, rounds - 1)  # the last round's seed stays in range
+
+    def template_kwargs(self) -> Any:
+        return self.rollout.chat_template_kwargs
+
+    def log_format(self) -> str:
+        return "canonical"  # `mentor rollout` writes canonical rollout shards
+
+
+class ExternalTrainer(OwnKind):
     """A trainer mentor does not launch: wait for the round's rollout logs to appear."""
+
+    needs_prompts: ClassVar[bool] = False  # it trains on whatever it trains on
 
     kind: Literal["external"]
     rollouts: str = Field(description="Glob of the round's logs; placeholders {round} {run_dir}.")
@@ -77,6 +131,12 @@ class ExternalTrainer(_Strict):
         if v is not None and not v.strip():
             raise ValueError("empty: give a glob (rollouts) or a file (sentinel); placeholders {round} {run_dir}")
         return v if v is None else check_placeholders(v, EXTERNAL_PLACEHOLDERS)
+
+    def log_format(self) -> str:
+        return self.format
+
+    def log_sources(self, train: Any) -> list[str]:
+        return read_json(train.done_dir / f"{train.done_key()}.done")["files"]  # the files the round waited for (its marker)
 
 
 def trainer_union() -> Any:
@@ -101,6 +161,64 @@ def offline_seed(t: OfflineTrainer, r: int) -> int:
 def launched(trainer: Any) -> bool:
     """Whether mentor launches this trainer as a `Launcher` round (a trainer kind with ``config``)."""
     return trainer.kind in trainer_kinds() and getattr(trainer, "config", None) is not None
+
+
+# --------------------------------------------------------------------------- what a workflow asks of its trainer section
+
+
+def section_policy(trainer: Any) -> BackendSettings | None:
+    """The policy mentor samples itself in each round of this section (None: a trainer's own, or none)."""
+    return trainer.sampled_policy() if isinstance(trainer, OwnKind) else None
+
+
+def section_model(trainer: Any) -> str | None:
+    """The policy model the section starts from (its tokenizer renders the prompts), where mentor knows it."""
+    policy = section_policy(trainer)
+    if policy is not None:
+        return backend_kind(policy.backend).tokenizer(policy.model)
+    config = getattr(trainer, "config", None) or {}
+    return config.get("base_model") if isinstance(config, dict) else None
+
+
+def check_section(trainer: Any, rounds: int, strict: bool = False) -> None:
+    """The section's checks for a run of `rounds` rounds, before the first (a `ConfigError`): a launched trainer's round
+    config (`strict`: also what needs the trainer's package here, as the round will), an own kind's (offline: the seeds)."""
+    if isinstance(trainer, OwnKind):
+        trainer.check_rounds(rounds)
+    elif launched(trainer):
+        if "kind" in trainer.config:
+            raise ConfigError("trainer.config.kind: set by trainer.kind; remove it")
+        get_launcher(trainer.kind).parse(trainer.config, "trainer.config", strict=strict)
+
+
+def section_reads_text(trainer: Any) -> bool:
+    """Whether the section may be handed text prompts (build then keeps its own placement default)."""
+    if isinstance(trainer, OwnKind):
+        return trainer.reads_text
+    return trainer.kind in trainer_kinds() and text_prompts_refused(trainer.kind) is None
+
+
+def section_kwargs_key(trainer: Any) -> str | None:
+    """Where the section's settings take chat-template variables (None: the trainer has no such setting)."""
+    if isinstance(trainer, OwnKind):
+        return trainer.kwargs_key
+    return template_kwargs_key(trainer.kind) if trainer.kind in trainer_kinds() else ""
+
+
+def section_template_kwargs(trainer: Any) -> dict[str, Any] | None:
+    """The chat-template variables the section passes (None: it sets none, or has no such setting)."""
+    if isinstance(trainer, OwnKind):
+        return kwargs_mapping(trainer.kwargs_key, trainer.template_kwargs())
+    config = getattr(trainer, "config", None)
+    return trainer_template_kwargs(trainer.kind, config) if isinstance(config, dict) else None
+
+
+def section_logs(trainer: Any, train: Any) -> tuple[str | None, list[str]]:
+    """(the ``ingest --format``, the files) of a round's logs, given the train stage's folder of the round."""
+    if isinstance(trainer, OwnKind):
+        return trainer.log_format(), trainer.log_sources(train)
+    fmt = get_launcher(trainer.kind).log_format if trainer.kind in trainer_kinds() else None
+    return fmt or getattr(trainer, "format", None), [str(train.path / "logs")]
 
 
 class TrainConfig(_Strict):
@@ -173,7 +291,7 @@ class TrainStage(Stage):
 
     def plan(self, inputs: TrainInputs, cfg: TrainConfig, out_dir: Path) -> TrainInputs:
         t = cfg.trainer
-        if t is not None and t.kind != "external" and inputs.prompts is None:
+        if t is not None and (t.needs_prompts if isinstance(t, OwnKind) else True) and inputs.prompts is None:
             raise ConfigError(f"the {t.kind} trainer trains on the round's prompts: give prompts")
         if t is not None and launched(t):
             round_cfg = get_launcher(t.kind).parse(t.config, "trainer.config")  # its checks, before anything runs
@@ -192,7 +310,7 @@ class TrainStage(Stage):
         logs.mkdir(parents=True, exist_ok=True)
         run_dir = Path(inputs.run_dir) if inputs.run_dir else out_dir.parent.parent
         stats.kind = t.kind
-        if t.kind == "offline":
+        if isinstance(t, OfflineTrainer):
             rollout = t.rollout.model_copy(update={"seed": offline_seed(t, cfg.round), "round": cfg.round})
             stats.rollouts = ROLLOUT({"prompts": [inputs.prompts]}, rollout, logs, Context(backend=t.policy.spec())).rollouts
         elif launched(t):
@@ -263,5 +381,6 @@ def _duration(seconds: float) -> str:
 STAGE = TRAIN = TrainStage()
 
 
-__all__ = ["STAGE", "TRAIN", "TRAIN_STATS", "ExternalTrainer", "OfflineTrainer", "TrainConfig", "TrainInputs", "TrainStage",
-           "Trainer", "launched", "offline_seed", "trainer_union"]
+__all__ = ["STAGE", "TRAIN", "TRAIN_STATS", "ExternalTrainer", "OfflineTrainer", "OwnKind", "TrainConfig", "TrainInputs",
+           "TrainStage", "Trainer", "check_section", "launched", "offline_seed", "section_kwargs_key", "section_logs",
+           "section_model", "section_policy", "section_reads_text", "section_template_kwargs", "trainer_union"]

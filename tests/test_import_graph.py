@@ -7,9 +7,9 @@ architecture page states:
     pipeline  <  data  <  training  <  stages  <  workflows
 
 pipeline depends on nothing of mentor's; each room above may import the rooms below it, and no import goes
-upward (no allow-list). Code a lower room starts by name rather than imports (the hint stage's live-hints hooks,
-which the TRL and OpenRLHF launchers start as a process module or an agent file) is checked to exist where the
-launcher names it.
+upward (no allow-list). Code a lower room starts by name rather than imports (the hint stage's live-hints entry,
+which the TRL and OpenRLHF launchers start as a process module or a file OpenRLHF loads by path) is checked to exist
+where the launcher names it.
 """
 
 from __future__ import annotations
@@ -69,12 +69,21 @@ def test_the_tree_is_the_import_path():
     assert not wrong, "\n".join(wrong)
 
 
-def test_the_live_hints_hooks_the_launchers_name_exist():
-    """training/ starts the hint stage's live hooks by name, never by import: each name is the file it says."""
+def test_the_live_hints_entry_the_launchers_name_exists():
+    """training/ starts the hint stage's live-hints entry by name, never by import: the name is the file it says, a
+    process module; each trainer's live hook is a module of its own folder that the entry hands the hint call."""
+    from mentor.training.launcher import get_launcher, trainer_kinds
+    from mentor.training.live_hints import LIVE_ENTRY, live_entry_file
     from mentor.training.openrlhf.launcher import LIVE_FILE
     from mentor.training.trl.launcher import LIVE_MODULE
 
-    assert LIVE_FILE == REPO / "stages" / "hint" / "live_openrlhf.py" and LIVE_FILE.is_file()
-    assert "class AgentExecutor(" in LIVE_FILE.read_text()
-    path = REPO / Path(*LIVE_MODULE.split(".")[1:]).with_suffix(".py")
-    assert path.is_file() and 'if __name__ == "__main__":' in path.read_text()
+    path = REPO / Path(*LIVE_ENTRY.split(".")[1:]).with_suffix(".py")
+    assert LIVE_MODULE == LIVE_ENTRY and live_entry_file() == LIVE_FILE == path and path.is_file()
+    assert 'if __name__ == "__main__":' in path.read_text() and "def __getattr__(name: str)" in path.read_text()
+    hooks = {k: get_launcher(k).live for k in trainer_kinds() if get_launcher(k).live}
+    assert hooks == {"openrlhf": "mentor.training.openrlhf.live", "trl": "mentor.training.trl.live"}
+    for kind, hook in hooks.items():
+        file = REPO / Path(*hook.split(".")[1:]).with_suffix(".py")
+        assert file.parent == REPO / "training" / kind and file.is_file()
+    assert "def main(argv: list[str], hinter: HinterFactory)" in (REPO / "training" / "trl" / "live.py").read_text()
+    assert 'FILE_EXPORTS = {"AgentExecutor": agent_executor}' in (REPO / "training" / "openrlhf" / "live.py").read_text()

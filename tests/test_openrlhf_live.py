@@ -182,6 +182,10 @@ def test_agent_executor_needs_the_round_settings(monkeypatch):
     from openrlhf.trainer.ray.vllm_engine import _load_agent_executor
 
     monkeypatch.delenv("MENTOR_LIVE_HINTS", raising=False)
+    monkeypatch.delenv("MENTOR_LIVE_TRAINER", raising=False)  # which trainer's hook the entry's file gives: not told
+    with pytest.raises(AssertionError, match="Agent module must contain AgentExecutor class"):
+        _load_agent_executor(str(LIVE_FILE))
+    monkeypatch.setenv("MENTOR_LIVE_TRAINER", LAUNCHER.kind)  # as `mentor train` sets it (build_env)
     with pytest.raises(ConfigError, match="MENTOR_LIVE_HINTS is not set"):
         _load_agent_executor(str(LIVE_FILE))
     monkeypatch.setenv("MENTOR_LIVE_HINTS", json.dumps(_live("http://127.0.0.1:9/v1")))
@@ -202,8 +206,10 @@ def test_openrlhf_round_launches_the_executor(tmp_path, shards):
     assert cmd[cmd.index("--train.agent_func_path") + 1] == str(LIVE_FILE) and "--reward.remote_url" not in cmd
     env = build_env(cfg)
     assert json.loads(env["MENTOR_LIVE_HINTS"])["max_problems_per_step"] == 2 and env["MENTOR_LIVE_GROUP_SIZE"] == "4"
+    assert env["MENTOR_LIVE_TRAINER"] == "openrlhf"  # the entry's file gives OpenRLHF's hook (its AgentExecutor)
     ray_env = json.loads(env["RAY_JOB_CONFIG_JSON_ENV_VAR"])["runtime_env"]["env_vars"]
     assert ray_env["MENTOR_LIVE_PROMPTS"] == cfg.prompt_dataset  # the engine actors get them on every node
+    assert ray_env["MENTOR_LIVE_TRAINER"] == "openrlhf"
     (tmp_path / "r.py").write_text("def reward_func(queries, prompts, labels):\n    return None\n")
     with pytest.raises(ConfigError, match="reward_file would not be used"):
         LAUNCHER.parse(base | {"reward_file": str(tmp_path / "r.py"), "live_hints": _live("http://127.0.0.1:9/v1")})
@@ -230,7 +236,7 @@ def test_dry_run_with_live_hints_parses_with_openrlhf(tmp_path, shards, policy_m
     res = CliRunner().invoke(cli, ["train", "--config", str(path), "--dry-run"], catch_exceptions=False)
     assert res.exit_code == 0, res.output
     assert f"loads the reward {LIVE_FILE}:AgentExecutor" in res.output
-    assert "# live hints: on: agent executor stages/hint/live_openrlhf.py, hint engine openai m at http://127.0.0.1:9/v1" in res.output
+    assert "# live hints: on: agent executor stages/hint/live.py (mentor.training.openrlhf.live), hint engine openai m at http://127.0.0.1:9/v1" in res.output
     assert "MENTOR_LIVE_HINTS=" in res.output and "MENTOR_LIVE_GROUP_SIZE=4" in res.output
     cmd = shlex.split([ln for ln in res.output.splitlines() if "openrlhf.cli.train_ppo_ray" in ln][0])
     args, _ = check_with_openrlhf(cmd)

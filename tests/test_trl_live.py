@@ -68,7 +68,8 @@ def test_grpo_trainer_hints_and_rerolls_collapsed_groups(trainable_llama, rows, 
     from trl import GRPOConfig, GRPOTrainer
 
     from mentor.training.live_hints import LiveHintsConfig
-    from mentor.stages.hint.live_trl import LiveReward, LiveRollout
+    from mentor.stages.hint.live import LiveHinter
+    from mentor.training.trl.live import LiveReward, LiveRollout
 
     monkeypatch.setenv("TRL_EXPERIMENTAL_SILENCE", "1")
     log_dir = tmp_path / "log"
@@ -78,7 +79,8 @@ def test_grpo_trainer_hints_and_rerolls_collapsed_groups(trainable_llama, rows, 
                       save_strategy="no", logging_steps=1, seed=0)
     data = Dataset.from_list([{"prompt": r["prompt"], "label": r["label"]} for r in rows])
     with FakeServer() as server:
-        live = LiveRollout(LiveHintsConfig.model_validate(_live(server.url, max_problems_per_step=1)), rows, tok, log_dir)
+        cfg = LiveHintsConfig.model_validate(_live(server.url, max_problems_per_step=1))
+        live = LiveRollout(cfg, rows, tok, log_dir, LiveHinter(cfg))
         trainer = GRPOTrainer(model=trainable_llama, reward_funcs=[LiveReward()], args=args, train_dataset=data, processing_class=tok,
                               rollout_func=live)
         trained: list[dict] = []
@@ -118,14 +120,14 @@ def test_a_kill_while_writing_leaves_no_shard(tmp_path):
     """SIGKILL between the temp file and its rename: no shard appears; the next round's start removes the temp file."""
     code = textwrap.dedent(f"""
         import os, signal
-        import mentor.stages.hint.live_trl as live
+        import mentor.training.trl.live as live
         os.replace = lambda *a: os.kill(os.getpid(), signal.SIGKILL)
         live.write_shard({str(tmp_path)!r}, [{{"problem_id": "p", "response": "x" * 100000}}] * 50, 3)
     """)
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, timeout=120)
     assert proc.returncode == -9, proc.stderr.decode()[-2000:]
     assert not list(tmp_path.glob("*.jsonl")) and len(list(tmp_path.glob(".trl-live-*.tmp"))) == 1
-    from mentor.stages.hint.live_trl import clear_temp_shards
+    from mentor.training.trl.live import clear_temp_shards
 
     assert clear_temp_shards(tmp_path) == 1 and not list(tmp_path.iterdir())
 
@@ -162,7 +164,7 @@ def test_group_pieces_on_build_rows(rows):
     from mentor.pipeline.schemas import parse_prompt_label, prompt_label
     from mentor.stages.hint.live import hinted_messages
     from mentor.training.live_hints import LiveHintsConfig, problem_text
-    from mentor.stages.hint.live_trl import label_index, prompt_key
+    from mentor.training.trl.live import label_index, prompt_key
 
     row = rows[0]
     problem = problem_text(row["prompt"], "math", dict(INSTRUCTIONS))
@@ -187,11 +189,11 @@ def test_live_hints_refused_for_verl_accepted_for_openrlhf(tmp_path):
     from mentor.training.verl.launcher import LAUNCHER as VERL
 
     data = {"round": 1, "round_dir": str(tmp_path), "base_model": "x", "live_hints": _live("http://127.0.0.1:9/v1")}
-    # verl's agent loop is not wired: the error names the field and the trainers that run live hints.
-    with pytest.raises(ConfigError, match=r"round.yaml: live_hints: .*verl's agent loop is not wired yet: remove live_hints, "
-                                          r"or train with kind: trl or kind: openrlhf"):
+    # verl's agent loop is not wired (no live hook): the error names the field and the trainers that run live hints.
+    with pytest.raises(ConfigError, match=r"round.yaml: live_hints: this trainer has no live hints .*: remove live_hints, "
+                                          r"or train with kind: openrlhf or kind: trl"):
         VERL.parse(data, "round.yaml", strict=False)
-    assert OPENRLHF.parse(data, "round.yaml").live_hints.backend.base_url == "http://127.0.0.1:9/v1"  # mentor.stages.hint.live_openrlhf
+    assert OPENRLHF.parse(data, "round.yaml").live_hints.backend.base_url == "http://127.0.0.1:9/v1"  # mentor.training.openrlhf.live
 
 
 def test_step_budget_problems_and_seconds(rows):

@@ -13,9 +13,10 @@ workflow runner call the same way for every kind::
     launcher.run_round(cfg)                        # launch, wait, record outcome.json
 
 Besides the steps a launcher declares what the rest of mentor asks of a trainer (`LauncherBase`
-gives the defaults): the ``ingest --format`` of its reward's logs (``log_format``), the reward
+gives the defaults): the ``ingest --format`` of its reward's logs (``log_format``), log formats of its
+own that ``mentor ingest`` reads (``log_formats``, `mentor.pipeline.log_rows.LogFormat`), the reward
 entry `mentor doctor` loads with the trainer's Python (``reward``), what doctor checks on a node for it
-(``node_checks``), whether it reads text prompts
+(``node_checks``), its live-hints hook (``live``, `mentor.training.live_hints`), whether it reads text prompts
 (``text_prompts_refused``), where it takes chat-template variables (``template_kwargs_key``,
 `LauncherBase.template_kwargs`), and its workflow section (``section``; by default
 ``{kind, config}``). The kinds are the folders (`mentor.pipeline.plugins`, point ``trainers``,
@@ -42,6 +43,7 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationErr
 from mentor.pipeline import plugins
 from mentor.pipeline.errors import ConfigError, MentorError, config_error
 from mentor.pipeline.io import read_json, write_json_atomic
+from mentor.pipeline.log_rows import LogFormat
 from mentor.pipeline.models import resolve_model
 from mentor.pipeline.schemas import RECORDS_FORMAT
 from mentor.pipeline.yaml_io import read_yaml_mapping
@@ -255,9 +257,10 @@ def log_tail(path: Path, n: int = 40) -> str:
 
 def parse_round_config(cls: type[RoundConfig], data: dict[str, Any], where: str) -> RoundConfig:
     """`cls` validated from `data`; `ConfigError` naming `where` and the field."""
-    if "live_hints" in data and "live_hints" not in cls.model_fields:  # stages/hint/live_trl.py and live_openrlhf.py; verl's agent loop: not yet
-        raise ConfigError(f"{where}: live_hints: live hints run in TRL and OpenRLHF rounds (kind: trl or kind: openrlhf); "
-                          "verl's agent loop is not wired yet: remove live_hints, or train with kind: trl or kind: openrlhf")
+    if "live_hints" in data and "live_hints" not in cls.model_fields:  # the trainers whose launcher declares a live hook
+        kinds = " or ".join(f"kind: {k}" for k in trainer_kinds() if get_launcher(k).live)
+        raise ConfigError(f"{where}: live_hints: this trainer has no live hints (its launcher declares no live hook) yet: "
+                          f"remove live_hints, or train with {kinds}")
     try:
         return cls.model_validate(data)
     except ValidationError as exc:
@@ -276,9 +279,11 @@ class Launcher(Protocol):
     summary: ClassVar[tuple[str, ...]]
     name: str
     log_format: ClassVar[str]
+    log_formats: ClassVar[tuple[LogFormat, ...]]
     reward: ClassVar["RewardEntry | None"]
     text_prompts_refused: ClassVar[str | None]
     template_kwargs_key: ClassVar[str | None]
+    live: ClassVar[str | None]
 
     def parse(self, data: dict[str, Any], where: str = "round config", strict: bool = True) -> RoundConfig:
         """The round config from `data`; `strict=False` (a workflow file being loaded) skips checks that need the
@@ -343,10 +348,14 @@ class LauncherBase:
     title: ClassVar[str] = ""  # how messages name it ("OpenRLHF 0.11.2"); default: the kind
     summary: ClassVar[tuple[str, ...]] = ("exit_code", "final_model", "log_file", "duration_s")
     log_format: ClassVar[str] = RECORDS_FORMAT  # `mentor ingest --format` of what its reward logs (mentor's JSONL records)
+    log_formats: ClassVar[tuple[LogFormat, ...]] = ()  # formats of its own logs `mentor ingest` reads (e.g. verl's dumps)
     reward: ClassVar[RewardEntry | None] = None  # what `mentor doctor` loads with the trainer's Python
     text_prompts_refused: ClassVar[str | None] = None  # why it cannot read text prompts (None: it reads them)
     template_kwargs_key: ClassVar[str | None] = None  # where its config takes chat-template variables (None: nowhere)
     section: ClassVar[type[BaseModel] | None] = None  # its workflow section (None: `LaunchedSection` with its kind)
+    live: ClassVar[str | None] = None  # its live-hints hook's module (None: no live hints; `mentor.training.live_hints`)
+    round_yaml_default: ClassVar[bool] = False  # a round.yaml without `kind` is its (one trainer's: `default_kind`)
+    response_limit_key: ClassVar[str | None] = None  # where its round config sets the response limit (in mine's advice)
 
     @property
     def name(self) -> str:
@@ -401,6 +410,11 @@ def trainer_kinds() -> list[str]:
     return plugins.names("trainers")
 
 
+def response_limit_settings() -> str:
+    """Where each trainer's round config sets the response limit, for advice ("TRL max_completion_length, ...")."""
+    return ", ".join(f"{la.name} {la.response_limit_key}" for la in map(get_launcher, trainer_kinds()) if la.response_limit_key)
+
+
 def get_launcher(kind: Any) -> Launcher:
     """The ``LAUNCHER`` of trainer `kind` (imported on first use: a round of one kind never imports another's code)."""
     kinds = trainer_kinds()
@@ -410,22 +424,25 @@ def get_launcher(kind: Any) -> Launcher:
 
 
 def load_round(path: str | os.PathLike) -> tuple[Launcher, RoundConfig]:
-    """A `round.yaml`: its launcher (``kind``, default openrlhf) and its config; errors name the file."""
+    """A `round.yaml`: its launcher (``kind``; left out: `default_kind`) and its config; errors name the file."""
     data = read_yaml_mapping(Path(path), "round settings")
-    kind = DEFAULT_KIND if data.get("kind") is None else data["kind"]
+    kind = default_kind() if data.get("kind") is None else data["kind"]
     kinds = trainer_kinds()
     if not isinstance(kind, str) or kind not in kinds:
-        raise ConfigError(f"{path}: kind {kind!r}: give one of {', '.join(kinds)} (a single name; "
-                          f"leave it out for {DEFAULT_KIND})")
+        default = default_kind()
+        raise ConfigError(f"{path}: kind {kind!r}: give one of {', '.join(kinds)} (a single name"
+                          + (f"; leave it out for {default})" if default else ")"))
     launcher = get_launcher(kind)
     return launcher, launcher.parse(data, str(path))
 
 
-# A round.yaml without `kind` (they predate the others).
-DEFAULT_KIND = "openrlhf"
+def default_kind() -> str | None:
+    """The kind of a round.yaml without ``kind``: the trainer whose launcher declares ``round_yaml_default`` (its
+    round.yaml files predate the others), None when none does."""
+    return next((k for k in trainer_kinds() if get_launcher(k).round_yaml_default), None)
 
 
-__all__ = ["DEFAULT_KIND", "LaunchedSection", "Launcher", "LauncherBase", "ModelRef", "OUTCOME", "RewardEntry", "RewardFile",
-           "ROUND_PLACEHOLDERS", "RoundConfig", "TrainError", "check_placeholders", "get_launcher", "load_round", "local_model_or_name", "log_tail",
+__all__ = ["LaunchedSection", "Launcher", "LauncherBase", "ModelRef", "OUTCOME", "RewardEntry", "RewardFile",
+           "ROUND_PLACEHOLDERS", "RoundConfig", "TrainError", "check_placeholders", "default_kind", "get_launcher", "response_limit_settings", "load_round", "local_model_or_name", "log_tail",
            "prompt_sources_ok", "reward_file_path", "outcome_record", "parse_round_config", "previous_final_model",
            "trainer_kinds"]

@@ -8,18 +8,24 @@ same four agents, rules, judge and fallback as offline, on a hint engine of its 
 ``backend: openai``, e.g. `mentor serve` or `vllm serve`); the group is then re-rolled from the hinted
 prompt, rendered as `mentor build` renders that placement.
 
-This module is what a trainer's settings and scoring need and no stage code: the settings
-(`LiveHintsConfig`, a field of the TRL and OpenRLHF round configs), the score (`live_score`), a
-group's collapsed row (`collapsed_row`, `problem_text`). What runs the hint agents is the hint stage's
-(`mentor.stages.hint.live`, and the trainers' hooks beside it: `stages/hint/live_trl.py`, TRL's
-``rollout_func``; `stages/hint/live_openrlhf.py`, the agent executor OpenRLHF loads by path).
+This module is what a trainer's settings, scoring and live hook need and no stage code: the settings
+(`LiveHintsConfig`, a field of the round configs of the trainers with live hints), the score (`live_score`), a
+group's collapsed row (`collapsed_row`, `problem_text`), and the shape of the hint call a hook is handed
+(`Hinter`, `StepHints`). What runs the hint agents is the hint stage's: its live entry (`LIVE_ENTRY`,
+`mentor.stages.hint.live`) is what a trainer's launcher starts, by name (a process module, or a file the
+trainer loads by path), never imports; the entry imports the trainer's live hook (the module its launcher
+declares as ``live``, in the trainer's own folder) and hands it the hint call (`Hinter`): the hook's `main`
+(a process) or a name the trainer takes from the entry's file (the hook's ``FILE_EXPORTS``).
 """
 
 from __future__ import annotations
 
 import json
 import logging
-from typing import Any, Literal
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal, Protocol
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
@@ -30,6 +36,17 @@ from mentor.training.reward_core import count, target_from_label
 from mentor.training.verify import verify
 
 log = logging.getLogger(__name__)
+
+# The live-hints entry a trainer's launcher starts by name (stage code, above this room: never imported here):
+# ``python -m LIVE_ENTRY KIND ARGS...`` runs trainer KIND's live hook's `main`; a trainer that loads a file by
+# path is given `live_entry_file()`, with `ENV_TRAINER` naming the trainer whose hook's names it takes from it.
+LIVE_ENTRY = "mentor.stages.hint.live"
+ENV_TRAINER = "MENTOR_LIVE_TRAINER"
+
+
+def live_entry_file() -> Path:
+    """The file of `LIVE_ENTRY` (the tree is the import path: mentor's rooms are the folders beside this one's)."""
+    return Path(__file__).resolve().parents[1].joinpath(*LIVE_ENTRY.split(".")[1:]).with_suffix(".py")
 
 
 class LiveHintsConfig(BaseModel):
@@ -69,6 +86,30 @@ class LiveHintsConfig(BaseModel):
             if v.get(key) not in (None, {}):
                 raise ValueError(f"hint.{key} is not run live (it re-rolls or calibrates before a run); leave it out")
         return v  # the hint stage's own checks: `mentor.stages.hint.live.hint_config`, where the agents run
+
+
+@dataclass
+class StepHints:
+    """What one step's hint engine did: the hints by group index, the counters, the seconds."""
+
+    hints: dict[int, dict[str, Any]] = field(default_factory=dict)
+    over_budget: int = 0
+    seconds: float = 0.0
+    stats: dict[str, Any] = field(default_factory=dict)
+
+
+class Hinter(Protocol):
+    """The hint call a trainer's live hook is handed (the hint stage's `mentor.stages.hint.live.LiveHinter`), built
+    once per process from the round's `LiveHintsConfig` (a `HinterFactory`): its reference solutions read then."""
+
+    def hint(self, rows: dict[int, dict[str, Any]], backend: Any) -> StepHints:
+        """Hint the collapsed rows (group index -> COLLAPSED row) on the hint engine `backend`, within the step's budget."""
+
+    def messages(self, problem: str, hint: str, domain: str, original: Any) -> list[dict[str, str]]:
+        """The hinted prompt's messages as `mentor build` renders the placement (`original`: the prompt it replaces)."""
+
+
+HinterFactory = Callable[[LiveHintsConfig], Hinter]
 
 
 def live_score(label: Any, prompt: str, response: str) -> float:
@@ -141,5 +182,5 @@ def collapsed_row(problem_id: str, round_: int, domain: str, problem: str, refer
             "n_rollouts": len(responses), "failed": list(responses), "streak": 1, "previous_hints": [], "solution": None}
 
 
-__all__ = ["LiveHintsConfig", "collapsed_row", "live_score", "live_text", "problem_text", "system_text", "user_text",
-           "with_hint_id"]
+__all__ = ["ENV_TRAINER", "Hinter", "HinterFactory", "LIVE_ENTRY", "LiveHintsConfig", "StepHints", "collapsed_row",
+           "live_entry_file", "live_score", "live_text", "problem_text", "system_text", "user_text", "with_hint_id"]

@@ -4,9 +4,9 @@ rendered with the policy's chat template (placement assistant: the hint opens th
 Each trainer says it in its launcher (`mentor.training.launcher.LauncherBase`): whether it reads text
 prompts (``text_prompts_refused``: why not; OpenRLHF 0.11.2 without ``--data.apply_chat_template`` and
 TRL 1.16 read them as they are, verl 0.9.1 cannot) and where its round config takes the chat template's
-variables (``template_kwargs_key``, ``template_kwargs``). mentor's offline rollouts (the train stage's
-``offline`` kind) send text prompts as they are and take ``rollout.chat_template_kwargs``. The tables
-here are built from those declarations.
+variables (``template_kwargs_key``, ``template_kwargs``). What is asked here is asked of the launchers;
+the train stage's own kinds (mentor's offline rollouts, an external trainer) answer for themselves
+(`mentor.stages.train.OwnKind`).
 
 Template variables (``chat_template_kwargs``: Qwen3's ``enable_thinking``, ...) must be the same in the
 prompts and in the trainer: `mentor build` records its own in the shards' ``manifest.json``
@@ -21,7 +21,7 @@ The workflow runner and `workflows.config` use these, and so do the launchers (`
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -30,16 +30,6 @@ from mentor.pipeline.inputs import resolve_inputs
 from mentor.pipeline.io import read_parquet_schema
 from mentor.pipeline.schemas import prompts_are_text
 from mentor.training.launcher import get_launcher, trainer_kinds
-
-# The train stage's own kind that samples the policy itself: it sends text prompts as they are.
-OFFLINE = "offline"
-OFFLINE_KWARGS_KEY = "rollout.chat_template_kwargs"
-
-
-def text_readers() -> tuple[str, ...]:
-    """The kinds a workflow may hand text prompts to: mentor's offline rollouts and every trainer that reads them."""
-    return (OFFLINE, *(k for k in trainer_kinds() if get_launcher(k).text_prompts_refused is None))
-
 
 def text_prompts_refused(kind: str) -> str | None:
     """Why a workflow's trainer `kind` cannot be given text prompts (None: it can, or it is not mentor's to say)."""
@@ -64,40 +54,25 @@ def check_readable(kind: str, sources: Sequence[str]) -> None:
                           f"Rebuild them with `mentor build --placement after` (or before/system) for {kind}")
 
 
-class _KwargsKeys(Mapping):
-    """kind -> where it takes the template variables (None: it has no such setting), from the launchers."""
-
-    def __iter__(self) -> Iterator[str]:
-        return iter((OFFLINE, *trainer_kinds()))
-
-    def __len__(self) -> int:
-        return 1 + len(trainer_kinds())
-
-    def __getitem__(self, kind: str) -> str | None:
-        if kind == OFFLINE:
-            return OFFLINE_KWARGS_KEY
-        if kind in trainer_kinds():
-            return get_launcher(kind).template_kwargs_key
-        raise KeyError(kind)
-
-
-TEMPLATE_KWARGS_KEY: Mapping[str, str | None] = _KwargsKeys()
+def template_kwargs_key(kind: str) -> str | None:
+    """Where trainer `kind`'s round config takes the template variables (None: it has no such setting)."""
+    return get_launcher(kind).template_kwargs_key if kind in trainer_kinds() else None
 
 
 def trainer_template_kwargs(kind: str, config: Mapping[str, Any] | None) -> dict[str, Any] | None:
     """The template variables a trainer's round config passes to the chat template (None: it sets none)."""
-    config = config or {}
-    if kind == OFFLINE:
-        value = (config.get("rollout") or {}).get("chat_template_kwargs")
-    elif kind in trainer_kinds():
-        value = get_launcher(kind).template_kwargs(config)
-    else:
+    if kind not in trainer_kinds():
         return None
+    return kwargs_mapping(template_kwargs_key(kind), get_launcher(kind).template_kwargs(config or {}))
+
+
+def kwargs_mapping(where: str | None, value: Any) -> dict[str, Any] | None:
+    """Template variables as given in setting `where` (a mapping, or JSON text) as a dict (None: none); a `ConfigError`
+    naming `where` when they are not a mapping."""
     if isinstance(value, str):  # TRL and Hydra take a JSON text too
-        value = json_mapping(TEMPLATE_KWARGS_KEY[kind], value)
+        value = json_mapping(where, value)
     if value is not None and not isinstance(value, Mapping):
-        raise ConfigError(f"{TEMPLATE_KWARGS_KEY[kind]}: {value!r} is not a mapping of template variables "
-                          "(e.g. {enable_thinking: false})")
+        raise ConfigError(f"{where}: {value!r} is not a mapping of template variables (e.g. {{enable_thinking: false}})")
     return dict(value) if value else None
 
 
@@ -141,7 +116,7 @@ def check_template_kwargs(kind: str, sources: Sequence[str], trainer_kwargs: Map
     mine = dict(trainer_kwargs or {})
     if mine != built:
         raise ConfigError(f"{where}: built with chat_template_kwargs {built}, but the trainer passes {mine} "
-                          f"({TEMPLATE_KWARGS_KEY.get(kind)}); set the same variables in both (build's "
+                          f"({template_kwargs_key(kind)}); set the same variables in both (build's "
                           "--chat-template-kwarg / build.chat_template_kwargs, and the trainer's)")
 
 
@@ -157,5 +132,6 @@ def sampling_template_kwargs(given: Mapping[str, Any], sources: Sequence[Any]) -
                       f"{dict(given)} (--chat-template-kwarg); give the same variables, or none to use the build's")
 
 
-__all__ = ["OFFLINE", "TEMPLATE_KWARGS_KEY", "built_template_kwargs", "check_readable", "check_template_kwargs", "json_mapping",
-           "prompt_files_are_text", "sampling_template_kwargs", "text_prompts_refused", "text_readers", "trainer_template_kwargs"]
+__all__ = ["built_template_kwargs", "check_readable", "check_template_kwargs", "json_mapping", "kwargs_mapping",
+           "prompt_files_are_text", "sampling_template_kwargs", "template_kwargs_key", "text_prompts_refused",
+           "trainer_template_kwargs"]

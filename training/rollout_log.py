@@ -1,6 +1,6 @@
 """Per-process JSONL shards of rollout records, written by the reward functions.
 
-Every rollout the trainer scores becomes one line, a `schemas.OPENRLHF_RECORD_FIELDS`
+Every rollout the trainer scores becomes one line, a `schemas.RECORD_FIELDS`
 record (plus the optional fields), in ``<rollout dir>/<trainer>-<run>-<host>-<pid>-<rand>.jsonl``.
 `mentor ingest --format openrlhf <rollout dir>` turns the shards into canonical
 rollouts.
@@ -63,7 +63,7 @@ from pathlib import Path
 from typing import Any
 
 from mentor.pipeline.errors import ConfigError
-from mentor.pipeline.schemas import OPENRLHF_RECORD_FIELDS, OPENRLHF_RECORD_OPTIONAL, SCHEMA_VERSION
+from mentor.pipeline.schemas import RECORD_FIELDS, RECORD_OPTIONAL, RECORDS_FORMAT, SCHEMA_VERSION
 
 log = logging.getLogger(__name__)
 
@@ -226,7 +226,7 @@ def make_record(
     label: str | None = None,
     truncated: bool | None = None,
     step: int | None = None,
-    trainer: str = "openrlhf",
+    trainer: str = RECORDS_FORMAT,
     run: str | None = None,
 ) -> dict[str, Any]:
     """A record with the required fields and every optional field that is known."""
@@ -249,12 +249,12 @@ def make_record(
 
 def check_record(rec: dict[str, Any]) -> None:
     """Raise ValueError if `rec` lacks a required field or has a wrong type."""
-    for key, typ in OPENRLHF_RECORD_FIELDS.items():
+    for key, typ in RECORD_FIELDS.items():
         if key not in rec:
             raise ValueError(f"rollout record misses {key!r}")
         if not isinstance(rec[key], typ) or (typ is int and isinstance(rec[key], bool)):
             raise ValueError(f"rollout record field {key!r} is {type(rec[key]).__name__}, expected {typ}")
-    for key, typ in OPENRLHF_RECORD_OPTIONAL.items():
+    for key, typ in RECORD_OPTIONAL.items():
         if rec.get(key) is not None and not isinstance(rec[key], typ):
             raise ValueError(f"rollout record field {key!r} is {type(rec[key]).__name__}, expected {typ}")
 
@@ -262,7 +262,7 @@ def check_record(rec: dict[str, Any]) -> None:
 class RolloutLog:
     """A thread-safe append-only JSONL shard owned by this process."""
 
-    def __init__(self, directory: str | os.PathLike, trainer: str = "openrlhf", run: str | None = None) -> None:
+    def __init__(self, directory: str | os.PathLike, trainer: str = RECORDS_FORMAT, run: str | None = None) -> None:
         self.directory = Path(directory)
         self.directory.mkdir(parents=True, exist_ok=True)
         self.pid = os.getpid()
@@ -305,7 +305,7 @@ _LOGS: dict[tuple[str, str, int, str], RolloutLog] = {}
 _LOGS_LOCK = threading.Lock()
 
 
-def rollout_log(directory: str | os.PathLike, trainer: str = "openrlhf") -> RolloutLog:
+def rollout_log(directory: str | os.PathLike, trainer: str = RECORDS_FORMAT) -> RolloutLog:
     """The shard of this process for `directory` and the run in ``MENTOR_RUN_ID`` (a new shard after fork)."""
     key = (str(Path(directory).resolve()), trainer, os.getpid(), os.environ.get(ENV_RUN) or "")
     with _LOGS_LOCK:

@@ -20,9 +20,15 @@ from mentor.stages.build import BuildConfig
 from mentor.stages.build_render import TEXT_PLACEMENTS
 from mentor.stages.hint.config import HintConfig
 from mentor.stages.mine import MineConfig
-from mentor.stages.train import Trainer, launched, offline_seed
+from mentor.stages.train import (
+    Trainer,
+    check_section,
+    section_kwargs_key,
+    section_policy,
+    section_template_kwargs,
+)
 from mentor.training.launcher import get_launcher
-from mentor.training.prompt_format import TEMPLATE_KWARGS_KEY, text_prompts_refused, trainer_template_kwargs
+from mentor.training.prompt_format import text_prompts_refused
 
 PACKAGED = Path(__file__).resolve().parent
 # One folder name: no path separator, no "..", no leading dot, dash or space, none of the
@@ -105,30 +111,21 @@ def validate_workflow(data: dict[str, Any], where: str = "workflow") -> Workflow
     return wf
 
 
-def workflow_template_kwargs(trainer: Any) -> dict[str, Any] | None:
-    """The chat-template variables the workflow's trainer passes (None: it sets none, or has no such setting)."""
-    if trainer.kind == "offline":
-        return trainer_template_kwargs("offline", {"rollout": trainer.rollout.model_dump()})
-    config = getattr(trainer, "config", None)
-    return trainer_template_kwargs(trainer.kind, config) if isinstance(config, dict) else None
-
-
 def check_template_kwargs_match(wf: Workflow, build: BuildConfig) -> None:
     """build.chat_template_kwargs and the trainer's must agree (the build takes the trainer's when it sets none);
     a trainer with no setting for them (OpenRLHF 0.11.2) cannot pass any to chat prompts."""
     if "chat_template_kwargs" not in wf.build:
         return
-    theirs = workflow_template_kwargs(wf.trainer)
+    theirs = section_template_kwargs(wf.trainer)
     mine = build.chat_template_kwargs
-    no_setting = TEMPLATE_KWARGS_KEY.get(wf.trainer.kind, "") is None  # a trainer that passes no template variables
+    key = section_kwargs_key(wf.trainer)
+    no_setting = key is None  # a trainer that passes no template variables
     if no_setting and mine and (build.placement not in (None, *TEXT_PLACEMENTS) or build.template):
-        from mentor.training.launcher import get_launcher
-
         raise ConfigError(f"build.chat_template_kwargs {mine}: {get_launcher(wf.trainer.kind).name} renders chat prompts with its template's "
                           "defaults (it has no setting for template variables); use build.placement assistant (mentor "
                           "renders every prompt with the variables) or drop build.chat_template_kwargs")
     if theirs is not None and theirs != mine:
-        raise ConfigError(f"build.chat_template_kwargs {mine} and trainer {TEMPLATE_KWARGS_KEY[wf.trainer.kind]} {theirs} "
+        raise ConfigError(f"build.chat_template_kwargs {mine} and trainer {key} {theirs} "
                           "differ: the prompts and the trainer must render the template the same way; set one of them "
                           "(the build takes the trainer's when it sets none)")
 
@@ -150,18 +147,15 @@ def check_sections(wf: Workflow) -> None:
     except ValidationError as exc:
         raise config_error(exc, prefix="hint.config") from exc
     # The backends, as the stages would build them (no server contacted, no engine started).
-    backends = [("hint.backend", wf.hint.backend)] + ([("trainer.policy", wf.trainer.policy)] if wf.trainer.kind == "offline" else [])
+    policy = section_policy(wf.trainer)  # the policy mentor samples itself (the train stage's offline kind)
+    backends = [("hint.backend", wf.hint.backend)] + ([("trainer.policy", policy)] if policy is not None else [])
     for where, b in backends:
         b.check(where)
     if hint.vouch is not None:
         hint.vouch.policy.check("hint.config.vouch.policy")
-    if wf.trainer.kind == "offline":
-        offline_seed(wf.trainer, wf.rounds - 1)  # the last round's seed stays in range
-    if launched(wf.trainer):
-        if "kind" in wf.trainer.config:
-            raise ConfigError("trainer.config.kind: set by trainer.kind; remove it")
-        # A trainer package mentor needs in its own process (TRL) is asked for when the run starts.
-        get_launcher(wf.trainer.kind).parse(wf.trainer.config, "trainer.config", strict=False)
+    # The trainer section's own checks (offline: the last round's seed in range; a launched trainer: its round config;
+    # a trainer package mentor needs in its own process, TRL, is asked for when the run starts).
+    check_section(wf.trainer, wf.rounds)
 
 
 def resolve_workflow_path(path: str | Path) -> Path:

@@ -30,6 +30,7 @@ from mentor.pipeline.errors import DataError
 from mentor.pipeline.inputs import resolve_inputs
 from mentor.pipeline.schemas import HINT_STATUSES
 from mentor.pipeline.io import read_json, scan_dataset, sha256_file
+from mentor.training.launcher import response_limit_settings
 
 STATUS_ORDER = HINT_STATUSES  # a hint's statuses, best first (the schema's)
 
@@ -85,8 +86,10 @@ def per_problem_round(lf: pl.LazyFrame) -> pl.LazyFrame:
     )
 
 
-CUT_FIX = ("raise the round's response limit (verl data.max_response_length, TRL max_completion_length, OpenRLHF "
-           "rollout.max_new_tokens): these problems failed mostly at the limit, and mentor mine does not hint them")
+def cut_fix() -> str:
+    """The advice for problems cut at the response limit (the trainers' settings, from their launchers)."""
+    return (f"raise the round's response limit ({response_limit_settings()}): these problems failed mostly at the limit, "
+            "and mentor mine does not hint them")
 
 
 def summarize_cut(lf: pl.LazyFrame, share: float = 0.5) -> dict[str, Any] | None:
@@ -107,7 +110,7 @@ def summarize_cut(lf: pl.LazyFrame, share: float = 0.5) -> dict[str, Any] | None
            "collapsed_cut": cut.height,
            "collapsed_cut_share": rounded(cut.height / collapsed.height, 6) if collapsed.height else None}
     if cut.height:
-        out["fix"] = CUT_FIX
+        out["fix"] = cut_fix()
     return out
 
 

@@ -19,7 +19,7 @@ Each stage is called through the driver (`mentor.pipeline.stage.run_stage` with 
 it gets the run's executor (this process, or the dask cluster of ``--workers`` /
 ``--scheduler``), writes its outputs and stats.json; the driver writes the done marker with
 a few of the counts. What is not a stage stays here: the base problems (read once), the
-workflow-wide checks before the first round (the trainer's config, the offline seeds), and
+workflow-wide checks before the first round (the trainer section's, `stages.train.check_section`), and
 build's defaults from the trainer (`Runner.build_settings`). The base set's unhinted prompts
 round 0 trains on without logs come from the stage that feeds the next round (`Stage.base_job`).
 """
@@ -34,7 +34,6 @@ from typing import Any
 import yaml
 
 from mentor.data import bundled
-from mentor.pipeline.backends import kind as backend_kind
 from mentor.pipeline.errors import ConfigError
 from mentor.pipeline.executor import Executor, executor_for
 from mentor.pipeline.inputs import resolve_inputs
@@ -45,10 +44,8 @@ from mentor.stages import round_names, round_stages
 from mentor.stages.build import BUILD_STATS
 from mentor.stages.build_base import load_base, validate_base
 from mentor.stages.build_render import DEFAULT_PLACEMENT
-from mentor.stages.train import launched, offline_seed
-from mentor.training.launcher import get_launcher
-from mentor.training.prompt_format import text_readers
-from mentor.workflows.config import Workflow, check_sections, workflow_template_kwargs
+from mentor.stages.train import check_section, section_model, section_reads_text, section_template_kwargs
+from mentor.workflows.config import Workflow, check_sections
 
 log = logging.getLogger(__name__)
 
@@ -88,12 +85,9 @@ class Runner:
 
     def run(self) -> list[tuple[int, str]]:
         check_sections(self.wf)  # every section, before any stage runs (load_workflow did too, naming the file)
-        t = self.wf.trainer
-        if launched(t):
-            # Strictly, as the round will: a trainer package missing here must not surface only after round 0's hints.
-            get_launcher(t.kind).parse(t.config, "trainer.config")
-        if t.kind == "offline":  # --rounds may run more rounds than the workflow says: the last one's seed in range
-            offline_seed(t, (self.opts.rounds or self.wf.rounds) - 1)
+        # The trainer section strictly, as the round will (a trainer package missing here must not surface only after
+        # round 0's hints), for --rounds, which may run more rounds than the workflow says (offline: the seeds in range).
+        check_section(self.wf.trainer, self.opts.rounds or self.wf.rounds, strict=True)
         self._base_token = self._base_problems()  # validated before any stage runs (or the run folder is made)
         self.rd.path.mkdir(parents=True, exist_ok=True)
         self._save_workflow()
@@ -186,24 +180,16 @@ class Runner:
         default), and the trainer's chat-template variables unless it sets its own; a trainer that reads
         only chat messages keeps a message placement by default."""
         b = dict(self.wf.build)
-        tok = b.get("tokenizer") or trainer_policy(self.wf.trainer)
+        tok = b.get("tokenizer") or section_model(self.wf.trainer)
         if tok:
             b["tokenizer"] = tok
-        if self.wf.trainer.kind not in text_readers() and b.get("placement") is None and b.get("template") is None:
+        if not section_reads_text(self.wf.trainer) and b.get("placement") is None and b.get("template") is None:
             b["placement"] = DEFAULT_PLACEMENT
         if "chat_template_kwargs" not in b:  # the trainer's template variables render (and count) the prompts too
-            theirs = workflow_template_kwargs(self.wf.trainer)
+            theirs = section_template_kwargs(self.wf.trainer)
             if theirs:
                 b["chat_template_kwargs"] = theirs
         return b
-
-
-def trainer_policy(trainer: Any) -> str | None:
-    """The policy model a workflow's trainer starts from (its tokenizer renders the prompts), where mentor knows it."""
-    if trainer.kind == "offline":
-        return backend_kind(trainer.policy.backend).tokenizer(trainer.policy.model)
-    config = getattr(trainer, "config", None) or {}
-    return config.get("base_model") if isinstance(config, dict) else None
 
 
 @dataclass

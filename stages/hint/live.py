@@ -1,28 +1,40 @@
-"""Live hints' hint call: the hint stage's machine on the groups that collapsed inside a training step.
+"""Live hints' hint call and entry: the hint stage's machine on the groups that collapsed inside a training step.
 
 The settings are the trainers' (`mentor.training.live_hints.LiveHintsConfig`); this module runs them
 through the hint stage as offline (`hint_shard`: the four agents, rules, judge and fallback) and renders
-the hinted prompt as `mentor build` renders that placement (`stages.build_render.prompt_messages`). The
-trainers' hooks use it: `stages/hint/live_trl.py` (TRL's ``rollout_func``, and the TRL round process of a
-round with live hints) and `stages/hint/live_openrlhf.py` (the agent executor OpenRLHF loads by path).
+the hinted prompt as `mentor build` renders that placement (`stages.build_render.prompt_messages`):
+`LiveHinter`, the hint call (`mentor.training.live_hints.Hinter`).
+
+It is also the one live-hints entry a trainer's launcher starts by name (`LIVE_ENTRY`; training/ never
+imports the stages). It knows no trainer: the trainer's live hook is the module its launcher declares
+as ``live`` (in the trainer's own folder), and the entry hands it the hint call:
+
+- as a process, ``python -m mentor.stages.hint.live KIND ARGS...``: the hook's ``main(ARGS, LiveHinter)``;
+- as a file a trainer loads by path and takes a name from: with ``MENTOR_LIVE_TRAINER=KIND`` set (the
+  launcher sets it), each name of the hook's ``FILE_EXPORTS`` (name -> a function of the hint call's
+  factory) is found here (the module's ``__getattr__``).
 """
 
 from __future__ import annotations
 
+import importlib
 import logging
+import os
+import sys
 import time
-from dataclasses import dataclass, field
+from types import ModuleType
 from typing import Any
 
 from pydantic import ValidationError
 
-from mentor.pipeline.errors import config_error
+from mentor.pipeline.errors import ConfigError, config_error
 from mentor.pipeline.llm import Backend
 from mentor.stages.build_render import prompt_messages
 from mentor.stages.hint.config import HintConfig
 from mentor.stages.hint.machine import HintStats, hint_shard
 from mentor.stages.solutions import load_solutions, with_solutions
-from mentor.training.live_hints import LiveHintsConfig, system_text
+from mentor.training.launcher import get_launcher, trainer_kinds
+from mentor.training.live_hints import ENV_TRAINER, LIVE_ENTRY, LiveHintsConfig, StepHints, system_text
 
 log = logging.getLogger(__name__)
 
@@ -47,16 +59,6 @@ def hinted_messages(cfg: LiveHintsConfig, problem: str, hint: str, domain: str, 
 
 
 # --------------------------------------------------------------------------- the step's hint call
-
-
-@dataclass
-class StepHints:
-    """What one step's hint engine did: the hints by group index, the counters, the seconds."""
-
-    hints: dict[int, dict[str, Any]] = field(default_factory=dict)
-    over_budget: int = 0
-    seconds: float = 0.0
-    stats: dict[str, Any] = field(default_factory=dict)
 
 
 def solutions_for(cfg: LiveHintsConfig) -> dict[str, str]:
@@ -94,4 +96,73 @@ def hint_groups(rows: dict[int, dict[str, Any]], cfg: LiveHintsConfig, backend: 
     return out
 
 
-__all__ = ["StepHints", "hint_config", "hint_groups", "hinted_messages", "solutions_for"]
+class LiveHinter:
+    """The hint call a trainer's live hook is handed (`mentor.training.live_hints.Hinter`): the round's settings,
+    their reference solutions read once (a missing file fails the start, not a step).
+
+    (A plain class: a trainer may execute this file as a module it does not register, where `dataclasses`
+    cannot resolve postponed annotations.)"""
+
+    def __init__(self, cfg: LiveHintsConfig) -> None:
+        self.cfg = cfg
+        self.solutions = solutions_for(cfg)
+
+    def hint(self, rows: dict[int, dict[str, Any]], backend: Backend) -> StepHints:
+        return hint_groups(rows, self.cfg, backend, self.solutions)
+
+    def messages(self, problem: str, hint: str, domain: str, original: Any) -> list[dict[str, str]]:
+        return hinted_messages(self.cfg, problem, hint, domain, original)
+
+
+# --------------------------------------------------------------------------- the entry
+
+
+def live_hook(kind: str) -> ModuleType:
+    """Trainer `kind`'s live hook: the module its launcher declares as ``live``; a `ConfigError` when it has none."""
+    hook = get_launcher(kind).live
+    if not hook:
+        with_live = [k for k in trainer_kinds() if get_launcher(k).live]
+        raise ConfigError(f"trainer kind {kind}: it has no live hints (its launcher declares no live hook); "
+                          f"live hints run in {', '.join(with_live) or 'no trainer'}")
+    return importlib.import_module(hook)
+
+
+def main(argv: list[str]) -> int:
+    """``python -m mentor.stages.hint.live KIND ARGS...``: trainer KIND's live hook's process, with the hint call."""
+    if not argv or argv[0].startswith("-"):
+        print(f"usage: python -m {LIVE_ENTRY} KIND ARGS... (KIND: a trainer with live hints; its launcher starts this)",
+              file=sys.stderr)
+        return 2
+    try:
+        hook = live_hook(argv[0])
+    except ConfigError as exc:
+        print(f"{LIVE_ENTRY}: {exc}", file=sys.stderr)
+        return 2
+    return hook.main(argv[1:], LiveHinter)
+
+
+_FILE_EXPORTS: dict[str, Any] = {}
+
+
+def __getattr__(name: str) -> Any:
+    """A name a trainer takes from this file when it loads it by path (``MENTOR_LIVE_TRAINER`` names the trainer):
+    its live hook's ``FILE_EXPORTS[name]``, given the hint call's factory; built once."""
+    kind = os.environ.get(ENV_TRAINER)
+    if name.startswith("__") or not kind:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}"
+                             + ("" if name.startswith("__") else f" ({ENV_TRAINER} is not set: a trainer that loads "
+                                f"{__file__} by path takes its live hook's names from it; `mentor train` sets it)"))
+    if name not in _FILE_EXPORTS:
+        exports = getattr(live_hook(kind), "FILE_EXPORTS", {})
+        if name not in exports:
+            raise AttributeError(f"module {__name__!r} has no attribute {name!r} (trainer {kind}'s live hook exports "
+                                 f"{', '.join(exports) or 'nothing'} from this file)")
+        _FILE_EXPORTS[name] = exports[name](LiveHinter)
+    return _FILE_EXPORTS[name]
+
+
+__all__ = ["LiveHinter", "StepHints", "hint_config", "hint_groups", "hinted_messages", "live_hook", "main", "solutions_for"]
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -7,7 +7,7 @@ The command (flags as OpenRLHF 0.11.2's ``train_ppo_ray`` parser spells them)::
       --data.prompt_dataset <the round's prompt shards>
       --data.input_key prompt --data.label_key label --data.apply_chat_template (messages; not for text prompts)
       --reward.remote_url <mentor's reward file>
-        (with live_hints: --train.agent_func_path <stages/hint/live_openrlhf.py>, mentor.stages.hint.live_openrlhf)
+        (with live_hints: --train.agent_func_path <stages/hint/live.py>, the live-hints entry: mentor.training.openrlhf.live)
       --algo.advantage.estimator group_norm --rollout.n_samples_per_prompt 4
       --ckpt.path <round>/train/ckpt --ckpt.output_dir <round>/train/model
       --train.num_episodes 1
@@ -58,7 +58,7 @@ from mentor.pipeline.inputs import resolve_inputs
 from mentor.pipeline.io import write_json_atomic
 from mentor.pipeline.yaml_io import read_yaml_mapping
 from mentor.training.gpus import cluster_supply, local_gpus
-from mentor.training.live_hints import LiveHintsConfig, live_text
+from mentor.training.live_hints import ENV_TRAINER, LiveHintsConfig, live_entry_file, live_text
 from mentor.training.launcher import LauncherBase, ModelRef, RewardFile, RoundConfig, finish_round, outcome_record, parse_round_config
 from mentor.training.openrlhf.check import check_with_openrlhf
 from mentor.training.openrlhf.placement import round_demand
@@ -81,9 +81,9 @@ from mentor.training.rollout_log import (
 log = logging.getLogger(__name__)
 
 REWARD_FILE = Path(__file__).resolve().parent / "reward.py"
-# --train.agent_func_path of a round with live_hints: the hint stage's agent executor, loaded by path by OpenRLHF (stage
-# code, above this room: named by its file, never imported here). mentor's rooms are siblings (mentor/training, mentor/stages).
-LIVE_FILE = Path(__file__).resolve().parents[2] / "stages" / "hint" / "live_openrlhf.py"
+# --train.agent_func_path of a round with live_hints: the live-hints entry's file (stage code, above this room: named by its
+# file, never imported here), loaded by path by OpenRLHF; it takes `AgentExecutor` from this folder's live hook (`live.py`).
+LIVE_FILE = live_entry_file()
 RAY_INIT = "openrlhf.cli.train_ppo_ray:train"  # the driver whose own ray.init statement the preflight joins with
 
 
@@ -108,7 +108,7 @@ class TrainConfig(RoundConfig):
         "true = bare flag, false/null = omitted, a list = several values.",
     )
     live_hints: LiveHintsConfig | None = Field(
-        None, description="Hint and re-roll a group that collapses inside the step (mentor.stages.hint.live_openrlhf: an agent "
+        None, description="Hint and re-roll a group that collapses inside the step (mentor.training.openrlhf.live: an agent "
         "executor, --train.agent_func_path, on every vLLM engine); None: offline hints only.")
     preflight: bool = Field(
         True,
@@ -326,8 +326,8 @@ def build_env(cfg: TrainConfig) -> dict[str, str]:
     local cluster and on one started by ``ray start`` alike.
     """
     env = {ENV_DIR: str(cfg.rollout_dir.resolve()), ENV_ROUND: str(cfg.round), ENV_RUN: run_identity(cfg.train_path)}
-    if cfg.live_hints is not None:  # what mentor.stages.hint.live_openrlhf reads in every engine actor
-        env.update({"MENTOR_LIVE_HINTS": cfg.live_hints.model_dump_json(), "MENTOR_LIVE_PROMPTS": cfg.prompt_dataset,
+    if cfg.live_hints is not None:  # what the live hook (mentor.training.openrlhf.live) reads in every engine actor
+        env.update({ENV_TRAINER: LAUNCHER.kind, "MENTOR_LIVE_HINTS": cfg.live_hints.model_dump_json(), "MENTOR_LIVE_PROMPTS": cfg.prompt_dataset,
                     "MENTOR_LIVE_GROUP_SIZE": str(cfg.n_samples_per_prompt),
                     "MENTOR_LIVE_TEMPERATURE": str(_temperatures({k.removeprefix("--"): v for k, v in cfg.extra_args.items()})[0])})
     env.update(cfg.env)
@@ -345,7 +345,7 @@ def dry_run_text(cfg: TrainConfig, args: Any = None, planned: tuple[list[str], L
     cmd, found = planned or round_command(cfg, dry_run=True)
     env = build_env(cfg)
     lines = ["# environment"] + [f"export {k}={shlex.quote(v)}" for k, v in env.items()] + ["# command", shlex.join(cmd)]
-    live = live_text(cfg.live_hints, f"agent executor stages/hint/{LIVE_FILE.name}, ", " and vLLM engine")
+    live = live_text(cfg.live_hints, f"agent executor stages/hint/{LIVE_FILE.name} ({LAUNCHER.live}), ", " and vLLM engine")
     lines += [f"# longest prompt: {found.describe()}", f"# response limit: {response_tokens(cfg)[1]}",
               f"# checked: {check_reward(cfg, dict(os.environ) | env)}", f"# live hints: {live}"]
     if args is not None:
@@ -437,6 +437,9 @@ class OpenRLHFLauncher(LauncherBase):
     Config: ClassVar[type[TrainConfig]] = TrainConfig
     summary: ClassVar[tuple[str, ...]] = ("exit_code", "final_model", "log_file", "duration_s")
     reward: ClassVar[tuple[str, str, str]] = (str(REWARD_FILE), "reward_func", "file")
+    live: ClassVar[str] = "mentor.training.openrlhf.live"  # its live hook: OpenRLHF takes AgentExecutor from LIVE_FILE
+    response_limit_key: ClassVar[str] = "rollout.max_new_tokens"
+    round_yaml_default: ClassVar[bool] = True  # a round.yaml without kind (they predate the other trainers)
 
     def parse(self, data: dict[str, Any], where: str = "round config", strict: bool = True) -> TrainConfig:
         return parse_config(data, where)

@@ -1,8 +1,8 @@
 """`mentor train` for ``kind: trl``: one TRL GRPO round from a `round.yaml`.
 
 The round runs in its own process (``python -m mentor.training.trl.train
-<train>/trl_round.json``; with ``live_hints``, ``mentor.stages.hint.live_trl``, the same process with the
-hint stage's rollout function): the thread settings must be in place before torch is
+<train>/trl_round.json``; with ``live_hints``, ``mentor.stages.hint.live trl``, the same process with the
+rollout function of `mentor.training.trl.live`): the thread settings must be in place before torch is
 imported, a vLLM engine the runner used for hints must not share the process,
 and a killed trainer takes nothing else down. With ``num_processes`` > 1 (or an
 ``accelerate_config`` / ``accelerate_args``) ``accelerate launch`` starts that
@@ -61,7 +61,7 @@ from mentor.pipeline.inputs import resolve_inputs
 from mentor.pipeline.io import read_json, scan_dataset, write_json_atomic
 from mentor.pipeline.yaml_io import read_yaml_mapping
 from mentor.training.field_types import check_dataclass_values
-from mentor.training.live_hints import LiveHintsConfig, live_text
+from mentor.training.live_hints import LIVE_ENTRY, LiveHintsConfig, live_text
 from mentor.training.launcher import LauncherBase, RoundConfig, finish_round, outcome_record, parse_round_config
 from mentor.training.prompt_format import check_template_kwargs, trainer_template_kwargs
 from mentor.training.prompt_limits import RESPONSE_DEFAULT, LongestPrompt, model_context, rendered_lengths, require, response_limit
@@ -106,7 +106,7 @@ class TrlTrainConfig(RoundConfig):
     )
 
     live_hints: LiveHintsConfig | None = Field(
-        None, description="Hint and re-roll the groups that collapse inside each training step (mentor.stages.hint.live_trl); "
+        None, description="Hint and re-roll the groups that collapse inside each training step (mentor.training.trl.live); "
         "none = offline hints only (the default)."
     )
 
@@ -262,9 +262,7 @@ def round_spec(cfg: TrlTrainConfig) -> dict[str, Any]:
 
 REWARD_MODULE = "mentor.training.trl.reward"
 ROUND_MODULE = "mentor.training.trl.train"  # the round's process
-# The process of a round with live_hints: the hint stage's TRL hook, which runs `ROUND_MODULE`'s main with its rollout
-# function (the hint agents are stage code, above this room: it is started by name, never imported here).
-LIVE_MODULE = "mentor.stages.hint.live_trl"
+LIVE_MODULE = LIVE_ENTRY  # with live_hints: the live entry (stage code: started by name, not imported) runs `live`
 
 
 def check_reward(cfg: TrlTrainConfig, env: dict[str, str]) -> str:
@@ -333,7 +331,7 @@ def response_text(cfg: TrlTrainConfig) -> str:
 
 def build_command(cfg: TrlTrainConfig, cpu_threads: int | None = None) -> list[str]:
     """The trainer command: one process, or `accelerate launch` starting `num_processes` of them."""
-    trainer = ["-m", ROUND_MODULE if cfg.live_hints is None else LIVE_MODULE, str(cfg.train_path / ROUND_FILE)]
+    trainer = [*(["-m", ROUND_MODULE] if cfg.live_hints is None else ["-m", LIVE_MODULE, "trl"]), str(cfg.train_path / ROUND_FILE)]
     if not uses_accelerate(cfg):
         return [cfg.python, *trainer]
     return [cfg.python, "-m", "accelerate.commands.launch", *accelerate_argv(cfg, cpu_threads), *trainer]
@@ -456,6 +454,8 @@ class TrlLauncher(LauncherBase):
     summary: ClassVar[tuple[str, ...]] = ("exit_code", "final_model", "log_file", "prompts_used", "steps", "duration_s")
     reward: ClassVar[tuple[str, str, str]] = (REWARD_MODULE, "make_reward", "module")
     template_kwargs_key: ClassVar[str] = "chat_template_kwargs"
+    live: ClassVar[str] = "mentor.training.trl.live"
+    response_limit_key: ClassVar[str] = "max_completion_length"
 
     def parse(self, data: dict[str, Any], where: str = "round config", strict: bool = True) -> TrlTrainConfig:
         """`strict`: TRL must be installed here (its GRPOConfig checks the fields); otherwise only mentor's fields

@@ -49,10 +49,11 @@ def prompt_rows(cfg: TrlTrainConfig, tokenizer: Any, pad_rows: int = 0) -> list[
 
 def main(argv: list[str], live: Callable[[TrlTrainConfig, list[dict[str, Any]], Any], tuple[Any, Any]] | None = None) -> int:
     """Train one round. `live`: with ``live_hints``, (config, rows, tokenizer) -> (rollout function, reward), given by
-    the hint stage's TRL hook (`LIVE_MODULE`, which runs this with them)."""
+    TRL's live hook (`mentor.training.trl.live`, which the live-hints entry `LIVE_MODULE` runs with the hint call)."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     if len(argv) != 1:
-        print(f"usage: python -m {LIVE_MODULE if live else 'mentor.training.trl.train'} TRAIN_DIR/trl_round.json", file=sys.stderr)
+        print(f"usage: python -m {LIVE_MODULE + ' trl' if live else 'mentor.training.trl.train'} TRAIN_DIR/trl_round.json",
+              file=sys.stderr)
         return 2
     spec_path = Path(argv[0])
     spec = json.loads(spec_path.read_text())
@@ -67,7 +68,7 @@ def main(argv: list[str], live: Callable[[TrlTrainConfig, list[dict[str, Any]], 
 
     cfg = TrlTrainConfig.model_validate(json.loads((spec_path.parent / "config.json").read_text()))
     if cfg.live_hints is not None and live is None:
-        print(f"{spec_path}: the round has live_hints: run it as python -m {LIVE_MODULE} (mentor train does)", file=sys.stderr)
+        print(f"{spec_path}: the round has live_hints: run it as python -m {LIVE_MODULE} trl (mentor train does)", file=sys.stderr)
         return 2
     tokenizer = AutoTokenizer.from_pretrained(spec["model"])
     rows = prompt_rows(cfg, tokenizer, int(spec.get("pad_rows") or 0))

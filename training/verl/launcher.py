@@ -82,6 +82,7 @@ from mentor.pipeline.errors import ConfigError
 from mentor.pipeline.inputs import resolve_inputs
 from mentor.pipeline.io import write_json_atomic
 from mentor.training.launcher import LauncherBase, finish_round, outcome_record
+from mentor.pipeline.log_rows import LogFormat
 from mentor.training.prompt_format import check_readable, check_template_kwargs, json_mapping, trainer_template_kwargs
 from mentor.training.prompt_limits import LongestPrompt, longest_prompt, refuse, require, response_limit
 from mentor.training.reward_check import check_reward_loads
@@ -97,6 +98,7 @@ from mentor.training.rollout_log import (
 )
 from mentor.training.verl.batches import BatchPlan, count_rows, pad_path, plan_batches, write_pad
 from mentor.training.verl.checkpoints import LATEST, last_checkpoint, merge_backend, merge_checkpoint, merge_command, prepare_logs
+from mentor.training.verl.logs import DUMPS
 from mentor.training.verl.config import DEFAULTS, VerlTrainConfig, load_config, parse_config, user_overrides
 from mentor.training.verl.check import check_ray_init, check_with_verl, preflight
 from mentor.training.verl.section import TEXT_WHY, VerlTrainer, run_command
@@ -370,6 +372,8 @@ class VerlLauncher(LauncherBase):
     text_prompts_refused: ClassVar[str] = TEXT_WHY
     template_kwargs_key: ClassVar[str] = "overrides.data.apply_chat_template_kwargs"
     section: ClassVar[type[BaseModel]] = VerlTrainer
+    response_limit_key: ClassVar[str] = "data.max_response_length"
+    log_formats: ClassVar[tuple[LogFormat, ...]] = (DUMPS,)  # `mentor ingest --format verl`: verl's own rollout dumps
 
     def template_kwargs(self, config: Mapping[str, Any]) -> Any:
         """Whole, or key by key (``+data.apply_chat_template_kwargs.enable_thinking=false``)."""

@@ -46,14 +46,16 @@ def _run(workflow: str, run_dir: str | None, rounds: int | None, from_stage: str
          scheduler_timeout: float = 30.0) -> Path:
     from mentor.workflows.config import load_workflow  # slow to import (the stages, polars): not for --help
     from mentor.workflows.runner import Runner, RunOptions  # likewise
+    from mentor.stages.train import section_policy  # likewise
 
     wf = load_workflow(workflow)
     if sample is not None:
         wf.hint.sample = sample
     if model is not None:
         wf.hint.backend.model = model
-        if wf.trainer.kind == "offline":  # the policy whose chat template renders the next round's prompts too
-            wf.trainer.policy.model = model
+        policy = section_policy(wf.trainer)  # a policy mentor samples itself (offline): its chat template renders the
+        if policy is not None:  # next round's prompts too
+            policy.model = model
     out = Path(run_dir) if run_dir else Path("runs") / wf.name
     click.echo(f"workflow {wf.name}: {wf.rounds if rounds is None else rounds} round(s) -> {out}", err=True)
     if workers is None and scheduler is None:

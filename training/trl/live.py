@@ -1,9 +1,10 @@
 """Live hints in TRL 1.16: a ``rollout_func`` for ``GRPOTrainer`` that hints and re-rolls collapsed groups.
 
-A round with ``live_hints`` runs this module as its process (``python -m mentor.stages.hint.live_trl
-<train>/trl_round.json``, `mentor.training.trl.launcher.round_argv`): the TRL round process
-(`mentor.training.trl.train.main`) with `LiveRollout` as its rollout function and `LiveReward` as its
-reward; the trainer's folder keeps only what needs no stage code.
+TRL's live hook (`TrlLauncher.live`). A round with ``live_hints`` runs the live-hints entry as its process
+(``python -m mentor.stages.hint.live trl <train>/trl_round.json``, `mentor.training.trl.launcher.build_command`),
+which runs this module's `main` with the hint call (`mentor.training.live_hints.Hinter`; this folder never
+imports the hint stage): the TRL round process (`mentor.training.trl.train.main`) with `LiveRollout` as its
+rollout function and `LiveReward` as its reward.
 
 TRL's contract (``trl/trainer/grpo_trainer.py``, ``_generate``): ``rollout_func(prompts, trainer)``
 receives this process's prompts of the generation batch (the sampler repeats each prompt
@@ -18,7 +19,7 @@ builds its loss from the returned ``prompt_ids`` as the context of each completi
    model, or TRL's vLLM when ``use_vllm`` is on);
 2. scores every completion with mentor's verifiers (the label of each prompt row, as the TRL reward);
 3. for each group whose rewards are all 0, within the step's budget, runs the four hint agents on the
-   hint engine (`mentor.stages.hint.live.hint_groups`: the hint stage's machine, Attribution on these
+   hint engine (the hint call, `Hinter.hint`: the hint stage's machine, Attribution on these
    very rollouts), renders the hinted prompt for the placement, re-rolls the group from it and scores
    the re-rolls; the hinted group (its hinted prompt ids) replaces the collapsed one;
 4. writes every rollout of the batch (the replaced first pass too) to one rollout shard, temp name
@@ -40,7 +41,6 @@ import json
 import logging
 import os
 import socket
-import sys
 import time
 import uuid
 from collections import Counter
@@ -51,8 +51,7 @@ from mentor.pipeline.errors import DataError, EngineError
 from mentor.pipeline.llm import Backend
 from mentor.pipeline.prompts import render_prompt
 from mentor.pipeline.schemas import parse_prompt_label
-from mentor.stages.hint.live import hint_groups, hinted_messages, solutions_for
-from mentor.training.live_hints import LiveHintsConfig, collapsed_row, live_score, problem_text, with_hint_id
+from mentor.training.live_hints import Hinter, HinterFactory, LiveHintsConfig, collapsed_row, live_score, problem_text, with_hint_id
 from mentor.training.reward_core import count, target_from_label
 from mentor.training.rollout_log import make_record
 from mentor.training.trl.reward import TrlReward
@@ -128,14 +127,14 @@ class LiveRollout:
     """``GRPOTrainer(rollout_func=LiveRollout(...))`` (see the module docstring)."""
 
     def __init__(self, cfg: LiveHintsConfig, rows: list[dict[str, Any]], tokenizer: Any, rollout_dir: str | os.PathLike | None,
-                 backend: Backend | None = None) -> None:
+                 hinter: Hinter, backend: Backend | None = None) -> None:
         self.cfg = cfg
         self.labels = label_index(rows)
         self.tokenizer = tokenizer
         self.scorer = TrlReward(tokenizer=tokenizer)  # its prompt text and truncation rule, as the offline reward
         self.rollout_dir = Path(rollout_dir) if rollout_dir else None
         self._backend = backend
-        self.solutions = solutions_for(cfg)  # read once, before the first step: a missing file fails the start
+        self.hinter = hinter  # built before the first step: its solutions file read, a missing one fails the start
         self.totals: Counter = Counter()
         self.steps: list[dict[str, Any]] = []  # one summary per call (tests, metrics.json)
         if self.rollout_dir is not None:
@@ -183,7 +182,7 @@ class LiveRollout:
         found = None
         if collapsed:
             try:
-                found = hint_groups(collapsed, self.cfg, self.backend, self.solutions)
+                found = self.hinter.hint(collapsed, self.backend)
             except EngineError as exc:
                 log.error("live hints step %d: the hint engine answered none of %d collapsed group(s) (%s); they go on unhinted",
                           step, len(collapsed), exc)
@@ -269,7 +268,7 @@ class LiveRollout:
     def hinted_prompt(self, trainer: Any, row: dict[str, Any], hint: str, original: Any) -> tuple[list[int], str]:
         """The hinted prompt's ids (as TRL tokenizes a chat prompt; placement assistant: the rendered text, its
         special tokens as the template writes them, so one BOS) and its text as the model sees it."""
-        messages = hinted_messages(self.cfg, row["problem"], hint, row["domain"], original)
+        messages = self.hinter.messages(row["problem"], hint, row["domain"], original)
         if messages[-1]["role"] == "assistant":
             text = render_prompt(self.tokenizer, messages)
             ids = self.tokenizer(text, add_special_tokens=False)["input_ids"]
@@ -307,22 +306,19 @@ class LiveReward:
         return [float(r) for r in rewards]
 
 
-def live_hooks(cfg: Any, rows: list[dict[str, Any]], tokenizer: Any) -> tuple[LiveRollout, LiveReward]:
+def live_hooks(cfg: Any, rows: list[dict[str, Any]], tokenizer: Any, hinter: HinterFactory) -> tuple[LiveRollout, LiveReward]:
     """The TRL round process's hooks (`mentor.training.trl.train.main`'s ``live``): the rollout function and reward."""
     from mentor.training.rollout_log import ENV_DIR
 
     os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")  # rollout_func is experimental in TRL 1.16: mentor pins it
-    return LiveRollout(cfg.live_hints, rows, tokenizer, os.environ.get(ENV_DIR)), LiveReward()
+    return LiveRollout(cfg.live_hints, rows, tokenizer, os.environ.get(ENV_DIR), hinter(cfg.live_hints)), LiveReward()
 
 
-def main(argv: list[str]) -> int:
+def main(argv: list[str], hinter: HinterFactory) -> int:
+    """The round process with live hints (run by the live-hints entry, which hands over the hint call's factory)."""
     from mentor.training.trl.train import main as train_main
 
-    return train_main(argv, live=live_hooks)
+    return train_main(argv, live=lambda cfg, rows, tokenizer: live_hooks(cfg, rows, tokenizer, hinter))
 
 
 __all__ = ["LiveReward", "LiveRollout", "clear_temp_shards", "label_index", "live_hooks", "main", "write_shard"]
-
-
-if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))

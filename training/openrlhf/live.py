@@ -1,10 +1,14 @@
 """Live hints in OpenRLHF 0.11.2: an agent executor (``--train.agent_func_path``) that hints and re-rolls collapsed groups.
 
-OpenRLHF loads this file by path in every vLLM engine actor (``openrlhf.trainer.ray.vllm_engine._load_agent_executor``:
-its ``AgentExecutor`` class, built with no arguments) and, for each prompt of a rollout batch, calls
+OpenRLHF's live hook (`OpenRLHFLauncher.live`). OpenRLHF loads the live-hints entry's file by path
+(``--train.agent_func_path <stages/hint/live.py>``, `mentor.training.live_hints.live_entry_file`) in every vLLM
+engine actor (``openrlhf.trainer.ray.vllm_engine._load_agent_executor``: its ``AgentExecutor`` class, built with
+no arguments); with ``MENTOR_LIVE_TRAINER=openrlhf`` the entry finds it in this module's `FILE_EXPORTS`:
+`agent_executor` builds it around `LiveExecutor` with the hint call (`mentor.training.live_hints.Hinter`; this
+folder never imports the hint stage). For each prompt of a rollout batch OpenRLHF calls
 ``RolloutRayActor.generate_responses``, which runs ``n_samples_per_prompt`` calls of ``execute(prompt, label, ...)``
 concurrently (``asyncio.gather``) in the actor's event loop. One call sees one sample, so a group is never handed
-over whole: `AgentExecutor` joins the calls of one gather into a group. Each call registers under its
+over whole: `LiveExecutor` joins the calls of one gather into a group. Each call registers under its
 (prompt, label) before its first ``await``; gather starts all of its calls before any of them resumes, so when the
 first resumes every sample of that prompt has joined and the group is sealed (a later call of the same prompt
 starts a new group). Each call then generates its own sample through the actor's ``llm_engine.generate`` (as
@@ -13,8 +17,8 @@ scores it with mentor's verifiers; the last call of the group to finish decides 
 
 - a reward above 0 anywhere: every sample is returned as generated (``scored``);
 - all 0: the group becomes one COLLAPSED row (its very responses, the problem text of the row's prompt messages,
-  found by its label in the round's prompt shards) and goes through `mentor.stages.hint.live.hint_groups`
-  (the hint stage's four agents, rules, judge and fallback) on the hint engine, within the step's budget; the
+  found by its label in the round's prompt shards) and goes through the hint call (`Hinter.hint`:
+  the hint stage's four agents, rules, judge and fallback) on the hint engine, within the step's budget; the
   hinted prompt is rendered as `mentor build` renders the placement (`render_prompt` with the policy's chat
   template, tokenized without added special tokens: one BOS) and the group is re-rolled from it; the re-rolls
   are returned, so OpenRLHF's experience (``observation_tokens``) and loss use the hinted prompt as the context.
@@ -53,21 +57,20 @@ from copy import deepcopy
 from pathlib import Path
 from typing import Any
 
-try:  # module level, in a try: loaded by path in the trainer's Python, the load fails naming the fix
+try:  # module level, in a try: loaded (through the entry's file) in the trainer's Python, the load fails naming the fix
     from openrlhf.utils.agent import AgentExecutorBase
     from openrlhf.utils.logging_utils import init_logger
 
     from mentor.pipeline.errors import ConfigError, EngineError
     from mentor.pipeline.policy_template import render_prompt
-    from mentor.stages.hint.live import hint_groups, hinted_messages, solutions_for
-    from mentor.training.live_hints import LiveHintsConfig, collapsed_row, live_score, problem_text, with_hint_id
+    from mentor.training.live_hints import Hinter, HinterFactory, LiveHintsConfig, collapsed_row, live_score, problem_text, with_hint_id
     from mentor.training.reward_core import target_from_label
     from mentor.training.rollout_log import ENV_DIR, make_record, rollout_log
 except ImportError as exc:
     raise ImportError(f"{__file__}: mentor or openrlhf is not importable in the trainer's Python ({sys.version.split()[0]}, "
                       f"{sys.executable}): {exc}; install both there: pip install 'mentor[reward]' openrlhf") from exc
 
-log = logging.getLogger("mentor.stages.hint.live_openrlhf")
+log = logging.getLogger(__name__)
 if not log.handlers:  # nothing configures logging in an engine actor: OpenRLHF's own handler (INFO, to the trainer's log)
     log = init_logger(log.name)
 
@@ -173,11 +176,13 @@ class Step:
 # --------------------------------------------------------------------------- the executor
 
 
-class AgentExecutor(AgentExecutorBase):
-    """OpenRLHF's ``--train.agent_func_path`` executor with live hints (see the module docstring)."""
+class LiveExecutor(AgentExecutorBase):
+    """OpenRLHF's ``--train.agent_func_path`` executor with live hints (see the module docstring); `hinter` makes the
+    hint call from the round's settings."""
 
-    def __init__(self, cfg: LiveHintsConfig | None = None, prompts: dict[str, Any] | None = None, group_size: int | None = None,
-                 rollout_dir: str | os.PathLike | None = None, backend: Any = None, step_gap: float | None = None) -> None:
+    def __init__(self, hinter: HinterFactory, cfg: LiveHintsConfig | None = None, prompts: dict[str, Any] | None = None,
+                 group_size: int | None = None, rollout_dir: str | os.PathLike | None = None, backend: Any = None,
+                 step_gap: float | None = None) -> None:
         if cfg is None:  # OpenRLHF builds it with no arguments: the round's settings come from the environment
             cfg, prompts, group_size = load_settings()
         self.cfg = cfg
@@ -190,7 +195,7 @@ class AgentExecutor(AgentExecutorBase):
         self.step_gap = step_gap if step_gap is not None else float(os.environ.get(ENV_GAP) or 1.0)
         temperature = os.environ.get(ENV_TEMPERATURE)
         self.temperature = float(temperature) if temperature else None  # the training rollouts' (evaluation: another)
-        self.solutions = solutions_for(cfg)  # read once, at the engine's start: a missing file fails the start
+        self.hinter: Hinter = hinter(cfg)  # its solutions read once, at the engine's start: a missing file fails the start
         self.open: dict[tuple[str, str], Group] = {}
         self.inflight = 0
         self.idle_since = 0.0
@@ -206,7 +211,7 @@ class AgentExecutor(AgentExecutorBase):
             return self._backend
 
     def _hint_one(self, row: dict[str, Any]) -> Any:
-        return hint_groups({0: row}, self.cfg, self.backend, self.solutions)
+        return self.hinter.hint({0: row}, self.backend)
 
     # -- OpenRLHF's call: one sample
 
@@ -311,7 +316,7 @@ class AgentExecutor(AgentExecutorBase):
                                 [s["response"] for s in first])
             status, hint = await self._hint(step, row)
         if hint is not None:
-            messages = hinted_messages(self.cfg, row["problem"], hint["hint"], row["domain"], self.prompts[group.label])
+            messages = self.hinter.messages(row["problem"], hint["hint"], row["domain"], self.prompts[group.label])
             text = render_prompt(hf_tokenizer, messages)
             ids = list(hf_tokenizer(text, add_special_tokens=False)["input_ids"])
             need = sampling_params.max_tokens if sampling_params.max_tokens is not None else 1
@@ -389,4 +394,18 @@ class AgentExecutor(AgentExecutorBase):
             shard.write(rec)
 
 
-__all__ = ["AgentExecutor", "load_settings", "prompt_index", "with_hint_id"]
+def agent_executor(hinter: HinterFactory) -> type[LiveExecutor]:
+    """OpenRLHF's ``AgentExecutor`` (a subclass of its `AgentExecutorBase`, built with no arguments) with the hint call."""
+
+    class AgentExecutor(LiveExecutor):
+        def __init__(self, **kwargs: Any) -> None:
+            super().__init__(hinter, **kwargs)
+
+    return AgentExecutor
+
+
+# What OpenRLHF takes by name from the live-hints entry's file it loads by path (``--train.agent_func_path``).
+FILE_EXPORTS = {"AgentExecutor": agent_executor}
+
+
+__all__ = ["FILE_EXPORTS", "LiveExecutor", "agent_executor", "load_settings", "prompt_index", "with_hint_id"]
