@@ -285,20 +285,25 @@ def test_tensor_parallel_on_a_cpu_node_is_a_problem(tmp_path, monkeypatch):
     assert got["status"] == "problem" and "--tensor-parallel-size 4 on a node without a GPU visible" in got["detail"]
 
 
-def test_a_trainer_declares_what_doctor_checks_on_the_node(tmp_path, monkeypatch):
-    """TRL's accelerate-config check is its launcher's `node_checks`; a plugin trainer's check runs the same way."""
+def _checks_with_plugin(tmp_path, monkeypatch, relpath: str, source: str):
+    """`mentor doctor --no-engine --role hint` with one plugin file (`relpath` under a plugin folder on the path)."""
     from mentor.pipeline import plugins
 
-    folder = tmp_path / "plugins" / "trainers" / "node_toy"
-    folder.mkdir(parents=True)
-    (folder / "launcher.py").write_text(
+    path = tmp_path / "plugins" / relpath
+    path.parent.mkdir(parents=True)
+    path.write_text(source)
+    monkeypatch.setenv(plugins.PLUGIN_PATH_ENV, str(tmp_path / "plugins"))
+    return _checks(["--no-engine", "--role", "hint", "--out", str(tmp_path)])
+
+
+def test_a_trainer_declares_what_doctor_checks_on_the_node(tmp_path, monkeypatch):
+    """TRL's accelerate-config check is its launcher's `node_checks`; a plugin trainer's check runs the same way."""
+    code, checks = _checks_with_plugin(tmp_path, monkeypatch, "trainers/node_toy/launcher.py",
         "from mentor.training.launcher import LauncherBase, RoundConfig\n\n\n"
         "class NodeToy(LauncherBase):\n    kind = 'node_toy'\n    Config = RoundConfig\n\n"
         "    def node_checks(self):\n"
         "        return {'toy scratch': lambda: ('no /scratch on this node', 'mount /scratch before a node_toy round')}\n\n\n"
         "LAUNCHER = NodeToy()\n")
-    monkeypatch.setenv(plugins.PLUGIN_PATH_ENV, str(tmp_path / "plugins"))
-    code, checks = _checks(["--no-engine", "--role", "hint", "--out", str(tmp_path)])
     assert code == 1
     assert list(checks)[9:13] == ["reward files", "accelerate config", "toy scratch", "Ray"]
     assert checks["toy scratch"] == {"name": "toy scratch", "status": "problem", "detail": "no /scratch on this node",
@@ -308,18 +313,13 @@ def test_a_trainer_declares_what_doctor_checks_on_the_node(tmp_path, monkeypatch
 def test_a_backend_declares_what_doctor_checks_on_the_node(tmp_path, monkeypatch):
     """The vLLM and hint-model lines are the vllm kind's `node_checks`; a plugin backend's rows run the same way,
     after them (every kind in order), and one with a status doctor does not know is a problem, not a traceback."""
-    from mentor.pipeline import plugins
-
-    (tmp_path / "plugins" / "backends").mkdir(parents=True)
-    (tmp_path / "plugins" / "backends" / "node_toy.py").write_text(
+    code, checks = _checks_with_plugin(tmp_path, monkeypatch, "backends/node_toy.py",
         "from mentor.pipeline.backends import BackendKind\n\n\n"
         "class NodeToy(BackendKind):\n    name = 'node_toy'\n\n"
         "    def node_checks(self, node):\n"
         "        return {'toy socket': lambda: ('skip', f'no socket needed on a {node.role} node', None),\n"
         "                'toy card': lambda: ('maybe', 'half there', None)}\n\n\n"
         "BACKEND = NodeToy()\n")
-    monkeypatch.setenv(plugins.PLUGIN_PATH_ENV, str(tmp_path / "plugins"))
-    code, checks = _checks(["--no-engine", "--role", "hint", "--out", str(tmp_path)])
     assert code == 1
     assert list(checks)[6:11] == ["vLLM", "hint model", "toy socket", "toy card", "trainer Python"]
     assert checks["toy socket"] == {"name": "toy socket", "status": "skip", "detail": "no socket needed on a hint node", "fix": None}

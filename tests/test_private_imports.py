@@ -93,23 +93,28 @@ def test_no_module_imports_another_modules_private_name():
     assert offenders(REPO, SCANNED) == []
 
 
+def _tree(root, files: dict[str, str]) -> None:
+    """Write `files` (path under `root` -> text), folders made as needed."""
+    for rel, text in files.items():
+        (root / rel).parent.mkdir(parents=True, exist_ok=True)
+        (root / rel).write_text(text)
+
+
 def test_the_check_sees_each_way_of_reaching_in(tmp_path):
     """Each pattern is caught; a module's own private names and its folder's private module are not."""
-    (tmp_path / "pipeline" / "backends").mkdir(parents=True)
-    (tmp_path / "stages").mkdir()
-    (tmp_path / "pipeline" / "__init__.py").write_text("")
-    (tmp_path / "pipeline" / "backends" / "__init__.py").write_text("")
-    (tmp_path / "pipeline" / "backends" / "_engine.py").write_text("_CACHE = {}\n")
-    (tmp_path / "pipeline" / "backends" / "vllm.py").write_text(
-        "from mentor.pipeline.backends import _engine\nfrom mentor.pipeline.backends._engine import _CACHE\n"
-        "_engine._CACHE.clear()\n")  # its own folder's private module: fine; its private names: not
-    (tmp_path / "pipeline" / "io.py").write_text(
-        "_LOCK = None\n\n\nclass Writer:\n    _open = 0\n\n\ndef f():\n    return _LOCK, Writer._open\n")
-    (tmp_path / "stages" / "__init__.py").write_text("")
-    (tmp_path / "stages" / "mine.py").write_text(
-        "import mentor.pipeline.io as pio\nimport mentor.pipeline.io\nfrom mentor.pipeline import io\n"
-        "from mentor.pipeline.io import _LOCK, Writer\nfrom mentor.pipeline.backends import _engine\n\n"
-        "pio._LOCK, io._LOCK, mentor.pipeline.io._LOCK, Writer._open\n")
+    _tree(tmp_path, {
+        "pipeline/__init__.py": "",
+        "pipeline/backends/__init__.py": "",
+        "pipeline/backends/_engine.py": "_CACHE = {}\n",
+        # its own folder's private module: fine; its private names: not
+        "pipeline/backends/vllm.py": "from mentor.pipeline.backends import _engine\n"
+                                     "from mentor.pipeline.backends._engine import _CACHE\n_engine._CACHE.clear()\n",
+        "pipeline/io.py": "_LOCK = None\n\n\nclass Writer:\n    _open = 0\n\n\ndef f():\n    return _LOCK, Writer._open\n",
+        "stages/__init__.py": "",
+        "stages/mine.py": "import mentor.pipeline.io as pio\nimport mentor.pipeline.io\nfrom mentor.pipeline import io\n"
+                          "from mentor.pipeline.io import _LOCK, Writer\nfrom mentor.pipeline.backends import _engine\n\n"
+                          "pio._LOCK, io._LOCK, mentor.pipeline.io._LOCK, Writer._open\n",
+    })
     got = offenders(tmp_path, ("pipeline", "stages"))
     assert got == [
         "pipeline/backends/vllm.py:2: from mentor.pipeline.backends._engine import _CACHE",
@@ -125,15 +130,14 @@ def test_the_check_sees_each_way_of_reaching_in(tmp_path):
 
 def test_a_test_is_held_to_it_too(tmp_path):
     """A test module reaching into a module (its private name, or a package's private module) is reported."""
-    (tmp_path / "pipeline" / "backends").mkdir(parents=True)
-    (tmp_path / "tests").mkdir()
-    (tmp_path / "pipeline" / "__init__.py").write_text("")
-    (tmp_path / "pipeline" / "backends" / "__init__.py").write_text("")
-    (tmp_path / "pipeline" / "backends" / "_engine.py").write_text("def start():\n    pass\n")
-    (tmp_path / "pipeline" / "io.py").write_text("_LOCK = None\n\n\ndef write():\n    pass\n")
-    (tmp_path / "tests" / "test_io.py").write_text(
-        "from mentor.pipeline import io\nfrom mentor.pipeline.io import _LOCK, write\n"
-        "from mentor.pipeline.backends._engine import start\n\nio._LOCK, write\n")
+    _tree(tmp_path, {
+        "pipeline/__init__.py": "",
+        "pipeline/backends/__init__.py": "",
+        "pipeline/backends/_engine.py": "def start():\n    pass\n",
+        "pipeline/io.py": "_LOCK = None\n\n\ndef write():\n    pass\n",
+        "tests/test_io.py": "from mentor.pipeline import io\nfrom mentor.pipeline.io import _LOCK, write\n"
+                            "from mentor.pipeline.backends._engine import start\n\nio._LOCK, write\n",
+    })
     assert offenders(tmp_path, ("tests",)) == [
         "tests/test_io.py:2: from mentor.pipeline.io import _LOCK",
         "tests/test_io.py:3: imports the private module mentor.pipeline.backends._engine",

@@ -33,16 +33,15 @@ _SEPARATED = re.compile(r"(?<![\d.])\d{1,3}(?:(?:\\[,;: ]|[~ ])\d{3})+(?!\d)")
 _SPACE = re.compile(r"\\[,;: ]|[~ ]")
 _SCIENTIFIC = re.compile(r"(?<![\w.\\])(\d+(?:\.\d+)?|\.\d+)[eE]([+-]?)(\d{1,3})(?![\w.])")
 _REPEATING = re.compile(r"(?<![\d.])(\d*)\.(\d*)\\(?:overline|bar)\s*(?:\{(\d{1,50})\}|(\d))(?![\d\\])")
-# Dots over the first and the last repeating digit (one dot: that digit repeats); nothing may follow.
-_DOTTED = re.compile(r"(?<![\d.])(\d*)\.(\d*)\\dot\s*(?:\{(\d)\}|(\d))(?:(\d{0,48})\\dot\s*(?:\{(\d)\}|(\d)))?(?![\d\\])")
-# What is left of a repeating decimal `normalize` could not read (``0.\\overline{3}4``, ``0.\\dot{x}``): math-verify
-# reads the mark as a product, ``0.\\dot{3}4`` as 0 x 3 x 4 (it equalled 0) and ``0.\\overline{3}4`` as 4/3.
-_MALFORMED = re.compile(r"\d*\.\d*\s*\\(?:overline|bar|dot)(?![a-zA-Z])")
 _SIGNED_POWER = re.compile(r"\^\s*([+-]\d+)(?![\d.])")
 
 
 def _fraction(m: re.Match) -> str:
     return _as_fraction(m[1] or "0", m[2], m[3] or m[4])
+
+
+# Dots over the first and the last repeating digit (one dot: that digit repeats); nothing may follow.
+_DOTTED = re.compile(r"(?<![\d.])(\d*)\.(\d*)\\dot\s*(?:\{(\d)\}|(\d))(?:(\d{0,48})\\dot\s*(?:\{(\d)\}|(\d)))?(?![\d\\])")
 
 
 def _dotted(m: re.Match) -> str:
@@ -69,6 +68,11 @@ def normalize(text: str) -> str:
     if "^" in text:
         text = _SIGNED_POWER.sub(r"^{\1}", text)
     return text
+
+
+# What is left of a repeating decimal `normalize` could not read (``0.\\overline{3}4``, ``0.\\dot{x}``): math-verify
+# reads the mark as a product, ``0.\\dot{3}4`` as 0 x 3 x 4 (it equalled 0) and ``0.\\overline{3}4`` as 4/3.
+_MALFORMED = re.compile(r"\d*\.\d*\s*\\(?:overline|bar|dot)(?![a-zA-Z])")
 
 
 def malformed(text: str) -> bool:
