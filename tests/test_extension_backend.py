@@ -77,3 +77,18 @@ def test_doctor_checks_the_toy(toy, tmp_path):
     checks = {c["name"]: c for c in json.loads(r.stdout.strip().splitlines()[-1])}
     assert checks["engine"]["status"] == "ok", checks["engine"]
     assert checks["engine"]["detail"].startswith("backend toy answered one JSON-schema request")
+
+
+def test_a_backend_that_serves_and_its_cpu_fixes(toy):
+    """`mentor serve` starts the server its backend kind declares (`serves`, `serve_command`), `mentor setup-cpu` runs
+    every kind's `cpu_setup` and shows its note: the toy's, from its one file, beside vLLM's."""
+    r = CliRunner().invoke(cli, ["serve", "--backend", "toy", "--port", "8765", "--print-only"])
+    assert r.exit_code == 0, r.output
+    assert r.output.strip() == "TOY_SERVER=1 /bin/echo toy-server toy 8765"
+    r = CliRunner().invoke(cli, ["serve", "--print-only"])  # the default: the first kind that serves (vLLM)
+    assert r.exit_code == 0 and "toy-server" not in r.output and "--port 8000" in r.output, r.output
+    r = CliRunner().invoke(cli, ["serve", "--backend", "fake", "--print-only"])
+    assert r.exit_code == 2 and "fake serves no model; choose vllm, toy" in r.output, r.output
+    r = CliRunner().invoke(cli, ["setup-cpu", "--dry-run"])
+    assert r.exit_code == 0, r.output
+    assert "$ pip uninstall -y toy-cpu-conflict" in r.output and "note: the toy needs no CPU fixes but this note" in r.output

@@ -1,7 +1,7 @@
 """What the shared code knows of a trainer, it reads from the trainer's declarations (docs/architecture.md).
 
-- No trainer kind (nor the train stage's own kinds, ``offline`` and ``external``) is written as a value in
-  code outside its own files: the static scan below, over every room.
+- No trainer kind (nor the train stage's own kinds, ``offline`` and ``external``), and no backend kind, is written
+  as a value in code outside its own files: the static scans below, over every room.
 - Live hints: the hint stage's one live-hints entry (`stages/hint/live.py`) knows no trainer. A toy trainer
   whose launcher declares a live hook (a plugin folder, ``MENTOR_PLUGIN_PATH``) gets the hint call through
   the entry, as a process (``python -m mentor.stages.hint.live KIND ...``) and from the entry's file loaded by
@@ -36,7 +36,13 @@ OWN_KINDS = {"offline": "stages/train.py", "external": "stages/train.py"}
 KEPT = {
     ("pipeline/schemas.py", "openrlhf"): "RECORDS_FORMAT: the name of mentor's own record format (`ingest --format "
                                          "openrlhf`, workflow files), after the first trainer that wrote it",
-    ("workflows/cli/setup.py", "openrlhf"): "`mentor setup-cpu --openrlhf` installs that trainer's package",
+}
+# Backend kinds' names as values outside pipeline/backends/<kind>: the trainers' own rollout engines (their configs
+# name their vLLM), and the default kind.
+BACKEND_KEPT = {
+    ("pipeline/backends/__init__.py", "vllm"): "DEFAULT: the kind of a setting or a command that names none",
+    ("training/openrlhf/placement.py", "vllm"): "OpenRLHF's own rollout engines (its `vllm` placement), not mentor's",
+    ("training/verl/config.py", "vllm"): "verl's own rollout engine (`rollout.name: vllm`), not mentor's",
 }
 
 TOY_LAUNCHER = '''
@@ -122,6 +128,26 @@ def test_no_kind_is_written_outside_its_own_files():
                 if name in OWN_KINDS and rel != OWN_KINDS[name]:
                     found.append(f"{rel}:{line} {value!r}")
     assert not found, "kinds written by name outside their own files:\n" + "\n".join(found)
+
+
+def test_no_backend_kind_is_written_outside_its_own_files():
+    """A backend kind's name as a value only in its own module or package (``pipeline/backends/<kind>``): `mentor
+    doctor`, `mentor serve` and `mentor setup-cpu` ask the kinds' declarations (`node_checks`, `serve_command`,
+    `cpu_setup`). Before: setup.py held vLLM's CPU conflicts and served through the vllm module by name."""
+    from mentor.pipeline import backends
+
+    kinds, found = backends.kinds(), []
+    for room in ROOMS:
+        for f in sorted((REPO / room).rglob("*.py")):
+            rel = f.relative_to(REPO).as_posix()
+            for line, value in _values(f):
+                name = value.lower()
+                if name in kinds and not rel.startswith(f"pipeline/backends/{name}") and (rel, name) not in BACKEND_KEPT:
+                    found.append(f"{rel}:{line} {value!r}")
+            imported = {n.module or "" for n in ast.walk(ast.parse(f.read_text(), str(f))) if isinstance(n, ast.ImportFrom)}
+            found += [f"{rel}: imports {m}" for m in imported if m.startswith("mentor.pipeline.backends.")
+                      and not rel.startswith("pipeline/backends/")]
+    assert not found, "backend kinds named outside their own files:\n" + "\n".join(found)
 
 
 @pytest.fixture(scope="module")

@@ -147,8 +147,16 @@ class Toy(BackendKind):
     what = "a canned rule"
     help = "answers every request by one canned rule (a plugin)"
 
+    serves = True  # `mentor serve --backend toy`: a stand-in server, the command only
+
     def make(self, model, options):
         return ToyBackend(model or "toy")
+
+    def serve_command(self, model, settings):
+        return ["/bin/echo", "toy-server", model or "toy", str(settings["port"])], {"TOY_SERVER": "1"}
+
+    def cpu_setup(self, installed):
+        return [["uninstall", "-y", "toy-cpu-conflict"]], "the toy needs no CPU fixes but this note"
 
 
 BACKEND = Toy()

@@ -356,6 +356,8 @@ class LauncherBase:
     live: ClassVar[str | None] = None  # its live-hints hook's module (None: no live hints; `mentor.training.live_hints`)
     round_yaml_default: ClassVar[bool] = False  # a round.yaml without `kind` is its (one trainer's: `default_kind`)
     response_limit_key: ClassVar[str | None] = None  # where its round config sets the response limit (in mine's advice)
+    # What `mentor setup-cpu --openrlhf` installs for its contract tests, with --no-deps (its own pins are for GPUs)
+    setup_pins: ClassVar[tuple[str, ...]] = ()
 
     @property
     def name(self) -> str:

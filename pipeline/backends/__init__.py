@@ -56,6 +56,7 @@ class BackendKind:
     engine = False  # starts an engine in this process (one per dask worker; stopped when the stage ends)
     server = False  # talks to a server at base_url; its model is the name the server serves
     schema_fix: str | None = None  # doctor's fix when its answer is not the JSON a schema asks for
+    serves = False  # ``mentor serve`` can start an OpenAI-compatible server of it (`serve_command`)
 
     def problem(self, model: str | None, base_url: str | None) -> str | None:
         """What the settings lack or hold against this kind by themselves (the settings model refuses it)."""
@@ -96,6 +97,17 @@ class BackendKind:
         the fix) or ``skip`` (the detail says why it does not apply). One that raises is a problem row."""
         return {}
 
+    def serve_command(self, model: str | None, settings: dict[str, Any]) -> tuple[list[str], dict[str, str]]:  # pragma: no cover
+        """``mentor serve``: the command (argv, environment) of an OpenAI-compatible server for `model`, `settings`
+        being the command's ``port``, ``host``, ``served_model_name``, ``tensor_parallel_size``, ``max_model_len``,
+        ``dtype`` and ``extra_args`` (a kind that `serves` overrides it)."""
+        raise NotImplementedError
+
+    def cpu_setup(self, installed: Callable[[str], bool]) -> tuple[list[list[str]], str | None]:
+        """``mentor setup-cpu``: the pip arguments (``["uninstall", "-y", ...]``) this kind needs on a CPU machine,
+        given what is `installed` (a distribution name -> bool), and a note for the user (or None)."""
+        return [], None
+
     def unavailable(self) -> str | None:
         """Why it cannot run on this node (``mentor doctor``'s engine row is then skipped with it), or None."""
         return None
@@ -128,9 +140,17 @@ def choices() -> str:
     return ", ".join(named[:-1]) + " or " + named[-1] if len(named) > 1 else named[0]
 
 
+def serving_kind() -> BackendKind:
+    """The kind ``mentor serve`` starts a server with: the first that `serves` (the default first)."""
+    for name in kinds():
+        if kind(name).serves:
+            return kind(name)
+    raise ConfigError(f"no backend kind here serves a model (kinds: {choices()})")
+
+
 def server_kinds() -> list[str]:
     """The kinds that talk to a server at base_url."""
     return [n for n in kinds() if kind(n).server]
 
 
-__all__ = ["DEFAULT", "REQUEST_TIMEOUT", "BackendKind", "DoctorNode", "choices", "kind", "kinds", "server_kinds"]
+__all__ = ["DEFAULT", "REQUEST_TIMEOUT", "BackendKind", "DoctorNode", "choices", "kind", "kinds", "server_kinds", "serving_kind"]

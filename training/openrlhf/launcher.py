@@ -439,6 +439,9 @@ class OpenRLHFLauncher(LauncherBase):
     reward: ClassVar[tuple[str, str, str]] = (str(REWARD_FILE), "reward_func", "file")
     live: ClassVar[str] = "mentor.training.openrlhf.live"  # its live hook: OpenRLHF takes AgentExecutor from LIVE_FILE
     response_limit_key: ClassVar[str] = "rollout.max_new_tokens"
+    # --no-deps: its pins (CUDA torch, deepspeed, flash-attn, ray, vllm) are for GPU trainers; the light
+    # dependencies its dataset/agent modules import come with mentor's `openrlhf-light` extra.
+    setup_pins: ClassVar[tuple[str, ...]] = ("openrlhf==0.11.2",)
     round_yaml_default: ClassVar[bool] = True  # a round.yaml without kind (they predate the other trainers)
 
     def parse(self, data: dict[str, Any], where: str = "round config", strict: bool = True) -> TrainConfig:

