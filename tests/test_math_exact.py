@@ -135,6 +135,9 @@ ROWS = [
     ("relation", "x > 2", "-x > -2", 0.0),
     ("relation", "x > 2", "x \\ge 2", 0.0),
     ("relation", "x^2+y^2=25", r"x^2+y^2 = (\sin x+\cos x)^{30}", 0.0),
+    ("relation", "xy = 1", r"y = \frac{1}{x}", 1.0),  # linear in y: solved for it, compared by right sides
+    ("relation", "x = 5", "x y = 5 y", 0.0),  # x = 5 or y = 0
+    ("relation", "2x+3y=6", r"y = 2 - \frac{2x}{3} + 10^{-20}", 0.0),
 ]
 
 

@@ -27,7 +27,8 @@ So the types are chosen per answer here before math-verify compares what is left
   under 10^{-30}, ``x + \\cos(10^{-20})`` for ``x + 1``, is proven or refused as between numbers; a check
   that fails there, ``x + \\cos(10^{-4400})``, is undecided, never equal); then math-verify decides on the
   exact expressions;
-- two equations solved for one symbol (``y = f(x)``, ``y = h(x)``, or ``h(x) = y``) are compared as f and h, expressions;
+- two equations solved for one symbol (``y = f(x)``, ``y = h(x)``, or ``h(x) = y``; one linear in y solved for it,
+  `math_relations.solved_like`) are compared as f and h, expressions;
 - two relations whose sides (lhs - rhs) differ by a non-zero constant are not equal (``y = \\sin x + 10^{-20}``
   for ``y = \\sin x``: math-verify's chop passed it); two relations between polynomials are decided here, equal
   exactly when their sides are proportional by a non-zero number (`polynomial_relations`); any other pair of
@@ -56,7 +57,7 @@ from math_verify.grader import get_pct_val, is_assignment_relation, is_equation,
 
 from mentor.training.math_forms import malformed, normalize
 from mentor.training.math_numbers import DIGITS, POINTS, doit, exact, is_number, numbers_equal
-from mentor.training.math_relations import offset, polynomial_relations, proportional, solved_for_one_symbol, symbol_first
+from mentor.training.math_relations import offset, polynomial_relations, proportional, solved_for_one_symbol, solved_like
 from sympy import Interval, MatrixBase, Rational, Tuple
 from sympy.core.relational import Relational
 from sympy import FiniteSet as SympyFiniteSet
@@ -64,7 +65,7 @@ from sympy import FiniteSet as SympyFiniteSet
 # CPU seconds a request may have used, parsing included, when math-verify has compared two relations that are not both
 # polynomial (it solves them: seconds on x^2 + y^2 = (\sin x + \cos x)^{30}); past it the answer is undecided, scored 0.
 # Issue 58: 0.1 s of trusted CPU a sample, the reward process's share and the pipes included.
-RELATION_CPU = 0.07
+RELATION_CPU = 0.05
 _request = {"cpu": 0.0}  # process CPU when `equal` began (a worker serves one request at a time)
 
 # A comma, then three digits led by a zero: in a list, tuple or interval (``(2,050)``) it reads as an element
@@ -215,8 +216,9 @@ def same(g, p, decimal: bool) -> bool:
     elif is_assignment_relation(g) and not is_equation(p):
         g = take_last_relation(g).rhs  # the reference "x = 5" takes 5
     g, p = get_pct_val(g, g), get_pct_val(p, p)  # 50\% is 50, as in math-verify
-    if solved_for_one_symbol(symbol_first(g), symbol_first(p)):
-        return same(symbol_first(g).rhs, symbol_first(p).rhs, decimal)  # y = f(x) and y = h(x): equivalent exactly where f equals h
+    gs, ps = solved_like(g, p)
+    if solved_for_one_symbol(gs, ps):
+        return same(gs.rhs, ps.rhs, decimal)  # y = f(x) and y = h(x): equivalent exactly where f equals h
     if is_relation(g) or is_relation(p):
         if isinstance(g, Relational) and isinstance(p, Relational):
             if offset(g, p) or not proportional(g, p):
@@ -295,7 +297,9 @@ WARM_UP = ("((x+1)+1)", "((x+1)*2)", "[(x+1)+1]", "\\{(x+1), 2\\}", "{{x}+1}", "
            "y = (\\sin x + \\cos x)^{2}", "x^2 + y^2 = (\\sin x + \\cos y)^{2}", "\\sin x = y",
            # A comparison, not a shape: the first one that reaches sympy's `simplify` imports sympy.physics
            # (0.5 s of CPU), which the first x + \\cos(10^{-20}) a worker saw paid.
-           ("x+1", "x+\\cos(10^{-20})"))
+           ("x+1", "x+\\cos(10^{-20})"),
+           # Solving a relation linear in y (`math_relations.solved_like`): its first gcd cost 0.1 s.
+           ("x y = 1", "y = \\frac{1}{x}"))
 
 
 def warm_up(shape: str | tuple[str, str]) -> None:

@@ -65,6 +65,40 @@ def symbol_first(e):
     return e
 
 
+def solved_like(g, p) -> tuple:
+    """(g, p) with each equation solved for one symbol first (`symbol_first`), and where one is solved for a symbol
+    ``y`` and the other is linear in ``y`` (``xy = 1`` for ``y = \\frac{1}{x}``), the other solved for it too: a
+    linear equation has that one solution, so the two are then compared by right sides (math-verify would solve
+    both under `math_compare.RELATION_CPU`). A relation of higher degree in ``y`` (``x^2 + y^2 = 25``) is left as
+    it is: ``y = \\sqrt{25 - x^2}`` is one branch of it, not it."""
+    g, p = symbol_first(g), symbol_first(p)
+    for a, b in ((g, p), (p, g)):
+        if isinstance(a, sympy.Eq) and isinstance(a.lhs, sympy.Symbol) and isinstance(b, sympy.Eq) \
+                and not (isinstance(b.lhs, sympy.Symbol) and b.lhs == a.lhs):
+            solved = _solve_linear(b, a.lhs)
+            if solved is not None:
+                return (a, solved) if a is g else (solved, a)
+    return g, p
+
+
+def _solve_linear(e: sympy.Eq, y: sympy.Symbol):
+    """``y = -c0 / c1`` for an equation c1·y + c0 = 0 that this solution is all of, else None: c1 and c0 hold no y,
+    and are numbers or polynomials in one other symbol with no common root (``x y = 5 y`` is x = 5 or y = 0)."""
+    try:
+        d = sympy.expand(e.lhs - e.rhs)
+        c1, c0 = d.coeff(y, 1), d.coeff(y, 0)
+        others = (c1.free_symbols | c0.free_symbols) - {y}
+        if c1 == 0 or y in c1.free_symbols | c0.free_symbols or sympy.expand(c1 * y + c0 - d) != 0 or len(others) > 1:
+            return None
+        if others:
+            (x,) = others
+            if not (c1.is_polynomial(x) and c0.is_polynomial(x)) or sympy.degree(sympy.gcd(c1, c0), x) > 0:
+                return None
+        return sympy.Eq(y, -c0 / c1, evaluate=False)
+    except Exception:
+        return None
+
+
 def offset(g: Relational, p: Relational) -> bool:
     """Whether lhs - rhs of two relations differ by a non-zero constant, either sign (then they are not equivalent:
     level sets of one function at two levels). `proportional` sees this between polynomials only; math-verify's
