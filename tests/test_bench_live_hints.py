@@ -88,3 +88,25 @@ def test_the_bench_reaches_mentors_commands(bench, tmp_path):
     log = tmp_path / "help.log"
     bench.mentor("--help", log=log)
     assert "Commands:" in log.read_text() and "serve" in log.read_text()
+
+
+def test_micro_batches_keep_one_generation_batch_per_step(bench, tmp_path):
+    """--micro-batch splits the loss into micro-batches by gradient accumulation; each step still generates, scores
+    and trains on all its prompts x completions at once (TRL's generation batch), as the measured share needs."""
+    from mentor.training.trl.launcher import parse_config, resolve_grpo
+
+    args = bench.parse_args(["--hinter", "smollm2-135m", "--micro-batch", "4", "--gradient-checkpointing",
+                             "--work", str(tmp_path)])
+    cfg = json.loads(bench.round_yaml(args, tmp_path, tmp_path / "prompts", "policy", live=False))
+    assert (cfg["per_device_train_batch_size"], cfg["gradient_accumulation_steps"], cfg["gradient_checkpointing"]) == (4, 4, True)
+    grpo = resolve_grpo(parse_config(cfg))  # TRL's own GRPOConfig checks
+    assert (grpo.generation_batch_size, grpo.steps_per_generation, grpo.per_device_train_batch_size) == (16, 4, 4)
+    whole = bench.parse_args(["--hinter", "smollm2-135m", "--work", str(tmp_path)])  # default: one micro-batch, as before
+    assert (whole.micro_batch, whole.gradient_checkpointing) == (16, False)
+    assert bench.settings_key(args) != bench.settings_key(whole)
+
+
+def test_a_micro_batch_that_splits_the_step_unevenly_is_refused(bench, tmp_path, capsys):
+    with pytest.raises(SystemExit):
+        bench.parse_args(["--hinter", "smollm2-135m", "--micro-batch", "5", "--work", str(tmp_path)])
+    assert "--micro-batch 5: must divide --prompts-per-step x --group-size (16)" in capsys.readouterr().err

@@ -3,6 +3,7 @@
     python tests/benchmarks/bench_live_hints.py [--policy qwen2.5-coder-0.5b] [--hinter MODEL] [--problems N]
         [--prompts-per-step 4] [--steps 3] [--group-size 4] [--max-completion-length 192] [--cpu-threads 1]
         [--seed 0] [--placement after] [--port 18124] [--work DIR] [--out FILE]
+        [--micro-batch N] [--gradient-checkpointing]
 
 The quantity the method restores is the share of groups with a non-zero advantage: a group whose
 rewards are all equal (all 0, on a collapsed problem) gives GRPO no gradient. This script measures it
@@ -16,6 +17,12 @@ per step, with and without live hints, and the seconds live hints add to a step.
    --base <that Parquet> --round 1` makes the round's prompt shards, shared by both rounds.
 2. ``off``: `mentor train --config round.yaml` with ``kind: trl`` (TRL's own GRPOTrainer), the policy as
    ``actor_model``, ``--steps`` steps of ``--prompts-per-step`` prompts x ``--group-size`` completions.
+   Each step generates and scores all of them at once (one generation batch, TRL's ``steps_per_generation``);
+   ``--micro-batch N`` only splits the loss's forward and backward into micro-batches of N completions
+   (``per_device_train_batch_size`` N, ``gradient_accumulation_steps`` the rest), and
+   ``--gradient-checkpointing`` recomputes activations in the backward: both trade seconds for memory
+   without changing the generations, the rewards or the loss (full fine-tuning of the 0.5B policy in
+   float32 with one micro-batch of 16 completions outgrows 24 GiB).
 3. ``live``: the same round config (same prompts, seed and settings) plus ``live_hints``, whose hint engine is
    a `mentor serve` server for ``--hinter`` started here on ``--port`` (only for this round, so it does
    not load the machine during ``off``) and stopped after it.
@@ -152,7 +159,7 @@ def _num(v: Any) -> Any:
 
 def settings_key(args: argparse.Namespace) -> str:
     keys = ("policy", "hinter", "problems", "prompts_per_step", "steps", "group_size", "max_completion_length",
-            "cpu_threads", "seed", "placement", "hint_max_tokens")
+            "cpu_threads", "seed", "placement", "hint_max_tokens", "micro_batch", "gradient_checkpointing")
     blob = json.dumps({k: getattr(args, k) for k in keys}, sort_keys=True)
     return hashlib.sha256(blob.encode()).hexdigest()[:12]
 
@@ -196,7 +203,10 @@ def round_yaml(args: argparse.Namespace, root: Path, prompts: Path, policy: str,
     cfg: dict[str, Any] = {
         "kind": "trl", "round": ROUND, "round_dir": str(root / f"round-{ROUND:03d}"), "actor_model": policy,
         "prompts": str(prompts), "limit": args.problems, "max_steps": args.steps, "num_generations": args.group_size,
-        "per_device_train_batch_size": args.prompts_per_step * args.group_size,
+        # One generation batch per step (steps_per_generation = gradient_accumulation_steps), in micro-batches.
+        "per_device_train_batch_size": args.micro_batch,
+        "gradient_accumulation_steps": args.prompts_per_step * args.group_size // args.micro_batch,
+        "gradient_checkpointing": args.gradient_checkpointing,
         "max_completion_length": args.max_completion_length, "cpu_threads": args.cpu_threads, "seed": args.seed,
         "save_strategy": "no", "logging_steps": 1,
     }
@@ -322,7 +332,8 @@ def summary(lines: list[dict[str, Any]], args: argparse.Namespace) -> dict[str, 
     by = {m: [x for x in lines if x["mode"] == m] for m in MODES}
     out: dict[str, Any] = {"bench": "live_hints", "step": "summary", "policy": args.policy, "hinter": args.hinter,
                            "problems": args.problems, "prompts_per_step": args.prompts_per_step, "group_size": args.group_size,
-                           "steps": args.steps, "max_completion_length": args.max_completion_length, "seed": args.seed}
+                           "steps": args.steps, "max_completion_length": args.max_completion_length, "seed": args.seed,
+                           "micro_batch": args.micro_batch, "gradient_checkpointing": args.gradient_checkpointing}
     for m in MODES:
         out[f"{m}_mean_share"] = _mean([x["share"] for x in by[m]])
         out[f"{m}_mean_step_s"] = _mean([x["step_time_s"] for x in by[m]])
@@ -388,6 +399,11 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--hint-max-tokens", type=int, default=256, help="Tokens per hint agent call (judgment: half).")
     p.add_argument("--placement", default="after", choices=("before", "after", "system", "assistant"),
                    help="Where the live hint goes (default after).")
+    p.add_argument("--micro-batch", type=int, help="Completions per forward/backward of the loss "
+                   "(per_device_train_batch_size; the step's others by gradient accumulation); it must divide "
+                   "--prompts-per-step x --group-size (default: all of them, one micro-batch).")
+    p.add_argument("--gradient-checkpointing", action="store_true", help="Recompute activations in the backward "
+                   "(less memory, more seconds; mentor's CPU default is off).")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--port", type=int, default=18124, help="The hint server's port (default 18124).")
     p.add_argument("--work", help="Work folder (resumable; default: bench/live_hints in the mentor cache).")
@@ -399,6 +415,11 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     if args.group_size < 2:
         p.error("--group-size must be >= 2 (GRPO compares completions within a group)")
     args.problems = args.problems or args.prompts_per_step * args.steps
+    per_step = args.prompts_per_step * args.group_size
+    args.micro_batch = args.micro_batch or per_step
+    if args.micro_batch < 1 or per_step % args.micro_batch:
+        p.error(f"--micro-batch {args.micro_batch}: must divide --prompts-per-step x --group-size ({per_step}), "
+                "so that every step is one generation batch")
     if args.problems < args.prompts_per_step:
         p.error(f"--problems {args.problems}: at least --prompts-per-step ({args.prompts_per_step})")
     args.hinter = args.hinter or default_hinter()

@@ -23,7 +23,8 @@ mentor's defaults on top of TRL's: ``num_generations`` = the group size (4),
 shuffles them and drops none), ``max_completion_length`` 4096 (not TRL's 512: see
 `mentor.training.prompt_limits`), ``report_to`` none,
 ``output_dir`` the round's ckpt folder; without a GPU also ``use_cpu``, and
-``bf16`` and ``gradient_checkpointing`` off (TRL leaves bf16 on with use_cpu).
+``bf16`` and ``gradient_checkpointing`` off (TRL leaves bf16 on with use_cpu). ``lora`` (`trl.lora`): adapters
+through peft instead of full fine-tuning.
 
 Before launch (and in ``--dry-run``): the trainer's Python imports mentor's TRL
 reward module (`mentor.training.reward_check`), and the round's longest prompt is
@@ -68,6 +69,7 @@ from mentor.training.prompt_limits import RESPONSE_DEFAULT, LongestPrompt, model
 from mentor.training.reward_check import check_reward_loads
 from mentor.training.rollout_log import ENV_DIR, ENV_RUN, run_glob, run_identity, run_shards
 from mentor.training.trl.doctor import check_accelerate_config
+from mentor.training.trl.lora import check_lora
 from mentor.training.trl.processes import (INSTALL, accelerate_argv, check_gpus, check_with_accelerate, die_with_parent,
                                           gpu_demand, on_gpu, uses_accelerate)
 
@@ -105,6 +107,11 @@ class TrlTrainConfig(RoundConfig):
         "main_process_ip: 10.0.0.1, use_deepspeed: true, deepspeed_config_file: ds.json}; checked by accelerate's own parser."
     )
 
+    lora: dict[str, Any] | None = Field(
+        None, description="Train LoRA adapters instead of the whole policy: peft.LoraConfig keyword arguments, e.g. {r: 16, "
+        "lora_alpha: 32, target_modules: all-linear} ({} = peft's defaults), given to GRPOTrainer as peft_config; the "
+        "final model is the start model with the adapters merged (mentor.training.trl.lora); none = full fine-tuning."
+    )
     live_hints: LiveHintsConfig | None = Field(
         None, description="Hint and re-roll the groups that collapse inside each training step (mentor.training.trl.live); "
         "none = offline hints only (the default)."
@@ -131,6 +138,7 @@ def parse_config(data: dict[str, Any], where: str = "round config", require_trl:
     cfg = parse_round_config(TrlTrainConfig, data, where)
     if require_trl or trl_installed():
         check_grpo_fields(cfg.grpo_fields, where)
+        check_lora(cfg.lora, where)
     return cfg
 
 
@@ -375,6 +383,7 @@ def dry_run_text(cfg: TrlTrainConfig) -> str:
         f"# checked: {check_reward(cfg, dict(os.environ) | build_env(cfg, spec))}",
         f"# final model: {spec['final_model']}",
         f"# live hints: {live_text(cfg.live_hints)}",
+        f"# lora: {'none (full fine-tuning)' if cfg.lora is None else json.dumps(cfg.lora, sort_keys=True)}",
         "# environment",
         *(f"export {k}={shlex.quote(v)}" for k, v in build_env(cfg, spec).items()),
         "# command",
@@ -480,21 +489,7 @@ class TrlLauncher(LauncherBase):
 LAUNCHER = TrlLauncher()
 
 __all__ = [
-    "LAUNCHER",
-    "TrlTrainConfig",
-    "build_command",
-    "check_grpo_fields",
-    "check_with_accelerate",
-    "gpu_demand",
-    "dry_run_text",
-    "grpo_kwargs",
-    "load_config",
-    "parse_config",
-    "resolve_grpo",
-    "round_spec",
-    "run_round",
-    "prompt_batches",
-    "select_prompts",
-    "training_rows",
-    "uses_accelerate",
+    "LAUNCHER", "TrlTrainConfig", "build_command", "check_grpo_fields", "check_with_accelerate", "gpu_demand",
+    "dry_run_text", "grpo_kwargs", "load_config", "parse_config", "resolve_grpo", "round_spec", "run_round",
+    "prompt_batches", "select_prompts", "training_rows", "uses_accelerate"
 ]

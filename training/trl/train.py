@@ -27,6 +27,7 @@ from mentor.pipeline.io import write_json_atomic
 from mentor.pipeline.policy_template import text_for_tokenizer
 from mentor.training.reward_core import STATS
 from mentor.training.trl.launcher import LIVE_MODULE, TrlTrainConfig, training_rows
+from mentor.training.trl.lora import lora_config, save_merged
 from mentor.training.trl.processes import die_with_parent
 from mentor.training.trl.reward import make_reward
 
@@ -80,6 +81,8 @@ def main(argv: list[str], live: Callable[[TrlTrainConfig, list[dict[str, Any]], 
         extra = {"rollout_func": rollout}
     else:
         reward, extra = make_reward(tokenizer, args.max_completion_length), {}
+    if cfg.lora is not None:  # adapters instead of the whole policy (trl.lora)
+        extra["peft_config"] = lora_config(cfg.lora, str(spec_path.parent / "config.json"))
     trainer = GRPOTrainer(model=spec["model"], reward_funcs=[reward], args=args, train_dataset=dataset, processing_class=tokenizer,
                           **extra)
     logging.getLogger(__name__).info("training on %d prompt row(s) from %s", len(rows), spec["model"])
@@ -87,17 +90,26 @@ def main(argv: list[str], live: Callable[[TrlTrainConfig, list[dict[str, Any]], 
 
     final = Path(spec["final_model"])
     tmp = final.with_name(f".{final.name}.tmp")
+    adapter = spec_path.parent / "adapter"  # with lora: the adapters beside the merged model
+    adapter_tmp = adapter.with_name(f".{adapter.name}.tmp")
     main_process = trainer.accelerator.is_main_process
     if main_process:
         shutil.rmtree(tmp, ignore_errors=True)
+        shutil.rmtree(adapter_tmp, ignore_errors=True)
     trainer.accelerator.wait_for_everyone()
-    trainer.save_model(str(tmp))  # on every process (DeepSpeed/FSDP gather the weights); the main one writes
+    if cfg.lora is None:
+        trainer.save_model(str(tmp))  # on every process (DeepSpeed/FSDP gather the weights); the main one writes
+    else:
+        save_merged(trainer, spec["model"], tokenizer, adapter_tmp, tmp)
     trainer.accelerator.wait_for_everyone()
     if not main_process:
         logging.getLogger(__name__).info("process %d: done; reward stats %s", trainer.accelerator.process_index, dict(STATS))
         return 0
     shutil.rmtree(final, ignore_errors=True)
     os.replace(tmp, final)
+    if cfg.lora is not None:
+        shutil.rmtree(adapter, ignore_errors=True)
+        os.replace(adapter_tmp, adapter)
     history = trainer.state.log_history
     # The last step's metrics (reward, completion lengths, clipped ratio), not the closing summary.
     last = next((h for h in reversed(history) if "reward" in h), history[-1] if history else None)
