@@ -428,17 +428,23 @@ def run_round(cfg: TrainConfig) -> dict[str, Any]:
     return finish_round(cfg, outcome, f"the trainer exited with code {code}" if code != 0 else None)
 
 
+# How messages name it, and where its round config sets the response limit (read without importing this
+# module: mine's advice, `launcher.response_limit_settings`).
+TITLE = "OpenRLHF 0.11.2"
+RESPONSE_LIMIT_KEY = "rollout.max_new_tokens"
+
+
 class OpenRLHFLauncher(LauncherBase):
     """OpenRLHF 0.11 as a `mentor.training.launcher.Launcher`: text prompts read as they are (`openrlhf_data_flags`),
     no setting for chat-template variables, its reward file loaded by path."""
 
     kind: ClassVar[str] = "openrlhf"
-    title: ClassVar[str] = "OpenRLHF 0.11.2"
+    title: ClassVar[str] = TITLE
     Config: ClassVar[type[TrainConfig]] = TrainConfig
     summary: ClassVar[tuple[str, ...]] = ("exit_code", "final_model", "log_file", "duration_s")
     reward: ClassVar[tuple[str, str, str]] = (str(REWARD_FILE), "reward_func", "file")
     live: ClassVar[str] = "mentor.training.openrlhf.live"  # its live hook: OpenRLHF takes AgentExecutor from LIVE_FILE
-    response_limit_key: ClassVar[str] = "rollout.max_new_tokens"
+    response_limit_key: ClassVar[str] = RESPONSE_LIMIT_KEY
     # --no-deps: its pins (CUDA torch, deepspeed, flash-attn, ray, vllm) are for GPU trainers; the light
     # dependencies its dataset/agent modules import come with mentor's `openrlhf-light` extra.
     setup_pins: ClassVar[tuple[str, ...]] = ("openrlhf==0.11.2",)

@@ -453,18 +453,23 @@ def run_round(cfg: TrlTrainConfig) -> dict[str, Any]:
     return finish_round(cfg, outcome, f"the TRL trainer exited with code {code}" if code != 0 or final is None else None)
 
 
+# Its name in messages, where its round config sets the response limit (read unimported: response_limit_settings).
+TITLE = "TRL"
+RESPONSE_LIMIT_KEY = "max_completion_length"
+
+
 class TrlLauncher(LauncherBase):
     """TRL's GRPOTrainer as a `mentor.training.launcher.Launcher`: a string prompt is a standard (non-conversational)
     prompt, tokenized as it is; ``chat_template_kwargs`` (a GRPOConfig field) are its template variables."""
 
     kind: ClassVar[str] = "trl"
-    title: ClassVar[str] = "TRL"
+    title: ClassVar[str] = TITLE
     Config: ClassVar[type[TrlTrainConfig]] = TrlTrainConfig
     summary: ClassVar[tuple[str, ...]] = ("exit_code", "final_model", "log_file", "prompts_used", "steps", "duration_s")
     reward: ClassVar[tuple[str, str, str]] = (REWARD_MODULE, "make_reward", "module")
     template_kwargs_key: ClassVar[str] = "chat_template_kwargs"
     live: ClassVar[str] = "mentor.training.trl.live"
-    response_limit_key: ClassVar[str] = "max_completion_length"
+    response_limit_key: ClassVar[str] = RESPONSE_LIMIT_KEY
 
     def parse(self, data: dict[str, Any], where: str = "round config", strict: bool = True) -> TrlTrainConfig:
         """`strict`: TRL must be installed here (its GRPOConfig checks the fields); otherwise only mentor's fields

@@ -359,13 +359,19 @@ def run_round(cfg: VerlTrainConfig) -> dict[str, Any]:
     return finish_round(cfg, outcome, failed)
 
 
+# How messages name it, and where its round config sets the response limit (read without importing this
+# module: mine's advice, `launcher.response_limit_settings`).
+TITLE = "verl 0.9.1"
+RESPONSE_LIMIT_KEY = "data.max_response_length"
+
+
 class VerlLauncher(LauncherBase):
     """verl's ``main_ppo`` and model merger as a `mentor.training.launcher.Launcher`; its workflow section also takes
     the user's own command (`mentor.training.verl.section`). verl reads chat messages only (`TEXT_WHY`) and takes
     template variables as ``data.apply_chat_template_kwargs``."""
 
     kind: ClassVar[str] = "verl"
-    title: ClassVar[str] = "verl 0.9.1"
+    title: ClassVar[str] = TITLE
     Config: ClassVar[type[VerlTrainConfig]] = VerlTrainConfig
     summary: ClassVar[tuple[str, ...]] = ("exit_code", "final_model", "log_file", "checkpoint", "steps", "duration_s")
     reward: ClassVar[tuple[str, str, str]] = (str(REWARD_FILE), "compute_score", "file")
@@ -376,7 +382,7 @@ class VerlLauncher(LauncherBase):
     # --no-deps beside the light packages of mentor's test extra. pyvers pins packaging<26: --no-deps too.
     # torchdata: the StatefulDataLoader of verl's trainer (its dataloader is exercised in tests/test_verl_batches.py).
     setup_pins: ClassVar[tuple[str, ...]] = ("verl==0.9.1", "tensordict==0.10.0", "pyvers==0.1.0", "torchdata==0.11.0")
-    response_limit_key: ClassVar[str] = "data.max_response_length"
+    response_limit_key: ClassVar[str] = RESPONSE_LIMIT_KEY
     log_formats: ClassVar[tuple[LogFormat, ...]] = (DUMPS,)  # `mentor ingest --format verl`: verl's own rollout dumps
 
     def template_kwargs(self, config: Mapping[str, Any]) -> Any:

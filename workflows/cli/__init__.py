@@ -1,7 +1,7 @@
 """The `mentor` click group.
 
-Commands live in small modules grouped by what a user does (``mentor.workflows.cli.data``:
-ingest, mine; ``.hint``: hint and its checks; ``.build``; ``.train``; ``.evaluate``:
+Commands live in small modules grouped by what a user does (``mentor.workflows.cli.ingest``,
+``.mine``; ``.hint``: hint and its checks; ``.build``; ``.train``; ``.evaluate``:
 rollout, rescue; ``.run``: workflows; ``.report``: inspect; ``.setup``: the
 machine and servers; ``.stage``: any stage), thin layers over the stages. Each module
 declares its commands in a top-level ``COMMANDS`` that `commands()` reads without
