@@ -45,7 +45,7 @@ def test_the_command_list_is_read_from_the_modules():
     """Every built-in command comes from its module's COMMANDS; the modules without one are parts (options)."""
     found = commands()
     assert {"ingest", "mine", "hint", "build", "run", "stage", "train", "doctor"} <= set(found)
-    assert found["check-hint"][0] == "hint" and found["doctor"][0] == "setup" and found["mine"][0] == "data"
+    assert found["check-hint"][0] == "hint" and found["doctor"][0] == "setup" and found["mine"][0] == "mine"
     assert "options" not in {module for module, _ in found.values()}
     assert list(found) == sorted(found)
 

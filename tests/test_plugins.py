@@ -96,3 +96,30 @@ def test_a_plugin_that_does_not_import_is_one_config_error(tmp_path, monkeypatch
         f"Error: {folder / file}:{line}: the {point} plugin {file.split('/')[1].removesuffix('.py')!r} "
         f"({plugins.PLUGIN_PATH_ENV}) fails to import: {exception}; fix the file, or remove it or its folder from "
         f"{plugins.PLUGIN_PATH_ENV}")
+
+
+def test_a_builtin_declaration_is_read_as_from_the_whole_module():
+    """mentor's own modules are parsed only around the declaration (`plugins.declared`: the statements that assign
+    it, a few ms less per module and per `mentor` command); what it reads is what a parse of the whole module says,
+    for every declaration of every built-in member of every extension point."""
+    import ast
+
+    checked = 0
+    for point in plugins.POINTS:
+        for name in plugins.names(point):
+            path = plugins.source(point, name)
+            if path is None:
+                continue
+            tree = ast.parse(path.read_bytes())
+            for attr in ("COMMANDS", "STAGE", "BACKEND", "LAUNCHER", "AGENT", "TITLE", "RESPONSE_LIMIT_KEY"):
+                whole = None
+                for node in tree.body:
+                    targets = node.targets if isinstance(node, ast.Assign) else [node.target] if isinstance(node, ast.AnnAssign) else []
+                    if any(isinstance(t, ast.Name) and t.id == attr for t in targets):
+                        whole = node.value
+                read = plugins.declared(point, name, attr)
+                assert (ast.dump(read) if read is not None else None) == (ast.dump(whole) if whole is not None else None), \
+                    (point, name, attr)
+                assert read is None or read.lineno == whole.lineno
+                checked += whole is not None
+    assert checked >= 30  # 33 when written: the commands, stages, backends, trainers and agents
