@@ -169,7 +169,7 @@ def declared(point: str, name: str, attr: str) -> ast.expr | None:
             # 2-4 ms, and `mentor mine` read some 30 of them: 3% of its CPU on 2M rows); a plugin is parsed whole, so
             # that one that does not parse is refused before it is imported.
             try:
-                tree = _parse(str(path), _statements(text, attr.encode()))
+                tree = _parse(str(path), declaration_text(text, attr.encode()))
             except SyntaxError:  # a statement this cut does not keep whole: the whole module
                 tree = _parse(str(path), text)
         else:
@@ -187,7 +187,7 @@ def declared(point: str, name: str, attr: str) -> ast.expr | None:
     return found
 
 
-def _statements(text: bytes, attr: bytes) -> bytes:
+def declaration_text(text: bytes, attr: bytes) -> bytes:
     """The top-level statements of module `text` that start with ``attr =`` or ``attr:``, each to the next line
     at column 0 that does not close a bracket (a dict written over several lines); blank lines keep line numbers."""
     lines, keep, inside = text.split(b"\n"), [], False
@@ -255,4 +255,4 @@ def install_finder() -> None:
         sys.meta_path.append(_PluginFinder())
 
 
-__all__ = ["PLUGIN_PATH_ENV", "POINTS", "declared", "install_finder", "load", "module_name", "names", "plugin_dirs", "source"]
+__all__ = ["PLUGIN_PATH_ENV", "POINTS", "declaration_text", "declared", "install_finder", "load", "module_name", "names", "plugin_dirs", "source"]

@@ -112,6 +112,7 @@ def test_a_builtin_declaration_is_read_as_from_the_whole_module():
                 continue
             tree = ast.parse(path.read_bytes())
             for attr in ("COMMANDS", "STAGE", "BACKEND", "LAUNCHER", "AGENT", "TITLE", "RESPONSE_LIMIT_KEY"):
+                ast.parse(plugins.declaration_text(path.read_bytes(), attr.encode()))  # the cut parses: no fallback
                 whole = None
                 for node in tree.body:
                     targets = node.targets if isinstance(node, ast.Assign) else [node.target] if isinstance(node, ast.AnnAssign) else []
