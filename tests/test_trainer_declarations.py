@@ -114,19 +114,24 @@ def _values(path: Path) -> list[tuple[int, str]]:
             if isinstance(n, ast.Constant) and isinstance(n.value, str) and id(n) not in docs]
 
 
+def _code_files():
+    """(path relative to the repository, path) of every module of the five rooms."""
+    for room in ROOMS:
+        for f in sorted((REPO / room).rglob("*.py")):
+            yield f.relative_to(REPO).as_posix(), f
+
+
 def test_no_kind_is_written_outside_its_own_files():
     """A trainer's kind as a value (a branch, a table, a default) only in ``training/<kind>/``; the train stage's own
     kinds only in stages/train.py. Prose (help texts, messages, docstrings) may name them."""
     found = []
-    for room in ROOMS:
-        for f in sorted((REPO / room).rglob("*.py")):
-            rel = f.relative_to(REPO).as_posix()
-            for line, value in _values(f):
-                name = value.lower()
-                if name in TRAINERS and not rel.startswith(f"training/{name}/") and (rel, name) not in KEPT:
-                    found.append(f"{rel}:{line} {value!r}")
-                if name in OWN_KINDS and rel != OWN_KINDS[name]:
-                    found.append(f"{rel}:{line} {value!r}")
+    for rel, f in _code_files():
+        for line, value in _values(f):
+            name = value.lower()
+            if name in TRAINERS and not rel.startswith(f"training/{name}/") and (rel, name) not in KEPT:
+                found.append(f"{rel}:{line} {value!r}")
+            if name in OWN_KINDS and rel != OWN_KINDS[name]:
+                found.append(f"{rel}:{line} {value!r}")
     assert not found, "kinds written by name outside their own files:\n" + "\n".join(found)
 
 
@@ -137,16 +142,12 @@ def test_no_backend_kind_is_written_outside_its_own_files():
     from mentor.pipeline import backends
 
     kinds, found = backends.kinds(), []
-    for room in ROOMS:
-        for f in sorted((REPO / room).rglob("*.py")):
-            rel = f.relative_to(REPO).as_posix()
-            for line, value in _values(f):
-                name = value.lower()
-                if name in kinds and not rel.startswith(f"pipeline/backends/{name}") and (rel, name) not in BACKEND_KEPT:
-                    found.append(f"{rel}:{line} {value!r}")
-            imported = {n.module or "" for n in ast.walk(ast.parse(f.read_text(), str(f))) if isinstance(n, ast.ImportFrom)}
-            found += [f"{rel}: imports {m}" for m in imported if m.startswith("mentor.pipeline.backends.")
-                      and not rel.startswith("pipeline/backends/")]
+    for rel, f in _code_files():
+        found += [f"{rel}:{line} {value!r}" for line, value in _values(f) if value.lower() in kinds
+                  and not rel.startswith(f"pipeline/backends/{value.lower()}") and (rel, value.lower()) not in BACKEND_KEPT]
+        imported = {n.module or "" for n in ast.walk(ast.parse(f.read_text(), str(f))) if isinstance(n, ast.ImportFrom)}
+        found += [f"{rel}: imports {m}" for m in imported if m.startswith("mentor.pipeline.backends.")
+                  and not rel.startswith("pipeline/backends/")]
     assert not found, "backend kinds named outside their own files:\n" + "\n".join(found)
 
 

@@ -62,27 +62,34 @@ def _records(directory) -> list[dict]:
     return [json.loads(line) for f in sorted(directory.glob("trl-*.jsonl")) for line in f.read_text().splitlines()]
 
 
-def test_grpo_trainer_hints_and_rerolls_collapsed_groups(trainable_llama, rows, tmp_path, monkeypatch, one_thread):
+def _grpo(trainable_llama, rows, tmp_path, url: str, max_problems_per_step: int, max_steps: int):
+    """(TRL's GRPOTrainer on the tiny Llama with mentor's live rollout and reward, the rollout, the tokenizer): groups
+    of 4, 8 completions a step, live hints on the hint server at `url`, rollouts logged to tmp_path/log."""
     from datasets import Dataset
     from transformers import AutoTokenizer
     from trl import GRPOConfig, GRPOTrainer
 
-    from mentor.training.live_hints import LiveHintsConfig
     from mentor.stages.hint.live import LiveHinter
+    from mentor.training.live_hints import LiveHintsConfig
     from mentor.training.trl.live import LiveReward, LiveRollout
 
-    monkeypatch.setenv("TRL_EXPERIMENTAL_SILENCE", "1")
-    log_dir = tmp_path / "log"
     tok = AutoTokenizer.from_pretrained(trainable_llama)
     args = GRPOConfig(output_dir=str(tmp_path / "ckpt"), use_cpu=True, bf16=False, gradient_checkpointing=False, num_generations=4,
-                      per_device_train_batch_size=8, max_completion_length=8, max_steps=2, report_to="none",
+                      per_device_train_batch_size=8, max_completion_length=8, max_steps=max_steps, report_to="none",
                       save_strategy="no", logging_steps=1, seed=0)
     data = Dataset.from_list([{"prompt": r["prompt"], "label": r["label"]} for r in rows])
+    cfg = LiveHintsConfig.model_validate(_live(url, max_problems_per_step=max_problems_per_step))
+    live = LiveRollout(cfg, rows, tok, tmp_path / "log", LiveHinter(cfg))
+    trainer = GRPOTrainer(model=trainable_llama, reward_funcs=[LiveReward()], args=args, train_dataset=data, processing_class=tok,
+                          rollout_func=live)
+    return trainer, live, tok
+
+
+def test_grpo_trainer_hints_and_rerolls_collapsed_groups(trainable_llama, rows, tmp_path, monkeypatch, one_thread):
+    monkeypatch.setenv("TRL_EXPERIMENTAL_SILENCE", "1")
+    log_dir = tmp_path / "log"
     with FakeServer() as server:
-        cfg = LiveHintsConfig.model_validate(_live(server.url, max_problems_per_step=1))
-        live = LiveRollout(cfg, rows, tok, log_dir, LiveHinter(cfg))
-        trainer = GRPOTrainer(model=trainable_llama, reward_funcs=[LiveReward()], args=args, train_dataset=data, processing_class=tok,
-                              rollout_func=live)
+        trainer, live, tok = _grpo(trainable_llama, rows, tmp_path, server.url, max_problems_per_step=1, max_steps=2)
         trained: list[dict] = []
         score = trainer._generate_and_score_completions
         trainer._generate_and_score_completions = lambda inputs: trained.append(score(inputs)) or trained[-1]
@@ -121,25 +128,9 @@ def test_every_hinted_group_of_a_step_is_rerolled_in_one_generation(trainable_ll
     """Two collapsed groups, both hinted: one `_generate_single_turn` call for the first pass and one for both
     re-rolls (it was one per hinted group: 3-4x the first pass's time on the 0.5B), each group's slots holding
     its own hinted prompt, in order."""
-    from datasets import Dataset
-    from transformers import AutoTokenizer
-    from trl import GRPOConfig, GRPOTrainer
-
-    from mentor.stages.hint.live import LiveHinter
-    from mentor.training.live_hints import LiveHintsConfig
-    from mentor.training.trl.live import LiveReward, LiveRollout
-
     monkeypatch.setenv("TRL_EXPERIMENTAL_SILENCE", "1")
-    tok = AutoTokenizer.from_pretrained(trainable_llama)
-    args = GRPOConfig(output_dir=str(tmp_path / "ckpt"), use_cpu=True, bf16=False, gradient_checkpointing=False, num_generations=4,
-                      per_device_train_batch_size=8, max_completion_length=8, max_steps=1, report_to="none",
-                      save_strategy="no", logging_steps=1, seed=0)
-    data = Dataset.from_list([{"prompt": r["prompt"], "label": r["label"]} for r in rows])
     with FakeServer() as server:
-        cfg = LiveHintsConfig.model_validate(_live(server.url, max_problems_per_step=2))
-        live = LiveRollout(cfg, rows, tok, tmp_path / "log", LiveHinter(cfg))
-        trainer = GRPOTrainer(model=trainable_llama, reward_funcs=[LiveReward()], args=args, train_dataset=data, processing_class=tok,
-                              rollout_func=live)
+        trainer, live, tok = _grpo(trainable_llama, rows, tmp_path, server.url, max_problems_per_step=2, max_steps=1)
         calls: list[list[list[int]]] = []
         generate = trainer._generate_single_turn
         trainer._generate_single_turn = lambda ids, *a: calls.append([list(i) for i in ids]) or generate(ids, *a)

@@ -15,6 +15,7 @@ imports vLLM, `openai.client` the only one that talks to a server.
 
 from __future__ import annotations
 
+import importlib.metadata
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -118,6 +119,15 @@ class BackendKind:
         return {"base_url": base_url} if base_url else {}
 
 
+def installed(dist: str) -> bool:
+    """Whether the Python distribution `dist` is installed here (its metadata; nothing is imported)."""
+    try:
+        importlib.metadata.version(dist)
+        return True
+    except importlib.metadata.PackageNotFoundError:
+        return False
+
+
 def kinds() -> list[str]:
     """Every kind, the default first (built-in ones, then plugins), by file name: nothing is imported."""
     return [DEFAULT, *(n for n in plugins.names("backends") if n != DEFAULT)]
@@ -153,4 +163,4 @@ def server_kinds() -> list[str]:
     return [n for n in kinds() if kind(n).server]
 
 
-__all__ = ["DEFAULT", "REQUEST_TIMEOUT", "BackendKind", "DoctorNode", "choices", "kind", "kinds", "server_kinds", "serving_kind"]
+__all__ = ["DEFAULT", "REQUEST_TIMEOUT", "BackendKind", "DoctorNode", "choices", "installed", "kind", "kinds", "server_kinds", "serving_kind"]

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.metadata
 import os
 import shlex
 import shutil
@@ -22,6 +21,7 @@ from mentor.pipeline.models import (
     ensure_model,
 )
 from mentor.pipeline import backends
+from mentor.pipeline.backends import installed
 from mentor.training import sandbox
 from mentor.training.sandbox import layers as sandbox_layers, view as sandbox_view
 
@@ -32,14 +32,6 @@ COMMANDS = {
     "setup-cpu": "Prepare a CPU machine for vLLM and convert the embedded SmolLM2 demo model.",
     "setup-sandbox": "Install bubblewrap (apt) where possible and print the code sandbox's layers.",
 }
-
-def installed(dist: str) -> bool:
-    try:
-        importlib.metadata.version(dist)
-        return True
-    except importlib.metadata.PackageNotFoundError:
-        return False
-
 
 def contract_pins() -> list[tuple[str, ...]]:
     """Each trainer's `setup_pins` (what `--openrlhf` installs for the contract tests), trainers in order."""

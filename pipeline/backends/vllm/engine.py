@@ -51,7 +51,6 @@ a GPU node does. Scripts that create an engine need an
 
 from __future__ import annotations
 
-import importlib.metadata
 import json
 import logging
 import os
@@ -65,19 +64,12 @@ from typing import Any, NamedTuple
 
 from tqdm import tqdm
 
+from mentor.pipeline.backends import installed
 from mentor.pipeline.errors import ConfigError, EngineError
 from mentor.pipeline.llm import CountingBackend, GenRequest, GenResult, OnDone, engine_to_terminal
 from mentor.pipeline.models import cache_dir
 
 log = logging.getLogger(__name__)
-
-
-def installed(dist: str) -> bool:
-    try:
-        importlib.metadata.version(dist)
-        return True
-    except importlib.metadata.PackageNotFoundError:
-        return False
 
 
 def is_cpu_build() -> bool:
