@@ -161,10 +161,10 @@ def declared(point: str, name: str, attr: str) -> ast.expr | None:
     if path is None:
         return None
     text = path.read_bytes()
-    if attr.encode() not in text:
-        return None  # no statement names it (most of a folder's modules are parts: nothing to parse)
     try:
         if name not in _plugin_names(point):
+            if attr.encode() not in text:
+                return None  # no statement names it (most of a folder's modules are parts: nothing to parse)
             # mentor's own module: only its top-level statements that assign `attr` are parsed (a whole module cost
             # 2-4 ms, and `mentor mine` read some 30 of them: 3% of its CPU on 2M rows); a plugin is parsed whole, so
             # that one that does not parse is refused before it is imported.

@@ -136,7 +136,7 @@ def polynomial_relations(g: Relational, p: Relational) -> bool | None:
     except Exception:
         return None
     if type(g) is type(p):
-        sign = 0 if isinstance(g, sympy.Eq) else 1
+        sign = 0 if isinstance(g, (sympy.Eq, sympy.Ne)) else 1  # x != 2 is -x != -2 too
     elif _FLIPPED.get(type(g)) is type(p):
         sign = -1
     else:
