@@ -345,6 +345,25 @@ def test_relations_math_verify_must_solve_cost_a_tenth_of_a_second(answer, refer
     _scored_zero_within_a_tenth(answer, reference, entry_points, "math/relation")
 
 
+def test_the_relation_budget_survives_a_swallowed_exception():
+    """A budget's exception raised where Python drops it (a finaliser, a weakref or gc callback: sympy and
+    math-verify run such code) is lost; the profiling timer fires again until the block ends. Before, it fired
+    once, and such a request ran on to its 5 s alarm (seen once in a worker, math-verify past 0.03 s)."""
+    from mentor.training.math_compare import cpu_budget, OverBudget
+
+    swallowed, t = 0, time.process_time()
+    with pytest.raises(OverBudget):
+        with cpu_budget(0.01):
+            while time.process_time() - t < 2.0:
+                try:
+                    sum(range(1000))
+                except OverBudget:
+                    swallowed += 1
+                    if swallowed > 1:
+                        raise
+    assert swallowed == 2 and time.process_time() - t < 0.1
+
+
 def test_a_number_sympy_cannot_print_is_never_equal():
     """x + \\cos(10^{-4400}) against x + 1 in the worker's own comparison (the budget aside): the exact check at
     a point raised (an integer of more than 4,300 digits), which was taken for a reference singular everywhere,
