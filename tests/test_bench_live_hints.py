@@ -110,3 +110,28 @@ def test_a_micro_batch_that_splits_the_step_unevenly_is_refused(bench, tmp_path,
     with pytest.raises(SystemExit):
         bench.parse_args(["--hinter", "smollm2-135m", "--micro-batch", "5", "--work", str(tmp_path)])
     assert "--micro-batch 5: must divide --prompts-per-step x --group-size (16)" in capsys.readouterr().err
+
+
+def test_temperature_reaches_trls_config_and_a_live_only_run_pairs_its_own_steps(bench, tmp_path):
+    """--temperature is GRPOConfig's (first pass and re-rolls); --modes live summarises the live round against its
+    own first pass, with no off round to compare."""
+    from mentor.training.trl.launcher import parse_config, resolve_grpo
+
+    args = bench.parse_args(["--hinter", "smollm2-135m", "--temperature", "0.6", "--modes", "live", "--work", str(tmp_path)])
+    assert args.modes == ("live",)
+    cfg = json.loads(bench.round_yaml(args, tmp_path, tmp_path / "prompts", "policy", live=True))
+    assert resolve_grpo(parse_config(cfg)).temperature == 0.6
+    default = bench.parse_args(["--hinter", "smollm2-135m", "--work", str(tmp_path)])
+    assert "temperature" not in json.loads(bench.round_yaml(default, tmp_path, tmp_path / "p", "policy", live=False))
+    assert bench.settings_key(args) != bench.settings_key(default)
+    lines = [{"mode": "live", "share": 0.5, "first_pass_share": 0.25, "step_time_s": 10.0, "hint_s": 1.0, "problems": []},
+             {"mode": "live", "share": 0.25, "first_pass_share": 0.0, "step_time_s": 12.0, "hint_s": 1.0, "problems": []}]
+    out = bench.summary(lines, args)
+    assert (out["live_gain_over_first_pass"], out["off_mean_share"], out["temperature"]) == (0.25, None, 0.6)
+    assert "same_problems_per_step" not in out and "added_s_per_step" not in out
+
+
+def test_an_unknown_mode_is_refused(bench, tmp_path, capsys):
+    with pytest.raises(SystemExit):
+        bench.parse_args(["--hinter", "smollm2-135m", "--modes", "live,of", "--work", str(tmp_path)])
+    assert "--modes live,of: a comma-separated choice of off, live" in capsys.readouterr().err

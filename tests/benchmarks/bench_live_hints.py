@@ -3,7 +3,7 @@
     python tests/benchmarks/bench_live_hints.py [--policy qwen2.5-coder-0.5b] [--hinter MODEL] [--problems N]
         [--prompts-per-step 4] [--steps 3] [--group-size 4] [--max-completion-length 192] [--cpu-threads 1]
         [--seed 0] [--placement after] [--port 18124] [--work DIR] [--out FILE]
-        [--micro-batch N] [--gradient-checkpointing]
+        [--micro-batch N] [--gradient-checkpointing] [--temperature T] [--modes off,live]
 
 The quantity the method restores is the share of groups with a non-zero advantage: a group whose
 rewards are all equal (all 0, on a collapsed problem) gives GRPO no gradient. This script measures it
@@ -160,7 +160,10 @@ def _num(v: Any) -> Any:
 def settings_key(args: argparse.Namespace) -> str:
     keys = ("policy", "hinter", "problems", "prompts_per_step", "steps", "group_size", "max_completion_length",
             "cpu_threads", "seed", "placement", "hint_max_tokens", "micro_batch", "gradient_checkpointing")
-    blob = json.dumps({k: getattr(args, k) for k in keys}, sort_keys=True)
+    chosen = {k: getattr(args, k) for k in keys}
+    if args.temperature is not None:  # keyed only when set, so the rounds of earlier runs are still found
+        chosen["temperature"] = args.temperature
+    blob = json.dumps(chosen, sort_keys=True)
     return hashlib.sha256(blob.encode()).hexdigest()[:12]
 
 
@@ -210,6 +213,8 @@ def round_yaml(args: argparse.Namespace, root: Path, prompts: Path, policy: str,
         "max_completion_length": args.max_completion_length, "cpu_threads": args.cpu_threads, "seed": args.seed,
         "save_strategy": "no", "logging_steps": 1,
     }
+    if args.temperature is not None:
+        cfg["temperature"] = args.temperature  # a GRPOConfig field: the first pass and the re-rolls alike
     if live:
         per = {"attribution": args.hint_max_tokens, "generation": args.hint_max_tokens,
                "judgment": args.hint_max_tokens // 2, "repair": args.hint_max_tokens}
@@ -329,7 +334,7 @@ def _mean(xs: list[float | None]) -> float | None:
 
 
 def summary(lines: list[dict[str, Any]], args: argparse.Namespace) -> dict[str, Any]:
-    by = {m: [x for x in lines if x["mode"] == m] for m in MODES}
+    by = {m: [x for x in lines if x["mode"] == m] for m in MODES}  # a mode not run: no lines
     out: dict[str, Any] = {"bench": "live_hints", "step": "summary", "policy": args.policy, "hinter": args.hinter,
                            "problems": args.problems, "prompts_per_step": args.prompts_per_step, "group_size": args.group_size,
                            "steps": args.steps, "max_completion_length": args.max_completion_length, "seed": args.seed,
@@ -341,7 +346,13 @@ def summary(lines: list[dict[str, Any]], args: argparse.Namespace) -> dict[str, 
     out["live_mean_hint_s"] = _mean([x["hint_s"] for x in by["live"]])
     if out["off_mean_step_s"] is not None and out["live_mean_step_s"] is not None:
         out["added_s_per_step"] = round(out["live_mean_step_s"] - out["off_mean_step_s"], 3)
-    out["same_problems_per_step"] = [x["problems"] for x in by["off"]] == [x["problems"] for x in by["live"]]
+    if by["off"] and by["live"]:
+        out["same_problems_per_step"] = [x["problems"] for x in by["off"]] == [x["problems"] for x in by["live"]]
+    if by["live"]:  # the live round's own pairs: each step's groups before and after its hints, same policy
+        gains = [x["share"] - x["first_pass_share"] for x in by["live"]
+                 if isinstance(x.get("first_pass_share"), (int, float))]
+        out["live_gain_over_first_pass"] = _mean(gains)
+    out["temperature"] = args.temperature
     return out
 
 
@@ -359,13 +370,14 @@ def run(args: argparse.Namespace) -> list[dict[str, Any]]:
     (work / "settings.json").write_text(json.dumps(vars(args), indent=1, sort_keys=True) + "\n")
     prompts = build_prompts(args, work)
     lines: list[dict[str, Any]] = []
-    dirs = {mode: run_round(args, work, prompts, policy, mode) for mode in MODES}
-    for mode in MODES:
+    dirs = {mode: run_round(args, work, prompts, policy, mode) for mode in MODES if mode in args.modes}
+    for mode in dirs:
         lines += mode_lines(mode, dirs[mode], args.group_size)
-    same = same_first_pass(*(read_records(dirs[m] / "rollouts" / "log") for m in MODES))
-    for line in lines:
-        if line["mode"] == "live":
-            line["same_first_pass_as_off"] = same.get(line["step"], False)
+    if len(dirs) == len(MODES):
+        same = same_first_pass(*(read_records(dirs[m] / "rollouts" / "log") for m in MODES))
+        for line in lines:
+            if line["mode"] == "live":
+                line["same_first_pass_as_off"] = same.get(line["step"], False)
     lines.append(summary(lines, args))
     out = Path(args.out) if args.out else work / "results.jsonl"
     tmp = out.with_name(f".{out.name}.tmp")
@@ -405,6 +417,11 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--gradient-checkpointing", action="store_true", help="Recompute activations in the backward "
                    "(less memory, more seconds; mentor's CPU default is off).")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--temperature", type=float, help="The policy's sampling temperature, first pass and re-rolls "
+                   "(default: TRL's, 1.0; the collapsed set was screened at 0.6).")
+    p.add_argument("--modes", default="off,live", help="Rounds to run, comma-separated (default off,live). `live` "
+                   "alone still pairs each step's groups before and after their hints (`first_pass_share`), on the "
+                   "same policy, at half the machine time.")
     p.add_argument("--port", type=int, default=18124, help="The hint server's port (default 18124).")
     p.add_argument("--work", help="Work folder (resumable; default: bench/live_hints in the mentor cache).")
     p.add_argument("--out", help="The JSON lines file (default: results.jsonl in the work folder).")
@@ -414,6 +431,10 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
             p.error(f"--{name.replace('_', '-')} must be >= 1")
     if args.group_size < 2:
         p.error("--group-size must be >= 2 (GRPO compares completions within a group)")
+    named = {x.strip() for x in args.modes.split(",") if x.strip()}
+    if not named or named - set(MODES):
+        p.error(f"--modes {args.modes}: a comma-separated choice of {', '.join(MODES)}")
+    args.modes = tuple(m for m in MODES if m in named)
     args.problems = args.problems or args.prompts_per_step * args.steps
     per_step = args.prompts_per_step * args.group_size
     args.micro_batch = args.micro_batch or per_step
