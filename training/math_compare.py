@@ -63,8 +63,9 @@ from sympy import Interval, MatrixBase, Rational, Tuple
 from sympy.core.relational import Relational
 from sympy import FiniteSet as SympyFiniteSet
 
-# CPU seconds a request may have used, parsing included, when math-verify has compared two relations that are not both
-# polynomial (it solves them: seconds on x^2 + y^2 = (\sin x + \cos x)^{30}); past it the answer is undecided, scored 0.
+# CPU seconds a request may have used, from the answer's parse on, when it has compared a relation (the exact checks,
+# then math-verify, which solves two relations that are not both polynomial: seconds on
+# x^2 + y^2 = (\sin x + \cos x)^{30}); past it the answer is undecided, scored 0.
 # Issue 58: 0.1 s of trusted CPU a sample, the reward process's share and the pipes included. The timer stops a request
 # at about this plus 6 ms here, 30 ms more now and then (a collection, a signal held in a C call); 0.05 s measured
 # 0.10 s once in CI (a slower machine), so 0.03 s.
