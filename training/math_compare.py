@@ -32,8 +32,8 @@ So the types are chosen per answer here before math-verify compares what is left
 - two relations whose sides (lhs - rhs) differ by a non-zero constant are not equal (``y = \\sin x + 10^{-20}``
   for ``y = \\sin x``: math-verify's chop passed it); two relations between polynomials are decided here, equal
   exactly when their sides are proportional by a non-zero number (`polynomial_relations`); any other pair of
-  relations goes to math-verify, which solves both; all of this runs while the request has used less than
-  `RELATION_CPU` from the answer's parse on (a reference is parsed once), then the answer is undecided;
+  relations goes to math-verify, which solves both; these checks and math-verify run while the request has used
+  less than `RELATION_CPU` from the answer's parse on (a reference is parsed once), then the answer is undecided;
 - written forms math-verify misreads (``1\\,000``, ``3e-9``, ``0.\\overline{3}``, ``10^-9``) are rewritten first
   (`math_forms`).
 
@@ -63,13 +63,13 @@ from sympy import Interval, MatrixBase, Rational, Tuple
 from sympy.core.relational import Relational
 from sympy import FiniteSet as SympyFiniteSet
 
-# CPU seconds a request may have used, from the answer's parse on, when it has compared a relation (the exact checks,
-# then math-verify, which solves two relations that are not both polynomial: seconds on
+# CPU seconds a request may have used, from the answer's parse on, when it has compared two relations not solved for one
+# symbol (the exact checks, then math-verify, which solves two relations that are not both polynomial: seconds on
 # x^2 + y^2 = (\sin x + \cos x)^{30}); past it the answer is undecided, scored 0.
 # Issue 58: 0.1 s of trusted CPU a sample, the reward process's share and the pipes included. The timer stops a request
-# at about this plus 6 ms here, 30 ms more now and then (a collection, a signal held in a C call); 0.05 s measured
-# 0.10 s once in CI (a slower machine), so 0.03 s.
-RELATION_CPU = 0.03
+# at about this plus 6 ms; a full collection once added 0.07 s (0.10 s in CI), hence the workers' `gc.freeze`. Honest
+# relations cost up to 0.027 s cold here (\sin x - y = 0 for y = \sin x): 0.03 s left too little room.
+RELATION_CPU = 0.05
 _request = {"cpu": 0.0}  # process CPU when `equal` had the reference (a worker serves one request at a time)
 
 # A comma, then three digits led by a zero: in a list, tuple or interval (``(2,050)``) it reads as an element
@@ -150,7 +150,7 @@ def cpu_budget(seconds: float) -> Iterator[None]:
         raise OverBudget
 
     if signal.getitimer(signal.ITIMER_PROF)[0] > 0:
-        yield  # within a budget already (a relation inside a tuple): that one holds
+        yield  # within a budget already (a comparison nested in a relation's): the outer one holds
         return
     if seconds <= 0:
         raise OverBudget
@@ -217,11 +217,8 @@ def _match_all(gold: list, pred: list, decimal: bool) -> bool:
     return True
 
 
-def _relations_same(g, p, decimal: bool) -> bool:
-    """`same` for a reference or an answer that is a relation."""
-    gs, ps = solved_like(g, p)
-    if solved_for_one_symbol(gs, ps):
-        return same(gs.rhs, ps.rhs, decimal)  # y = f(x) and y = h(x): equivalent exactly where f equals h
+def _relations_same(g, p) -> bool:
+    """`same` for two relations not solved for one symbol, or a relation and something else."""
     if isinstance(g, Relational) and isinstance(p, Relational):
         if offset(g, p) or not proportional(g, p):
             return False  # math-verify would compare lhs - rhs with chop=True: y = 2x + 3 + 10^{-20} passed
@@ -238,11 +235,14 @@ def same(g, p, decimal: bool) -> bool:
     elif is_assignment_relation(g) and not is_equation(p):
         g = take_last_relation(g).rhs  # the reference "x = 5" takes 5
     g, p = get_pct_val(g, g), get_pct_val(p, p)  # 50\% is 50, as in math-verify
+    gs, ps = solved_like(g, p)
+    if solved_for_one_symbol(gs, ps):
+        return same(gs.rhs, ps.rhs, decimal)  # y = f(x) and y = h(x): equivalent exactly where f equals h
     if is_relation(g) or is_relation(p):
-        # Everything from here, the exact checks included, within the request's `RELATION_CPU`: an answer such as
-        # x^2 = (\sin y + \cos x)^{30} against y = 2x + 3 cost 0.05 s in them, cold, before math-verify was asked.
+        # The exact checks too within the request's `RELATION_CPU`: an answer such as x^2 = (\sin y + \cos x)^{30}
+        # against y = 2x + 3 cost 0.05 s in them, cold, before math-verify was asked.
         with cpu_budget(RELATION_CPU - (time.process_time() - _request["cpu"])):
-            return _relations_same(g, p, decimal)
+            return _relations_same(g, p)
     kg, kp = _kind(g), _kind(p)
     if kg == "scalar" and kp in ("finite", "tuple") and len(p.args) == 1:
         p, kp = p.args[0], "scalar"
