@@ -1,6 +1,6 @@
 """Benchmark of the reward path as OpenRLHF drives it; prints one JSON line.
 
-    python tests/benchmarks/bench_reward.py [--threads 8] [--math 2000] [--code 64]
+    python tests/benchmarks/bench_reward.py [--threads 8] [--math 2000] [--code 164]   (--math 0: code checks only)
 
 - math: `reward_func` (the OpenRLHF reward file) called with one sample per
   call from `--threads` threads, on MATH-500 problems: half answered with the
@@ -10,7 +10,8 @@
   of the worker half: it measures the pool's queue), how many were scored
   correct, and the CPU time per call of this process and of the math workers
   (figures that do not move with the machine's load);
-- code: HumanEval canonical solutions through `verify` (the code reward's
+- code: HumanEval canonical solutions (all 164 by default: a phase of ~8 s; one
+  of 64 checks lasted ~3 s, too short to compare two versions within 5%) through `verify` (the code reward's
   verifier: a worker and a tester sandbox per check, see docs/sandbox.md), from
   the same number of threads; reports checks/s (``code_runs_per_s``), the p50
   latency, how many passed, and the layers in force.
@@ -18,7 +19,8 @@
 No target is asserted: the figures show what one trainer process can score
 (the verifiers are CPU-bound; on a 2-core shared machine they depend on load,
 so the 1-minute load average is printed too). To compare two versions of the
-verifier under the same load, run them in turn with the same arguments, one of
+verifier under the same load, run this same script for both (an older copy
+starts its math workers differently) in turn with the same arguments, one of
 them from a copy of the other's files (``git archive REV | tar -x -C DIR`` plus
 a ``mentor`` package of symlinks to its folders on ``PYTHONPATH``), and
 interleave the runs.
@@ -55,7 +57,7 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--threads", type=int, default=8)
     ap.add_argument("--math", type=int, default=2000)
-    ap.add_argument("--code", type=int, default=64)
+    ap.add_argument("--code", type=int, default=164)
     ap.add_argument("--shared", default=str(Path(__file__).resolve().parents[3] / "shared" / "data"))
     a = ap.parse_args()
 
@@ -76,11 +78,13 @@ def main() -> None:
         prompt = f"<|im_start|>user\nproblem {i}<|im_end|>\n<|im_start|>assistant\n"
         query = prompt + f"Reasoning... so the answer is $\\boxed{{{given}}}$.<|im_end|>"
         samples.append((query, prompt, prompt_label("math", ans, f"p-{i % len(answers)}", None, 0)))
-    workers = math_pool()
-    with ThreadPoolExecutor(workers.size) as pool:  # start every worker outside the clock (its import is not counted)
-        list(pool.map(lambda _: [workers.check("1", "2") for _ in range(3)], range(workers.size)))
-    time.sleep(8.0)  # and let them parse their warm-up shapes while idle
-    pids = [w.proc.pid for w in workers._all if w.proc.poll() is None]
+    pids = []
+    if samples:  # (--math 0: the code checks alone, no math worker started)
+        workers = math_pool()
+        with ThreadPoolExecutor(workers.size) as pool:  # start every worker outside the clock (its import is not counted)
+            list(pool.map(lambda _: [workers.check("1", "2") for _ in range(3)], range(workers.size)))
+        time.sleep(8.0)  # and let them parse their warm-up shapes while idle
+        pids = [w.proc.pid for w in workers._all if w.proc.poll() is None]
 
     def one(s):
         t = time.perf_counter()
@@ -114,12 +118,12 @@ def main() -> None:
         "threads": a.threads,
         "math_calls": len(res),
         "math_calls_per_s": round(len(res) / math_s, 1),
-        "math_p50_ms": round(1000 * statistics.median(lat), 2),
-        "math_p99_ms": round(1000 * lat[int(0.99 * (len(lat) - 1))], 2),
+        "math_p50_ms": round(1000 * statistics.median(lat), 2) if lat else None,
+        "math_p99_ms": round(1000 * lat[int(0.99 * (len(lat) - 1))], 2) if lat else None,
         "math_correct": int(sum(r[1] for r in res)),
         "math_workers": math_pool().size,
-        "math_caller_cpu_ms_per_call": round(1000 * caller_cpu / max(1, len(res)), 3),
-        "math_worker_cpu_ms_per_call": round(1000 * worker_cpu / max(1, len(res)), 3),
+        "math_caller_cpu_ms_per_call": round(1000 * caller_cpu / len(res), 3) if res else None,
+        "math_worker_cpu_ms_per_call": round(1000 * worker_cpu / len(res), 3) if res else None,
         "math_timeouts": math_pool().timeouts,
         "code_runs": len(cres),
         "code_runs_per_s": round(len(cres) / code_s, 2) if cres else None,
