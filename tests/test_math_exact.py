@@ -366,6 +366,26 @@ def test_the_relation_budget_survives_a_swallowed_exception():
     assert time.process_time() - t < 0.1
 
 
+def test_the_request_alarm_survives_a_swallowed_exception():
+    """The request's real-time alarm, likewise: fired once, a dropped `OverTime` let the request run on to the
+    pool's deadline (10 s, then the worker is killed and started again); now it fires again every 50 ms."""
+    from mentor.training.math_compare import OverTime, request_alarm
+
+    t = time.monotonic()
+
+    def work() -> None:  # 2 s unless the alarm stops it
+        while time.monotonic() - t < 2.0:
+            sum(range(1000))
+
+    with pytest.raises(OverTime):
+        with request_alarm(0.05):
+            try:
+                work()
+            except OverTime:  # dropped, as a finaliser would: the work goes on
+                work()
+    assert time.monotonic() - t < 0.5
+
+
 def test_a_number_sympy_cannot_print_is_never_equal():
     """x + \\cos(10^{-4400}) against x + 1 in the worker's own comparison (the budget aside): the exact check at
     a point raised (an integer of more than 4,300 digits), which was taken for a reference singular everywhere,

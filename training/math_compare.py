@@ -79,24 +79,26 @@ _WRAPPER = re.compile(r"\\(?:text|textbf|textit|textrm|mathrm|mathbf|mathit|mbox
 _NOISE = re.compile(r"\s+|\$|\\[,;:! ]|\\left|\\right|[(){}]")
 
 
-class _Timeout(BaseException):
-    """Past the request's budget (a BaseException, as math-verify's own: its `except Exception` lets it through)."""
+class OverTime(BaseException):
+    """Past the request's time (a BaseException, as math-verify's own: its `except Exception` lets it through)."""
 
 
-class OverBudget(_Timeout):
+class OverBudget(OverTime):
     """Past `RELATION_CPU`: math-verify solving two relations that are not both polynomial."""
 
 
 @contextmanager
-def _alarm(seconds: float) -> Iterator[None]:
-    """One real-time alarm for the whole request (math-verify's own alarms are off: nested alarms
-    would cancel each other)."""
+def request_alarm(seconds: float) -> Iterator[None]:
+    """One real-time alarm for the whole request, else `OverTime` (math-verify's own alarms are off: nested
+    alarms would cancel each other)."""
 
     def fire(signum, frame):
-        raise _Timeout
+        raise OverTime
 
     old = signal.signal(signal.SIGALRM, fire)
-    signal.setitimer(signal.ITIMER_REAL, max(seconds, 0.001))
+    # Again every 50 ms, as `cpu_budget`'s timer: an exception raised where Python drops it (a finaliser, a
+    # weakref or gc callback) is lost, and the request then ran on to the pool's deadline, which kills the worker.
+    signal.setitimer(signal.ITIMER_REAL, max(seconds, 0.001), 0.05)
     try:
         yield
     finally:
@@ -349,7 +351,7 @@ def equal(gold: str, pred: str, seconds: float) -> tuple[bool | None, str | None
     if g_letters is not None:
         return letters_equal(g_letters, pred), None
     try:
-        with _alarm(seconds):
+        with request_alarm(seconds):
             gold_parsed, g = parsed_reference(gold)
             # The budget counts from here: a reference is trusted text, parsed once per worker (up to 0.1 s cold).
             _request["cpu"] = time.process_time()
@@ -363,7 +365,7 @@ def equal(gold: str, pred: str, seconds: float) -> tuple[bool | None, str | None
             return same(g, p, decimal), None
     except OverBudget:
         return None, "relation over its CPU budget"
-    except _Timeout:
+    except OverTime:
         return None, "timeout"
     except Exception as exc:  # anything math-verify or sympy throws: undecided
         return None, f"{type(exc).__name__}: {exc}"[:300]
