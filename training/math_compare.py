@@ -32,8 +32,9 @@ So the types are chosen per answer here before math-verify compares what is left
 - two relations whose sides (lhs - rhs) differ by a non-zero constant are not equal (``y = \\sin x + 10^{-20}``
   for ``y = \\sin x``: math-verify's chop passed it); two relations between polynomials are decided here, equal
   exactly when their sides are proportional by a non-zero number (`polynomial_relations`); any other pair of
-  relations goes to math-verify, which solves both; these checks and math-verify run while the request has used
-  less than `RELATION_CPU` from the answer's parse on (a reference is parsed once), then the answer is undecided;
+  relations goes to math-verify, which solves both; these checks, the linear solve and math-verify run while the
+  request has used less than `RELATION_CPU` from the answer's parse on (a reference is parsed once), then the
+  answer is undecided;
 - written forms math-verify misreads (``1\\,000``, ``3e-9``, ``0.\\overline{3}``, ``10^-9``) are rewritten first
   (`math_forms`).
 
@@ -58,7 +59,8 @@ from math_verify.grader import get_pct_val, is_assignment_relation, is_equation,
 
 from mentor.training.math_forms import malformed, normalize
 from mentor.training.math_numbers import DIGITS, POINTS, doit, exact, is_number, numbers_equal
-from mentor.training.math_relations import offset, polynomial_relations, proportional, solved_for_one_symbol, solved_like
+from mentor.training.math_relations import (offset, polynomial_relations, proportional, solved_for_one_symbol, solved_like,
+                                           symbol_first)
 from sympy import Interval, MatrixBase, Rational, Tuple
 from sympy.core.relational import Relational
 from sympy import FiniteSet as SympyFiniteSet
@@ -230,6 +232,10 @@ def _relations_same(g, p) -> bool:
     return _math_verify(g, p)  # it solves both: seconds on x^2 + y^2 = (\sin x + \cos x)^{30}
 
 
+def _relation_cpu_left() -> float:
+    return RELATION_CPU - (time.process_time() - _request["cpu"])
+
+
 def same(g, p, decimal: bool) -> bool:
     """`p` (the answer, decimals made exact) equals `g` (the reference) under the rules of the module docstring."""
     if is_equation(p) and not is_equation(g):
@@ -237,13 +243,17 @@ def same(g, p, decimal: bool) -> bool:
     elif is_assignment_relation(g) and not is_equation(p):
         g = take_last_relation(g).rhs  # the reference "x = 5" takes 5
     g, p = get_pct_val(g, g), get_pct_val(p, p)  # 50\% is 50, as in math-verify
-    gs, ps = solved_like(g, p)
-    if solved_for_one_symbol(gs, ps):
-        return same(gs.rhs, ps.rhs, decimal)  # y = f(x) and y = h(x): equivalent exactly where f equals h
     if is_relation(g) or is_relation(p):
+        gs, ps = symbol_first(g), symbol_first(p)
+        if not solved_for_one_symbol(gs, ps):
+            # Solving one for the other's symbol expands the answer's sides (y (x+1)^{60} = (x+2)^{60}: 0.28 s).
+            with cpu_budget(_relation_cpu_left()):
+                gs, ps = solved_like(gs, ps)
+        if solved_for_one_symbol(gs, ps):
+            return same(gs.rhs, ps.rhs, decimal)  # y = f(x) and y = h(x): equivalent exactly where f equals h
         # The exact checks too within the request's `RELATION_CPU`: an answer such as x^2 = (\sin y + \cos x)^{30}
         # against y = 2x + 3 cost 0.05 s in them, cold, before math-verify was asked.
-        with cpu_budget(RELATION_CPU - (time.process_time() - _request["cpu"])):
+        with cpu_budget(_relation_cpu_left()):
             return _relations_same(g, p)
     kg, kp = _kind(g), _kind(p)
     if kg == "scalar" and kp in ("finite", "tuple") and len(p.args) == 1:
